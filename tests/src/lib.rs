@@ -1,0 +1,13 @@
+//! Test harness for xdp-limiter, reused by every integration test:
+//!
+//! - [`packets`]: frame builders (IPv4/IPv6, VLAN/QinQ, UDP/TCP/ICMP, ARP).
+//! - [`testrun`]: the real program through BPF_PROG_TEST_RUN on a chosen CPU,
+//!   and its counters read back.
+//! - [`netns`]: network namespaces and veth pairs that always clean up.
+//!
+//! Everything here needs root and a BPF-capable kernel, and panics with
+//! context when it lacks them: tests never skip.
+
+pub mod netns;
+pub mod packets;
+pub mod testrun;

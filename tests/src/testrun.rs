@@ -1,0 +1,131 @@
+//! The real XDP program run through BPF_PROG_TEST_RUN, on a chosen CPU, with
+//! its maps read back.
+//!
+//! Each [`Harness`] loads its own copy of the program and maps, so tests
+//! running in parallel never see each other's counters.
+
+use std::{collections::BTreeMap, thread};
+
+use aya::{
+    programs::{TestRun, TestRunOptions},
+    Ebpf,
+};
+use limiter_common::{Counter, Outcome, SourceKey};
+use limiter_user::{counters, object::xdp_program, LoadOptions};
+use nix::{sched::CpuSet, unistd::Pid};
+
+pub const XDP_ABORTED: u32 = 0;
+pub const XDP_DROP: u32 = 1;
+pub const XDP_PASS: u32 = 2;
+
+/// A loaded copy of the limiter program.
+pub struct Harness {
+    ebpf: Ebpf,
+}
+
+impl Harness {
+    /// Loads the embedded program through the kernel verifier.
+    pub fn load() -> Self {
+        Self::load_with(&LoadOptions::default())
+    }
+
+    pub fn load_with(options: &LoadOptions) -> Self {
+        let ebpf = limiter_user::load(options)
+            .unwrap_or_else(|e| panic!("loading the XDP program (needs root and BPF): {e}"));
+        Self { ebpf }
+    }
+
+    pub fn ebpf(&self) -> &Ebpf {
+        &self.ebpf
+    }
+
+    pub fn ebpf_mut(&mut self) -> &mut Ebpf {
+        &mut self.ebpf
+    }
+
+    /// Runs the program once on `frame` from a thread pinned to `cpu` (the
+    /// kernel runs the test on the caller's CPU, which picks the per-CPU
+    /// slots it touches) and returns the verdict.
+    pub fn run_on_cpu(&mut self, cpu: usize, frame: &[u8]) -> u32 {
+        self.run_repeated_on_cpu(cpu, frame, 1).0
+    }
+
+    /// As [`run_on_cpu`](Self::run_on_cpu), `repeat` times in one syscall;
+    /// returns the verdict and the kernel's average nanoseconds per run.
+    pub fn run_repeated_on_cpu(&mut self, cpu: usize, frame: &[u8], repeat: u32) -> (u32, u64) {
+        let program = xdp_program(&mut self.ebpf).expect("program present");
+        thread::scope(|scope| {
+            scope
+                .spawn(|| {
+                    pin_current_thread(cpu);
+                    let mut opts = TestRunOptions::new();
+                    opts.data_in = Some(frame);
+                    opts.repeat = repeat;
+                    let result = program
+                        .test_run(opts)
+                        .unwrap_or_else(|e| panic!("BPF_PROG_TEST_RUN on CPU {cpu}: {e}"));
+                    (result.return_value, result.duration.as_nanos() as u64)
+                })
+                .join()
+                .expect("test-run thread panicked")
+        })
+    }
+
+    /// Per-CPU counters of one source; `None` if it is not tracked.
+    pub fn source(&self, key: &SourceKey) -> Option<Vec<Counter>> {
+        self.sources().remove(key)
+    }
+
+    /// Every tracked source with its per-CPU counters.
+    pub fn sources(&self) -> BTreeMap<SourceKey, Vec<Counter>> {
+        counters::sources(&self.ebpf).expect("reading SOURCES")
+    }
+
+    /// The counter of `outcome` summed over CPUs.
+    pub fn outcome_total(&self, outcome: Outcome) -> Counter {
+        let all = counters::outcomes(&self.ebpf).expect("reading STATS");
+        counters::total(&all[outcome.name()])
+    }
+
+    /// Asserts that the outcome counters (summed over CPUs) are exactly
+    /// `expected` and every other outcome is zero.
+    #[track_caller]
+    pub fn assert_outcomes(&self, expected: &[(Outcome, Counter)]) {
+        for outcome in Outcome::ALL {
+            let want = expected
+                .iter()
+                .find(|(o, _)| *o == outcome)
+                .map(|(_, c)| *c)
+                .unwrap_or_default();
+            assert_eq!(
+                self.outcome_total(outcome),
+                want,
+                "outcome `{}`",
+                outcome.name()
+            );
+        }
+    }
+}
+
+/// `packets` frames of `len` bytes each.
+pub fn frames(packets: u64, len: usize) -> Counter {
+    Counter {
+        packets,
+        bytes: packets * len as u64,
+    }
+}
+
+/// Pins the calling thread to one CPU.
+pub fn pin_current_thread(cpu: usize) {
+    let mut set = CpuSet::new();
+    set.set(cpu).unwrap_or_else(|e| panic!("CPU {cpu}: {e}"));
+    nix::sched::sched_setaffinity(Pid::from_raw(0), &set)
+        .unwrap_or_else(|e| panic!("pinning to CPU {cpu}: {e}"));
+}
+
+/// Number of CPUs this machine has online (the per-CPU tests need two).
+pub fn online_cpus() -> usize {
+    aya::util::online_cpus()
+        .map(|cpus| cpus.len())
+        .unwrap_or_else(|(what, e)| panic!("{what}: {e}"))
+}

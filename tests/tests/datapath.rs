@@ -1,0 +1,345 @@
+//! Kernel tests of the XDP program through BPF_PROG_TEST_RUN: parsing,
+//! verdicts and the exact per-source and per-outcome counters.
+
+use std::net::{Ipv4Addr, Ipv6Addr};
+
+use limiter_common::{Counter, Outcome, SourceKey};
+use limiter_tests::{
+    packets::{self, ip_offset, tagged, TPID_8021AD, TPID_8021Q},
+    testrun::{frames, online_cpus, Harness, XDP_PASS},
+};
+
+const SRC4: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 10);
+const DST4: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 1);
+const SRC6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 1, 2, 3, 4, 5, 6);
+const DST6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0xffff, 0, 0, 0, 0, 1);
+
+/// Runs `frame` `n` times on CPU 0, asserting every verdict is PASS.
+fn pass_n(harness: &mut Harness, frame: &[u8], n: u64) {
+    for i in 0..n {
+        assert_eq!(harness.run_on_cpu(0, frame), XDP_PASS, "run {i}");
+    }
+}
+
+/// Asserts `key` is tracked with exactly `want` summed over CPUs, and is
+/// the only tracked source.
+#[track_caller]
+fn assert_only_source(harness: &Harness, key: SourceKey, want: Counter) {
+    let sources = harness.sources();
+    assert_eq!(sources.len(), 1, "tracked sources: {:?}", sources.keys());
+    let per_cpu = sources.get(&key).expect("the frame's source is tracked");
+    assert_eq!(limiter_user::counters::total(per_cpu), want);
+}
+
+/// A counted IP frame: per-source counter, `passed`, and one `new_source`.
+fn assert_counted_ip_frames(frame: &[u8], key: SourceKey, n: u64) {
+    let mut harness = Harness::load();
+    pass_n(&mut harness, frame, n);
+    assert_only_source(&harness, key, frames(n, frame.len()));
+    harness.assert_outcomes(&[
+        (Outcome::Passed, frames(n, frame.len())),
+        (Outcome::NewSource, frames(1, frame.len())),
+    ]);
+}
+
+#[test]
+fn ipv4_udp_is_counted_by_source() {
+    let frame = packets::udp_v4(SRC4, DST4, 53, 32);
+    assert_counted_ip_frames(&frame, SourceKey::v4(SRC4.octets()), 3);
+}
+
+#[test]
+fn ipv4_tcp_and_icmp_share_their_source() {
+    let mut harness = Harness::load();
+    let tcp = packets::tcp_v4(SRC4, DST4, 443, 0);
+    let icmp = packets::icmp_v4(SRC4, DST4, 56);
+    pass_n(&mut harness, &tcp, 2);
+    pass_n(&mut harness, &icmp, 1);
+    let want = frames(2, tcp.len()).merged(frames(1, icmp.len()));
+    assert_only_source(&harness, SourceKey::v4(SRC4.octets()), want);
+    harness.assert_outcomes(&[
+        (Outcome::Passed, want),
+        (Outcome::NewSource, frames(1, tcp.len())),
+    ]);
+}
+
+#[test]
+fn ipv6_udp_is_counted_by_source() {
+    let frame = packets::udp_v6(SRC6, DST6, 53, 10);
+    assert_counted_ip_frames(&frame, SourceKey::v6(SRC6.octets()), 4);
+}
+
+#[test]
+fn ipv6_tcp_and_icmpv6_are_counted() {
+    let frame = packets::tcp_v6(SRC6, DST6, 22, 0);
+    assert_counted_ip_frames(&frame, SourceKey::v6(SRC6.octets()), 1);
+    let frame = packets::icmp_v6(SRC6, DST6, 8);
+    assert_counted_ip_frames(&frame, SourceKey::v6(SRC6.octets()), 2);
+}
+
+#[test]
+fn single_tagged_vlan_frames_are_counted() {
+    let frame = tagged(&packets::udp_v4(SRC4, DST4, 123, 48), TPID_8021Q, 100);
+    assert_eq!(ip_offset(&frame), 18);
+    assert_counted_ip_frames(&frame, SourceKey::v4(SRC4.octets()), 2);
+    let frame = tagged(&packets::udp_v6(SRC6, DST6, 123, 48), TPID_8021Q, 4094);
+    assert_counted_ip_frames(&frame, SourceKey::v6(SRC6.octets()), 2);
+}
+
+#[test]
+fn double_tagged_qinq_frames_are_counted() {
+    let inner = tagged(&packets::udp_v4(SRC4, DST4, 53, 0), TPID_8021Q, 20);
+    let frame = tagged(&inner, TPID_8021AD, 10);
+    assert_eq!(ip_offset(&frame), 22);
+    assert_counted_ip_frames(&frame, SourceKey::v4(SRC4.octets()), 3);
+
+    let inner = tagged(&packets::tcp_v6(SRC6, DST6, 80, 0), TPID_8021Q, 20);
+    let frame = tagged(&inner, TPID_8021AD, 10);
+    assert_counted_ip_frames(&frame, SourceKey::v6(SRC6.octets()), 1);
+}
+
+#[test]
+fn three_vlan_tags_are_not_parsed_as_ip() {
+    let mut frame = packets::udp_v4(SRC4, DST4, 53, 0);
+    for vid in [3, 2, 1] {
+        frame = tagged(&frame, TPID_8021Q, vid);
+    }
+    let mut harness = Harness::load();
+    pass_n(&mut harness, &frame, 1);
+    assert!(harness.sources().is_empty());
+    harness.assert_outcomes(&[(Outcome::NonIp, frames(1, frame.len()))]);
+}
+
+#[test]
+fn arp_passes_untouched_as_non_ip() {
+    let frame = packets::arp();
+    let mut harness = Harness::load();
+    pass_n(&mut harness, &frame, 5);
+    assert!(harness.sources().is_empty(), "ARP creates no source state");
+    harness.assert_outcomes(&[(Outcome::NonIp, frames(5, frame.len()))]);
+}
+
+/// Every frame here is complete; cutting it at any byte past the Ethernet
+/// header (the smallest frame BPF_PROG_TEST_RUN accepts) leaves a header
+/// it announces incomplete.
+fn truncation_templates() -> Vec<(&'static str, Vec<u8>)> {
+    vec![
+        ("ipv4/udp", packets::udp_v4(SRC4, DST4, 53, 0)),
+        ("ipv4/tcp", packets::tcp_v4(SRC4, DST4, 80, 0)),
+        ("ipv6/udp", packets::udp_v6(SRC6, DST6, 53, 0)),
+        ("ipv6/tcp", packets::tcp_v6(SRC6, DST6, 80, 0)),
+        (
+            "vlan/ipv4/udp",
+            tagged(&packets::udp_v4(SRC4, DST4, 53, 0), TPID_8021Q, 7),
+        ),
+        (
+            "qinq/ipv6/tcp",
+            tagged(
+                &tagged(&packets::tcp_v6(SRC6, DST6, 80, 0), TPID_8021Q, 7),
+                TPID_8021AD,
+                8,
+            ),
+        ),
+    ]
+}
+
+#[test]
+fn frames_truncated_at_every_byte_are_malformed() {
+    for (name, full) in truncation_templates() {
+        let mut harness = Harness::load();
+        let mut want = Counter::default();
+        for cut in packets::ETH_LEN..full.len() {
+            let frame = &full[..cut];
+            assert_eq!(
+                harness.run_on_cpu(0, frame),
+                XDP_PASS,
+                "{name} cut at {cut}"
+            );
+            want.add(cut as u64);
+            assert_eq!(
+                harness.outcome_total(Outcome::Malformed),
+                want,
+                "{name} cut at {cut} must count as malformed"
+            );
+        }
+        assert!(harness.sources().is_empty(), "{name}: no source state");
+        harness.assert_outcomes(&[(Outcome::Malformed, want)]);
+
+        // The whole frame is fine: the cuts above were the only problem.
+        assert_eq!(harness.run_on_cpu(0, &full), XDP_PASS);
+        assert_eq!(
+            harness.outcome_total(Outcome::Passed),
+            frames(1, full.len())
+        );
+    }
+}
+
+#[test]
+fn ipv4_with_ihl_below_five_is_malformed() {
+    let mut harness = Harness::load();
+    let mut want = Counter::default();
+    for ihl in 0..5u8 {
+        let mut frame = packets::udp_v4(SRC4, DST4, 53, 16);
+        let ip = ip_offset(&frame);
+        frame[ip] = 0x40 | ihl;
+        assert_eq!(harness.run_on_cpu(0, &frame), XDP_PASS, "ihl {ihl}");
+        want.add(frame.len() as u64);
+    }
+    assert!(harness.sources().is_empty());
+    harness.assert_outcomes(&[(Outcome::Malformed, want)]);
+}
+
+#[test]
+fn ip_header_with_wrong_version_or_short_total_length_is_malformed() {
+    let mut harness = Harness::load();
+    let mut v4_says_6 = packets::udp_v4(SRC4, DST4, 53, 0);
+    v4_says_6[packets::ETH_LEN] = 0x65;
+    let mut v6_says_4 = packets::udp_v6(SRC6, DST6, 53, 0);
+    v6_says_4[packets::ETH_LEN] = 0x40;
+    let mut short_total = packets::udp_v4(SRC4, DST4, 53, 0);
+    short_total[packets::ETH_LEN + 2..packets::ETH_LEN + 4].copy_from_slice(&19u16.to_be_bytes());
+    let mut want = Counter::default();
+    for frame in [&v4_says_6, &v6_says_4, &short_total] {
+        assert_eq!(harness.run_on_cpu(0, frame), XDP_PASS);
+        want.add(frame.len() as u64);
+    }
+    harness.assert_outcomes(&[(Outcome::Malformed, want)]);
+}
+
+#[test]
+fn ipv4_options_and_non_first_fragments_are_parsed() {
+    // IHL 6: four bytes of options (NOPs) between IP and UDP headers.
+    let plain = packets::udp_v4(SRC4, DST4, 53, 4);
+    let ip = ip_offset(&plain);
+    let mut with_options = plain[..ip + 20].to_vec();
+    with_options.extend_from_slice(&[1, 1, 1, 1]);
+    with_options.extend_from_slice(&plain[ip + 20..]);
+    with_options[ip] = 0x46;
+    let total = u16::from_be_bytes([plain[ip + 2], plain[ip + 3]]) + 4;
+    with_options[ip + 2..ip + 4].copy_from_slice(&total.to_be_bytes());
+
+    // A non-first fragment carries no UDP header: only the IP header.
+    let mut fragment = plain[..ip + 20].to_vec();
+    fragment[ip + 6..ip + 8].copy_from_slice(&100u16.to_be_bytes());
+    fragment[ip + 2..ip + 4].copy_from_slice(&20u16.to_be_bytes());
+
+    let mut harness = Harness::load();
+    pass_n(&mut harness, &with_options, 1);
+    pass_n(&mut harness, &fragment, 1);
+    let want = frames(1, with_options.len()).merged(frames(1, fragment.len()));
+    assert_only_source(&harness, SourceKey::v4(SRC4.octets()), want);
+    harness.assert_outcomes(&[
+        (Outcome::Passed, want),
+        (Outcome::NewSource, frames(1, with_options.len())),
+    ]);
+}
+
+#[test]
+fn ipv6_extension_headers_are_walked() {
+    // Hop-by-hop options (8 bytes: next header, length 0, PadN) before UDP.
+    let plain = packets::udp_v6(SRC6, DST6, 53, 0);
+    let ip = ip_offset(&plain);
+    let mut frame = plain[..ip + 40].to_vec();
+    frame[ip + 6] = 0; // next header: hop-by-hop
+    let payload_len = u16::from_be_bytes([plain[ip + 4], plain[ip + 5]]) + 8;
+    frame[ip + 4..ip + 6].copy_from_slice(&payload_len.to_be_bytes());
+    frame.extend_from_slice(&[17, 0, 1, 4, 0, 0, 0, 0]);
+    frame.extend_from_slice(&plain[ip + 40..]);
+    assert_counted_ip_frames(&frame, SourceKey::v6(SRC6.octets()), 2);
+
+    // The same, cut inside the UDP header behind the extension header.
+    let mut harness = Harness::load();
+    pass_n(&mut harness, &frame[..frame.len() - 2], 1);
+    harness.assert_outcomes(&[(Outcome::Malformed, frames(1, frame.len() - 2))]);
+}
+
+#[test]
+fn distinct_sources_get_distinct_counters() {
+    let mut harness = Harness::load();
+    let a = packets::udp_v4(Ipv4Addr::new(192, 0, 2, 1), DST4, 53, 0);
+    let b = packets::udp_v4(Ipv4Addr::new(192, 0, 2, 2), DST4, 53, 100);
+    let c = packets::udp_v6(SRC6, DST6, 53, 0);
+    pass_n(&mut harness, &a, 3);
+    pass_n(&mut harness, &b, 2);
+    pass_n(&mut harness, &c, 1);
+    let sources = harness.sources();
+    assert_eq!(sources.len(), 3);
+    let total = |key: SourceKey| limiter_user::counters::total(&sources[&key]);
+    assert_eq!(total(SourceKey::v4([192, 0, 2, 1])), frames(3, a.len()));
+    assert_eq!(total(SourceKey::v4([192, 0, 2, 2])), frames(2, b.len()));
+    assert_eq!(total(SourceKey::v6(SRC6.octets())), frames(1, c.len()));
+    assert_eq!(
+        harness.outcome_total(Outcome::NewSource).packets,
+        3,
+        "one new-source event per source"
+    );
+}
+
+#[test]
+fn per_cpu_slots_hold_each_cpus_packets_and_sum_exactly() {
+    assert!(online_cpus() >= 2, "this test needs two CPUs");
+    let mut harness = Harness::load();
+    let frame = packets::udp_v4(SRC4, DST4, 53, 20);
+    for _ in 0..5 {
+        assert_eq!(harness.run_on_cpu(0, &frame), XDP_PASS);
+    }
+    for _ in 0..3 {
+        assert_eq!(harness.run_on_cpu(1, &frame), XDP_PASS);
+    }
+    // One run of 7 repeats in a single syscall lands on CPU 1 as well.
+    assert_eq!(harness.run_repeated_on_cpu(1, &frame, 7).0, XDP_PASS);
+
+    let per_cpu = harness
+        .source(&SourceKey::v4(SRC4.octets()))
+        .expect("source tracked");
+    assert_eq!(per_cpu[0], frames(5, frame.len()), "CPU 0 slot");
+    assert_eq!(per_cpu[1], frames(10, frame.len()), "CPU 1 slot");
+    assert!(
+        per_cpu[2..].iter().all(|c| *c == Counter::default()),
+        "other CPUs untouched: {per_cpu:?}"
+    );
+    assert_eq!(
+        limiter_user::counters::total(&per_cpu),
+        frames(15, frame.len())
+    );
+    harness.assert_outcomes(&[
+        (Outcome::Passed, frames(15, frame.len())),
+        (Outcome::NewSource, frames(1, frame.len())),
+    ]);
+}
+
+#[test]
+fn a_full_map_evicts_the_least_recent_source_and_counts_every_packet() {
+    let mut harness = Harness::load_with(&limiter_user::LoadOptions { max_sources: 64 });
+    let n = 1000u32;
+    let frame_len = packets::udp_v4(SRC4, DST4, 53, 0).len();
+    for i in 0..n {
+        let src = Ipv4Addr::from(0xc000_0200u32 + i);
+        let frame = packets::udp_v4(src, DST4, 53, 0);
+        assert_eq!(harness.run_on_cpu(0, &frame), XDP_PASS);
+    }
+    let sources = harness.sources();
+    assert!(
+        sources.len() <= 64,
+        "the LRU map holds at most its capacity, got {}",
+        sources.len()
+    );
+    let newest = SourceKey::v4(Ipv4Addr::from(0xc000_0200u32 + n - 1).octets());
+    assert!(sources.contains_key(&newest), "the newest source is kept");
+    let oldest = SourceKey::v4(Ipv4Addr::from(0xc000_0200u32).octets());
+    assert!(
+        !sources.contains_key(&oldest),
+        "the oldest source was evicted"
+    );
+    assert_eq!(
+        harness.outcome_total(Outcome::Passed),
+        frames(u64::from(n), frame_len)
+    );
+    let created = harness.outcome_total(Outcome::NewSource).packets;
+    let failed = harness.outcome_total(Outcome::InsertFailure).packets;
+    assert_eq!(
+        created + failed,
+        u64::from(n),
+        "every new source is accounted for"
+    );
+}

@@ -1,0 +1,52 @@
+//! `cargo xtask`: the project's workflows in one place.
+//!
+//! Every command but `setup` runs set-up first (it returns in about a second
+//! when everything is installed), so a fresh machine needs no other step.
+
+mod build;
+mod run;
+mod setup;
+mod test;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "xtask", about = "xdp-limiter build, test and set-up workflows")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Install what is missing: Debian's Rust with its BPF core, the
+    /// `debian` rustup toolchain link, bpf-linker, and test tools.
+    Setup,
+    /// Build the eBPF object and the `xdp-limiter` binary that embeds it.
+    Build {
+        /// Build the userspace binary in debug mode instead of release.
+        #[arg(long)]
+        debug: bool,
+    },
+    /// The whole suite: fmt, clippy (kernel and user), unit, kernel and
+    /// netns tests. Needs root; never skips a test.
+    Test {
+        /// Extra arguments for `cargo test` (e.g. a test name filter).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        cargo_test_args: Vec<String>,
+    },
+}
+
+fn main() -> anyhow::Result<()> {
+    match Cli::parse().command {
+        Command::Setup => setup::run(),
+        Command::Build { debug } => {
+            setup::run()?;
+            build::run(!debug)
+        }
+        Command::Test { cargo_test_args } => {
+            setup::run()?;
+            test::run(&cargo_test_args)
+        }
+    }
+}

@@ -1,0 +1,180 @@
+//! `cargo xtask setup`: installs the toolchain the eBPF build needs, each
+//! step only when its check says it is missing (see
+//! ../shared/notes/toolchain.md for why this recipe).
+//!
+//! 1. Debian packages: rustc-web/cargo-web with the prebuilt BPF `core`,
+//!    its clippy, and the tools the tests drive (ip, ping).
+//! 2. A rustup toolchain `debian` linked to /usr.
+//! 3. A one-symlink LLVM prefix for the LLVM major that rustc uses.
+//! 4. bpf-linker, at a pinned version, built against that LLVM.
+
+use std::{
+    fs,
+    os::unix::fs::symlink,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{bail, Context as _};
+
+use crate::run;
+
+/// Debian packages the build and tests need.
+const DEBIAN_PACKAGES: &[&str] = &[
+    "rustc-web",
+    "cargo-web",
+    "libstd-rust-web-dev-bpf",
+    "rust-web-clippy",
+    "iproute2",
+    "iputils-ping",
+];
+/// The rustup toolchain name the eBPF build uses.
+pub const EBPF_TOOLCHAIN: &str = "debian";
+const BPF_LINKER_VERSION: &str = "0.13.0";
+const LIB_DIR: &str = "/usr/lib/x86_64-linux-gnu";
+
+pub fn run() -> anyhow::Result<()> {
+    install_debian_packages()?;
+    link_toolchain()?;
+    let llvm_major = llvm_major()?;
+    let prefix = llvm_shim(llvm_major)?;
+    install_bpf_linker(llvm_major, &prefix)?;
+    Ok(())
+}
+
+fn package_installed(name: &str) -> bool {
+    run::stdout_ok(Command::new("dpkg-query").args(["-W", "-f=${Status}", name]))
+        .is_some_and(|status| status.trim() == "install ok installed")
+}
+
+fn install_debian_packages() -> anyhow::Result<()> {
+    let missing: Vec<&str> = DEBIAN_PACKAGES
+        .iter()
+        .copied()
+        .filter(|p| !package_installed(p))
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    eprintln!("setup: installing Debian packages {missing:?}");
+    run::status(Command::new("apt-get").args(["update", "-qq"]))?;
+    run::status(
+        Command::new("apt-get")
+            .args(["install", "-y", "-qq", "--no-install-recommends"])
+            .args(&missing)
+            .env("DEBIAN_FRONTEND", "noninteractive"),
+    )
+}
+
+fn link_toolchain() -> anyhow::Result<()> {
+    let list = run::stdout_ok(Command::new("rustup").args(["toolchain", "list"]))
+        .context("rustup is required (it ships with the machine's Rust)")?;
+    if list
+        .lines()
+        .any(|l| l.split_whitespace().next() == Some(EBPF_TOOLCHAIN))
+    {
+        return Ok(());
+    }
+    eprintln!("setup: linking rustup toolchain `{EBPF_TOOLCHAIN}` to /usr");
+    run::status(Command::new("rustup").args(["toolchain", "link", EBPF_TOOLCHAIN, "/usr"]))
+}
+
+/// The LLVM major version of the `debian` rustc (bpf-linker must match it).
+fn llvm_major() -> anyhow::Result<u32> {
+    let version = run::stdout_ok(
+        Command::new("rustc")
+            .arg(format!("+{EBPF_TOOLCHAIN}"))
+            .arg("-vV"),
+    )
+    .context("`rustc +debian -vV` failed")?;
+    parse_llvm_major(&version)
+}
+
+/// The LLVM major from `rustc -vV` output (`LLVM version: 22.1.8`).
+fn parse_llvm_major(rustc_version: &str) -> anyhow::Result<u32> {
+    let llvm = rustc_version
+        .lines()
+        .find_map(|l| l.strip_prefix("LLVM version: "))
+        .context("rustc -vV printed no LLVM version")?;
+    llvm.split('.')
+        .next()
+        .and_then(|major| major.parse().ok())
+        .with_context(|| format!("unparsable LLVM version `{llvm}`"))
+}
+
+/// A prefix whose lib/libLLVM.so points at Debian's libLLVM.so.<major>.x, so
+/// bpf-linker's build finds LLVM without the 700 MB llvm-<major>-dev.
+fn llvm_shim(major: u32) -> anyhow::Result<PathBuf> {
+    let prefix = PathBuf::from(format!("/opt/llvm{major}-shim"));
+    let link = prefix.join("lib/libLLVM.so");
+    if link.exists() {
+        return Ok(prefix);
+    }
+    let wanted = format!("libLLVM.so.{major}.");
+    let library = fs::read_dir(LIB_DIR)
+        .with_context(|| format!("reading {LIB_DIR}"))?
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with(&wanted))
+        })
+        .with_context(|| format!("no {wanted}* in {LIB_DIR}: is libllvm{major} installed?"))?;
+    eprintln!("setup: {} -> {}", link.display(), library.display());
+    fs::create_dir_all(prefix.join("lib"))?;
+    // A stale or dangling link is replaced.
+    let _ = fs::remove_file(&link);
+    symlink(&library, &link).with_context(|| format!("creating {}", link.display()))?;
+    Ok(prefix)
+}
+
+/// Is the installed bpf-linker the pinned version, linked to our LLVM major?
+fn bpf_linker_ok(major: u32) -> bool {
+    let Some(path) = run::stdout_ok(Command::new("sh").args(["-c", "command -v bpf-linker"]))
+    else {
+        return false;
+    };
+    let path = path.trim();
+    let version_ok = run::stdout_ok(Command::new(path).arg("--version"))
+        .is_some_and(|v| v.contains(BPF_LINKER_VERSION));
+    let llvm_ok = run::stdout_ok(Command::new("ldd").arg(path))
+        .is_some_and(|libs| libs.contains(&format!("libLLVM.so.{major}")));
+    version_ok && llvm_ok
+}
+
+fn install_bpf_linker(major: u32, prefix: &Path) -> anyhow::Result<()> {
+    if bpf_linker_ok(major) {
+        return Ok(());
+    }
+    eprintln!(
+        "setup: building bpf-linker {BPF_LINKER_VERSION} against LLVM {major} (about a minute)"
+    );
+    run::status(
+        Command::new("cargo")
+            .args(["install", "--locked", "--force", "bpf-linker"])
+            .args(["--version", BPF_LINKER_VERSION, "--no-default-features"])
+            .args(["--features", &format!("llvm-{major}")])
+            .env("LLVM_PREFIX", prefix),
+    )?;
+    if !bpf_linker_ok(major) {
+        bail!("bpf-linker was installed but is not on PATH or not linked to LLVM {major}");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_llvm_major;
+
+    #[test]
+    fn llvm_major_is_read_from_rustc_verbose_version() {
+        let out = "rustc 1.96.0 (ac68faa20 2026-05-25)\nhost: x86_64-unknown-linux-gnu\nrelease: 1.96.0\nLLVM version: 22.1.8\n";
+        assert_eq!(parse_llvm_major(out).unwrap(), 22);
+    }
+
+    #[test]
+    fn missing_or_garbled_llvm_version_is_an_error() {
+        assert!(parse_llvm_major("rustc 1.96.0\n").is_err());
+        assert!(parse_llvm_major("LLVM version: x.y\n").is_err());
+    }
+}
