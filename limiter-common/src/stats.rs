@@ -28,31 +28,46 @@ impl Counter {
 
 /// What happened to a frame; the index into the `STATS` per-CPU array.
 ///
-/// `NewSource` and `InsertFailure` count events on the state map in addition
-/// to the frame's verdict outcome.
+/// Every frame counts under exactly one of the verdict outcomes (`Passed`
+/// through `Malformed`). `NewSource` and `InsertFailure` count events on
+/// the state maps in addition to the frame's verdict.
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Outcome {
-    /// An IP frame that was counted against its source and passed.
+    /// Under its limit (or no rules loaded yet): passed.
     Passed = 0,
-    /// A frame that is not IPv4/IPv6 (ARP, LLDP, ...): passed untouched.
-    NonIp = 1,
+    /// Over its limit, or blocked by a penalty: dropped.
+    DroppedLimit = 1,
+    /// Matched a `deny` rule: dropped.
+    DroppedDeny = 2,
+    /// Matched an `allow` rule: passed, never limited.
+    Allowed = 3,
+    /// Would have been dropped (limit, penalty or deny) but dry-run is on
+    /// globally or for its rule: passed.
+    DryRunWouldDrop = 4,
+    /// Not IPv4/IPv6 (ARP, LLDP, ...): passed untouched.
+    NonIp = 5,
     /// An IP frame too short for its headers or with invalid header fields:
     /// passed untouched for the stack to reject.
-    Malformed = 2,
-    /// The frame created new state for its source.
-    NewSource = 3,
-    /// The state map refused a new source (the frame still got its verdict).
-    InsertFailure = 4,
+    Malformed = 6,
+    /// The frame created window state for its source.
+    NewSource = 7,
+    /// A state map refused a new source; the frame was judged without
+    /// per-source state (limit rules fail closed).
+    InsertFailure = 8,
 }
 
 impl Outcome {
     /// Number of outcomes: the `STATS` array length.
-    pub const COUNT: u32 = 5;
+    pub const COUNT: u32 = 9;
 
     /// Every outcome, in index order.
     pub const ALL: [Outcome; Self::COUNT as usize] = [
         Outcome::Passed,
+        Outcome::DroppedLimit,
+        Outcome::DroppedDeny,
+        Outcome::Allowed,
+        Outcome::DryRunWouldDrop,
         Outcome::NonIp,
         Outcome::Malformed,
         Outcome::NewSource,
@@ -63,11 +78,21 @@ impl Outcome {
     pub const fn name(self) -> &'static str {
         match self {
             Outcome::Passed => "passed",
+            Outcome::DroppedLimit => "dropped_limit",
+            Outcome::DroppedDeny => "dropped_deny",
+            Outcome::Allowed => "allowed",
+            Outcome::DryRunWouldDrop => "dry_run_would_drop",
             Outcome::NonIp => "non_ip",
             Outcome::Malformed => "malformed",
             Outcome::NewSource => "new_source",
             Outcome::InsertFailure => "insert_failure",
         }
+    }
+
+    /// Whether this outcome is a frame verdict (each frame counts under
+    /// exactly one) rather than a state-map event.
+    pub const fn is_verdict(self) -> bool {
+        !matches!(self, Outcome::NewSource | Outcome::InsertFailure)
     }
 }
 

@@ -1,0 +1,457 @@
+//! Sliding-window arithmetic over bucket counters: pure functions used by
+//! the kernel program and tested on the host against an exact model.
+//!
+//! A rule's window of `W` ns is cut into `K` buckets of `B = W / K` ns (the
+//! window is then exactly `K * B`). A ring of [`RING`] slots holds the
+//! admitted packets and bytes of the last `K + 1` buckets, and for each the
+//! offset `f` of its first admitted frame. At time `t`, in bucket
+//! `i = t / B` with `e = t mod B` ns elapsed, the window `(t - W, t]`
+//! covers all of buckets `i-K+1 ..= i` and the last `B - e` ns of bucket
+//! `i-K`. Traffic of a bucket lies in `[f, B)`, so the estimate weighs the
+//! oldest bucket by the share of that span still inside the window:
+//!
+//! ```text
+//! estimate(t) = sum(c[i-K+1 ..= i]) + c[i-K] * (B - max(f, e)) / (B - f)
+//! ```
+//!
+//! A frame is admitted when `estimate + 1 <= allowance` (packets) and
+//! `estimate_bytes + len <= allowance_bytes`, where
+//! `allowance = rate * W + burst`. The estimate is exact when the oldest
+//! bucket's traffic is spread evenly over `[f, B)` (a steady sender, and a
+//! flood starting anywhere inside a bucket); otherwise it is off by at most
+//! the part of `c[i-K]` the weighting misplaces, so the true count in any
+//! window of length `W` never exceeds `allowance + c[i-K]`, and never
+//! exceeds `allowance + c_max`, where `c_max` is the most admitted in one
+//! bucket. Offsets are kept in 1/1024 of a bucket.
+//!
+//! A packet word packs a 24-bit bucket tag, the 10-bit first offset and a
+//! 30-bit count; a byte word the tag and a 40-bit count. A stale slot (from
+//! an older bucket) reads as zero without being cleared, and one
+//! compare-and-swap both rotates a slot and counts into it. The packet word
+//! of the current slot is the linearisation point: a frame is admitted only
+//! if its compare-and-swap from the word the estimate used succeeds, so
+//! concurrent CPUs never admit more packets than the allowance. Bytes are
+//! added after it, so concurrent frames can overshoot a byte allowance by at
+//! most one frame per other CPU.
+
+/// Slots in the ring; a window has at most `RING - 1` buckets.
+pub const RING: usize = 16;
+/// Largest number of buckets per window (`K`).
+pub const MAX_BUCKETS_PER_WINDOW: u32 = RING as u32 - 1;
+/// Default number of buckets per window.
+pub const DEFAULT_BUCKETS_PER_WINDOW: u32 = 10;
+const TAG_BITS: u32 = 24;
+const TAG_SHIFT: u32 = 64 - TAG_BITS;
+const TAG_MASK: u64 = (1 << TAG_BITS) - 1;
+/// Bits of a packet word that hold the count.
+pub const PACKET_COUNT_BITS: u32 = 30;
+/// Largest packet count a slot holds; packet allowances must stay below it.
+pub const MAX_PACKETS: u64 = (1 << PACKET_COUNT_BITS) - 1;
+/// Bits of a byte word that hold the count.
+pub const BYTE_COUNT_BITS: u32 = 40;
+/// Largest byte count a slot holds; byte allowances must stay below it.
+pub const MAX_BYTES: u64 = (1 << BYTE_COUNT_BITS) - 1;
+/// Fixed-point shift of weights and offsets (1/1024 steps).
+pub const WEIGHT_SHIFT: u32 = 10;
+/// Weight 1.0 in fixed point.
+pub const WEIGHT_ONE: u64 = 1 << WEIGHT_SHIFT;
+const OFFSET_MASK: u64 = WEIGHT_ONE - 1;
+/// An allowance that never limits.
+pub const UNLIMITED: u64 = u64::MAX;
+/// Index of the packet word in a slot.
+pub const PACKETS: usize = 0;
+/// Index of the byte word in a slot.
+pub const BYTES: usize = 1;
+/// Compare-and-swap attempts before a contended frame is refused.
+pub const CAS_ATTEMPTS: usize = 4;
+
+/// Read access to the ring's slot words.
+pub trait SlotRead {
+    /// The word of `field` ([`PACKETS`] or [`BYTES`]) in `slot` (< [`RING`]).
+    fn load(&self, slot: usize, field: usize) -> u64;
+}
+
+/// Atomic write access to the ring's slot words.
+pub trait SlotWrite: SlotRead {
+    /// Replaces `current` with `new`; false if the word was not `current`.
+    fn compare_exchange(&self, slot: usize, field: usize, current: u64, new: u64) -> bool;
+    /// Overwrites a word (used only to clear the ring).
+    fn store(&self, slot: usize, field: usize, value: u64);
+}
+
+/// A rule's window, as the kernel sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WindowParams {
+    /// Bucket width `B` in ns (> 0).
+    pub bucket_ns: u64,
+    /// Buckets per window `K`, 1 ..= [`MAX_BUCKETS_PER_WINDOW`].
+    pub buckets: u32,
+    /// Packets admitted per window (`pps * W + burst`), or [`UNLIMITED`].
+    pub allowance_packets: u64,
+    /// Bytes admitted per window (`Bps * W + burst`), or [`UNLIMITED`].
+    pub allowance_bytes: u64,
+}
+
+/// Where `now` falls: its bucket and how far into it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Position {
+    pub bucket: u64,
+    /// `e / B` in 1/[`WEIGHT_ONE`] steps, 0 ..= WEIGHT_ONE - 1.
+    pub elapsed: u64,
+}
+
+/// The bucket of `now_ns` and how far into it.
+#[inline(always)]
+pub fn position(now_ns: u64, bucket_ns: u64) -> Position {
+    let bucket_ns = if bucket_ns == 0 { 1 } else { bucket_ns };
+    let bucket = now_ns / bucket_ns;
+    let elapsed_ns = now_ns - bucket * bucket_ns;
+    Position {
+        bucket,
+        elapsed: (elapsed_ns << WEIGHT_SHIFT) / bucket_ns,
+    }
+}
+
+/// The ring slot of a bucket.
+#[inline(always)]
+pub const fn slot_of(bucket: u64) -> usize {
+    (bucket % RING as u64) as usize
+}
+
+const fn tag_matches(word: u64, bucket: u64) -> bool {
+    word >> TAG_SHIFT == bucket & TAG_MASK
+}
+
+/// A packet word: `count` frames in `bucket`, the first at offset `first`.
+#[inline(always)]
+pub const fn pack_packets(bucket: u64, first: u64, count: u64) -> u64 {
+    ((bucket & TAG_MASK) << TAG_SHIFT)
+        | ((first & OFFSET_MASK) << PACKET_COUNT_BITS)
+        | (count & MAX_PACKETS)
+}
+
+/// A byte word: `count` bytes in `bucket`.
+#[inline(always)]
+pub const fn pack_bytes(bucket: u64, count: u64) -> u64 {
+    ((bucket & TAG_MASK) << TAG_SHIFT) | (count & MAX_BYTES)
+}
+
+/// The packets a packet word holds for `bucket`: zero for another bucket.
+#[inline(always)]
+pub const fn packets_in(word: u64, bucket: u64) -> u64 {
+    if tag_matches(word, bucket) {
+        word & MAX_PACKETS
+    } else {
+        0
+    }
+}
+
+/// The offset of the first frame in a packet word (1/1024 of a bucket).
+#[inline(always)]
+pub const fn first_offset(word: u64) -> u64 {
+    (word >> PACKET_COUNT_BITS) & OFFSET_MASK
+}
+
+/// The bytes a byte word holds for `bucket`: zero for another bucket.
+#[inline(always)]
+pub const fn bytes_in(word: u64, bucket: u64) -> u64 {
+    if tag_matches(word, bucket) {
+        word & MAX_BYTES
+    } else {
+        0
+    }
+}
+
+/// A packet word with one more frame at `at` (restarting the slot, with
+/// its first offset, if it held an older bucket), saturating.
+#[inline(always)]
+pub const fn packets_bumped(word: u64, at: Position) -> u64 {
+    // A word with no frames (a zeroed slot looks like bucket 0) restarts.
+    if tag_matches(word, at.bucket) && word & MAX_PACKETS != 0 {
+        let count = word & MAX_PACKETS;
+        let count = if count < MAX_PACKETS {
+            count + 1
+        } else {
+            count
+        };
+        pack_packets(at.bucket, first_offset(word), count)
+    } else {
+        pack_packets(at.bucket, at.elapsed, 1)
+    }
+}
+
+/// A byte word with `len` more bytes in `bucket`, saturating.
+#[inline(always)]
+pub const fn bytes_bumped(word: u64, bucket: u64, len: u64) -> u64 {
+    let count = bytes_in(word, bucket);
+    let room = MAX_BYTES - count;
+    pack_bytes(bucket, count + if len > room { room } else { len })
+}
+
+/// The weight (x [`WEIGHT_ONE`]) of the oldest bucket, whose traffic lies
+/// in `[first, 1)` of it, when `elapsed` of it has left the window.
+#[inline(always)]
+pub const fn oldest_weight(first: u64, elapsed: u64) -> u64 {
+    let first = first & OFFSET_MASK;
+    let gone = if elapsed > first { elapsed } else { first };
+    let inside = WEIGHT_ONE - if gone > WEIGHT_ONE { WEIGHT_ONE } else { gone };
+    (inside << WEIGHT_SHIFT) / (WEIGHT_ONE - first)
+}
+
+/// Sliding-window estimates in fixed point (x [`WEIGHT_ONE`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Estimate {
+    pub packets: u64,
+    pub bytes: u64,
+}
+
+/// The sliding-window estimate at `at` over `buckets` buckets, with
+/// `current` standing in for the current bucket's packet word.
+#[inline(always)]
+pub fn estimate<S: SlotRead + ?Sized>(
+    slots: &S,
+    at: Position,
+    buckets: u32,
+    current: u64,
+) -> Estimate {
+    let mut est = Estimate {
+        packets: packets_in(current, at.bucket) << WEIGHT_SHIFT,
+        bytes: bytes_in(slots.load(slot_of(at.bucket), BYTES), at.bucket) << WEIGHT_SHIFT,
+    };
+    let buckets = buckets as u64;
+    let mut age = 1u64;
+    while age < RING as u64 {
+        if age > buckets {
+            break;
+        }
+        let bucket = at.bucket.wrapping_sub(age);
+        let slot = slot_of(bucket);
+        let packet_word = slots.load(slot, PACKETS);
+        let packets = packets_in(packet_word, bucket);
+        if packets != 0 {
+            let bytes = bytes_in(slots.load(slot, BYTES), bucket);
+            let weight = if age == buckets {
+                oldest_weight(first_offset(packet_word), at.elapsed)
+            } else {
+                WEIGHT_ONE
+            };
+            est.packets += packets * weight;
+            est.bytes += bytes * weight;
+        }
+        age += 1;
+    }
+    est
+}
+
+/// Whether `amount` more fits under `allowance` given `estimate` (fixed
+/// point).
+#[inline(always)]
+pub const fn fits(estimate: u64, amount: u64, allowance: u64) -> bool {
+    allowance == UNLIMITED || estimate + (amount << WEIGHT_SHIFT) <= allowance << WEIGHT_SHIFT
+}
+
+/// Decides one frame of `len` bytes at `now_ns`, counting it if admitted.
+#[inline(always)]
+pub fn try_admit<S: SlotWrite + ?Sized>(
+    slots: &S,
+    params: &WindowParams,
+    now_ns: u64,
+    len: u64,
+) -> bool {
+    let at = position(now_ns, params.bucket_ns);
+    let slot = slot_of(at.bucket);
+    let mut attempt = 0;
+    while attempt < CAS_ATTEMPTS {
+        let current = slots.load(slot, PACKETS);
+        let est = estimate(slots, at, params.buckets, current);
+        if !fits(est.packets, 1, params.allowance_packets)
+            || !fits(est.bytes, len, params.allowance_bytes)
+        {
+            return false;
+        }
+        if slots.compare_exchange(slot, PACKETS, current, packets_bumped(current, at)) {
+            add_bytes(slots, slot, at.bucket, len);
+            return true;
+        }
+        attempt += 1;
+    }
+    false
+}
+
+/// Counts `len` admitted bytes into the current slot.
+#[inline(always)]
+fn add_bytes<S: SlotWrite + ?Sized>(slots: &S, slot: usize, bucket: u64, len: u64) {
+    let mut attempt = 0;
+    while attempt < CAS_ATTEMPTS {
+        let word = slots.load(slot, BYTES);
+        if slots.compare_exchange(slot, BYTES, word, bytes_bumped(word, bucket, len)) {
+            return;
+        }
+        attempt += 1;
+    }
+}
+
+/// Clears every slot (when a source's bucket width changes).
+#[inline(always)]
+pub fn clear<S: SlotWrite + ?Sized>(slots: &S) {
+    let mut slot = 0;
+    while slot < RING {
+        slots.store(slot, PACKETS, 0);
+        slots.store(slot, BYTES, 0);
+        slot += 1;
+    }
+}
+
+/// Host (and userspace) slots: one atomic word per field.
+#[cfg(target_has_atomic = "64")]
+pub type AtomicRing = [[core::sync::atomic::AtomicU64; 2]; RING];
+
+#[cfg(target_has_atomic = "64")]
+impl SlotRead for AtomicRing {
+    fn load(&self, slot: usize, field: usize) -> u64 {
+        self[slot][field].load(core::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+#[cfg(target_has_atomic = "64")]
+impl SlotWrite for AtomicRing {
+    fn compare_exchange(&self, slot: usize, field: usize, current: u64, new: u64) -> bool {
+        use core::sync::atomic::Ordering::{Relaxed, SeqCst};
+        self[slot][field]
+            .compare_exchange(current, new, SeqCst, Relaxed)
+            .is_ok()
+    }
+
+    fn store(&self, slot: usize, field: usize, value: u64) {
+        self[slot][field].store(value, core::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+/// A copy of the ring read back from the kernel.
+impl SlotRead for [[u64; 2]; RING] {
+    fn load(&self, slot: usize, field: usize) -> u64 {
+        self[slot][field]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn words_pack_tag_offset_and_count() {
+        let w = pack_packets(7, 300, 42);
+        assert_eq!(packets_in(w, 7), 42);
+        assert_eq!(first_offset(w), 300);
+        assert_eq!(packets_in(w, 8), 0);
+        assert_eq!(
+            packets_in(w, 7 + (1 << 24)),
+            42,
+            "tags wrap after 2^24 buckets"
+        );
+        let at = Position {
+            bucket: 7,
+            elapsed: 900,
+        };
+        assert_eq!(packets_in(packets_bumped(w, at), 7), 43);
+        assert_eq!(
+            first_offset(packets_bumped(w, at)),
+            300,
+            "the first offset stays"
+        );
+        let later = Position {
+            bucket: 23,
+            elapsed: 5,
+        };
+        assert_eq!(
+            packets_in(packets_bumped(w, later), 23),
+            1,
+            "a stale slot restarts"
+        );
+        assert_eq!(first_offset(packets_bumped(w, later)), 5);
+        let zeroed = Position {
+            bucket: 0,
+            elapsed: 77,
+        };
+        assert_eq!(
+            first_offset(packets_bumped(0, zeroed)),
+            77,
+            "a zeroed slot is empty"
+        );
+        let full = pack_packets(1, 0, MAX_PACKETS);
+        assert_eq!(
+            packets_in(
+                packets_bumped(
+                    full,
+                    Position {
+                        bucket: 1,
+                        elapsed: 0
+                    }
+                ),
+                1
+            ),
+            MAX_PACKETS
+        );
+        let b = pack_bytes(9, 1000);
+        assert_eq!(bytes_in(bytes_bumped(b, 9, 500), 9), 1500);
+        assert_eq!(bytes_in(bytes_bumped(b, 10, 500), 10), 500);
+        assert_eq!(
+            bytes_in(bytes_bumped(pack_bytes(1, MAX_BYTES - 1), 1, 10), 1),
+            MAX_BYTES
+        );
+    }
+
+    #[test]
+    fn position_reports_the_elapsed_share() {
+        assert_eq!(
+            position(1_000, 100),
+            Position {
+                bucket: 10,
+                elapsed: 0
+            }
+        );
+        assert_eq!(position(1_050, 100).elapsed, WEIGHT_ONE / 2);
+        assert_eq!(position(1_099, 100).elapsed, WEIGHT_ONE * 99 / 100);
+    }
+
+    #[test]
+    fn oldest_weight_covers_only_the_occupied_span() {
+        assert_eq!(oldest_weight(0, 0), WEIGHT_ONE);
+        assert_eq!(oldest_weight(0, WEIGHT_ONE / 4), WEIGHT_ONE * 3 / 4);
+        // Traffic in the second half: nothing has left until e passes f.
+        assert_eq!(oldest_weight(512, 256), WEIGHT_ONE);
+        assert_eq!(oldest_weight(512, 768), WEIGHT_ONE / 2);
+        // Same quantum: counted in full (the conservative side).
+        assert_eq!(oldest_weight(1023, 1023), WEIGHT_ONE);
+    }
+
+    #[test]
+    fn estimate_weighs_only_the_oldest_bucket() {
+        let mut ring: [[u64; 2]; RING] = [[0; 2]; RING];
+        // K = 2: buckets 8 (oldest), 9, 10 (current).
+        ring[slot_of(8)] = [pack_packets(8, 0, 100), pack_bytes(8, 6400)];
+        ring[slot_of(9)] = [pack_packets(9, 0, 10), pack_bytes(9, 640)];
+        ring[slot_of(7)] = [pack_packets(7, 0, 1000), pack_bytes(7, 1)]; // outside
+        ring[slot_of(10)][BYTES] = pack_bytes(10, 64);
+        let current = pack_packets(10, 0, 1);
+        let at = position(1_025, 100); // a quarter into bucket 10
+        let est = estimate(&ring, at, 2, current);
+        assert_eq!(
+            est.packets,
+            (1 + 10) * WEIGHT_ONE + 100 * (WEIGHT_ONE * 3 / 4)
+        );
+        assert_eq!(
+            est.bytes,
+            (64 + 640) * WEIGHT_ONE + 6400 * (WEIGHT_ONE * 3 / 4)
+        );
+    }
+
+    #[test]
+    fn fits_respects_unlimited_and_boundaries() {
+        assert!(fits(u64::MAX / 2, 1, UNLIMITED));
+        assert!(fits(9 * WEIGHT_ONE, 1, 10));
+        assert!(!fits(9 * WEIGHT_ONE + 1, 1, 10));
+        assert!(fits(0, 1500, 1500));
+        assert!(!fits(0, 1501, 1500));
+    }
+}
