@@ -28,6 +28,11 @@ const LEAKY_VARS: &[&str] = &[
     "CARGO_PRIMARY_PACKAGE",
 ];
 
+/// Crates of the eBPF build allowed to use unstable features.
+const EBPF_FEATURE_CRATES: &str = "aya_ebpf,limiter_ebpf";
+/// Flags of the eBPF build.
+const EBPF_RUSTFLAGS: &[&str] = &["-Cdebuginfo=2", "-Clink-arg=--btf", "-Ctarget-cpu=v3"];
+
 fn main() {
     let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("cargo sets it"));
     let root = manifest_dir
@@ -69,12 +74,12 @@ fn build_ebpf(root: &Path) -> PathBuf {
     for var in LEAKY_VARS {
         cmd.env_remove(var);
     }
-    // aya-ebpf uses #![feature(asm_experimental_arch)]; allow it for that
-    // crate only. BTF lets the kernel and bpftool show our types.
-    cmd.env("RUSTC_BOOTSTRAP", "aya_ebpf").env(
-        "CARGO_ENCODED_RUSTFLAGS",
-        ["-Cdebuginfo=2", "-Clink-arg=--btf"].join("\x1f"),
-    );
+    // aya-ebpf uses #![feature(asm_experimental_arch)] and limiter-ebpf the
+    // atomic intrinsics (BPF compare-and-swap); allow features for those two
+    // crates only. BPF ISA v3 has the atomic instructions; BTF lets the
+    // kernel and bpftool show our types.
+    cmd.env("RUSTC_BOOTSTRAP", EBPF_FEATURE_CRATES)
+        .env("CARGO_ENCODED_RUSTFLAGS", EBPF_RUSTFLAGS.join("\x1f"));
     let status = cmd.status().unwrap_or_else(|e| {
         panic!("cannot run rustup to build the eBPF program ({e}); run `cargo xtask setup`")
     });

@@ -18,6 +18,8 @@ pub struct SourceTraffic {
     pub current: Counter,
     /// Frames offered in `second - 1` (zero if the source was idle then).
     pub previous: Counter,
+    /// Frames offered since the entry was created.
+    pub total: Counter,
     /// Frames dropped (or would-be dropped in dry-run) since creation.
     pub dropped: Counter,
 }
@@ -26,13 +28,15 @@ impl SourceTraffic {
     /// State for a first frame of `len` bytes in `second`.
     #[inline(always)]
     pub fn first(second: u64, len: u64) -> Self {
+        let first = Counter {
+            packets: 1,
+            bytes: len,
+        };
         Self {
             second,
-            current: Counter {
-                packets: 1,
-                bytes: len,
-            },
+            current: first,
             previous: Counter::default(),
+            total: first,
             dropped: Counter::default(),
         }
     }
@@ -50,6 +54,7 @@ impl SourceTraffic {
             self.second = second;
         }
         self.current.add(len);
+        self.total.add(len);
     }
 
     /// Frames offered during the last complete second before `now_second`
@@ -147,11 +152,18 @@ mod tests {
         assert_eq!(t.last_second(103), Counter::default());
         t.record(105, 1);
         assert_eq!(t.previous, Counter::default(), "an idle gap clears history");
+        assert_eq!(
+            t.total,
+            Counter {
+                packets: 4,
+                bytes: 111
+            }
+        );
     }
 
     #[test]
     fn abi_sizes_have_no_implicit_padding() {
-        assert_eq!(core::mem::size_of::<SourceTraffic>(), 8 + 3 * 16);
+        assert_eq!(core::mem::size_of::<SourceTraffic>(), 8 + 4 * 16);
         assert_eq!(
             core::mem::size_of::<WindowState>(),
             RING * 16 + 8 + 8 + 4 + 4

@@ -50,7 +50,7 @@ pub enum Outcome {
     /// An IP frame too short for its headers or with invalid header fields:
     /// passed untouched for the stack to reject.
     Malformed = 6,
-    /// The frame created window state for its source.
+    /// The frame created state (a `SOURCES` entry) for its source.
     NewSource = 7,
     /// A state map refused a new source; the frame was judged without
     /// per-source state (limit rules fail closed).

@@ -214,33 +214,50 @@ pub fn estimate<S: SlotRead + ?Sized>(
     buckets: u32,
     current: u64,
 ) -> Estimate {
-    let mut est = Estimate {
-        packets: packets_in(current, at.bucket) << WEIGHT_SHIFT,
-        bytes: bytes_in(slots.load(slot_of(at.bucket), BYTES), at.bucket) << WEIGHT_SHIFT,
-    };
+    with_current(slots, older(slots, at, buckets), at, current)
+}
+
+/// The older buckets' part of the estimate. Only the current bucket is
+/// written, so this is read once per frame however often the
+/// compare-and-swap is retried. The loop has a fixed trip count (no exit
+/// that depends on `buckets`), which keeps the kernel verifier's path
+/// count small.
+#[inline(always)]
+pub fn older<S: SlotRead + ?Sized>(slots: &S, at: Position, buckets: u32) -> Estimate {
     let buckets = buckets as u64;
+    let mut est = Estimate::default();
     let mut age = 1u64;
     while age < RING as u64 {
-        if age > buckets {
-            break;
-        }
-        let bucket = at.bucket.wrapping_sub(age);
-        let slot = slot_of(bucket);
-        let packet_word = slots.load(slot, PACKETS);
-        let packets = packets_in(packet_word, bucket);
-        if packets != 0 {
-            let bytes = bytes_in(slots.load(slot, BYTES), bucket);
+        if age <= buckets {
+            let bucket = at.bucket.wrapping_sub(age);
+            let slot = slot_of(bucket);
+            let packet_word = slots.load(slot, PACKETS);
             let weight = if age == buckets {
                 oldest_weight(first_offset(packet_word), at.elapsed)
             } else {
                 WEIGHT_ONE
             };
-            est.packets += packets * weight;
-            est.bytes += bytes * weight;
+            est.packets += packets_in(packet_word, bucket) * weight;
+            est.bytes += bytes_in(slots.load(slot, BYTES), bucket) * weight;
         }
         age += 1;
     }
     est
+}
+
+/// `older` plus the current bucket, whose packet word is `current`.
+#[inline(always)]
+fn with_current<S: SlotRead + ?Sized>(
+    slots: &S,
+    older: Estimate,
+    at: Position,
+    current: u64,
+) -> Estimate {
+    let bytes = slots.load(slot_of(at.bucket), BYTES);
+    Estimate {
+        packets: older.packets + (packets_in(current, at.bucket) << WEIGHT_SHIFT),
+        bytes: older.bytes + (bytes_in(bytes, at.bucket) << WEIGHT_SHIFT),
+    }
 }
 
 /// Whether `amount` more fits under `allowance` given `estimate` (fixed
@@ -260,10 +277,11 @@ pub fn try_admit<S: SlotWrite + ?Sized>(
 ) -> bool {
     let at = position(now_ns, params.bucket_ns);
     let slot = slot_of(at.bucket);
+    let older = older(slots, at, params.buckets);
     let mut attempt = 0;
     while attempt < CAS_ATTEMPTS {
         let current = slots.load(slot, PACKETS);
-        let est = estimate(slots, at, params.buckets, current);
+        let est = with_current(slots, older, at, current);
         if !fits(est.packets, 1, params.allowance_packets)
             || !fits(est.bytes, len, params.allowance_bytes)
         {

@@ -1,16 +1,22 @@
 //! The xdp-limiter XDP program.
 //!
-//! Entry point `xdp_limiter` delegates to `try_limit`, which parses the
-//! frame and counts it per source and per outcome. Non-IP and malformed
-//! frames pass untouched and are counted as such.
+//! Entry point `xdp_limiter` delegates to `try_limit`: parse the frame,
+//! judge it (`limit.rs`), count the outcome. Non-IP and malformed frames
+//! pass untouched and are counted as such.
 #![no_std]
 #![no_main]
+// BPF compare-and-swap is only reachable through the atomic intrinsics:
+// the BPF target declares no CAS support to `core::sync::atomic`.
+#![feature(core_intrinsics)]
+#![allow(internal_features)]
 
+mod limit;
 mod maps;
 mod parse;
+mod shared;
 
 use aya_ebpf::{bindings::xdp_action, macros::xdp, programs::XdpContext};
-use limiter_common::{Counter, Outcome};
+use limiter_common::Outcome;
 
 use crate::parse::ParseError;
 
@@ -18,7 +24,7 @@ use crate::parse::ParseError;
 pub fn xdp_limiter(ctx: XdpContext) -> u32 {
     let len = (ctx.data_end() - ctx.data()) as u64;
     match try_limit(&ctx, len) {
-        Ok(verdict) => verdict,
+        Ok(action) => action,
         Err(ParseError::NonIp) => {
             maps::count(Outcome::NonIp, len);
             xdp_action::XDP_PASS
@@ -33,38 +39,10 @@ pub fn xdp_limiter(ctx: XdpContext) -> u32 {
 #[inline(always)]
 fn try_limit(ctx: &XdpContext, len: u64) -> Result<u32, ParseError> {
     let packet = parse::parse(ctx)?;
-    match maps::SOURCES.get_ptr_mut(packet.source) {
-        Some(counter) => {
-            // SAFETY: this CPU's slot of a per-CPU map value; XDP runs with
-            // migration disabled, so nothing else writes it meanwhile.
-            unsafe { (*counter).add(len) };
-        }
-        None => {
-            let first = Counter {
-                packets: 1,
-                bytes: len,
-            };
-            // BPF_NOEXIST: if another CPU created the entry first, fall
-            // back to counting in our slot of it.
-            if maps::SOURCES
-                .insert(packet.source, first, BPF_NOEXIST)
-                .is_ok()
-            {
-                maps::count(Outcome::NewSource, len);
-            } else if let Some(counter) = maps::SOURCES.get_ptr_mut(packet.source) {
-                // SAFETY: as above.
-                unsafe { (*counter).add(len) };
-            } else {
-                maps::count(Outcome::InsertFailure, len);
-            }
-        }
-    }
-    maps::count(Outcome::Passed, len);
-    Ok(xdp_action::XDP_PASS)
+    let verdict = limit::judge(&packet, len);
+    maps::count(verdict.outcome, len);
+    Ok(verdict.action)
 }
-
-/// `bpf_map_update_elem` flag: create only.
-const BPF_NOEXIST: u64 = 1;
 
 #[panic_handler]
 fn panic(_info: &core::panic::PanicInfo) -> ! {

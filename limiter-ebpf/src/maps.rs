@@ -1,30 +1,57 @@
 //! Every map of the XDP program, in one place.
 //!
-//! Sizes here are defaults: userspace can resize a map before loading
-//! (`EbpfLoader::set_max_entries`), so capacity comes from configuration.
+//! Sizes here are defaults: userspace resizes the per-source maps before
+//! loading (`EbpfLoader::map_max_entries`), so capacity comes from
+//! configuration.
 
 use aya_ebpf::{
     macros::map,
-    maps::{LruPerCpuHashMap, PerCpuArray},
+    maps::{Array, LpmTrie, LruHashMap, LruPerCpuHashMap, PerCpuArray},
 };
-use limiter_common::{Counter, Outcome, SourceKey, DEFAULT_MAX_SOURCES};
+use limiter_common::{
+    rules::RULE_SLOTS, Config, Counter, Outcome, Rule, RuleRefs, SourceKey, SourceTraffic,
+    WindowState, DEFAULT_MAX_SOURCES,
+};
 
-/// Per-source counters, one slot per CPU so the hot path never shares a
+/// Offered traffic per source, one slot per CPU so counting never shares a
 /// cache line. LRU: when full, the least recently seen source is evicted.
 #[map(name = "SOURCES")]
-pub static SOURCES: LruPerCpuHashMap<SourceKey, Counter> =
+pub static SOURCES: LruPerCpuHashMap<SourceKey, SourceTraffic> =
     LruPerCpuHashMap::with_max_entries(DEFAULT_MAX_SOURCES, 0);
+
+/// Admission window per source, shared by all CPUs (written only when a
+/// frame is admitted). LRU like `SOURCES`.
+#[map(name = "WINDOWS")]
+pub static WINDOWS: LruHashMap<SourceKey, WindowState> =
+    LruHashMap::with_max_entries(DEFAULT_MAX_SOURCES, 0);
 
 /// Global per-CPU counters indexed by `Outcome`.
 #[map(name = "STATS")]
 pub static STATS: PerCpuArray<Counter> = PerCpuArray::with_max_entries(Outcome::COUNT, 0);
 
+/// The global configuration (one entry).
+#[map(name = "CONFIG")]
+pub static CONFIG: Array<Config> = Array::with_max_entries(1, 0);
+
+/// Compiled rules: two halves, so a rule change writes the half no source
+/// resolves into before the generation bump makes it live.
+#[map(name = "RULES")]
+pub static RULES: Array<Rule> = Array::with_max_entries(RULE_SLOTS, 0);
+
+/// IPv4 rule prefixes (always holding 0.0.0.0/0 once rules are loaded).
+#[map(name = "PREFIXES_V4")]
+pub static PREFIXES_V4: LpmTrie<[u8; 4], RuleRefs> = LpmTrie::with_max_entries(4096, 0);
+
+/// IPv6 rule prefixes (always holding ::/0 once rules are loaded).
+#[map(name = "PREFIXES_V6")]
+pub static PREFIXES_V6: LpmTrie<[u8; 16], RuleRefs> = LpmTrie::with_max_entries(4096, 0);
+
 /// Counts one frame of `len` bytes under `outcome` on this CPU.
 #[inline(always)]
 pub fn count(outcome: Outcome, len: u64) {
     if let Some(counter) = STATS.get_ptr_mut(outcome as u32) {
-        // SAFETY: the pointer is this CPU's slot of an array element; XDP
-        // runs with migration disabled, so no one else writes it meanwhile.
+        // SAFETY: this CPU's slot of an array element; XDP runs with
+        // migration disabled, so nothing else writes it meanwhile.
         unsafe { (*counter).add(len) };
     }
 }

@@ -7,7 +7,10 @@
 use core::mem::size_of;
 
 use aya_ebpf::programs::XdpContext;
-use limiter_common::SourceKey;
+use limiter_common::{
+    rules::{IPPROTO_TCP, IPPROTO_UDP, TCP_FLAG_ACK, TCP_FLAG_SYN},
+    SourceKey,
+};
 use network_types::{
     eth::EthHdr,
     ip::{Ipv4Hdr, Ipv6Hdr},
@@ -23,8 +26,6 @@ const ETH_P_8021AD: u16 = 0x88A8;
 /// Pre-standard QinQ outer tag still seen on some switches.
 const ETH_P_QINQ_LEGACY: u16 = 0x9100;
 
-pub const IPPROTO_TCP: u8 = 6;
-pub const IPPROTO_UDP: u8 = 17;
 const IPPROTO_HOPOPTS: u8 = 0;
 const IPPROTO_ROUTING: u8 = 43;
 const IPPROTO_FRAGMENT: u8 = 44;
@@ -45,9 +46,6 @@ pub enum ParseError {
 }
 
 /// What the limiter needs to know about an IP frame.
-// `protocol` and `dst_port` are parsed (a truncated transport header is
-// malformed) but only rule matching reads them.
-#[allow(dead_code)]
 pub struct Packet {
     /// Source address, at full length (/32 or /128).
     pub source: SourceKey,
@@ -55,6 +53,15 @@ pub struct Packet {
     pub protocol: u8,
     /// TCP/UDP destination port; 0 for other protocols and non-first fragments.
     pub dst_port: u16,
+    /// TCP SYN/ACK flag bits (`rules::TCP_FLAG_*`); 0 for other protocols.
+    pub tcp_flags: u8,
+}
+
+/// The transport fields rules match on.
+#[derive(Clone, Copy, Default)]
+struct Transport {
+    dst_port: u16,
+    tcp_flags: u8,
 }
 
 /// A bounds-checked pointer to a `T` at `offset` bytes into the frame.
@@ -109,15 +116,16 @@ fn parse_ipv4(ctx: &XdpContext, offset: usize) -> Result<Packet, ParseError> {
         return Err(ParseError::Malformed);
     }
     let fragment_offset = u16::from_be_bytes(ip.frags) & 0x1fff;
-    let dst_port = if fragment_offset == 0 {
-        transport_port(ctx, offset + header_len, ip.proto)?
+    let transport = if fragment_offset == 0 {
+        transport(ctx, offset + header_len, ip.proto)?
     } else {
-        0
+        Transport::default()
     };
     Ok(Packet {
         source: SourceKey::v4(ip.src_addr),
         protocol: ip.proto,
-        dst_port,
+        dst_port: transport.dst_port,
+        tcp_flags: transport.tcp_flags,
     })
 }
 
@@ -147,32 +155,46 @@ fn parse_ipv6(ctx: &XdpContext, offset: usize) -> Result<Packet, ParseError> {
             _ => break,
         }
     }
-    let dst_port = if first_fragment {
-        transport_port(ctx, offset, next)?
+    let transport = if first_fragment {
+        transport(ctx, offset, next)?
     } else {
-        0
+        Transport::default()
     };
     Ok(Packet {
         source: SourceKey::v6(ip.src_addr),
         protocol: next,
-        dst_port,
+        dst_port: transport.dst_port,
+        tcp_flags: transport.tcp_flags,
     })
 }
 
-/// The destination port of a TCP or UDP header at `offset`; 0 for other
-/// protocols. The whole fixed header must be present, or the frame is
-/// malformed.
+/// The destination port (and TCP flags) of a TCP or UDP header at
+/// `offset`; nothing for other protocols. The whole fixed header must be
+/// present, or the frame is malformed.
 #[inline(always)]
-fn transport_port(ctx: &XdpContext, offset: usize, protocol: u8) -> Result<u16, ParseError> {
+fn transport(ctx: &XdpContext, offset: usize, protocol: u8) -> Result<Transport, ParseError> {
     match protocol {
         IPPROTO_TCP => {
             let tcp: TcpHdr = read_at(ctx, offset)?;
-            Ok(u16::from_be_bytes(tcp.dest))
+            let mut tcp_flags = 0;
+            if tcp.syn() != 0 {
+                tcp_flags |= TCP_FLAG_SYN;
+            }
+            if tcp.ack() != 0 {
+                tcp_flags |= TCP_FLAG_ACK;
+            }
+            Ok(Transport {
+                dst_port: u16::from_be_bytes(tcp.dest),
+                tcp_flags,
+            })
         }
         IPPROTO_UDP => {
             let udp: UdpHdr = read_at(ctx, offset)?;
-            Ok(u16::from_be_bytes(udp.dst))
+            Ok(Transport {
+                dst_port: u16::from_be_bytes(udp.dst),
+                tcp_flags: 0,
+            })
         }
-        _ => Ok(0),
+        _ => Ok(Transport::default()),
     }
 }

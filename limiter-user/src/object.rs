@@ -24,7 +24,7 @@ pub enum LoadError {
 /// Knobs applied before the object is loaded.
 #[derive(Clone, Debug)]
 pub struct LoadOptions {
-    /// Capacity of the per-source state map.
+    /// Capacity of the per-source state maps (`SOURCES` and `WINDOWS`).
     pub max_sources: u32,
 }
 
@@ -41,6 +41,7 @@ impl Default for LoadOptions {
 pub fn load(options: &LoadOptions) -> Result<Ebpf, LoadError> {
     let mut ebpf = EbpfLoader::new()
         .map_max_entries(names::SOURCES, options.max_sources)
+        .map_max_entries(names::WINDOWS, options.max_sources)
         .load(EBPF_OBJECT)?;
     xdp_program(&mut ebpf)?.load()?;
     Ok(ebpf)

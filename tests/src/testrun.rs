@@ -4,14 +4,18 @@
 //! Each [`Harness`] loads its own copy of the program and maps, so tests
 //! running in parallel never see each other's counters.
 
-use std::{collections::BTreeMap, thread};
+use std::{
+    collections::BTreeMap,
+    thread,
+    time::{Duration, Instant},
+};
 
 use aya::{
-    programs::{TestRun, TestRunOptions},
+    programs::{TestRun, TestRunOptions, Xdp},
     Ebpf,
 };
-use limiter_common::{Counter, Outcome, SourceKey};
-use limiter_user::{counters, object::xdp_program, LoadOptions};
+use limiter_common::{Counter, Outcome, SourceKey, SourceTraffic};
+use limiter_user::{counters, object::xdp_program, rules::RuleSet, LoadOptions};
 use nix::{sched::CpuSet, unistd::Pid};
 
 pub const XDP_ABORTED: u32 = 0;
@@ -41,6 +45,25 @@ impl Harness {
 
     pub fn ebpf_mut(&mut self) -> &mut Ebpf {
         &mut self.ebpf
+    }
+
+    /// The XDP program, for running from several threads at once.
+    pub fn program(&mut self) -> &Xdp {
+        xdp_program(&mut self.ebpf).expect("program present")
+    }
+
+    /// Runs `frame` `n` times on `cpu`; returns how many were passed and
+    /// how many dropped (any other verdict panics).
+    pub fn offer(&mut self, cpu: usize, frame: &[u8], n: u64) -> (u64, u64) {
+        let (mut passed, mut dropped) = (0, 0);
+        for i in 0..n {
+            match self.run_on_cpu(cpu, frame) {
+                XDP_PASS => passed += 1,
+                XDP_DROP => dropped += 1,
+                other => panic!("frame {i}: unexpected verdict {other}"),
+            }
+        }
+        (passed, dropped)
     }
 
     /// Runs the program once on `frame` from a thread pinned to `cpu` (the
@@ -76,9 +99,22 @@ impl Harness {
         self.sources().remove(key)
     }
 
-    /// Every tracked source with its per-CPU counters.
+    /// Every tracked source with its per-CPU offered frames since creation.
     pub fn sources(&self) -> BTreeMap<SourceKey, Vec<Counter>> {
+        self.traffic()
+            .into_iter()
+            .map(|(key, per_cpu)| (key, per_cpu.iter().map(|t| t.total).collect()))
+            .collect()
+    }
+
+    /// Every tracked source with its per-CPU `SourceTraffic`.
+    pub fn traffic(&self) -> BTreeMap<SourceKey, Vec<SourceTraffic>> {
         counters::sources(&self.ebpf).expect("reading SOURCES")
+    }
+
+    /// Validates and pushes a rule set; returns the new generation.
+    pub fn push(&mut self, set: &RuleSet) -> u32 {
+        limiter_user::push::push(&mut self.ebpf, set).unwrap_or_else(|e| panic!("push: {e}"))
     }
 
     /// The counter of `outcome` summed over CPUs.
@@ -105,6 +141,76 @@ impl Harness {
             );
         }
     }
+}
+
+/// How a paced sender keeps its rate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pacing {
+    /// Behind schedule, send at once until caught up (a flood keeps its
+    /// average rate through scheduling hiccups).
+    CatchUp,
+    /// Behind schedule, skip the missed slots (never above the rate over
+    /// any interval, as a well-behaved sender).
+    Skip,
+}
+
+/// What a paced sender saw.
+#[derive(Debug, Default)]
+pub struct Paced {
+    /// Offsets from the common start of the frames that were passed.
+    pub passed_at: Vec<Duration>,
+    pub offered: u64,
+    pub dropped: u64,
+}
+
+/// Offers `frame` at `pps` for `duration` (from `start`) on a thread
+/// pinned to `cpu`, one BPF_PROG_TEST_RUN per frame, in real time.
+pub fn paced(
+    program: &Xdp,
+    cpu: usize,
+    frame: &[u8],
+    pps: u64,
+    start: Instant,
+    duration: Duration,
+    pacing: Pacing,
+) -> Paced {
+    thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                pin_current_thread(cpu);
+                let interval = Duration::from_nanos(1_000_000_000 / pps);
+                let mut out = Paced::default();
+                let mut next = start;
+                loop {
+                    let mut now = Instant::now();
+                    while now < next {
+                        std::hint::spin_loop();
+                        now = Instant::now();
+                    }
+                    if now >= start + duration {
+                        return out;
+                    }
+                    let mut opts = TestRunOptions::new();
+                    opts.data_in = Some(frame);
+                    let verdict = program
+                        .test_run(opts)
+                        .unwrap_or_else(|e| panic!("BPF_PROG_TEST_RUN on CPU {cpu}: {e}"))
+                        .return_value;
+                    out.offered += 1;
+                    match verdict {
+                        XDP_PASS => out.passed_at.push(now - start),
+                        XDP_DROP => out.dropped += 1,
+                        other => panic!("unexpected verdict {other}"),
+                    }
+                    next += interval;
+                    if pacing == Pacing::Skip && next < now {
+                        next = now + interval;
+                    }
+                }
+            })
+            .join()
+            .expect("sender thread panicked")
+    })
 }
 
 /// `packets` frames of `len` bytes each.

@@ -124,7 +124,7 @@ fn real_pings_and_datagrams_are_counted_exactly_per_source() {
     let total = |addr: Ipv4Addr| {
         sources
             .get(&SourceKey::v4(addr.octets()))
-            .map(|per_cpu| counters::total(per_cpu))
+            .map(|per_cpu| counters::offered(per_cpu))
             .unwrap_or_else(|| panic!("{addr} is not tracked: {:?}", sources.keys()))
     };
     let expect = |pings, datagrams| frames(pings, PING_FRAME).merged(frames(datagrams, UDP_FRAME));

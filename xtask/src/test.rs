@@ -35,10 +35,11 @@ pub fn run(cargo_test_args: &[String]) -> anyhow::Result<()> {
                 "bpfel-unknown-none",
             ])
             .args(["--target-dir", "target/ebpf", "--", "-D", "warnings"])
-            .env("RUSTC_BOOTSTRAP", "aya_ebpf")
+            // The same feature allowance and flags as limiter-user/build.rs.
+            .env("RUSTC_BOOTSTRAP", "aya_ebpf,limiter_ebpf")
+            .env("CARGO_ENCODED_RUSTFLAGS", "-Ctarget-cpu=v3")
             .env_remove("RUSTUP_TOOLCHAIN")
-            .env_remove("RUSTC")
-            .env_remove("CARGO_ENCODED_RUSTFLAGS"),
+            .env_remove("RUSTC"),
     )?;
     // Host unit tests first, then the kernel and netns tests, so the run
     // closes on the tests that exercise the real kernel.

@@ -1,0 +1,93 @@
+//! Access to the `WINDOWS` value that all CPUs share: volatile loads and
+//! stores for single words, and the BPF compare-and-swap (`cmpxchg`,
+//! BPF ISA v3) for the window slots.
+
+use core::{
+    intrinsics::{atomic_cxchg, AtomicOrdering},
+    ptr::{addr_of_mut, read_volatile, write_volatile},
+};
+
+use limiter_common::{
+    window::{SlotRead, SlotWrite, RING},
+    WindowState,
+};
+
+/// A `WindowState` inside the shared map.
+#[derive(Clone, Copy)]
+pub struct SharedWindow(pub *mut WindowState);
+
+impl SharedWindow {
+    #[inline(always)]
+    fn slot_word(&self, slot: usize, field: usize) -> *mut u64 {
+        // SAFETY: in-bounds field projection of a valid map value; masking
+        // keeps the indices inside the arrays without a panic path.
+        unsafe { addr_of_mut!((*self.0).slots[slot & (RING - 1)][field & 1]) }
+    }
+
+    #[inline(always)]
+    pub fn blocked_until_ns(&self) -> u64 {
+        // SAFETY: aligned u64 inside a live map value; a racing writer
+        // stores whole words.
+        unsafe { read_volatile(addr_of_mut!((*self.0).blocked_until_ns)) }
+    }
+
+    #[inline(always)]
+    pub fn set_blocked_until_ns(&self, value: u64) {
+        // SAFETY: as above.
+        unsafe { write_volatile(addr_of_mut!((*self.0).blocked_until_ns), value) }
+    }
+
+    /// The cached (rule, generation, bucket width).
+    #[inline(always)]
+    pub fn cached_rule(&self) -> (u32, u32, u64) {
+        // SAFETY: as above.
+        unsafe {
+            (
+                read_volatile(addr_of_mut!((*self.0).rule)),
+                read_volatile(addr_of_mut!((*self.0).generation)),
+                read_volatile(addr_of_mut!((*self.0).bucket_ns)),
+            )
+        }
+    }
+
+    /// Caches a resolved rule. Several CPUs may do this at once for the
+    /// same source; they write the same values.
+    #[inline(always)]
+    pub fn cache_rule(&self, rule: u32, generation: u32, bucket_ns: u64) {
+        // SAFETY: as above.
+        unsafe {
+            write_volatile(addr_of_mut!((*self.0).rule), rule);
+            write_volatile(addr_of_mut!((*self.0).bucket_ns), bucket_ns);
+            write_volatile(addr_of_mut!((*self.0).generation), generation);
+        }
+    }
+}
+
+impl SlotRead for SharedWindow {
+    #[inline(always)]
+    fn load(&self, slot: usize, field: usize) -> u64 {
+        // SAFETY: aligned word of a live map value (see slot_word).
+        unsafe { read_volatile(self.slot_word(slot, field)) }
+    }
+}
+
+impl SlotWrite for SharedWindow {
+    #[inline(always)]
+    fn compare_exchange(&self, slot: usize, field: usize, current: u64, new: u64) -> bool {
+        // SAFETY: aligned word of a live map value; BPF_CMPXCHG is atomic.
+        let (_, swapped) = unsafe {
+            atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(
+                self.slot_word(slot, field),
+                current,
+                new,
+            )
+        };
+        swapped
+    }
+
+    #[inline(always)]
+    fn store(&self, slot: usize, field: usize, value: u64) {
+        // SAFETY: aligned word of a live map value.
+        unsafe { write_volatile(self.slot_word(slot, field), value) }
+    }
+}

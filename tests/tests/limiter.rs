@@ -1,0 +1,495 @@
+//! Kernel tests of enforcement through BPF_PROG_TEST_RUN: accuracy in real
+//! time (one CPU and both CPUs), rule actions, dry-run, penalties, per-port
+//! rules, live rule changes, IPv6 /64 keys, and a full state map.
+
+use std::{
+    net::{Ipv4Addr, Ipv6Addr},
+    thread,
+    time::{Duration, Instant},
+};
+
+use ipnet::IpNet;
+use limiter_common::{Action, Counter, Outcome, SourceKey};
+use limiter_tests::{
+    packets,
+    testrun::{frames, online_cpus, paced, Harness, Pacing},
+};
+use limiter_user::{
+    counters,
+    rules::{Match, RuleSet, RuleSpec, PROTO_TCP, PROTO_UDP},
+};
+
+const DST4: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 1);
+const DST6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0xffff, 0, 0, 0, 0, 1);
+
+fn net(s: &str) -> IpNet {
+    s.parse().expect("valid CIDR")
+}
+
+/// A rule set whose default rule limits every source to `pps` per second
+/// (1 s window, no burst).
+fn default_limit(pps: u64) -> RuleSet {
+    RuleSet::with_default(RuleSpec::limit(net("0.0.0.0/0"), pps))
+}
+
+fn harness_with(set: &RuleSet) -> Harness {
+    let mut harness = Harness::load();
+    assert_eq!(harness.push(set), 1, "first generation");
+    harness
+}
+
+fn udp(src: [u8; 4]) -> Vec<u8> {
+    packets::udp_v4(Ipv4Addr::from(src), DST4, 9999, 18)
+}
+
+/// Admitted frames per window of `window` counted from `start`, for the
+/// windows that ended before `end`.
+fn per_window(passed_at: &[Duration], window: Duration, windows: usize) -> Vec<u64> {
+    let mut counts = vec![0; windows];
+    for at in passed_at {
+        let k = (at.as_nanos() / window.as_nanos()) as usize;
+        if k < windows {
+            counts[k] += 1;
+        }
+    }
+    counts
+}
+
+/// Every window admits the limit, within 1%.
+#[track_caller]
+fn assert_within_one_percent(counts: &[u64], limit: u64) {
+    let tolerance = limit / 100;
+    for (k, admitted) in counts.iter().enumerate() {
+        assert!(
+            admitted.abs_diff(limit) <= tolerance,
+            "window {k}: {admitted} admitted, limit {limit} +-{tolerance}; all windows {counts:?}"
+        );
+    }
+}
+
+const LIMIT_PPS: u64 = 1000;
+const FLOOD_WINDOWS: usize = 4;
+
+#[test]
+fn a_10x_flood_from_one_cpu_is_admitted_at_its_limit() {
+    let mut harness = harness_with(&default_limit(LIMIT_PPS));
+    let frame = udp([192, 0, 2, 50]);
+    let window = Duration::from_secs(1);
+    let start = Instant::now();
+    let run = paced(
+        harness.program(),
+        0,
+        &frame,
+        10 * LIMIT_PPS,
+        start,
+        window * FLOOD_WINDOWS as u32,
+        Pacing::CatchUp,
+    );
+    assert!(
+        run.offered >= 9 * LIMIT_PPS * FLOOD_WINDOWS as u64,
+        "offered {}",
+        run.offered
+    );
+    assert_within_one_percent(
+        &per_window(&run.passed_at, window, FLOOD_WINDOWS),
+        LIMIT_PPS,
+    );
+    harness.assert_outcomes(&[
+        (
+            Outcome::Passed,
+            frames(run.passed_at.len() as u64, frame.len()),
+        ),
+        (Outcome::DroppedLimit, frames(run.dropped, frame.len())),
+        (Outcome::NewSource, frames(1, frame.len())),
+    ]);
+}
+
+#[test]
+fn a_10x_flood_spread_over_both_cpus_gets_its_limit_not_limit_per_cpu() {
+    assert!(online_cpus() >= 2, "this test needs two CPUs");
+    let mut harness = harness_with(&default_limit(LIMIT_PPS));
+    let frame = udp([192, 0, 2, 51]);
+    let window = Duration::from_secs(1);
+    let duration = window * FLOOD_WINDOWS as u32;
+    let program = harness.program();
+    let start = Instant::now();
+    let (a, b) = thread::scope(|scope| {
+        let a = scope.spawn(|| {
+            paced(
+                program,
+                0,
+                &frame,
+                5 * LIMIT_PPS,
+                start,
+                duration,
+                Pacing::CatchUp,
+            )
+        });
+        let b = scope.spawn(|| {
+            paced(
+                program,
+                1,
+                &frame,
+                5 * LIMIT_PPS,
+                start,
+                duration,
+                Pacing::CatchUp,
+            )
+        });
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    assert!(
+        !a.passed_at.is_empty() && !b.passed_at.is_empty(),
+        "both CPUs got some through"
+    );
+    let mut passed_at = a.passed_at.clone();
+    passed_at.extend(&b.passed_at);
+    assert_within_one_percent(&per_window(&passed_at, window, FLOOD_WINDOWS), LIMIT_PPS);
+
+    // The offered counters are per CPU: each CPU's slot holds its share.
+    let traffic = harness.traffic();
+    let per_cpu = &traffic[&SourceKey::v4([192, 0, 2, 51])];
+    assert_eq!(per_cpu[0].total.packets, a.offered);
+    assert_eq!(per_cpu[1].total.packets, b.offered);
+    assert_eq!(per_cpu[0].dropped.packets, a.dropped);
+    assert_eq!(per_cpu[1].dropped.packets, b.dropped);
+}
+
+#[test]
+fn a_steady_source_at_95_percent_of_its_limit_is_never_dropped() {
+    let mut harness = harness_with(&default_limit(LIMIT_PPS));
+    let frame = udp([192, 0, 2, 52]);
+    let run = paced(
+        harness.program(),
+        1,
+        &frame,
+        LIMIT_PPS * 95 / 100,
+        Instant::now(),
+        Duration::from_secs(3),
+        Pacing::Skip,
+    );
+    assert!(run.offered > 2 * LIMIT_PPS, "offered only {}", run.offered);
+    assert_eq!(run.dropped, 0, "a source under its limit lost frames");
+}
+
+#[test]
+fn limit_admits_the_allowance_then_drops() {
+    let mut harness = harness_with(&default_limit(5));
+    let frame = udp([192, 0, 2, 1]);
+    assert_eq!(harness.offer(0, &frame, 12), (5, 7));
+    let other = udp([192, 0, 2, 2]);
+    assert_eq!(
+        harness.offer(1, &other, 3),
+        (3, 0),
+        "each source has its own budget"
+    );
+    harness.assert_outcomes(&[
+        (Outcome::Passed, frames(8, frame.len())),
+        (Outcome::DroppedLimit, frames(7, frame.len())),
+        (Outcome::NewSource, frames(2, frame.len())),
+    ]);
+    let traffic = harness.traffic();
+    let limited = &traffic[&SourceKey::v4([192, 0, 2, 1])];
+    assert_eq!(counters::offered(limited), frames(12, frame.len()));
+    assert_eq!(counters::dropped(limited), frames(7, frame.len()));
+}
+
+#[test]
+fn byte_limits_are_enforced_too() {
+    let mut spec = RuleSpec::limit(net("0.0.0.0/0"), 1_000_000);
+    spec.limits.bytes_per_second = Some(1000);
+    let mut harness = harness_with(&RuleSet::with_default(spec));
+    let frame = packets::udp_v4(Ipv4Addr::new(192, 0, 2, 9), DST4, 53, 258); // 300 bytes
+    assert_eq!(frame.len(), 300);
+    assert_eq!(
+        harness.offer(0, &frame, 5),
+        (3, 2),
+        "3 x 300 <= 1000 < 4 x 300"
+    );
+}
+
+#[test]
+fn allow_rules_are_never_limited_but_counted() {
+    let mut set = default_limit(5);
+    set.rules
+        .push(RuleSpec::with_action(net("192.0.2.0/24"), Action::Allow));
+    let mut harness = harness_with(&set);
+    let allowed = udp([192, 0, 2, 7]);
+    assert_eq!(harness.offer(0, &allowed, 20), (20, 0));
+    let limited = udp([198, 51, 100, 7]);
+    assert_eq!(harness.offer(0, &limited, 20), (5, 15));
+    harness.assert_outcomes(&[
+        (Outcome::Allowed, frames(20, allowed.len())),
+        (Outcome::Passed, frames(5, limited.len())),
+        (Outcome::DroppedLimit, frames(15, limited.len())),
+        (Outcome::NewSource, frames(2, limited.len())),
+    ]);
+    let traffic = harness.traffic();
+    assert_eq!(
+        counters::offered(&traffic[&SourceKey::v4([192, 0, 2, 7])]).packets,
+        20
+    );
+}
+
+#[test]
+fn deny_rules_drop_everything_and_say_so() {
+    let mut set = default_limit(100);
+    set.rules
+        .push(RuleSpec::with_action(net("203.0.113.0/24"), Action::Deny));
+    let mut harness = harness_with(&set);
+    let denied = udp([203, 0, 113, 9]);
+    assert_eq!(harness.offer(0, &denied, 4), (0, 4));
+    harness.assert_outcomes(&[
+        (Outcome::DroppedDeny, frames(4, denied.len())),
+        (Outcome::NewSource, frames(1, denied.len())),
+    ]);
+}
+
+#[test]
+fn global_dry_run_drops_nothing_and_counts_what_it_would_drop() {
+    let mut set = default_limit(5);
+    set.dry_run = true;
+    set.rules
+        .push(RuleSpec::with_action(net("203.0.113.0/24"), Action::Deny));
+    let mut harness = harness_with(&set);
+    let frame = udp([192, 0, 2, 3]);
+    assert_eq!(harness.offer(0, &frame, 12), (12, 0));
+    let denied = udp([203, 0, 113, 3]);
+    assert_eq!(harness.offer(0, &denied, 2), (2, 0));
+    harness.assert_outcomes(&[
+        (Outcome::Passed, frames(5, frame.len())),
+        (Outcome::DryRunWouldDrop, frames(9, frame.len())),
+        (Outcome::NewSource, frames(2, frame.len())),
+    ]);
+}
+
+#[test]
+fn per_rule_dry_run_leaves_other_rules_enforcing() {
+    let mut set = default_limit(5);
+    let mut trial = RuleSpec::limit(net("192.0.2.0/24"), 5);
+    trial.dry_run = true;
+    set.rules.push(trial);
+    let mut harness = harness_with(&set);
+    assert_eq!(harness.offer(0, &udp([192, 0, 2, 4]), 8), (8, 0));
+    assert_eq!(harness.offer(0, &udp([198, 51, 100, 4]), 8), (5, 3));
+    let len = udp([0; 4]).len();
+    harness.assert_outcomes(&[
+        (Outcome::Passed, frames(10, len)),
+        (Outcome::DryRunWouldDrop, frames(3, len)),
+        (Outcome::DroppedLimit, frames(3, len)),
+        (Outcome::NewSource, frames(2, len)),
+    ]);
+}
+
+#[test]
+fn a_penalty_keeps_dropping_after_the_window_has_room_again() {
+    let mut set = default_limit(5);
+    set.default.limits.block = Some(Duration::from_millis(2500));
+    let mut no_penalty = RuleSpec::limit(net("198.51.100.0/24"), 5);
+    no_penalty.limits.block = None;
+    set.rules.push(no_penalty);
+    let mut harness = harness_with(&set);
+    let blocked = udp([192, 0, 2, 5]);
+    let free = udp([198, 51, 100, 5]);
+    let start = Instant::now();
+    assert_eq!(
+        harness.offer(0, &blocked, 6),
+        (5, 1),
+        "over the limit: blocked"
+    );
+    assert_eq!(harness.offer(0, &free, 6), (5, 1));
+    // Past the 1 s window the limit alone would admit again...
+    while start.elapsed() < Duration::from_millis(1300) {
+        thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(
+        harness.offer(0, &free, 1),
+        (1, 0),
+        "no penalty: admitted again"
+    );
+    // ...but the penalty holds for 2.5 s.
+    assert_eq!(harness.offer(0, &blocked, 1), (0, 1), "still blocked");
+    while start.elapsed() < Duration::from_millis(2700) {
+        thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(harness.offer(0, &blocked, 1), (1, 0), "penalty over");
+}
+
+#[test]
+fn protocol_and_port_rules_get_their_own_budget() {
+    let mut set = default_limit(100);
+    let mut dns = RuleSpec::limit(net("0.0.0.0/0"), 5);
+    dns.matches = Match {
+        protocol: Some(PROTO_UDP),
+        ports: Some((53, 53)),
+        tcp_syn: false,
+    };
+    let mut syn = RuleSpec::limit(net("0.0.0.0/0"), 3);
+    syn.matches = Match {
+        protocol: Some(PROTO_TCP),
+        ports: None,
+        tcp_syn: true,
+    };
+    set.rules.extend([dns, syn]);
+    let mut harness = harness_with(&set);
+    let src = Ipv4Addr::new(192, 0, 2, 6);
+    let dns_query = packets::udp_v4(src, DST4, 53, 30);
+    let other_udp = packets::udp_v4(src, DST4, 54, 30);
+    let tcp_syn = packets::tcp_v4(src, DST4, 443, 0);
+    let mut tcp_ack = tcp_syn.clone();
+    let flags = packets::ip_offset(&tcp_ack) + 20 + 13;
+    tcp_ack[flags] = 0x10; // ACK only
+    assert_eq!(
+        harness.offer(0, &dns_query, 10),
+        (5, 5),
+        "UDP/53 limited at 5"
+    );
+    assert_eq!(
+        harness.offer(0, &other_udp, 10),
+        (10, 0),
+        "UDP/54: default budget"
+    );
+    assert_eq!(harness.offer(0, &tcp_syn, 10), (3, 7), "SYNs limited at 3");
+    assert_eq!(
+        harness.offer(0, &tcp_ack, 10),
+        (10, 0),
+        "ACKs: default budget"
+    );
+    let keys: Vec<u8> = counters::windows(harness.ebpf())
+        .expect("read WINDOWS")
+        .keys()
+        .map(|key| key.class)
+        .collect();
+    assert_eq!(
+        keys,
+        vec![0, 1, 2],
+        "one window per traffic class of the source"
+    );
+}
+
+#[test]
+fn a_rule_change_takes_effect_on_the_next_frame_and_keeps_counters() {
+    let mut harness = harness_with(&default_limit(5));
+    let a = udp([192, 0, 2, 10]);
+    let b = udp([192, 0, 2, 11]);
+    assert_eq!(harness.offer(0, &a, 8), (5, 3));
+    assert_eq!(harness.offer(0, &b, 2), (2, 0));
+
+    assert_eq!(harness.push(&default_limit(50)), 2, "generation bumped");
+    let windows = counters::windows(harness.ebpf()).expect("read WINDOWS");
+    let window_a = windows[&SourceKey::v4([192, 0, 2, 10])];
+    assert_eq!(window_a.generation, 1, "resolved lazily, on the next frame");
+    assert_eq!(
+        harness.offer(0, &a, 50),
+        (45, 5),
+        "same window: 5 already admitted of 50"
+    );
+
+    assert_eq!(harness.push(&default_limit(5)), 3);
+    assert_eq!(
+        harness.offer(0, &b, 5),
+        (3, 2),
+        "b keeps its 2 admitted frames"
+    );
+    let traffic = harness.traffic();
+    assert_eq!(
+        counters::offered(&traffic[&SourceKey::v4([192, 0, 2, 10])]).packets,
+        58
+    );
+    assert_eq!(
+        counters::offered(&traffic[&SourceKey::v4([192, 0, 2, 11])]).packets,
+        7
+    );
+}
+
+#[test]
+fn an_invalid_rule_set_is_rejected_and_the_live_one_stays() {
+    let mut harness = harness_with(&default_limit(5));
+    let mut bad = default_limit(5);
+    bad.default.limits.window = Duration::from_secs(120);
+    let err = limiter_user::push::push(harness.ebpf_mut(), &bad).expect_err("window too long");
+    assert!(err.to_string().contains("default: window"), "{err}");
+    let config = limiter_user::push::current_config(harness.ebpf()).expect("read CONFIG");
+    assert_eq!(config.generation, 1, "nothing was pushed");
+    assert_eq!(harness.offer(0, &udp([192, 0, 2, 12]), 7), (5, 2));
+}
+
+#[test]
+fn ipv6_sources_in_one_64_share_a_budget() {
+    let mut harness = harness_with(&default_limit(5));
+    let a = packets::udp_v6(Ipv6Addr::new(0x2001, 0xdb8, 1, 2, 0, 0, 0, 1), DST6, 53, 0);
+    let b = packets::udp_v6(
+        Ipv6Addr::new(0x2001, 0xdb8, 1, 2, 0xffff, 9, 9, 9),
+        DST6,
+        53,
+        0,
+    );
+    let c = packets::udp_v6(Ipv6Addr::new(0x2001, 0xdb8, 1, 3, 0, 0, 0, 1), DST6, 53, 0);
+    assert_eq!(harness.offer(0, &a, 4), (4, 0));
+    assert_eq!(harness.offer(1, &b, 4), (1, 3), "same /64: one budget");
+    assert_eq!(harness.offer(0, &c, 4), (4, 0), "another /64");
+    let keys: Vec<SourceKey> = harness.traffic().into_keys().collect();
+    assert_eq!(keys.len(), 2);
+    assert!(
+        keys.iter()
+            .all(|k| k.prefix_len == 64 && k.addr[8..] == [0; 8]),
+        "{keys:?}"
+    );
+}
+
+#[test]
+fn a_full_state_map_evicts_old_sources_and_keeps_limiting_the_active_one() {
+    let mut harness = Harness::load_with(&limiter_user::LoadOptions { max_sources: 64 });
+    harness.push(&default_limit(5));
+    let heavy = udp([192, 0, 2, 200]);
+    let (mut heavy_passed, mut heavy_dropped) = (0, 0);
+    let spoofed = 1000u32;
+    for i in 0..spoofed {
+        let frame = udp(Ipv4Addr::from(0xc633_0000u32 + i).octets()); // 198.51.x.x
+        assert_eq!(
+            harness.offer(0, &frame, 1),
+            (1, 0),
+            "a new source is under its limit"
+        );
+        if i % 10 == 0 {
+            let (p, d) = harness.offer(0, &heavy, 1);
+            heavy_passed += p;
+            heavy_dropped += d;
+        }
+    }
+    assert_eq!(
+        (heavy_passed, heavy_dropped),
+        (5, 95),
+        "the active source stayed limited"
+    );
+    let created = harness.outcome_total(Outcome::NewSource).packets;
+    let failed = harness.outcome_total(Outcome::InsertFailure).packets;
+    assert_eq!(
+        created + failed,
+        u64::from(spoofed) + 1,
+        "every new source accounted for"
+    );
+    let live = harness.traffic().len() as u64;
+    assert!(live <= 64);
+    let evicted = counters::evictions(created, live, 0);
+    assert!(
+        evicted >= u64::from(spoofed) + 1 - 64,
+        "evictions {evicted}"
+    );
+    let len = heavy.len();
+    assert_eq!(
+        harness.outcome_total(Outcome::Passed),
+        frames(u64::from(spoofed) + 5, len)
+    );
+    assert_eq!(
+        harness.outcome_total(Outcome::DroppedLimit),
+        frames(95, len)
+    );
+    assert_eq!(
+        harness.outcome_total(Outcome::DroppedLimit),
+        Counter {
+            packets: 95,
+            bytes: 95 * len as u64
+        }
+    );
+}
