@@ -49,14 +49,17 @@ fn main() {
     }
     println!("cargo:rerun-if-env-changed=LIMITER_EBPF_TOOLCHAIN");
 
-    let object = build_ebpf(root);
+    let objects = build_ebpf(root);
     let out_dir = PathBuf::from(env::var("OUT_DIR").expect("cargo sets it"));
-    let embedded = out_dir.join("limiter-ebpf.o");
-    std::fs::copy(&object, &embedded)
-        .unwrap_or_else(|e| panic!("copy {} -> {}: {e}", object.display(), embedded.display()));
+    for name in ["limiter-ebpf", "limiter-baseline"] {
+        let object = objects.join(name);
+        let embedded = out_dir.join(format!("{name}.o"));
+        std::fs::copy(&object, &embedded)
+            .unwrap_or_else(|e| panic!("copy {} -> {}: {e}", object.display(), embedded.display()));
+    }
 }
 
-/// Runs the nested `cargo build` and returns the object's path.
+/// Runs the nested `cargo build` and returns the directory of the objects.
 fn build_ebpf(root: &Path) -> PathBuf {
     let toolchain = env::var("LIMITER_EBPF_TOOLCHAIN").unwrap_or_else(|_| "debian".into());
     let target_dir = root.join("target").join("ebpf");
@@ -89,5 +92,5 @@ fn build_ebpf(root: &Path) -> PathBuf {
              if the toolchain or bpf-linker is missing, run `cargo xtask setup`"
         );
     }
-    target_dir.join("bpfel-unknown-none/release/limiter-ebpf")
+    target_dir.join("bpfel-unknown-none/release")
 }

@@ -59,11 +59,13 @@ pub struct Rule {
     pub block_ns: u64,
     /// Buckets per window (1 ..= `window::MAX_BUCKETS_PER_WINDOW`).
     pub buckets: u32,
+    /// Frames a CPU may lease from the shared window at once (1: none).
+    pub lease_packets: u32,
     /// An [`Action`] value.
     pub action: u8,
     /// Non-zero: count would-be drops, drop nothing.
     pub dry_run: u8,
-    pub _pad: [u8; 2],
+    pub _pad: [u8; 6],
 }
 
 /// A traffic class: packets matching it get their own budget per source.
@@ -217,7 +219,7 @@ mod tests {
     #[test]
     fn abi_sizes_have_no_implicit_padding() {
         use core::mem::size_of;
-        assert_eq!(size_of::<Rule>(), 8 * 4 + 4 + 1 + 1 + 2);
+        assert_eq!(size_of::<Rule>(), 8 * 4 + 4 + 4 + 1 + 1 + 6);
         assert_eq!(size_of::<TrafficClass>(), 8);
         assert_eq!(size_of::<Config>(), 4 + 4 + 16 + 16 + 8 * MAX_CLASSES);
         assert_eq!(size_of::<RuleRefs>(), 4 * (MAX_CLASSES + 1));

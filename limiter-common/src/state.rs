@@ -3,12 +3,13 @@
 //! in the `WINDOWS` map).
 
 use crate::{
-    window::{SlotRead, RING},
+    window::{SlotRead, WindowCache, RING},
     Counter,
 };
 
 /// One CPU's view of one source: what it offered, per second, and what was
-/// dropped. Written only by its CPU, so no atomics and no shared lines.
+/// dropped, plus this CPU's caches of the source's rule and window. Written
+/// only by its CPU, so no atomics and no shared cache lines.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SourceTraffic {
@@ -22,6 +23,18 @@ pub struct SourceTraffic {
     pub total: Counter,
     /// Frames dropped (or would-be dropped in dry-run) since creation.
     pub dropped: Counter,
+    /// `RULES` index resolved for this source, under `generation`.
+    pub rule: u32,
+    /// `Config::generation` `rule` was resolved under; 0 = never.
+    pub generation: u32,
+    /// Until this time (ns) this CPU refuses the source without looking at
+    /// its window: it is blocked, or no frame can fit before then.
+    pub hold_until_ns: u64,
+    /// Frames of allowance this CPU leased for the bucket of `window`.
+    pub lease_left: u32,
+    pub _pad: u32,
+    /// This CPU's view of the source's older buckets.
+    pub window: WindowCache,
 }
 
 impl SourceTraffic {
@@ -35,9 +48,20 @@ impl SourceTraffic {
         Self {
             second,
             current: first,
-            previous: Counter::default(),
             total: first,
-            dropped: Counter::default(),
+            ..Self::default()
+        }
+    }
+
+    /// Counts an offered frame of `len` bytes at `now_ns`.
+    #[inline(always)]
+    pub fn record_at(&mut self, now_ns: u64, len: u64) {
+        // Same second as last time: no division on the common path.
+        if now_ns.wrapping_sub(self.second * NS_PER_SECOND) < NS_PER_SECOND {
+            self.current.add(len);
+            self.total.add(len);
+        } else {
+            self.record(now_ns / NS_PER_SECOND, len);
         }
     }
 
@@ -70,23 +94,21 @@ impl SourceTraffic {
     }
 }
 
+const NS_PER_SECOND: u64 = 1_000_000_000;
+
 /// A source's admission window, shared by all CPUs. Only admitted frames
-/// write it (compare-and-swap on one slot word), so a flood over the limit
-/// reads it without bouncing cache lines between CPUs.
+/// write it (compare-and-swap on one slot word); a flood over its limit is
+/// refused from each CPU's own cache and does not even read it.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct WindowState {
-    /// `[packets, bytes]` admitted per bucket, tagged words (`window::pack`).
+    /// `[packets, bytes]` admitted per bucket, tagged words (`window`).
     pub slots: [[u64; 2]; RING],
-    /// Penalty: dropped until this monotonic time (ns).
+    /// Penalty: refused until this monotonic time (ns).
     pub blocked_until_ns: u64,
     /// Bucket width the slots are tagged with; a rule change that alters
     /// it clears the slots.
     pub bucket_ns: u64,
-    /// `RULES` index resolved for this source.
-    pub rule: u32,
-    /// `Config::generation` `rule` was resolved under; 0 = never.
-    pub generation: u32,
 }
 
 impl WindowState {
@@ -94,8 +116,6 @@ impl WindowState {
         slots: [[0; 2]; RING],
         blocked_until_ns: 0,
         bucket_ns: 0,
-        rule: 0,
-        generation: 0,
     };
 }
 
@@ -159,14 +179,21 @@ mod tests {
                 bytes: 111
             }
         );
+        t.record_at(105_500_000_000, 2);
+        assert_eq!(t.current.packets, 2, "same second, no rollover");
+        t.record_at(106_000_000_000, 2);
+        assert_eq!(t.second, 106);
+        assert_eq!(t.previous.packets, 2);
+        assert_eq!(t.current.packets, 1);
     }
 
     #[test]
     fn abi_sizes_have_no_implicit_padding() {
-        assert_eq!(core::mem::size_of::<SourceTraffic>(), 8 + 4 * 16);
+        let cache = 9 * 8;
         assert_eq!(
-            core::mem::size_of::<WindowState>(),
-            RING * 16 + 8 + 8 + 4 + 4
+            core::mem::size_of::<SourceTraffic>(),
+            8 + 4 * 16 + 4 + 4 + 8 + 4 + 4 + cache
         );
+        assert_eq!(core::mem::size_of::<WindowState>(), RING * 16 + 8 + 8);
     }
 }

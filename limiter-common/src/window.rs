@@ -166,17 +166,28 @@ pub const fn bytes_in(word: u64, bucket: u64) -> u64 {
 /// its first offset, if it held an older bucket), saturating.
 #[inline(always)]
 pub const fn packets_bumped(word: u64, at: Position) -> u64 {
+    packets_bumped_by(word, at, 1)
+}
+
+/// A packet word with `amount` more frames at `at`, saturating.
+#[inline(always)]
+pub const fn packets_bumped_by(word: u64, at: Position, amount: u64) -> u64 {
     // A word with no frames (a zeroed slot looks like bucket 0) restarts.
     if tag_matches(word, at.bucket) && word & MAX_PACKETS != 0 {
         let count = word & MAX_PACKETS;
-        let count = if count < MAX_PACKETS {
-            count + 1
-        } else {
-            count
-        };
-        pack_packets(at.bucket, first_offset(word), count)
+        let room = MAX_PACKETS - count;
+        pack_packets(
+            at.bucket,
+            first_offset(word),
+            count + if amount > room { room } else { amount },
+        )
     } else {
-        pack_packets(at.bucket, at.elapsed, 1)
+        let amount = if amount > MAX_PACKETS {
+            MAX_PACKETS
+        } else {
+            amount
+        };
+        pack_packets(at.bucket, at.elapsed, amount)
     }
 }
 
@@ -317,6 +328,276 @@ pub fn clear<S: SlotWrite + ?Sized>(slots: &S) {
         slots.store(slot, PACKETS, 0);
         slots.store(slot, BYTES, 0);
         slot += 1;
+    }
+}
+
+/// Marks the allowance as used up in the bucket of `now_ns`: a source that
+/// was over its limit and lost its window state (evicted under pressure)
+/// restarts refused for one window instead of with a fresh allowance.
+#[inline(always)]
+pub fn mark_exhausted<S: SlotWrite + ?Sized>(slots: &S, params: &WindowParams, now_ns: u64) {
+    let at = position(now_ns, params.bucket_ns);
+    let slot = slot_of(at.bucket);
+    let packets = if params.allowance_packets == UNLIMITED {
+        1
+    } else if params.allowance_packets > MAX_PACKETS {
+        MAX_PACKETS
+    } else if params.allowance_packets == 0 {
+        1
+    } else {
+        params.allowance_packets
+    };
+    slots.store(slot, PACKETS, pack_packets(at.bucket, at.elapsed, packets));
+    if params.allowance_bytes != UNLIMITED {
+        let bytes = if params.allowance_bytes > MAX_BYTES {
+            MAX_BYTES
+        } else {
+            params.allowance_bytes
+        };
+        slots.store(slot, BYTES, pack_bytes(at.bucket, bytes));
+    }
+}
+
+/// Shift of [`WindowCache::inv_bucket`]: `2^42 / B`, so that
+/// `(elapsed_ns * inv) >> 32` is the elapsed share in 1/1024 steps.
+const INV_SHIFT: u32 = 42;
+
+/// One CPU's precomputed view of a source's older buckets for the bucket
+/// it is in, so the per-frame estimate needs no loop and no division:
+/// `older + inside(e) * oldest_per_q + current`, with
+/// `inside(e) = 1024 - max(first, e)`. Refreshed on the first frame of each
+/// bucket (and whenever the bucket width changes). The older buckets no
+/// longer change once the current one has begun (a frame that raced the
+/// boundary on another CPU may still land in the previous bucket; such a
+/// frame is missing from this CPU's cache until the next bucket).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WindowCache {
+    /// The bucket this cache is for.
+    pub bucket: u64,
+    /// Its start (ns).
+    pub start_ns: u64,
+    /// The bucket width it was computed for; 0 = empty.
+    pub bucket_ns: u64,
+    /// `2^42 / bucket_ns`.
+    pub inv_bucket: u64,
+    /// Buckets `i-K+1 ..= i-1`, fixed point.
+    pub older_packets: u64,
+    pub older_bytes: u64,
+    /// The oldest bucket's count per 1/1024 of its span, fixed point.
+    pub oldest_packets_per_q: u64,
+    pub oldest_bytes_per_q: u64,
+    /// The oldest bucket's first offset (1/1024 of a bucket).
+    pub oldest_first: u64,
+}
+
+/// The outcome of [`try_admit_cached`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Admission {
+    /// Admitted, with `granted - 1` more frames leased to the caller for
+    /// the rest of this bucket (counted as admitted already).
+    Admitted { granted: u64 },
+    /// Refused; no frame can be admitted before `hold_until_ns`, so the
+    /// caller may refuse until then without looking at the window.
+    Refused { hold_until_ns: u64 },
+}
+
+impl WindowCache {
+    /// Whether this cache describes the bucket `now_ns` is in, for buckets
+    /// of `bucket_ns`.
+    #[inline(always)]
+    pub fn covers(&self, now_ns: u64, bucket_ns: u64) -> bool {
+        self.bucket_ns == bucket_ns
+            && bucket_ns != 0
+            && now_ns.wrapping_sub(self.start_ns) < bucket_ns
+    }
+
+    /// Reads the older buckets for the bucket of `now_ns`.
+    #[inline(always)]
+    pub fn refresh<S: SlotRead + ?Sized>(slots: &S, params: &WindowParams, now_ns: u64) -> Self {
+        let bucket_ns = if params.bucket_ns == 0 {
+            1
+        } else {
+            params.bucket_ns
+        };
+        let at = position(now_ns, bucket_ns);
+        let buckets = params.buckets as u64;
+        let mut cache = WindowCache {
+            bucket: at.bucket,
+            start_ns: at.bucket * bucket_ns,
+            bucket_ns,
+            inv_bucket: (1u64 << INV_SHIFT) / bucket_ns,
+            ..WindowCache::default()
+        };
+        let mut age = 1u64;
+        while age < RING as u64 {
+            if age <= buckets {
+                let bucket = at.bucket.wrapping_sub(age);
+                let slot = slot_of(bucket);
+                let packet_word = slots.load(slot, PACKETS);
+                let packets = packets_in(packet_word, bucket);
+                let bytes = bytes_in(slots.load(slot, BYTES), bucket);
+                if age < buckets {
+                    cache.older_packets += packets << WEIGHT_SHIFT;
+                    cache.older_bytes += bytes << WEIGHT_SHIFT;
+                } else {
+                    let first = first_offset(packet_word);
+                    let span = WEIGHT_ONE - first;
+                    cache.oldest_first = first;
+                    cache.oldest_packets_per_q = (packets << WEIGHT_SHIFT) / span;
+                    cache.oldest_bytes_per_q = (bytes << WEIGHT_SHIFT) / span;
+                }
+            }
+            age += 1;
+        }
+        cache
+    }
+
+    /// The elapsed share of the bucket at `now_ns` (1/1024 steps).
+    #[inline(always)]
+    pub fn elapsed(&self, now_ns: u64) -> u64 {
+        let elapsed = (now_ns
+            .wrapping_sub(self.start_ns)
+            .wrapping_mul(self.inv_bucket))
+            >> (INV_SHIFT - WEIGHT_SHIFT);
+        if elapsed > WEIGHT_ONE - 1 {
+            WEIGHT_ONE - 1
+        } else {
+            elapsed
+        }
+    }
+
+    /// The oldest bucket's still-inside share at `elapsed` (1/1024 steps).
+    #[inline(always)]
+    fn inside(&self, elapsed: u64) -> u64 {
+        let gone = if elapsed > self.oldest_first {
+            elapsed
+        } else {
+            self.oldest_first
+        };
+        WEIGHT_ONE - gone
+    }
+
+    /// The estimate at `elapsed` with the current bucket's words.
+    #[inline(always)]
+    pub fn estimate(&self, elapsed: u64, current_packets: u64, current_bytes: u64) -> Estimate {
+        let inside = self.inside(elapsed);
+        Estimate {
+            packets: self.older_packets
+                + inside * self.oldest_packets_per_q
+                + (packets_in(current_packets, self.bucket) << WEIGHT_SHIFT),
+            bytes: self.older_bytes
+                + inside * self.oldest_bytes_per_q
+                + (bytes_in(current_bytes, self.bucket) << WEIGHT_SHIFT),
+        }
+    }
+
+    /// The earliest time in this bucket at which one more frame (of one
+    /// byte) could fit, given the current bucket's counts; the bucket's end
+    /// if none can. Rounded early, never late.
+    #[inline(always)]
+    pub fn free_at(&self, params: &WindowParams, current: Estimate) -> u64 {
+        let packets = needed_elapsed(
+            params.allowance_packets,
+            self.older_packets + current.packets,
+            self.oldest_packets_per_q,
+        );
+        let bytes = needed_elapsed(
+            params.allowance_bytes,
+            self.older_bytes + current.bytes,
+            self.oldest_bytes_per_q,
+        );
+        let elapsed = if packets > bytes { packets } else { bytes };
+        self.start_ns + ((elapsed * self.bucket_ns) >> WEIGHT_SHIFT)
+    }
+}
+
+/// The elapsed share at which `fixed + inside * per_q + 1 <= allowance`
+/// (fixed point); [`WEIGHT_ONE`] (the bucket's end) if never in it.
+#[inline(always)]
+fn needed_elapsed(allowance: u64, fixed: u64, per_q: u64) -> u64 {
+    if allowance == UNLIMITED {
+        return 0;
+    }
+    let limit = allowance << WEIGHT_SHIFT;
+    let need = fixed + WEIGHT_ONE;
+    if need > limit {
+        return WEIGHT_ONE;
+    }
+    if per_q == 0 {
+        return 0;
+    }
+    WEIGHT_ONE.saturating_sub((limit - need) / per_q)
+}
+
+/// [`try_admit`] through a CPU's [`WindowCache`] (which must cover
+/// `now_ns`): the same decision, without the per-frame loop and divisions,
+/// and on refusal the time until which refusing needs no look.
+///
+/// With `lease > 1` (only without a byte limit), an admitted frame takes
+/// up to `lease` frames of allowance at once when they fit, so the caller
+/// admits the next `granted - 1` frames of this bucket without touching
+/// the shared window. Unused leased frames stay counted as admitted: that
+/// errs on the side of admitting less, by at most `lease` per CPU and
+/// bucket.
+#[inline(always)]
+pub fn try_admit_cached<S: SlotWrite + ?Sized>(
+    slots: &S,
+    cache: &WindowCache,
+    params: &WindowParams,
+    now_ns: u64,
+    len: u64,
+    lease: u64,
+) -> Admission {
+    let elapsed = cache.elapsed(now_ns);
+    let slot = slot_of(cache.bucket);
+    let count_bytes = params.allowance_bytes != UNLIMITED;
+    let at = Position {
+        bucket: cache.bucket,
+        elapsed,
+    };
+    let mut attempt = 0;
+    while attempt < CAS_ATTEMPTS {
+        let current = slots.load(slot, PACKETS);
+        let current_bytes = if count_bytes {
+            slots.load(slot, BYTES)
+        } else {
+            0
+        };
+        let est = cache.estimate(elapsed, current, current_bytes);
+        if !fits(est.packets, 1, params.allowance_packets)
+            || !fits(est.bytes, len, params.allowance_bytes)
+        {
+            let current_only = Estimate {
+                packets: packets_in(current, cache.bucket) << WEIGHT_SHIFT,
+                bytes: bytes_in(current_bytes, cache.bucket) << WEIGHT_SHIFT,
+            };
+            let free = cache.free_at(params, current_only);
+            return Admission::Refused {
+                hold_until_ns: if free > now_ns { free } else { now_ns },
+            };
+        }
+        let granted =
+            if lease > 1 && !count_bytes && fits(est.packets, lease, params.allowance_packets) {
+                lease
+            } else {
+                1
+            };
+        if slots.compare_exchange(
+            slot,
+            PACKETS,
+            current,
+            packets_bumped_by(current, at, granted),
+        ) {
+            if count_bytes {
+                add_bytes(slots, slot, cache.bucket, len);
+            }
+            return Admission::Admitted { granted };
+        }
+        attempt += 1;
+    }
+    Admission::Refused {
+        hold_until_ns: now_ns,
     }
 }
 
@@ -461,6 +742,27 @@ mod tests {
         assert_eq!(
             est.bytes,
             (64 + 640) * WEIGHT_ONE + 6400 * (WEIGHT_ONE * 3 / 4)
+        );
+    }
+
+    #[test]
+    fn an_exhausted_window_refuses_until_it_slides() {
+        let ring: [[core::sync::atomic::AtomicU64; 2]; RING] = Default::default();
+        let params = WindowParams {
+            bucket_ns: 100,
+            buckets: 10,
+            allowance_packets: 5,
+            allowance_bytes: UNLIMITED,
+        };
+        mark_exhausted(&ring, &params, 1_050);
+        assert!(!try_admit(&ring, &params, 1_060, 1));
+        assert!(
+            !try_admit(&ring, &params, 1_999, 1),
+            "still inside the window"
+        );
+        assert!(
+            try_admit(&ring, &params, 2_100, 1),
+            "slid out of the window"
         );
     }
 

@@ -5,15 +5,33 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use limiter_common::window::{
-    estimate, position, slot_of, try_admit, AtomicRing, WindowParams, PACKETS, UNLIMITED,
-    WEIGHT_ONE,
+    estimate, position, slot_of, try_admit, try_admit_cached, Admission, AtomicRing, WindowCache,
+    WindowParams, PACKETS, UNLIMITED, WEIGHT_ONE,
 };
 use proptest::prelude::*;
 
 const SECOND: u64 = 1_000_000_000;
 
+/// Which admission path the model drives.
+#[derive(Clone, Copy, Debug)]
+enum Path {
+    /// `try_admit`: the reference, reading every slot per frame.
+    Direct,
+    /// `try_admit_cached` with a per-CPU cache and refusal hold, as the
+    /// kernel does it.
+    Cached,
+    /// As `Cached`, with leases of allowance (as the kernel does for rules
+    /// without a byte limit), sized as userspace sizes them for 2 CPUs.
+    Leased,
+}
+
 /// The limiter under test next to an exact log of what it admitted.
 struct Model {
+    path: Path,
+    cache: WindowCache,
+    hold_until_ns: u64,
+    lease: u64,
+    lease_left: u64,
     ring: AtomicRing,
     params: WindowParams,
     window_ns: u64,
@@ -27,9 +45,19 @@ struct Model {
 }
 
 impl Model {
-    fn new(window_ns: u64, buckets: u32, packets: u64, bytes: u64) -> Self {
+    fn new(path: Path, window_ns: u64, buckets: u32, packets: u64, bytes: u64) -> Self {
         let bucket_ns = window_ns / u64::from(buckets);
         Self {
+            path,
+            cache: WindowCache::default(),
+            hold_until_ns: 0,
+            lease: match path {
+                Path::Leased if bytes == UNLIMITED => {
+                    (packets / (2 * (u64::from(buckets) + 1) * 128)).max(1)
+                }
+                _ => 1,
+            },
+            lease_left: 0,
             ring: Default::default(),
             params: WindowParams {
                 bucket_ns,
@@ -49,7 +77,10 @@ impl Model {
 
     /// Offers a frame; checks the bound after it; returns the verdict.
     fn offer(&mut self, t: u64, len: u64) -> bool {
-        let admitted = try_admit(&self.ring, &self.params, t, len);
+        let admitted = match self.path {
+            Path::Direct => try_admit(&self.ring, &self.params, t, len),
+            Path::Cached | Path::Leased => self.offer_cached(t, len),
+        };
         if admitted {
             self.log.push_back((t, len));
             self.log_bytes += len;
@@ -65,6 +96,31 @@ impl Model {
         }
         self.check_bound(t);
         admitted
+    }
+
+    /// The kernel's path: hold, cache refresh, cached admission.
+    fn offer_cached(&mut self, t: u64, len: u64) -> bool {
+        if t < self.hold_until_ns {
+            return false;
+        }
+        if !self.cache.covers(t, self.params.bucket_ns) {
+            self.cache = WindowCache::refresh(&self.ring, &self.params, t);
+            self.lease_left = 0;
+        }
+        if self.lease_left > 0 {
+            self.lease_left -= 1;
+            return true;
+        }
+        match try_admit_cached(&self.ring, &self.cache, &self.params, t, len, self.lease) {
+            Admission::Admitted { granted } => {
+                self.lease_left = granted - 1;
+                true
+            }
+            Admission::Refused { hold_until_ns } => {
+                self.hold_until_ns = hold_until_ns;
+                false
+            }
+        }
     }
 
     /// Exact packets and bytes admitted in `(t - W, t]`.
@@ -103,7 +159,10 @@ impl Model {
             self.ring[slot_of(at.bucket)][PACKETS].load(std::sync::atomic::Ordering::Relaxed);
         let est = estimate(&self.ring, at, self.params.buckets, current).packets;
         let exact_fp = packets * WEIGHT_ONE;
-        let slack = (oldest_packets + 1) * WEIGHT_ONE;
+        // Leased frames are counted before they are used: up to one lease
+        // per bucket in the window may be outstanding or wasted.
+        let leased = (u64::from(self.params.buckets) + 1) * (self.lease - 1);
+        let slack = (oldest_packets + 1 + leased) * WEIGHT_ONE;
         assert!(
             est.abs_diff(exact_fp) <= slack,
             "t={t}: estimate {} vs exact {packets} beyond oldest bucket {oldest_packets}",
@@ -133,6 +192,10 @@ fn capped_rate(pps: u64, window_ns: u64, windows: u64, max_events: u64) -> u64 {
         .max(100 / seconds + 1)
 }
 
+fn path() -> impl Strategy<Value = Path> {
+    prop_oneof![Just(Path::Direct), Just(Path::Cached), Just(Path::Leased)]
+}
+
 fn window_ns() -> impl Strategy<Value = u64> {
     prop_oneof![
         Just(SECOND),
@@ -149,6 +212,7 @@ proptest! {
     /// never catch up in a burst) is never refused.
     #[test]
     fn steady_sender_under_its_rate_is_never_refused(
+        path in path(),
         window in window_ns(),
         buckets in 1u32..=15,
         pps in 20u64..2_000,
@@ -158,7 +222,7 @@ proptest! {
     ) {
         let pps = capped_rate(pps, window, 3, 60_000);
         let allowance = pps * window / SECOND;
-        let mut model = Model::new(window, buckets, allowance, UNLIMITED);
+        let mut model = Model::new(path, window, buckets, allowance, UNLIMITED);
         let interval = SECOND * 100 / (pps * share);
         let mut rng = Lcg(seed);
         let mut t = start;
@@ -178,6 +242,7 @@ proptest! {
     /// coarser buckets keep only the bound checked by the other properties.
     #[test]
     fn flood_is_admitted_at_its_allowance_per_window(
+        path in path(),
         window in window_ns(),
         buckets in 8u32..=15,
         pps in 100u64..1_000,
@@ -187,7 +252,7 @@ proptest! {
     ) {
         let pps = capped_rate(pps * factor, window, 4, 200_000) / factor;
         let allowance = pps * window / SECOND;
-        let mut model = Model::new(window, buckets, allowance, UNLIMITED);
+        let mut model = Model::new(path, window, buckets, allowance, UNLIMITED);
         let window = model.window_ns;
         let interval = SECOND / (pps * factor);
         let mut rng = Lcg(seed);
@@ -212,13 +277,14 @@ proptest! {
     /// sizes) against packet and byte limits: the bound holds at every step.
     #[test]
     fn bursty_senders_stay_within_the_bound(
+        path in path(),
         window in window_ns(),
         buckets in 1u32..=15,
         allowance in 10u64..500,
         byte_allowance in 5_000u64..500_000,
         bursts in proptest::collection::vec((0u64..3 * SECOND, 1u64..200, 60u64..1_500), 1..40),
     ) {
-        let mut model = Model::new(window, buckets, allowance, byte_allowance);
+        let mut model = Model::new(path, window, buckets, allowance, byte_allowance);
         let mut t = 0;
         for (gap, size, len) in bursts {
             t += gap;
@@ -232,12 +298,13 @@ proptest! {
     /// bucket), the adversary's best shot at the weighting: the bound holds.
     #[test]
     fn bursts_at_bucket_edges_stay_within_the_bound(
+        path in path(),
         window in window_ns(),
         buckets in 1u32..=15,
         allowance in 10u64..300,
         edges in proptest::collection::vec((1u64..40, any::<bool>(), 1u64..400), 1..30),
     ) {
-        let mut model = Model::new(window, buckets, allowance, UNLIMITED);
+        let mut model = Model::new(path, window, buckets, allowance, UNLIMITED);
         let bucket_ns = window / u64::from(buckets);
         let mut bucket = 100;
         for (advance, before_edge, size) in edges {
@@ -255,10 +322,13 @@ proptest! {
 /// window admits the second only as the first leaves the window.
 #[test]
 fn no_doubling_across_a_window_boundary() {
-    for buckets in [1, 4, 10, 15] {
+    for (buckets, path) in [1, 4, 10, 15]
+        .into_iter()
+        .flat_map(|k| [(k, Path::Direct), (k, Path::Cached)])
+    {
         let window = SECOND;
         let allowance = 1_000;
-        let mut model = Model::new(window, buckets, allowance, UNLIMITED);
+        let mut model = Model::new(path, window, buckets, allowance, UNLIMITED);
         let boundary = 50 * window;
         let first = (0..2 * allowance)
             .filter(|_| model.offer(boundary - 1_000, 64))
@@ -303,4 +373,35 @@ fn concurrent_admission_never_exceeds_the_allowance() {
     });
     assert!(admitted <= 10_000, "admitted {admitted} > allowance");
     assert!(admitted >= 9_990, "contention refused too much: {admitted}");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// The kernel's cached path decides like the reference: on the same
+    /// random arrivals the two admit the same number of frames, give or
+    /// take rounding of the oldest bucket's weight.
+    #[test]
+    fn cached_path_matches_the_reference(
+        window in window_ns(),
+        buckets in 1u32..=15,
+        allowance in 10u64..2_000,
+        arrivals in proptest::collection::vec((0u64..SECOND / 20, 1u64..20), 1..300),
+    ) {
+        let mut direct = Model::new(Path::Direct, window, buckets, allowance, UNLIMITED);
+        let mut cached = Model::new(Path::Cached, window, buckets, allowance, UNLIMITED);
+        let mut t = 7 * SECOND;
+        for (gap, burst) in arrivals {
+            t += gap;
+            for _ in 0..burst {
+                direct.offer(t, 64);
+                cached.offer(t, 64);
+            }
+        }
+        let slack = allowance / 100 + 2;
+        prop_assert!(
+            direct.admitted.abs_diff(cached.admitted) <= slack,
+            "direct {} vs cached {}", direct.admitted, cached.admitted
+        );
+    }
 }

@@ -1,15 +1,21 @@
 //! The verdict for one parsed frame: key it, count it as offered, find its
-//! rule (cached per source, re-resolved when the rule generation changes),
-//! and admit, drop or pass it.
+//! rule (cached per CPU, re-resolved when the rule generation changes), and
+//! admit, drop or pass it.
+//!
+//! Cost by path, beyond parsing and the `SOURCES` lookup every frame pays:
+//! allow and deny need nothing more; a source this CPU knows to be over its
+//! limit (or blocked) is refused from its own `hold_until_ns`; only a frame
+//! that may be admitted looks up the shared window and counts itself there
+//! with one compare-and-swap.
 
 use aya_ebpf::{
     bindings::xdp_action::{XDP_DROP, XDP_PASS},
-    helpers::bpf_ktime_get_ns,
+    helpers::bpf_ktime_get_coarse_ns,
     maps::lpm_trie::Key,
 };
 use limiter_common::{
     rules::NO_RULE,
-    window::{self, WindowParams},
+    window::{self, Admission, WindowCache, WindowParams},
     Action, AddressFamily, Config, Outcome, Rule, SourceKey, SourceTraffic, WindowState,
 };
 
@@ -19,12 +25,10 @@ use crate::{
     shared::SharedWindow,
 };
 
-const NS_PER_SECOND: u64 = 1_000_000_000;
 /// `bpf_map_update_elem` flag: create only.
 const BPF_NOEXIST: u64 = 1;
 
-/// The initial value of a new source's window: no traffic, generation 0
-/// (never current), so its first frame resolves its rule.
+/// The initial value of a new source's window: no traffic.
 static NEW_WINDOW: WindowState = WindowState::ZERO;
 
 /// What to do with a frame and what to count it as.
@@ -55,8 +59,12 @@ const fn refuse(dry_run: bool, outcome: Outcome) -> Verdict {
 /// Judges one frame of `len` bytes.
 #[inline(always)]
 pub fn judge(packet: &Packet, len: u64) -> Verdict {
+    // The coarse monotonic clock (tick resolution, a few ms): the precise
+    // one costs a clocksource read per frame, a third of the whole frame's
+    // cost here, and a tick is a small share of a bucket (see
+    // docs/architecture.md for the accuracy this keeps).
     // SAFETY: a helper without arguments; it reads the monotonic clock.
-    let now = unsafe { bpf_ktime_get_ns() };
+    let now = unsafe { bpf_ktime_get_coarse_ns() };
     let Some(config) = CONFIG.get(0) else {
         return pass(Outcome::Passed);
     };
@@ -66,13 +74,15 @@ pub fn judge(packet: &Packet, len: u64) -> Verdict {
         return pass(Outcome::Passed);
     }
     let key = source_key(config, packet);
-    let traffic = record_offered(&key, now, len);
-    let verdict = decide(config, &key, now, len);
+    let Some(traffic) = record_offered(&key, now, len) else {
+        return stateless(config, &key);
+    };
+    // SAFETY: this CPU's slot of a per-CPU map value; XDP runs with
+    // migration disabled, so nothing else touches it meanwhile.
+    let traffic = unsafe { &mut *traffic };
+    let verdict = decide(config, &key, traffic, now, len);
     if verdict.outcome != Outcome::Passed && verdict.outcome != Outcome::Allowed {
-        if let Some(traffic) = traffic {
-            // SAFETY: this CPU's slot of a per-CPU map value.
-            unsafe { (*traffic).dropped.add(len) };
-        }
+        traffic.dropped.add(len);
     }
     verdict
 }
@@ -90,20 +100,16 @@ fn source_key(config: &Config, packet: &Packet) -> SourceKey {
     packet.source.masked(prefix_len, mask).with_class(class)
 }
 
-/// Counts the frame in this CPU's `SOURCES` slot for `key`.
+/// Counts the frame in this CPU's `SOURCES` slot for `key`, creating it.
 #[inline(always)]
 fn record_offered(key: &SourceKey, now: u64, len: u64) -> Option<*mut SourceTraffic> {
-    let second = now / NS_PER_SECOND;
     if let Some(traffic) = SOURCES.get_ptr_mut(key) {
-        // SAFETY: this CPU's slot of a per-CPU map value; XDP runs with
-        // migration disabled, so nothing else writes it meanwhile.
-        unsafe { (*traffic).record(second, len) };
+        // SAFETY: this CPU's slot of a per-CPU map value.
+        unsafe { (*traffic).record_at(now, len) };
         return Some(traffic);
     }
-    if SOURCES
-        .insert(key, SourceTraffic::first(second, len), BPF_NOEXIST)
-        .is_ok()
-    {
+    let first = SourceTraffic::first(now / 1_000_000_000, len);
+    if SOURCES.insert(key, first, BPF_NOEXIST).is_ok() {
         maps::count(Outcome::NewSource, len);
         return SOURCES.get_ptr_mut(key);
     }
@@ -113,17 +119,28 @@ fn record_offered(key: &SourceKey, now: u64, len: u64) -> Option<*mut SourceTraf
         return None;
     };
     // SAFETY: as above.
-    unsafe { (*traffic).record(second, len) };
+    unsafe { (*traffic).record_at(now, len) };
     Some(traffic)
 }
 
 #[inline(always)]
-fn decide(config: &Config, key: &SourceKey, now: u64, len: u64) -> Verdict {
-    let Some(window) = window_state(key, len) else {
-        return stateless(config, key);
-    };
-    let rule_index = current_rule(config, key, window);
-    let Some(rule) = RULES.get(rule_index) else {
+fn decide(
+    config: &Config,
+    key: &SourceKey,
+    traffic: &mut SourceTraffic,
+    now: u64,
+    len: u64,
+) -> Verdict {
+    if traffic.generation != config.generation {
+        // Rules changed (or first frame on this CPU): resolve once, and
+        // forget what this CPU concluded under the old rule.
+        traffic.rule = resolve(key);
+        traffic.generation = config.generation;
+        traffic.hold_until_ns = 0;
+        traffic.lease_left = 0;
+        traffic.window = WindowCache::default();
+    }
+    let Some(rule) = RULES.get(traffic.rule) else {
         return pass(Outcome::Passed);
     };
     let dry_run = config.dry_run != 0 || rule.dry_run != 0;
@@ -131,18 +148,74 @@ fn decide(config: &Config, key: &SourceKey, now: u64, len: u64) -> Verdict {
         Some(Action::Allow) => pass(Outcome::Allowed),
         Some(Action::Deny) => refuse(dry_run, Outcome::DroppedDeny),
         Some(Action::Limit) => {
-            if now < window.blocked_until_ns() {
+            if now < traffic.hold_until_ns {
                 return refuse(dry_run, Outcome::DroppedLimit);
             }
-            if window::try_admit(&window, &params(rule), now, len) {
+            if traffic.lease_left != 0 && traffic.window.covers(now, rule.bucket_ns) {
+                traffic.lease_left -= 1;
                 return pass(Outcome::Passed);
             }
-            if rule.block_ns != 0 {
-                window.set_blocked_until_ns(now + rule.block_ns);
+            match limit(key, rule, traffic, now, len) {
+                Some(true) => pass(Outcome::Passed),
+                // No window state: fail closed.
+                Some(false) | None => refuse(dry_run, Outcome::DroppedLimit),
             }
-            refuse(dry_run, Outcome::DroppedLimit)
         }
         None => pass(Outcome::Passed),
+    }
+}
+
+/// Admits the frame against the source's shared window, or refuses it and
+/// notes until when this CPU may refuse without looking. `None` when the
+/// source has no window state.
+#[inline(always)]
+fn limit(
+    key: &SourceKey,
+    rule: &Rule,
+    traffic: &mut SourceTraffic,
+    now: u64,
+    len: u64,
+) -> Option<bool> {
+    let params = params(rule);
+    // Refused within the last window: if its window state was evicted
+    // meanwhile, it must not come back with a fresh allowance.
+    let window_ns = rule.bucket_ns * u64::from(rule.buckets);
+    let recently_refused = traffic.hold_until_ns != 0 && now < traffic.hold_until_ns + window_ns;
+    let (window, created) = window_state(key, len)?;
+    if created && recently_refused {
+        window.set_bucket_ns(rule.bucket_ns);
+        window::mark_exhausted(&window, &params, now);
+    }
+    if window.bucket_ns() != rule.bucket_ns {
+        // The slots are tagged with another bucket width: start afresh.
+        window::clear(&window);
+        window.set_bucket_ns(rule.bucket_ns);
+    }
+    let blocked_until = window.blocked_until_ns();
+    if now < blocked_until {
+        traffic.hold_until_ns = blocked_until;
+        return Some(false);
+    }
+    if !traffic.window.covers(now, rule.bucket_ns) {
+        traffic.window = WindowCache::refresh(&window, &params, now);
+        traffic.lease_left = 0;
+    }
+    let lease = u64::from(rule.lease_packets);
+    match window::try_admit_cached(&window, &traffic.window, &params, now, len, lease) {
+        Admission::Admitted { granted } => {
+            traffic.lease_left = (granted - 1) as u32;
+            Some(true)
+        }
+        Admission::Refused { hold_until_ns } => {
+            let mut hold = hold_until_ns;
+            if rule.block_ns != 0 {
+                let blocked = now + rule.block_ns;
+                window.set_blocked_until_ns(blocked);
+                hold = blocked;
+            }
+            traffic.hold_until_ns = hold;
+            Some(false)
+        }
     }
 }
 
@@ -156,43 +229,24 @@ fn params(rule: &Rule) -> WindowParams {
     }
 }
 
-/// The shared window of `key`, created if it is new.
+/// The shared window of `key`, created if it is new (and whether it was).
 #[inline(always)]
-fn window_state(key: &SourceKey, len: u64) -> Option<SharedWindow> {
+fn window_state(key: &SourceKey, len: u64) -> Option<(SharedWindow, bool)> {
     if let Some(state) = WINDOWS.get_ptr_mut(key) {
-        return Some(SharedWindow(state));
+        return Some((SharedWindow(state), false));
     }
     // Failure (EEXIST) just means another CPU created it first. The value
-    // is passed by reference to the static: a copy would take 288 of the
+    // is passed by reference to the static: a copy would take 272 of the
     // 512 bytes of BPF stack.
     #[allow(clippy::needless_borrows_for_generic_args)]
-    let _ = WINDOWS.insert(key, &NEW_WINDOW, BPF_NOEXIST);
+    let created = WINDOWS.insert(key, &NEW_WINDOW, BPF_NOEXIST).is_ok();
     match WINDOWS.get_ptr_mut(key) {
-        Some(state) => Some(SharedWindow(state)),
+        Some(state) => Some((SharedWindow(state), created)),
         None => {
             maps::count(Outcome::InsertFailure, len);
             None
         }
     }
-}
-
-/// The `RULES` index for `key`: the cached one while the generation is
-/// current, else resolved through the prefix trie and cached. A change of
-/// bucket width clears the source's window (its slots were tagged with the
-/// old width).
-#[inline(always)]
-fn current_rule(config: &Config, key: &SourceKey, window: SharedWindow) -> u32 {
-    let (rule, generation, bucket_ns) = window.cached_rule();
-    if generation == config.generation {
-        return rule;
-    }
-    let resolved = resolve(key);
-    let new_bucket_ns = RULES.get(resolved).map_or(0, |r| r.bucket_ns);
-    if new_bucket_ns != bucket_ns {
-        window::clear(&window);
-    }
-    window.cache_rule(resolved, config.generation, new_bucket_ns);
-    resolved
 }
 
 /// Longest-prefix match of the key's address, then its class's rule.
@@ -208,8 +262,8 @@ fn resolve(key: &SourceKey) -> u32 {
         .unwrap_or(NO_RULE)
 }
 
-/// A frame whose source could get no window state: allow and deny still
-/// apply; a limit fails closed (we cannot prove the source is under it).
+/// A frame whose source could get no state: allow and deny still apply; a
+/// limit fails closed (we cannot prove the source is under it).
 #[inline(always)]
 fn stateless(config: &Config, key: &SourceKey) -> Verdict {
     let Some(rule) = RULES.get(resolve(key)) else {

@@ -37,29 +37,19 @@ impl SharedWindow {
         unsafe { write_volatile(addr_of_mut!((*self.0).blocked_until_ns), value) }
     }
 
-    /// The cached (rule, generation, bucket width).
+    /// The bucket width the slots are tagged with.
     #[inline(always)]
-    pub fn cached_rule(&self) -> (u32, u32, u64) {
+    pub fn bucket_ns(&self) -> u64 {
         // SAFETY: as above.
-        unsafe {
-            (
-                read_volatile(addr_of_mut!((*self.0).rule)),
-                read_volatile(addr_of_mut!((*self.0).generation)),
-                read_volatile(addr_of_mut!((*self.0).bucket_ns)),
-            )
-        }
+        unsafe { read_volatile(addr_of_mut!((*self.0).bucket_ns)) }
     }
 
-    /// Caches a resolved rule. Several CPUs may do this at once for the
-    /// same source; they write the same values.
+    /// Records a new bucket width (after clearing the slots). Several CPUs
+    /// may do this at once after a rule change; they write the same value.
     #[inline(always)]
-    pub fn cache_rule(&self, rule: u32, generation: u32, bucket_ns: u64) {
+    pub fn set_bucket_ns(&self, value: u64) {
         // SAFETY: as above.
-        unsafe {
-            write_volatile(addr_of_mut!((*self.0).rule), rule);
-            write_volatile(addr_of_mut!((*self.0).bucket_ns), bucket_ns);
-            write_volatile(addr_of_mut!((*self.0).generation), generation);
-        }
+        unsafe { write_volatile(addr_of_mut!((*self.0).bucket_ns), value) }
     }
 }
 

@@ -10,6 +10,11 @@ use limiter_common::{names, DEFAULT_MAX_SOURCES};
 pub static EBPF_OBJECT: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/limiter-ebpf.o"));
 
+/// A reference program for benchmarks (`limiter-ebpf/src/bin/baseline.rs`):
+/// the same parsing plus one per-CPU LRU counter. Never attached.
+pub static BASELINE_OBJECT: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/limiter-baseline.o"));
+
 /// Errors from loading the program into the kernel.
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {

@@ -58,7 +58,8 @@ pub fn push(ebpf: &mut Ebpf, set: &RuleSet) -> Result<u32, PushError> {
         g => g,
     };
     let base = (generation % 2) * MAX_RULES;
-    let compiled = compile(set, base)?;
+    let cpus = aya::util::nr_cpus().map_or(1, |n| n as u32);
+    let compiled = compile(set, base, cpus)?;
 
     let mut rules =
         Array::<_, Rule>::try_from(map_mut(ebpf, names::RULES)?).map_err(map_err(names::RULES))?;

@@ -219,8 +219,14 @@ fn rule_name(index: usize) -> String {
     }
 }
 
-/// Validates `set` and compiles it so its rules land at `RULES[base..]`.
-pub fn compile(set: &RuleSet, base: u32) -> Result<Compiled, RuleError> {
+/// Share of a window's allowance that unused leases may withhold, as a
+/// divisor: leases are sized so that all CPUs together, over all buckets of
+/// a window, hold back at most `allowance / LEASE_DIVISOR` (under 1%).
+pub const LEASE_DIVISOR: u64 = 128;
+
+/// Validates `set` and compiles it so its rules land at `RULES[base..]`,
+/// for a machine with `cpus` possible CPUs (which sizes leases).
+pub fn compile(set: &RuleSet, base: u32, cpus: u32) -> Result<Compiled, RuleError> {
     if set.buckets_per_window == 0 || set.buckets_per_window > MAX_BUCKETS_PER_WINDOW {
         return Err(RuleError::Buckets(set.buckets_per_window));
     }
@@ -245,7 +251,12 @@ pub fn compile(set: &RuleSet, base: u32) -> Result<Compiled, RuleError> {
     let all: Vec<&RuleSpec> = std::iter::once(&set.default).chain(&set.rules).collect();
     let mut rules = Vec::with_capacity(all.len());
     for (i, spec) in all.iter().enumerate() {
-        rules.push(compile_rule(spec, &rule_name(i), set.buckets_per_window)?);
+        rules.push(compile_rule(
+            spec,
+            &rule_name(i),
+            set.buckets_per_window,
+            cpus,
+        )?);
         if i > 0 {
             check_prefix(spec, &rule_name(i), set)?;
         }
@@ -356,7 +367,7 @@ fn check_prefix(spec: &RuleSpec, name: &str, set: &RuleSet) -> Result<(), RuleEr
     Ok(())
 }
 
-fn compile_rule(spec: &RuleSpec, name: &str, buckets: u32) -> Result<Rule, RuleError> {
+fn compile_rule(spec: &RuleSpec, name: &str, buckets: u32, cpus: u32) -> Result<Rule, RuleError> {
     let m = &spec.matches;
     if let Some((min, max)) = m.ports {
         if min > max {
@@ -426,15 +437,24 @@ fn compile_rule(spec: &RuleSpec, name: &str, buckets: u32) -> Result<Rule, RuleE
     } else {
         (UNLIMITED, UNLIMITED)
     };
+    // Leases only without a byte limit (bytes are counted per frame), and
+    // only when they hold back little: see LEASE_DIVISOR.
+    let lease_packets = if allowance_packets != UNLIMITED && allowance_bytes == UNLIMITED {
+        let holders = u64::from(cpus.max(1)) * (u64::from(buckets) + 1) * LEASE_DIVISOR;
+        (allowance_packets / holders).clamp(1, u64::from(u32::MAX)) as u32
+    } else {
+        1
+    };
     Ok(Rule {
         allowance_packets,
         allowance_bytes,
         bucket_ns: window_ns / u64::from(buckets),
         block_ns: limits.block.map_or(0, |b| b.as_nanos() as u64),
         buckets,
+        lease_packets,
         action: spec.action as u8,
         dry_run: u8::from(spec.dry_run),
-        _pad: [0; 2],
+        _pad: [0; 6],
     })
 }
 
@@ -475,7 +495,7 @@ mod tests {
 
     #[test]
     fn default_only_compiles_to_two_default_routes() {
-        let c = compile(&set(vec![]), 0).unwrap();
+        let c = compile(&set(vec![]), 0, 2).unwrap();
         assert_eq!(c.rules.len(), 1);
         assert_eq!(c.rules[0].allowance_packets, 1000);
         assert_eq!(c.rules[0].allowance_bytes, UNLIMITED);
@@ -496,7 +516,7 @@ mod tests {
         };
         let allow = RuleSpec::with_action(net("10.0.0.0/8"), Action::Allow);
         let deny = RuleSpec::with_action(net("10.1.0.0/16"), Action::Deny);
-        let c = compile(&set(vec![dns, allow, deny]), 256).unwrap();
+        let c = compile(&set(vec![dns, allow, deny]), 256, 2).unwrap();
         assert_eq!(c.config.class_count, 1);
         // 0.0.0.0/0: default for class 0, the DNS rule (index 1) for class 1.
         assert_eq!(refs_of(&c, "0.0.0.0/0").rules[..2], [256, 257]);
@@ -516,7 +536,7 @@ mod tests {
         let mut syn = RuleSpec::limit(net("192.0.2.0/24"), 10);
         syn.matches.tcp_syn = true;
         syn.matches.protocol = Some(PROTO_TCP);
-        let c = compile(&set(vec![plain, syn]), 0).unwrap();
+        let c = compile(&set(vec![plain, syn]), 0, 2).unwrap();
         assert_eq!(refs_of(&c, "192.0.2.0/24").rules[..2], [1, 2]);
         assert_eq!(c.config.classes[0].tcp_syn_only, 1);
     }
@@ -526,13 +546,13 @@ mod tests {
         let mut bad = RuleSpec::limit(net("192.0.2.0/24"), 10);
         bad.limits.window = Duration::from_secs(61);
         assert!(
-            matches!(compile(&set(vec![bad]), 0), Err(RuleError::Window { rule, .. }) if rule == "rules[0]")
+            matches!(compile(&set(vec![bad]), 0, 2), Err(RuleError::Window { rule, .. }) if rule == "rules[0]")
         );
 
         let mut bad = RuleSpec::limit(net("192.0.2.0/24"), 10);
         bad.matches.ports = Some((100, 10));
         assert!(matches!(
-            compile(&set(vec![bad]), 0),
+            compile(&set(vec![bad]), 0, 2),
             Err(RuleError::PortsReversed { .. })
         ));
 
@@ -540,39 +560,39 @@ mod tests {
         bad.matches.ports = Some((1, 10));
         bad.matches.protocol = Some(PROTO_ICMP);
         assert!(matches!(
-            compile(&set(vec![bad]), 0),
+            compile(&set(vec![bad]), 0, 2),
             Err(RuleError::PortsNeedTcpOrUdp { .. })
         ));
 
         let mut bad = RuleSpec::limit(net("192.0.2.0/24"), 0);
         bad.limits.pps = Some(0);
         assert!(matches!(
-            compile(&set(vec![bad]), 0),
+            compile(&set(vec![bad]), 0, 2),
             Err(RuleError::Zero { .. })
         ));
 
         let mut bad = RuleSpec::limit(net("192.0.2.0/24"), 10);
         bad.limits.pps = None;
         assert!(matches!(
-            compile(&set(vec![bad]), 0),
+            compile(&set(vec![bad]), 0, 2),
             Err(RuleError::NoLimit { .. })
         ));
 
         let bad = RuleSpec::limit(net("192.0.2.0/24"), u64::MAX / 2);
         assert!(matches!(
-            compile(&set(vec![bad]), 0),
+            compile(&set(vec![bad]), 0, 2),
             Err(RuleError::TooLarge { .. })
         ));
 
         let bad = RuleSpec::limit(net("2001:db8::/96"), 10);
         assert!(matches!(
-            compile(&set(vec![bad]), 0),
+            compile(&set(vec![bad]), 0, 2),
             Err(RuleError::PrefixTooLong { key_len: 64, .. })
         ));
 
         let a = RuleSpec::limit(net("192.0.2.0/24"), 10);
         assert!(matches!(
-            compile(&set(vec![a.clone(), a]), 0),
+            compile(&set(vec![a.clone(), a]), 0, 2),
             Err(RuleError::Duplicate { .. })
         ));
 
@@ -584,11 +604,11 @@ mod tests {
                 r
             })
             .collect();
-        assert_eq!(compile(&set(classes), 0), Err(RuleError::TooManyClasses));
+        assert_eq!(compile(&set(classes), 0, 2), Err(RuleError::TooManyClasses));
 
         let mut s = set(vec![]);
         s.buckets_per_window = 16;
-        assert_eq!(compile(&s, 0), Err(RuleError::Buckets(16)));
+        assert_eq!(compile(&s, 0, 2), Err(RuleError::Buckets(16)));
     }
 
     #[test]
@@ -599,10 +619,22 @@ mod tests {
         r.limits.bytes_per_second = Some(1_000_000);
         r.limits.burst_bytes = 1500;
         r.limits.block = Some(Duration::from_secs(30));
-        let c = compile(&set(vec![r]), 0).unwrap();
+        let c = compile(&set(vec![r]), 0, 2).unwrap();
         assert_eq!(c.rules[1].allowance_packets, 1050);
         assert_eq!(c.rules[1].allowance_bytes, 10_001_500);
         assert_eq!(c.rules[1].bucket_ns, 1_000_000_000);
         assert_eq!(c.rules[1].block_ns, 30_000_000_000);
+        assert_eq!(c.rules[1].lease_packets, 1, "no leases with a byte limit");
+    }
+
+    #[test]
+    fn leases_hold_back_under_one_percent() {
+        let big = RuleSpec::limit(net("192.0.2.0/24"), 10_000_000);
+        let c = compile(&set(vec![big]), 0, 4).unwrap();
+        let rule = &c.rules[1];
+        assert_eq!(rule.lease_packets, 10_000_000 / (4 * 11 * 128));
+        let held_back = u64::from(rule.lease_packets) * 4 * 11;
+        assert!(held_back * 100 < rule.allowance_packets);
+        assert_eq!(c.rules[0].lease_packets, 1, "1000 pps: no lease");
     }
 }

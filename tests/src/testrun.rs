@@ -154,10 +154,36 @@ pub enum Pacing {
     Skip,
 }
 
+/// The kernel's clock for the limiter: CLOCK_MONOTONIC_COARSE (what
+/// `bpf_ktime_get_coarse_ns` reads), so tests place frames in windows
+/// exactly as the kernel does.
+pub fn coarse_now() -> Duration {
+    let ts = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC_COARSE)
+        .expect("CLOCK_MONOTONIC_COARSE");
+    Duration::new(ts.tv_sec() as u64, ts.tv_nsec() as u32)
+}
+
+/// A common start for paced senders: the precise clock for pacing, the
+/// kernel's coarse clock for placing frames in windows.
+#[derive(Clone, Copy, Debug)]
+pub struct Start {
+    pub instant: Instant,
+    pub coarse: Duration,
+}
+
+impl Start {
+    pub fn now() -> Self {
+        Self {
+            instant: Instant::now(),
+            coarse: coarse_now(),
+        }
+    }
+}
+
 /// What a paced sender saw.
 #[derive(Debug, Default)]
 pub struct Paced {
-    /// Offsets from the common start of the frames that were passed.
+    /// Offsets from the common start (kernel clock) of the frames passed.
     pub passed_at: Vec<Duration>,
     pub offered: u64,
     pub dropped: u64,
@@ -170,7 +196,7 @@ pub fn paced(
     cpu: usize,
     frame: &[u8],
     pps: u64,
-    start: Instant,
+    start: Start,
     duration: Duration,
     pacing: Pacing,
 ) -> Paced {
@@ -180,14 +206,14 @@ pub fn paced(
                 pin_current_thread(cpu);
                 let interval = Duration::from_nanos(1_000_000_000 / pps);
                 let mut out = Paced::default();
-                let mut next = start;
+                let mut next = start.instant;
                 loop {
                     let mut now = Instant::now();
                     while now < next {
                         std::hint::spin_loop();
                         now = Instant::now();
                     }
-                    if now >= start + duration {
+                    if now >= start.instant + duration {
                         return out;
                     }
                     let mut opts = TestRunOptions::new();
@@ -198,7 +224,9 @@ pub fn paced(
                         .return_value;
                     out.offered += 1;
                     match verdict {
-                        XDP_PASS => out.passed_at.push(now - start),
+                        XDP_PASS => out
+                            .passed_at
+                            .push(coarse_now().saturating_sub(start.coarse)),
                         XDP_DROP => out.dropped += 1,
                         other => panic!("unexpected verdict {other}"),
                     }

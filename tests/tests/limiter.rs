@@ -12,7 +12,7 @@ use ipnet::IpNet;
 use limiter_common::{Action, Counter, Outcome, SourceKey};
 use limiter_tests::{
     packets,
-    testrun::{frames, online_cpus, paced, Harness, Pacing},
+    testrun::{frames, online_cpus, paced, Harness, Pacing, Start},
 };
 use limiter_user::{
     counters,
@@ -75,7 +75,7 @@ fn a_10x_flood_from_one_cpu_is_admitted_at_its_limit() {
     let mut harness = harness_with(&default_limit(LIMIT_PPS));
     let frame = udp([192, 0, 2, 50]);
     let window = Duration::from_secs(1);
-    let start = Instant::now();
+    let start = Start::now();
     let run = paced(
         harness.program(),
         0,
@@ -112,7 +112,7 @@ fn a_10x_flood_spread_over_both_cpus_gets_its_limit_not_limit_per_cpu() {
     let window = Duration::from_secs(1);
     let duration = window * FLOOD_WINDOWS as u32;
     let program = harness.program();
-    let start = Instant::now();
+    let start = Start::now();
     let (a, b) = thread::scope(|scope| {
         let a = scope.spawn(|| {
             paced(
@@ -164,7 +164,7 @@ fn a_steady_source_at_95_percent_of_its_limit_is_never_dropped() {
         1,
         &frame,
         LIMIT_PPS * 95 / 100,
-        Instant::now(),
+        Start::now(),
         Duration::from_secs(3),
         Pacing::Skip,
     );
@@ -376,9 +376,9 @@ fn a_rule_change_takes_effect_on_the_next_frame_and_keeps_counters() {
     assert_eq!(harness.offer(0, &b, 2), (2, 0));
 
     assert_eq!(harness.push(&default_limit(50)), 2, "generation bumped");
-    let windows = counters::windows(harness.ebpf()).expect("read WINDOWS");
-    let window_a = windows[&SourceKey::v4([192, 0, 2, 10])];
-    assert_eq!(window_a.generation, 1, "resolved lazily, on the next frame");
+    let traffic = harness.traffic();
+    let a_cpu0 = traffic[&SourceKey::v4([192, 0, 2, 10])][0];
+    assert_eq!(a_cpu0.generation, 1, "resolved lazily, on the next frame");
     assert_eq!(
         harness.offer(0, &a, 50),
         (45, 5),

@@ -3,6 +3,7 @@
 //! Every command but `setup` runs set-up first (it returns in about a second
 //! when everything is installed), so a fresh machine needs no other step.
 
+mod bench;
 mod build;
 mod run;
 mod setup;
@@ -28,6 +29,12 @@ enum Command {
         #[arg(long)]
         debug: bool,
     },
+    /// Benchmarks that print comparable figures against a baseline measured
+    /// in the same run.
+    Bench {
+        #[command(subcommand)]
+        which: bench::Which,
+    },
     /// The whole suite: fmt, clippy (kernel and user), unit, kernel and
     /// netns tests. Needs root; never skips a test.
     Test {
@@ -43,6 +50,10 @@ fn main() -> anyhow::Result<()> {
         Command::Build { debug } => {
             setup::run()?;
             build::run(!debug)
+        }
+        Command::Bench { which } => {
+            setup::run()?;
+            bench::run(which)
         }
         Command::Test { cargo_test_args } => {
             setup::run()?;

@@ -1,0 +1,192 @@
+//! `cargo xtask bench xdp`: the kernel's own ns-per-packet figure
+//! (BPF_PROG_TEST_RUN with a large repeat count) for the limiter and, in
+//! the same run, for the baseline program (same parsing, one per-CPU LRU
+//! counter). Ends with one JSON line per case.
+
+use std::net::Ipv4Addr;
+
+use aya::{
+    programs::{TestRun, TestRunOptions, Xdp},
+    Ebpf, EbpfLoader,
+};
+use ipnet::IpNet;
+use limiter_common::Action;
+use limiter_tests::{packets, testrun::pin_current_thread};
+use limiter_user::{
+    object::{xdp_program, BASELINE_OBJECT},
+    rules::{RuleSet, RuleSpec},
+    LoadOptions,
+};
+
+const REPEAT: u32 = 1_000_000;
+const ROUNDS: usize = 7;
+const NEW_SOURCES: u32 = 100_000;
+const CPU: usize = 0;
+
+fn net(s: &str) -> IpNet {
+    s.parse().expect("valid CIDR")
+}
+
+fn udp(src: [u8; 4]) -> Vec<u8> {
+    packets::udp_v4(
+        Ipv4Addr::from(src),
+        Ipv4Addr::new(198, 51, 100, 200),
+        53,
+        18,
+    )
+}
+
+/// Median over `ROUNDS` of the kernel-reported ns per run.
+fn repeated(program: &Xdp, frame: &[u8], expect: u32) -> f64 {
+    let mut rounds: Vec<f64> = (0..ROUNDS)
+        .map(|_| {
+            let mut opts = TestRunOptions::new();
+            opts.data_in = Some(frame);
+            opts.repeat = REPEAT;
+            let result = program.test_run(opts).expect("BPF_PROG_TEST_RUN");
+            assert_eq!(result.return_value, expect, "unexpected verdict");
+            result.duration.as_nanos() as f64
+        })
+        .collect();
+    median(&mut rounds)
+}
+
+/// Mean ns per run over frames run one at a time (each a new source).
+fn one_each(program: &Xdp, frames: &[Vec<u8>]) -> f64 {
+    let total: u128 = frames
+        .iter()
+        .map(|frame| {
+            let mut opts = TestRunOptions::new();
+            opts.data_in = Some(frame);
+            program
+                .test_run(opts)
+                .expect("BPF_PROG_TEST_RUN")
+                .duration
+                .as_nanos()
+        })
+        .sum();
+    total as f64 / frames.len() as f64
+}
+
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(|a, b| a.total_cmp(b));
+    values[values.len() / 2]
+}
+
+fn baseline() -> Ebpf {
+    let mut ebpf = EbpfLoader::new()
+        .load(BASELINE_OBJECT)
+        .expect("load baseline");
+    let program: &mut Xdp = ebpf
+        .program_mut("xdp_baseline")
+        .expect("baseline program")
+        .try_into()
+        .expect("XDP");
+    program.load().expect("verify baseline");
+    ebpf
+}
+
+fn limiter() -> Ebpf {
+    let mut ebpf = limiter_user::load(&LoadOptions::default()).expect("load limiter");
+    let mut set = RuleSet::with_default(RuleSpec::limit(net("0.0.0.0/0"), 100_000_000));
+    set.rules
+        .push(RuleSpec::with_action(net("192.0.2.0/24"), Action::Allow));
+    set.rules.push(RuleSpec::limit(net("198.51.100.0/24"), 1));
+    limiter_user::push::push(&mut ebpf, &set).expect("push rules");
+    ebpf
+}
+
+struct Case {
+    name: &'static str,
+    ns: f64,
+    baseline: f64,
+}
+
+fn main() {
+    pin_current_thread(CPU);
+    let base = baseline();
+    let mut lim = limiter();
+    let base_prog: &Xdp = base
+        .program("xdp_baseline")
+        .expect("baseline")
+        .try_into()
+        .expect("XDP");
+    let lim_prog = xdp_program(&mut lim).expect("limiter");
+
+    let under = udp([203, 0, 113, 1]);
+    let over = udp([198, 51, 100, 1]);
+    let allowed = udp([192, 0, 2, 1]);
+    let arp = packets::arp();
+    let new_sources: Vec<Vec<u8>> = (0..NEW_SOURCES)
+        .map(|i| udp(Ipv4Addr::from(0xc612_0000u32 + i).octets())) // 198.18.0.0/15
+        .collect();
+
+    const PASS: u32 = 2;
+    const DROP: u32 = 1;
+    // Warm up: create the known sources and push `over` past its limit.
+    for frame in [&under, &over, &allowed] {
+        for _ in 0..3 {
+            let mut opts = TestRunOptions::new();
+            opts.data_in = Some(frame);
+            lim_prog.test_run(opts).expect("warm up");
+            let mut opts = TestRunOptions::new();
+            opts.data_in = Some(frame);
+            base_prog.test_run(opts).expect("warm up");
+        }
+    }
+
+    let cases = vec![
+        Case {
+            name: "under_limit",
+            ns: repeated(lim_prog, &under, PASS),
+            baseline: repeated(base_prog, &under, PASS),
+        },
+        Case {
+            name: "over_limit_drop",
+            ns: repeated(lim_prog, &over, DROP),
+            baseline: repeated(base_prog, &over, PASS),
+        },
+        Case {
+            name: "allowlisted",
+            ns: repeated(lim_prog, &allowed, PASS),
+            baseline: repeated(base_prog, &allowed, PASS),
+        },
+        Case {
+            name: "new_source_each_packet",
+            ns: one_each(lim_prog, &new_sources),
+            baseline: one_each(base_prog, &new_sources),
+        },
+        Case {
+            name: "non_ip",
+            ns: repeated(lim_prog, &arp, PASS),
+            baseline: repeated(base_prog, &arp, PASS),
+        },
+    ];
+
+    println!(
+        "xdp bench: BPF_PROG_TEST_RUN on CPU {CPU}, median of {ROUNDS} x {REPEAT} runs \
+         (new sources: mean of {NEW_SOURCES} single runs)"
+    );
+    println!(
+        "{:<24} {:>10} {:>12} {:>7}",
+        "case", "ns/pkt", "baseline", "ratio"
+    );
+    for case in &cases {
+        println!(
+            "{:<24} {:>10.1} {:>12.1} {:>6.2}x",
+            case.name,
+            case.ns,
+            case.baseline,
+            case.ns / case.baseline
+        );
+    }
+    for case in &cases {
+        println!(
+            "{{\"case\":\"{}\",\"ns_per_pkt\":{:.1},\"baseline_ns_per_pkt\":{:.1},\"ratio\":{:.3}}}",
+            case.name,
+            case.ns,
+            case.baseline,
+            case.ns / case.baseline
+        );
+    }
+}
