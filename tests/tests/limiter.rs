@@ -493,3 +493,27 @@ fn a_full_state_map_evicts_old_sources_and_keeps_limiting_the_active_one() {
         }
     );
 }
+
+#[test]
+fn ipv4_sources_can_be_keyed_by_a_shorter_prefix() {
+    let mut set = default_limit(5);
+    set.v4_prefix_len = 24;
+    let mut harness = harness_with(&set);
+    assert_eq!(harness.offer(0, &udp([192, 0, 2, 1]), 3), (3, 0));
+    assert_eq!(
+        harness.offer(0, &udp([192, 0, 2, 250]), 3),
+        (2, 1),
+        "same /24"
+    );
+    assert_eq!(
+        harness.offer(0, &udp([192, 0, 3, 1]), 3),
+        (3, 0),
+        "another /24"
+    );
+    let keys: Vec<SourceKey> = harness.traffic().into_keys().collect();
+    assert_eq!(keys.len(), 2);
+    assert!(
+        keys.iter().all(|k| k.prefix_len == 24 && k.addr[3] == 0),
+        "{keys:?}"
+    );
+}
