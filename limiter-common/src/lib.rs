@@ -41,6 +41,8 @@ pub mod names {
     pub const PREFIXES_V4: &str = "PREFIXES_V4";
     /// IPv6 prefixes -> `RuleRefs` (LPM trie).
     pub const PREFIXES_V6: &str = "PREFIXES_V6";
+    /// Frames dropped (or would-be dropped) per `RULES` index, per CPU.
+    pub const RULE_DROPS: &str = "RULE_DROPS";
 }
 
 /// Default capacity of the per-source state maps; userspace sets the real

@@ -83,6 +83,7 @@ pub fn judge(packet: &Packet, len: u64) -> Verdict {
     let verdict = decide(config, &key, traffic, now, len);
     if verdict.outcome != Outcome::Passed && verdict.outcome != Outcome::Allowed {
         traffic.dropped.add(len);
+        maps::count_rule_drop(traffic.rule);
     }
     verdict
 }

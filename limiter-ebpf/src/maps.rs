@@ -46,6 +46,19 @@ pub static PREFIXES_V4: LpmTrie<[u8; 4], RuleRefs> = LpmTrie::with_max_entries(4
 #[map(name = "PREFIXES_V6")]
 pub static PREFIXES_V6: LpmTrie<[u8; 16], RuleRefs> = LpmTrie::with_max_entries(4096, 0);
 
+/// Frames dropped (or would-be dropped) per `RULES` index, per CPU.
+#[map(name = "RULE_DROPS")]
+pub static RULE_DROPS: PerCpuArray<u64> = PerCpuArray::with_max_entries(RULE_SLOTS, 0);
+
+/// Counts one refused frame against rule `index`.
+#[inline(always)]
+pub fn count_rule_drop(index: u32) {
+    if let Some(drops) = RULE_DROPS.get_ptr_mut(index) {
+        // SAFETY: this CPU's slot of an array element.
+        unsafe { *drops += 1 };
+    }
+}
+
 /// Counts one frame of `len` bytes under `outcome` on this CPU.
 #[inline(always)]
 pub fn count(outcome: Outcome, len: u64) {

@@ -1,10 +1,13 @@
 //! xdp-limiter userspace: the embedded XDP object, loading it into the
-//! kernel, compiling and pushing rules, and reading its maps back.
+//! kernel, compiling and pushing rules, reading its maps back, and the
+//! daemon that ties them together.
 //!
 //! The `xdp-limiter` binary (src/main.rs) and the integration tests both
 //! build on this library.
 
 pub mod counters;
+pub mod daemon;
+pub mod display;
 pub mod object;
 pub mod push;
 pub mod rules;

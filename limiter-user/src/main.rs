@@ -1,12 +1,15 @@
-//! The `xdp-limiter` binary.
+//! The `xdp-limiter` binary: `run` (the daemon), `detach`, `check`.
 //!
-//! `check` loads the embedded program through the kernel verifier and
-//! reports what it found, without attaching anything: the first thing to
-//! run on a new host.
+//! Errors print as one line (`error: ...` with its causes) and exit 1.
+
+use std::{io::IsTerminal, net::SocketAddr, path::PathBuf, process::ExitCode};
 
 use anyhow::Context as _;
-use clap::{Parser, Subcommand};
-use limiter_user::{load, LoadOptions};
+use clap::{Parser, Subcommand, ValueEnum};
+use limiter_user::{
+    daemon::{self, config::AttachMode, load},
+    load, LoadOptions,
+};
 
 #[derive(Parser)]
 #[command(
@@ -19,21 +22,136 @@ struct Cli {
     command: Command,
 }
 
+#[derive(Clone, Copy, ValueEnum)]
+enum Mode {
+    /// Native (driver) mode, generic mode as a fallback.
+    Auto,
+    /// Native (driver) mode or fail.
+    Native,
+    /// Generic (skb) mode.
+    Generic,
+}
+
 #[derive(Subcommand)]
 enum Command {
+    /// Protect interfaces: load, attach, enforce, export metrics.
+    Run {
+        /// Interface to protect (repeatable; adds to daemon.interfaces).
+        #[arg(long = "iface", short = 'i')]
+        interfaces: Vec<String>,
+        /// TOML configuration file (default: built-in, dry-run).
+        #[arg(long, short = 'c')]
+        config: Option<PathBuf>,
+        /// Attach mode (default: daemon.mode, auto).
+        #[arg(long, value_enum)]
+        mode: Option<Mode>,
+        /// Leave the program attached when the daemon stops.
+        #[arg(long)]
+        keep_attached: bool,
+        /// Prometheus endpoint address (default: daemon.metrics_addr).
+        #[arg(long)]
+        metrics_addr: Option<SocketAddr>,
+        /// bpffs directory for pins (default: daemon.pin_dir).
+        #[arg(long)]
+        pin_dir: Option<PathBuf>,
+    },
+    /// Remove what `run` pinned: the program is detached.
+    Detach {
+        /// Interface to release (default: every pinned interface).
+        #[arg(long = "iface", short = 'i')]
+        interfaces: Vec<String>,
+        #[arg(long, default_value = daemon::config::DEFAULT_PIN_DIR)]
+        pin_dir: PathBuf,
+    },
     /// Load the XDP program through the kernel verifier (attaches nothing).
     Check {
-        /// Capacity of the per-source state map.
+        /// Capacity of the per-source state maps.
         #[arg(long, default_value_t = limiter_common::DEFAULT_MAX_SOURCES)]
         max_sources: u32,
     },
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> ExitCode {
     let cli = Cli::parse();
-    match cli.command {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_writer(std::io::stderr)
+        .init();
+    let result = match cli.command {
+        Command::Run {
+            interfaces,
+            config,
+            mode,
+            keep_attached,
+            metrics_addr,
+            pin_dir,
+        } => run(daemon::RunOptions {
+            config,
+            interfaces,
+            mode: mode.map(|m| match m {
+                Mode::Auto => AttachMode::Auto,
+                Mode::Native => AttachMode::Native,
+                Mode::Generic => AttachMode::Generic,
+            }),
+            keep_attached,
+            metrics_addr,
+            pin_dir,
+        }),
+        Command::Detach {
+            interfaces,
+            pin_dir,
+        } => detach(&interfaces, &pin_dir),
         Command::Check { max_sources } => check(max_sources),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
     }
+}
+
+fn run(options: daemon::RunOptions) -> anyhow::Result<()> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?
+        .block_on(daemon::run(options))
+}
+
+fn detach(interfaces: &[String], pin_dir: &std::path::Path) -> anyhow::Result<()> {
+    let interfaces: Vec<String> = if interfaces.is_empty() {
+        std::fs::read_dir(pin_dir)
+            .map(|entries| {
+                entries
+                    .filter_map(Result::ok)
+                    .filter(|e| e.path().is_dir())
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    } else {
+        interfaces.to_vec()
+    };
+    if interfaces.is_empty() {
+        println!("nothing pinned under {}", pin_dir.display());
+        return Ok(());
+    }
+    for iface in interfaces {
+        let dir = load::iface_dir(pin_dir, &iface);
+        if !load::is_pinned(&dir) {
+            anyhow::bail!("{iface}: nothing pinned under {}", dir.display());
+        }
+        load::remove_pins(&dir)?;
+        println!("{iface}: detached");
+    }
+    Ok(())
 }
 
 fn check(max_sources: u32) -> anyhow::Result<()> {

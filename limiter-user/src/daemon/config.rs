@@ -1,0 +1,506 @@
+//! The daemon's TOML configuration: every field has a serde default, so no
+//! file at all means a sane built-in configuration (a default rule in
+//! dry-run, so a first run never drops an operator's traffic by surprise).
+//! Validation names the field and the value; a configuration that fails it
+//! is never applied.
+
+use std::{
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use ipnet::IpNet;
+use limiter_common::Action;
+use serde::Deserialize;
+
+use crate::rules::{
+    compile, Limits, Match, RuleError, RuleSet, RuleSpec, PROTO_ICMP, PROTO_ICMPV6, PROTO_TCP,
+    PROTO_UDP,
+};
+
+/// Default per-source packet rate of the built-in default rule.
+pub const DEFAULT_PPS: u64 = 1000;
+/// Where state maps and links are pinned.
+pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/xdp-limiter";
+/// Where Prometheus scrapes.
+pub const DEFAULT_METRICS_ADDR: &str = "127.0.0.1:9470";
+
+/// Why a configuration was rejected.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: {message}")]
+    Parse { path: String, message: String },
+    #[error("{field}: {message}")]
+    Field { field: String, message: String },
+    #[error("{0}")]
+    Rules(#[from] RuleError),
+}
+
+fn field(field: impl Into<String>, message: impl Into<String>) -> ConfigError {
+    ConfigError::Field {
+        field: field.into(),
+        message: message.into(),
+    }
+}
+
+/// How to attach to an interface.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum AttachMode {
+    /// Native (driver) mode, falling back to generic mode with a warning.
+    #[default]
+    Auto,
+    /// Native (driver) mode or fail.
+    Native,
+    /// Generic (skb) mode.
+    Generic,
+}
+
+/// The whole file.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct FileConfig {
+    pub daemon: DaemonSection,
+    pub limits: LimitsSection,
+    pub default: RuleSection,
+    pub rules: Vec<RuleSection>,
+}
+
+/// `[daemon]`: how the daemon runs. Changing these needs a restart.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct DaemonSection {
+    /// Interfaces to protect (`--iface` adds to these).
+    pub interfaces: Vec<String>,
+    pub mode: AttachMode,
+    /// bpffs directory for pinned maps and links.
+    pub pin_dir: PathBuf,
+    /// Prometheus endpoint.
+    pub metrics_addr: SocketAddr,
+    /// Capacity of each per-source map.
+    pub max_sources: u32,
+    /// Aggregation period.
+    #[serde(with = "humantime_serde")]
+    pub tick: Duration,
+    /// Heaviest sources kept per tick.
+    pub top_k: usize,
+    /// Leave the program attached (pinned) when the daemon stops.
+    pub keep_attached: bool,
+}
+
+impl Default for DaemonSection {
+    fn default() -> Self {
+        Self {
+            interfaces: Vec::new(),
+            mode: AttachMode::Auto,
+            pin_dir: PathBuf::from(DEFAULT_PIN_DIR),
+            metrics_addr: DEFAULT_METRICS_ADDR.parse().expect("valid address"),
+            max_sources: limiter_common::DEFAULT_MAX_SOURCES,
+            tick: Duration::from_secs(1),
+            top_k: 20,
+            keep_attached: false,
+        }
+    }
+}
+
+/// `[limits]`: global knobs of enforcement.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct LimitsSection {
+    /// Global dry-run: count what would be dropped, drop nothing.
+    pub dry_run: bool,
+    /// IPv4 sources share state per prefix of this length.
+    pub ipv4_prefix: u8,
+    /// IPv6 sources share state per prefix of this length.
+    pub ipv6_prefix: u8,
+    /// Buckets per window (bucket width = window / buckets).
+    pub buckets_per_window: u32,
+}
+
+impl Default for LimitsSection {
+    fn default() -> Self {
+        Self {
+            dry_run: false,
+            ipv4_prefix: 32,
+            ipv6_prefix: 64,
+            buckets_per_window: limiter_common::window::DEFAULT_BUCKETS_PER_WINDOW,
+        }
+    }
+}
+
+/// A protocol by name or number.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(untagged)]
+pub enum ProtocolSpec {
+    Number(u8),
+    Name(String),
+}
+
+/// A destination port or inclusive range: `53`, `"53"` or `"1000-2000"`.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(untagged)]
+pub enum PortsSpec {
+    Port(u16),
+    Text(String),
+}
+
+/// `[default]` and each `[[rules]]` entry.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct RuleSection {
+    /// Source prefix (`[[rules]]` only).
+    pub cidr: Option<IpNet>,
+    /// `limit`, `allow` or `deny`.
+    pub action: ActionName,
+    pub protocol: Option<ProtocolSpec>,
+    pub ports: Option<PortsSpec>,
+    /// Only TCP SYN segments (SYN set, ACK clear).
+    pub tcp_syn: bool,
+    /// Packets per second.
+    pub pps: Option<u64>,
+    /// Bytes per second.
+    pub bytes_per_second: Option<u64>,
+    /// Extra packets allowed in one window.
+    pub burst_packets: u64,
+    /// Extra bytes allowed in one window.
+    pub burst_bytes: u64,
+    /// Sliding window, 1s to 60s.
+    #[serde(with = "humantime_serde")]
+    pub window: Duration,
+    /// Once over the limit, drop the source for this long.
+    #[serde(with = "humantime_serde")]
+    pub block: Option<Duration>,
+    /// Dry-run this rule. Unset: true for `[default]`, false for rules.
+    pub dry_run: Option<bool>,
+}
+
+impl Default for RuleSection {
+    fn default() -> Self {
+        Self {
+            cidr: None,
+            action: ActionName::Limit,
+            protocol: None,
+            ports: None,
+            tcp_syn: false,
+            pps: None,
+            bytes_per_second: None,
+            burst_packets: 0,
+            burst_bytes: 0,
+            window: Duration::from_secs(1),
+            block: None,
+            dry_run: None,
+        }
+    }
+}
+
+/// A rule action as written in the file.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum ActionName {
+    #[default]
+    Limit,
+    Allow,
+    Deny,
+}
+
+impl From<ActionName> for Action {
+    fn from(name: ActionName) -> Self {
+        match name {
+            ActionName::Limit => Action::Limit,
+            ActionName::Allow => Action::Allow,
+            ActionName::Deny => Action::Deny,
+        }
+    }
+}
+
+/// A validated configuration.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Config {
+    pub daemon: DaemonSection,
+    pub rules: RuleSet,
+}
+
+impl Config {
+    /// The built-in configuration (what no file means).
+    pub fn builtin() -> Self {
+        FileConfig::default()
+            .validate()
+            .expect("the built-in configuration is valid")
+    }
+
+    /// Reads and validates `path`.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::parse(&text, &path.display().to_string())
+    }
+
+    /// Parses and validates TOML `text` (`origin` names it in errors).
+    pub fn parse(text: &str, origin: &str) -> Result<Self, ConfigError> {
+        let file: FileConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: origin.to_string(),
+            message: e.to_string().trim_end().replace('\n', " "),
+        })?;
+        file.validate()
+    }
+}
+
+impl FileConfig {
+    /// Checks every field and compiles the rules (without touching the
+    /// kernel) so that only a configuration that can be pushed is accepted.
+    pub fn validate(self) -> Result<Config, ConfigError> {
+        let d = &self.daemon;
+        if d.max_sources == 0 {
+            return Err(field("daemon.max_sources", "must be greater than zero"));
+        }
+        if d.tick < Duration::from_millis(100) || d.tick > Duration::from_secs(60) {
+            return Err(field(
+                "daemon.tick",
+                format!("{:?} is outside 100ms..=60s", d.tick),
+            ));
+        }
+        if !d.pin_dir.is_absolute() {
+            return Err(field(
+                "daemon.pin_dir",
+                format!("{} is not an absolute path", d.pin_dir.display()),
+            ));
+        }
+        for (i, iface) in d.interfaces.iter().enumerate() {
+            if iface.is_empty() || iface.len() > 15 || iface.contains(['/', ' ']) {
+                return Err(field(
+                    format!("daemon.interfaces[{i}]"),
+                    format!("{iface:?} is not an interface name"),
+                ));
+            }
+        }
+        let default = rule_spec(&self.default, "default", true)?;
+        let rules = self
+            .rules
+            .iter()
+            .enumerate()
+            .map(|(i, r)| rule_spec(r, &format!("rules[{i}]"), false))
+            .collect::<Result<Vec<_>, _>>()?;
+        let set = RuleSet {
+            default,
+            rules,
+            dry_run: self.limits.dry_run,
+            v4_prefix_len: self.limits.ipv4_prefix,
+            v6_prefix_len: self.limits.ipv6_prefix,
+            buckets_per_window: self.limits.buckets_per_window,
+        };
+        compile(&set, 0, 1)?;
+        Ok(Config {
+            daemon: self.daemon,
+            rules: set,
+        })
+    }
+}
+
+fn rule_spec(section: &RuleSection, name: &str, is_default: bool) -> Result<RuleSpec, ConfigError> {
+    let cidr = match (is_default, section.cidr) {
+        (true, Some(_)) => {
+            return Err(field(
+                format!("{name}.cidr"),
+                "the default rule covers every source; remove cidr",
+            ))
+        }
+        (true, None) => "0.0.0.0/0".parse().expect("valid"),
+        (false, None) => return Err(field(format!("{name}.cidr"), "missing")),
+        (false, Some(cidr)) => cidr,
+    };
+    let protocol = match &section.protocol {
+        None => None,
+        Some(ProtocolSpec::Number(n)) => Some(*n),
+        Some(ProtocolSpec::Name(name_text)) => {
+            Some(match name_text.to_ascii_lowercase().as_str() {
+                "tcp" => PROTO_TCP,
+                "udp" => PROTO_UDP,
+                "icmp" => PROTO_ICMP,
+                "icmpv6" | "ipv6-icmp" => PROTO_ICMPV6,
+                other => {
+                    return Err(field(
+                        format!("{name}.protocol"),
+                        format!("unknown protocol {other:?} (tcp, udp, icmp, icmpv6 or a number)"),
+                    ))
+                }
+            })
+        }
+    };
+    let ports = match &section.ports {
+        None => None,
+        Some(PortsSpec::Port(p)) => Some((*p, *p)),
+        Some(PortsSpec::Text(text)) => Some(parse_ports(text).ok_or_else(|| {
+            field(
+                format!("{name}.ports"),
+                format!("{text:?} is not a port or a range like 1000-2000"),
+            )
+        })?),
+    };
+    let dry_run = section.dry_run.unwrap_or(is_default);
+    let mut pps = section.pps;
+    if is_default
+        && section.action == ActionName::Limit
+        && pps.is_none()
+        && section.bytes_per_second.is_none()
+    {
+        pps = Some(DEFAULT_PPS);
+    }
+    Ok(RuleSpec {
+        cidr,
+        matches: Match {
+            protocol,
+            ports,
+            tcp_syn: section.tcp_syn,
+        },
+        action: section.action.into(),
+        limits: Limits {
+            pps,
+            bytes_per_second: section.bytes_per_second,
+            burst_packets: section.burst_packets,
+            burst_bytes: section.burst_bytes,
+            window: section.window,
+            block: section.block,
+        },
+        dry_run,
+    })
+}
+
+/// `"53"` or `"1000-2000"`.
+pub fn parse_ports(text: &str) -> Option<(u16, u16)> {
+    match text.split_once('-') {
+        None => text.trim().parse().ok().map(|p| (p, p)),
+        Some((min, max)) => Some((min.trim().parse().ok()?, max.trim().parse().ok()?)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_file_means_a_dry_run_default_rule() {
+        let config = Config::builtin();
+        assert_eq!(config.rules.default.limits.pps, Some(DEFAULT_PPS));
+        assert!(config.rules.default.dry_run, "a first run never drops");
+        assert!(!config.rules.dry_run);
+        assert_eq!(config.daemon.metrics_addr.to_string(), DEFAULT_METRICS_ADDR);
+        assert_eq!(config.daemon.pin_dir, PathBuf::from(DEFAULT_PIN_DIR));
+        assert_eq!(
+            Config::parse("", "empty").unwrap(),
+            config,
+            "an empty file is the built-in"
+        );
+    }
+
+    #[test]
+    fn a_full_file_parses() {
+        let text = r#"
+            [daemon]
+            interfaces = ["eth0"]
+            mode = "native"
+            tick = "500ms"
+            keep_attached = true
+
+            [limits]
+            ipv6_prefix = 56
+            buckets_per_window = 12
+
+            [default]
+            pps = 500
+            dry_run = false
+
+            [[rules]]
+            cidr = "10.0.0.0/8"
+            action = "allow"
+
+            [[rules]]
+            cidr = "0.0.0.0/0"
+            protocol = "udp"
+            ports = "53"
+            pps = 50
+            burst_packets = 10
+            window = "10s"
+            block = "1m"
+
+            [[rules]]
+            cidr = "2001:db8::/32"
+            protocol = "tcp"
+            tcp_syn = true
+            bytes_per_second = 100000
+        "#;
+        let config = Config::parse(text, "test.toml").unwrap();
+        assert_eq!(config.daemon.mode, AttachMode::Native);
+        assert_eq!(config.daemon.tick, Duration::from_millis(500));
+        assert_eq!(config.rules.v6_prefix_len, 56);
+        assert_eq!(config.rules.default.limits.pps, Some(500));
+        assert!(!config.rules.default.dry_run);
+        let dns = &config.rules.rules[1];
+        assert_eq!(dns.matches.ports, Some((53, 53)));
+        assert_eq!(dns.matches.protocol, Some(PROTO_UDP));
+        assert_eq!(dns.limits.block, Some(Duration::from_secs(60)));
+        assert!(config.rules.rules[2].matches.tcp_syn);
+    }
+
+    #[track_caller]
+    fn rejected(text: &str, expect: &str) {
+        let err = Config::parse(text, "bad.toml")
+            .expect_err("must be rejected")
+            .to_string();
+        assert!(
+            err.contains(expect),
+            "error {err:?} does not mention {expect:?}"
+        );
+    }
+
+    #[test]
+    fn bad_files_are_rejected_with_the_field_and_value_named() {
+        rejected("[default]\npps = \"fast\"", "pps");
+        rejected("[default]\npps = -5", "pps");
+        rejected("[daemon]\ncolour = 1", "colour");
+        rejected("[[rules]]\npps = 5", "rules[0].cidr: missing");
+        rejected("[[rules]]\ncidr = \"10.0.0.0/33\"", "cidr");
+        rejected(
+            "[[rules]]\ncidr = \"10.0.0.0/8\"\nprotocol = \"tcpp\"\npps = 1",
+            "rules[0].protocol: unknown protocol \"tcpp\"",
+        );
+        rejected(
+            "[[rules]]\ncidr = \"10.0.0.0/8\"\nprotocol = \"udp\"\nports = \"99-10\"\npps = 1",
+            "rules[0]: port range 99-10 is reversed",
+        );
+        rejected(
+            "[[rules]]\ncidr = \"10.0.0.0/8\"\nports = \"http\"\npps = 1",
+            "rules[0].ports",
+        );
+        rejected(
+            "[[rules]]\ncidr = \"10.0.0.0/8\"\nwindow = \"2m\"\npps = 1",
+            "rules[0]: window",
+        );
+        rejected(
+            "[[rules]]\ncidr = \"10.0.0.0/8\"",
+            "rules[0]: a `limit` rule needs",
+        );
+        rejected("[default]\ncidr = \"10.0.0.0/8\"", "default.cidr");
+        rejected("[daemon]\ntick = \"1ms\"", "daemon.tick");
+        rejected("[daemon]\nmetrics_addr = \"nowhere\"", "metrics_addr");
+        rejected("[daemon]\ninterfaces = [\"a/b\"]", "daemon.interfaces[0]");
+        rejected("[limits]\nipv4_prefix = 40", "IPv4 key prefix length 40");
+        rejected("not toml at all", "bad.toml");
+    }
+
+    #[test]
+    fn ports_parse() {
+        assert_eq!(parse_ports("53"), Some((53, 53)));
+        assert_eq!(parse_ports("1000-2000"), Some((1000, 2000)));
+        assert_eq!(parse_ports("x"), None);
+        assert_eq!(parse_ports("1-"), None);
+    }
+}

@@ -1,0 +1,368 @@
+//! Loading the embedded program for one interface, pinning its state maps
+//! and XDP link under bpffs, adopting what an earlier daemon pinned (its
+//! counters continue), replacing the program on a live link atomically, and
+//! detaching.
+//!
+//! Layout: `<pin_dir>/<iface>/maps/<MAP>` and `<pin_dir>/<iface>/link`.
+//! While the link is pinned the interface stays protected whatever happens
+//! to the daemon (even SIGKILL); a new daemon loads the program against the
+//! pinned maps and swaps it onto the pinned link with `bpf_link_update`, so
+//! there is no moment without protection.
+
+use std::{
+    fs,
+    io::ErrorKind,
+    mem::size_of,
+    path::{Path, PathBuf},
+};
+
+use aya::{
+    maps::{MapData, MapInfo},
+    programs::{
+        links::{FdLink, PinnedLink},
+        xdp::{XdpLink, XdpLinkId},
+        XdpMode,
+    },
+    Ebpf, EbpfLoader,
+};
+use limiter_common::{
+    names,
+    rules::{MAX_CLASSES, RULE_SLOTS},
+    Config, Counter, Outcome, Rule, RuleRefs, SourceKey, SourceTraffic, WindowState,
+};
+use tracing::{info, warn};
+
+use super::config::AttachMode;
+use crate::object::{xdp_program, EBPF_OBJECT};
+
+/// Why an interface could not be protected.
+#[derive(Debug, thiserror::Error)]
+pub enum AttachError {
+    #[error("no such interface: {0}")]
+    NoInterface(String),
+    #[error("loading BPF programs needs root (CAP_BPF and CAP_NET_ADMIN)")]
+    NotRoot,
+    #[error("{0} is not on a bpffs (mount -t bpf bpf <dir>, or pick a pin_dir under /sys/fs/bpf)")]
+    NotBpffs(PathBuf),
+    #[error("bpffs is not mounted at {path} and mounting it failed: {source}")]
+    Bpffs {
+        path: PathBuf,
+        #[source]
+        source: nix::Error,
+    },
+    #[error("{path}: {source}")]
+    Pin {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("loading the XDP program: {0}")]
+    Load(String),
+    #[error(
+        "{iface} already has an XDP program that xdp-limiter did not attach; \
+         remove it first (ip link set dev {iface} xdp off)"
+    )]
+    Busy { iface: String },
+    #[error("attaching to {iface} in {mode} mode: {message}")]
+    Attach {
+        iface: String,
+        mode: &'static str,
+        message: String,
+    },
+}
+
+/// A protected interface.
+pub struct Instance {
+    pub iface: String,
+    pub ebpf: Ebpf,
+    /// How the program is attached ("native", "generic", or "adopted").
+    pub mode: &'static str,
+    dir: PathBuf,
+}
+
+/// The state maps that are pinned, with their expected key and value sizes
+/// (a pinned map of another layout is not adopted).
+fn pinned_maps(max_sources: u32) -> [(&'static str, u32, u32, Option<u32>); 8] {
+    let s = |n: usize| n as u32;
+    [
+        (
+            names::SOURCES,
+            s(size_of::<SourceKey>()),
+            s(size_of::<SourceTraffic>()),
+            Some(max_sources),
+        ),
+        (
+            names::WINDOWS,
+            s(size_of::<SourceKey>()),
+            s(size_of::<WindowState>()),
+            Some(max_sources),
+        ),
+        (
+            names::STATS,
+            4,
+            s(size_of::<Counter>()),
+            Some(Outcome::COUNT),
+        ),
+        (names::CONFIG, 4, s(size_of::<Config>()), Some(1)),
+        (names::RULES, 4, s(size_of::<Rule>()), Some(RULE_SLOTS)),
+        (names::RULE_DROPS, 4, 8, Some(RULE_SLOTS)),
+        (names::PREFIXES_V4, 4 + 4, s(size_of::<RuleRefs>()), None),
+        (names::PREFIXES_V6, 4 + 16, s(size_of::<RuleRefs>()), None),
+    ]
+}
+
+const _: () = assert!(size_of::<RuleRefs>() == 4 * (MAX_CLASSES + 1));
+
+/// The directory of `iface`'s pins.
+pub fn iface_dir(pin_dir: &Path, iface: &str) -> PathBuf {
+    pin_dir.join(iface)
+}
+
+fn pin_err(path: &Path) -> impl Fn(std::io::Error) -> AttachError + '_ {
+    move |source| AttachError::Pin {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// `statfs` magic of bpffs.
+const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+
+/// The nearest existing ancestor of `path` is on a bpffs.
+fn on_bpffs(path: &Path) -> bool {
+    let existing = path
+        .ancestors()
+        .find(|p| p.exists())
+        .unwrap_or(Path::new("/"));
+    nix::sys::statfs::statfs(existing).is_ok_and(|fs| fs.filesystem_type().0 == BPF_FS_MAGIC)
+}
+
+/// Mounts bpffs on `/sys/fs/bpf` if `pin_dir` is below it and nothing is
+/// mounted there (it is not mounted at boot on every system), then checks
+/// that `pin_dir` is on a bpffs.
+pub fn ensure_bpffs(pin_dir: &Path) -> Result<(), AttachError> {
+    mount_default_bpffs(pin_dir)?;
+    if on_bpffs(pin_dir) {
+        Ok(())
+    } else {
+        Err(AttachError::NotBpffs(pin_dir.to_path_buf()))
+    }
+}
+
+fn mount_default_bpffs(pin_dir: &Path) -> Result<(), AttachError> {
+    let root = Path::new("/sys/fs/bpf");
+    if !pin_dir.starts_with(root) {
+        return Ok(());
+    }
+    let mounts = fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+    let mounted = mounts.lines().any(|line| {
+        let mut fields = line.split_whitespace();
+        let (_, target, fstype) = (fields.next(), fields.next(), fields.next());
+        target == Some("/sys/fs/bpf") && fstype == Some("bpf")
+    });
+    if mounted {
+        return Ok(());
+    }
+    info!(path = %root.display(), "mounting bpffs");
+    nix::mount::mount(
+        Some("bpf"),
+        root,
+        Some("bpf"),
+        nix::mount::MsFlags::empty(),
+        None::<&str>,
+    )
+    .map_err(|source| AttachError::Bpffs {
+        path: root.to_path_buf(),
+        source,
+    })
+}
+
+/// Removes pinned maps whose layout differs from this build's, so the load
+/// creates them afresh (a program upgrade that changed a map loses only
+/// that map's state).
+fn drop_incompatible_pins(maps_dir: &Path, max_sources: u32) {
+    for (name, key_size, value_size, max_entries) in pinned_maps(max_sources) {
+        let path = maps_dir.join(name);
+        if !path.exists() {
+            continue;
+        }
+        let compatible = MapInfo::from_pin(&path).is_ok_and(|info| {
+            info.key_size() == key_size
+                && info.value_size() == value_size
+                && max_entries.is_none_or(|m| info.max_entries() == m)
+        });
+        if !compatible {
+            warn!(map = name, path = %path.display(), "pinned map has another layout or size; starting it afresh");
+            let _ = fs::remove_file(&path);
+        }
+    }
+}
+
+/// Loads the program for `iface` against pinned maps (adopting existing
+/// ones) and attaches it: onto the pinned link if there is one, else
+/// freshly in the requested mode, pinning the new link.
+pub fn protect(
+    iface: &str,
+    pin_dir: &Path,
+    mode: AttachMode,
+    max_sources: u32,
+) -> Result<Instance, AttachError> {
+    if !nix::unistd::geteuid().is_root() {
+        return Err(AttachError::NotRoot);
+    }
+    nix::net::if_::if_nametoindex(iface).map_err(|_| AttachError::NoInterface(iface.into()))?;
+    ensure_bpffs(pin_dir)?;
+    let dir = iface_dir(pin_dir, iface);
+    let maps_dir = dir.join("maps");
+    fs::create_dir_all(&maps_dir).map_err(pin_err(&maps_dir))?;
+    drop_incompatible_pins(&maps_dir, max_sources);
+
+    let map_paths: Vec<(&str, PathBuf)> = pinned_maps(max_sources)
+        .iter()
+        .map(|(name, ..)| (*name, maps_dir.join(name)))
+        .collect();
+    let mut loader = EbpfLoader::new();
+    loader
+        .map_max_entries(names::SOURCES, max_sources)
+        .map_max_entries(names::WINDOWS, max_sources);
+    for (name, path) in &map_paths {
+        loader.map_pin_path(name, path.as_path());
+    }
+    let mut ebpf = loader
+        .load(EBPF_OBJECT)
+        .map_err(|e| AttachError::Load(e.to_string()))?;
+    let program = xdp_program(&mut ebpf).map_err(|e| AttachError::Load(e.to_string()))?;
+    program
+        .load()
+        .map_err(|e| AttachError::Load(e.to_string()))?;
+
+    let link_path = dir.join("link");
+    let attached_mode = match PinnedLink::from_pin(&link_path) {
+        Ok(pinned) => {
+            let link = XdpLink::try_from(FdLink::from(pinned)).map_err(|e| {
+                AttachError::Load(format!("pinned link {}: {e}", link_path.display()))
+            })?;
+            program
+                .attach_to_link(link)
+                .map_err(|e| AttachError::Attach {
+                    iface: iface.into(),
+                    mode: "adopted",
+                    message: e.to_string(),
+                })?;
+            info!(
+                iface,
+                "adopted the pinned link: program replaced atomically, counters kept"
+            );
+            "adopted"
+        }
+        Err(_) => {
+            if link_path.exists() {
+                let _ = fs::remove_file(&link_path);
+            }
+            let (link_id, attached) = attach_fresh(program, iface, mode)?;
+            let link = program
+                .take_link(link_id)
+                .map_err(|e| AttachError::Load(e.to_string()))?;
+            let fd_link = FdLink::try_from(link).map_err(|e| AttachError::Load(e.to_string()))?;
+            fd_link.pin(&link_path).map_err(|e| AttachError::Pin {
+                path: link_path.clone(),
+                source: std::io::Error::other(e.to_string()),
+            })?;
+            attached
+        }
+    };
+    Ok(Instance {
+        iface: iface.into(),
+        ebpf,
+        mode: attached_mode,
+        dir,
+    })
+}
+
+fn attach_fresh(
+    program: &mut aya::programs::Xdp,
+    iface: &str,
+    mode: AttachMode,
+) -> Result<(XdpLinkId, &'static str), AttachError> {
+    let busy = |message: &str| {
+        message.contains("File exists") || message.contains("Device or resource busy")
+    };
+    let attach = |program: &mut aya::programs::Xdp, xdp_mode, name: &'static str| {
+        program.attach(iface, xdp_mode).map_err(|e| {
+            let message = format!(
+                "{e}: {}",
+                std::error::Error::source(&e)
+                    .map(|s| s.to_string())
+                    .unwrap_or_default()
+            );
+            if busy(&message) {
+                AttachError::Busy {
+                    iface: iface.into(),
+                }
+            } else {
+                AttachError::Attach {
+                    iface: iface.into(),
+                    mode: name,
+                    message,
+                }
+            }
+        })
+    };
+    match mode {
+        AttachMode::Native => attach(program, XdpMode::Driver, "native").map(|id| (id, "native")),
+        AttachMode::Generic => attach(program, XdpMode::Skb, "generic").map(|id| (id, "generic")),
+        AttachMode::Auto => match attach(program, XdpMode::Driver, "native") {
+            Ok(id) => Ok((id, "native")),
+            Err(AttachError::Busy { iface }) => Err(AttachError::Busy { iface }),
+            Err(native) => {
+                warn!(iface, error = %native, "native XDP is not available; falling back to generic mode (slower)");
+                attach(program, XdpMode::Skb, "generic").map(|id| (id, "generic"))
+            }
+        },
+    }
+}
+
+impl Instance {
+    /// Stops protecting: removes the pinned link (which detaches the
+    /// program) and the pinned maps.
+    pub fn detach(self) -> Result<(), AttachError> {
+        let dir = self.dir.clone();
+        drop(self.ebpf);
+        remove_pins(&dir)
+    }
+
+    /// Leaves everything pinned: the interface stays protected.
+    pub fn keep(self) {
+        info!(iface = %self.iface, pins = %self.dir.display(), "leaving the program attached");
+    }
+}
+
+/// Removes `iface`'s pins (the link first, so the program detaches, then
+/// the maps). Missing pins are fine.
+pub fn remove_pins(dir: &Path) -> Result<(), AttachError> {
+    let remove = |path: PathBuf| match fs::remove_file(&path) {
+        Err(e) if e.kind() != ErrorKind::NotFound => Err(AttachError::Pin { path, source: e }),
+        _ => Ok(()),
+    };
+    remove(dir.join("link"))?;
+    let maps_dir = dir.join("maps");
+    if let Ok(entries) = fs::read_dir(&maps_dir) {
+        for entry in entries.filter_map(Result::ok) {
+            remove(entry.path())?;
+        }
+    }
+    for d in [maps_dir, dir.to_path_buf()] {
+        match fs::remove_dir(&d) {
+            Err(e) if e.kind() != ErrorKind::NotFound => {
+                return Err(AttachError::Pin { path: d, source: e })
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Whether a pinned map path holds a map (used by `detach` to report).
+pub fn is_pinned(dir: &Path) -> bool {
+    dir.join("link").exists() || MapData::from_pin(dir.join("maps").join(names::CONFIG)).is_ok()
+}

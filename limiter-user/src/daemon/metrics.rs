@@ -1,0 +1,287 @@
+//! Prometheus metrics: the registry, its update from aggregation passes,
+//! and the HTTP endpoint (`GET /metrics`). No per-source labels: their
+//! number is unbounded; top talkers go through the control API instead.
+
+use std::{collections::HashMap, convert::Infallible, net::SocketAddr, sync::Arc};
+
+use http_body_util::Full;
+use hyper::{body::Bytes, service::service_fn, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use limiter_common::Outcome;
+use prometheus::{
+    core::Collector, Encoder, GaugeVec, Histogram, HistogramOpts, IntCounterVec, IntGaugeVec, Opts,
+    Registry, TextEncoder,
+};
+use tokio::net::TcpListener;
+use tracing::{debug, warn};
+
+use super::aggregate::Snapshot;
+
+/// Every metric the daemon exports.
+pub struct Metrics {
+    pub registry: Registry,
+    packets: IntCounterVec,
+    bytes: IntCounterVec,
+    rule_drops: IntCounterVec,
+    evictions: IntCounterVec,
+    tracked: IntGaugeVec,
+    capacity: IntGaugeVec,
+    limited: IntGaugeVec,
+    rules: IntGaugeVec,
+    run_seconds: IntCounterVec,
+    runs: IntCounterVec,
+    ns_per_run: GaugeVec,
+    pub aggregation: Histogram,
+    /// Last kernel totals per series, to turn totals into increments.
+    last: HashMap<String, u64>,
+}
+
+fn counter(name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric")
+}
+
+fn gauge(name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+    IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric")
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let registry = Registry::new();
+        let m = Self {
+            packets: counter(
+                "xdp_limiter_packets_total",
+                "Frames seen at XDP, by interface and outcome.",
+                &["interface", "outcome"],
+            ),
+            bytes: counter(
+                "xdp_limiter_bytes_total",
+                "Bytes of frames seen at XDP (Ethernet header included), by interface and outcome.",
+                &["interface", "outcome"],
+            ),
+            rule_drops: counter(
+                "xdp_limiter_rule_dropped_packets_total",
+                "Frames dropped (or would-be dropped in dry-run) per rule.",
+                &["interface", "rule"],
+            ),
+            evictions: counter(
+                "xdp_limiter_source_evictions_total",
+                "Sources evicted from the state map to make room for new ones.",
+                &["interface"],
+            ),
+            tracked: gauge(
+                "xdp_limiter_tracked_sources",
+                "Sources currently holding state.",
+                &["interface"],
+            ),
+            capacity: gauge(
+                "xdp_limiter_source_capacity",
+                "Capacity of the per-source state map.",
+                &["interface"],
+            ),
+            limited: gauge(
+                "xdp_limiter_limited_sources",
+                "Sources currently refused (over their limit or blocked).",
+                &["interface"],
+            ),
+            rules: gauge(
+                "xdp_limiter_rules",
+                "Rules in force, the default rule included.",
+                &["interface"],
+            ),
+            run_seconds: counter(
+                "xdp_limiter_program_run_time_nanoseconds_total",
+                "Time spent in the XDP program (needs kernel.bpf_stats_enabled=1).",
+                &["interface"],
+            ),
+            runs: counter(
+                "xdp_limiter_program_runs_total",
+                "Runs of the XDP program (needs kernel.bpf_stats_enabled=1).",
+                &["interface"],
+            ),
+            ns_per_run: GaugeVec::new(
+                Opts::new(
+                    "xdp_limiter_program_run_time_per_packet_seconds",
+                    "Average XDP program time per frame over the last pass (needs kernel.bpf_stats_enabled=1).",
+                ),
+                &["interface"],
+            )
+            .expect("valid metric"),
+            aggregation: Histogram::with_opts(
+                HistogramOpts::new(
+                    "xdp_limiter_aggregation_duration_seconds",
+                    "Duration of one aggregation pass over all interfaces.",
+                )
+                .buckets(vec![0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5]),
+            )
+            .expect("valid metric"),
+            last: HashMap::new(),
+            registry,
+        };
+        let build_info = IntGaugeVec::new(
+            Opts::new(
+                "xdp_limiter_build_info",
+                "Version of the running xdp-limiter.",
+            ),
+            &["version"],
+        )
+        .expect("valid metric");
+        build_info
+            .with_label_values(&[env!("CARGO_PKG_VERSION")])
+            .set(1);
+        for collector in [
+            Box::new(m.packets.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(m.bytes.clone()),
+            Box::new(m.rule_drops.clone()),
+            Box::new(m.evictions.clone()),
+            Box::new(m.tracked.clone()),
+            Box::new(m.capacity.clone()),
+            Box::new(m.limited.clone()),
+            Box::new(m.rules.clone()),
+            Box::new(m.run_seconds.clone()),
+            Box::new(m.runs.clone()),
+            Box::new(m.ns_per_run.clone()),
+            Box::new(m.aggregation.clone()),
+            Box::new(build_info),
+        ] {
+            m.registry.register(collector).expect("unique metric");
+        }
+        m
+    }
+
+    /// Advances a counter to the kernel's total (kernel totals only grow
+    /// while the maps live; a smaller total means they were recreated).
+    fn advance(&mut self, counter: &IntCounterVec, labels: &[&str], total: u64) {
+        let series = format!("{}{labels:?}", counter.desc()[0].fq_name);
+        let last = self.last.insert(series, total).unwrap_or(0);
+        let delta = if total >= last { total - last } else { total };
+        counter.with_label_values(labels).inc_by(delta);
+    }
+
+    /// Updates the metrics of `iface` from a pass.
+    pub fn record(
+        &mut self,
+        iface: &str,
+        snapshot: &Snapshot,
+        capacity: u32,
+        rule_names: &[(u32, String)],
+        program_stats: Option<(u64, u64)>,
+    ) {
+        for (outcome, counter) in Outcome::ALL.iter().zip(&snapshot.outcomes) {
+            let labels = [iface, outcome.name()];
+            let (packets, bytes) = (self.packets.clone(), self.bytes.clone());
+            self.advance(&packets, &labels, counter.packets);
+            self.advance(&bytes, &labels, counter.bytes);
+        }
+        for (index, name) in rule_names {
+            let drops = snapshot
+                .rule_drops
+                .get(*index as usize)
+                .copied()
+                .unwrap_or(0);
+            let rule_drops = self.rule_drops.clone();
+            self.advance(&rule_drops, &[iface, name], drops);
+        }
+        let created = snapshot.outcomes[Outcome::NewSource as usize].packets;
+        let evictions = crate::counters::evictions(created, snapshot.tracked_sources, 0);
+        let counter = self.evictions.clone();
+        self.advance(&counter, &[iface], evictions);
+        self.tracked
+            .with_label_values(&[iface])
+            .set(snapshot.tracked_sources as i64);
+        self.capacity
+            .with_label_values(&[iface])
+            .set(i64::from(capacity));
+        self.limited
+            .with_label_values(&[iface])
+            .set(snapshot.limited.len() as i64);
+        self.rules
+            .with_label_values(&[iface])
+            .set(rule_names.len() as i64);
+        if let Some((run_ns, runs)) = program_stats {
+            let key = format!("ns_per_run{iface}");
+            let last_runs = self.last.get(&format!("{key}/runs")).copied().unwrap_or(0);
+            let last_ns = self.last.get(&format!("{key}/ns")).copied().unwrap_or(0);
+            if runs > last_runs && run_ns >= last_ns {
+                let per = (run_ns - last_ns) as f64 / (runs - last_runs) as f64 / 1e9;
+                self.ns_per_run.with_label_values(&[iface]).set(per);
+            }
+            self.last.insert(format!("{key}/runs"), runs);
+            self.last.insert(format!("{key}/ns"), run_ns);
+            let (seconds, count) = (self.run_seconds.clone(), self.runs.clone());
+            self.advance(&seconds, &[iface], run_ns);
+            self.advance(&count, &[iface], runs);
+        }
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The text exposition of `registry`.
+pub fn render(registry: &Registry) -> String {
+    let mut buffer = Vec::new();
+    TextEncoder::new()
+        .encode(&registry.gather(), &mut buffer)
+        .expect("text encoding cannot fail");
+    String::from_utf8(buffer).expect("the text format is UTF-8")
+}
+
+/// Binds `addr` (failing early, with the address named, if it cannot) and
+/// serves `GET /metrics` from `registry` until the task is dropped.
+pub async fn serve(
+    addr: SocketAddr,
+    registry: Registry,
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen for metrics on {addr}: {e}"))?;
+    let registry = Arc::new(registry);
+    Ok(tokio::spawn(async move {
+        loop {
+            let (stream, peer) = match listener.accept().await {
+                Ok(conn) => conn,
+                Err(e) => {
+                    warn!(error = %e, "metrics: accept failed");
+                    continue;
+                }
+            };
+            let registry = Arc::clone(&registry);
+            tokio::spawn(async move {
+                let service = service_fn(move |request: Request<hyper::body::Incoming>| {
+                    let registry = Arc::clone(&registry);
+                    async move { Ok::<_, Infallible>(respond(&request, &registry)) }
+                });
+                if let Err(e) = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await
+                {
+                    debug!(%peer, error = %e, "metrics connection ended");
+                }
+            });
+        }
+    }))
+}
+
+fn respond(request: &Request<hyper::body::Incoming>, registry: &Registry) -> Response<Full<Bytes>> {
+    let (status, content_type, body) = if request.uri().path() == "/metrics" {
+        (
+            StatusCode::OK,
+            "text/plain; version=0.0.4",
+            render(registry),
+        )
+    } else {
+        (
+            StatusCode::NOT_FOUND,
+            "text/plain",
+            "not found: try /metrics\n".to_string(),
+        )
+    };
+    Response::builder()
+        .status(status)
+        .header("content-type", content_type)
+        .body(Full::new(Bytes::from(body)))
+        .expect("valid response")
+}
