@@ -4,10 +4,14 @@
 //! - [`testrun`]: the real program through BPF_PROG_TEST_RUN on a chosen CPU,
 //!   and its counters read back.
 //! - [`netns`]: network namespaces and veth pairs that always clean up.
+//! - [`lab`]: a sender and a receiver namespace joined by a veth pair.
+//! - [`daemon`]: the real `xdp-limiter` binary run, scraped and signalled.
 //!
 //! Everything here needs root and a BPF-capable kernel, and panics with
 //! context when it lacks them: tests never skip.
 
+pub mod daemon;
+pub mod lab;
 pub mod netns;
 pub mod packets;
 pub mod testrun;

@@ -56,6 +56,8 @@ pub fn run(cargo_test_args: &[String]) -> anyhow::Result<()> {
             ])
             .args(cargo_test_args),
     )?;
+    // The daemon tests run the real binary.
+    run::status(cargo().args(["build", "-p", "limiter-user", "--bin", "xdp-limiter"]))?;
     run::status(
         cargo()
             .args(["test", "-p", "limiter-tests"])

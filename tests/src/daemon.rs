@@ -1,0 +1,291 @@
+//! The real `xdp-limiter` binary as a daemon inside a lab's receiving
+//! namespace: start it, read its log, scrape its metrics over HTTP, signal
+//! it, and always stop it and remove its pins.
+
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    process::{Child, Command, ExitStatus, Stdio},
+    sync::atomic::{AtomicUsize, Ordering},
+    time::{Duration, Instant},
+};
+
+use nix::{sys::signal::Signal, unistd::Pid};
+
+use crate::netns::NetNs;
+
+static NEXT: AtomicUsize = AtomicUsize::new(0);
+
+/// The `xdp-limiter` binary: `$XDP_LIMITER_BIN`, else the workspace's
+/// debug build (`cargo xtask test` builds it before the tests).
+pub fn binary() -> PathBuf {
+    let path = std::env::var_os("XDP_LIMITER_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/debug/xdp-limiter")
+        });
+    assert!(
+        path.exists(),
+        "{} is missing: run `cargo build -p limiter-user` (cargo xtask test does)",
+        path.display()
+    );
+    path
+}
+
+/// A scratch directory for one daemon's files and a bpffs pin directory.
+pub struct Files {
+    pub dir: PathBuf,
+    pub pin_dir: PathBuf,
+}
+
+impl Files {
+    pub fn new() -> Self {
+        let id = format!(
+            "xlt-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        );
+        let dir = std::env::temp_dir().join(&id);
+        fs::create_dir_all(&dir).expect("create scratch dir");
+        Self {
+            dir,
+            pin_dir: PathBuf::from("/sys/fs/bpf").join(id),
+        }
+    }
+
+    pub fn config(&self) -> PathBuf {
+        self.dir.join("config.toml")
+    }
+
+    pub fn write_config(&self, text: &str) {
+        fs::write(self.config(), text).expect("write config");
+    }
+}
+
+impl Default for Files {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for Files {
+    fn drop(&mut self) {
+        // Whatever a test left pinned goes, so nothing stays attached.
+        let _ = Command::new(binary())
+            .args(["detach", "--pin-dir"])
+            .arg(&self.pin_dir)
+            .output();
+        let _ = fs::remove_dir_all(&self.pin_dir);
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A running daemon.
+pub struct Daemon {
+    child: Option<Child>,
+    log: PathBuf,
+    netns: String,
+}
+
+/// `xdp-limiter run` in `ns` (network namespace only, so it sees the
+/// host's bpffs) with `args`; stderr goes to a log file.
+fn spawn(ns: &NetNs, files: &Files, args: &[&str], log: &Path) -> Child {
+    let log_file = fs::File::create(log).expect("create log");
+    let mut cmd = Command::new("nsenter");
+    cmd.arg(format!("--net=/run/netns/{}", ns.name()))
+        .arg(binary())
+        .arg("run");
+    if !args.contains(&"--pin-dir") {
+        cmd.arg("--pin-dir").arg(&files.pin_dir);
+    }
+    cmd.args(args)
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log_file)
+        .spawn()
+        .expect("spawn xdp-limiter")
+}
+
+impl Daemon {
+    /// Starts `xdp-limiter run <args>` in `ns` and waits until its metrics
+    /// endpoint answers (panics with its log if it exits first).
+    pub fn start(ns: &NetNs, files: &Files, args: &[&str]) -> Self {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let log = files.dir.join(format!("daemon-{n}.log"));
+        let child = spawn(ns, files, args, &log);
+        let mut daemon = Self {
+            child: Some(child),
+            log,
+            netns: ns.name().to_string(),
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(status) = daemon
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                panic!(
+                    "xdp-limiter exited ({status}) during start-up:\n{}",
+                    daemon.log()
+                );
+            }
+            if daemon.try_metrics().is_some() {
+                return daemon;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "xdp-limiter never served metrics:\n{}",
+                daemon.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Runs `xdp-limiter run <args>` expecting it to fail at start-up;
+    /// returns its exit status and log.
+    pub fn start_failing(ns: &NetNs, files: &Files, args: &[&str]) -> (ExitStatus, String) {
+        let log = files.dir.join("failing.log");
+        let mut child = spawn(ns, files, args, &log);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(status) = child.try_wait().expect("wait") {
+                return (status, fs::read_to_string(&log).unwrap_or_default());
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!(
+                    "xdp-limiter kept running:\n{}",
+                    fs::read_to_string(&log).unwrap_or_default()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn log(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits (bounded) until the log contains `needle`.
+    pub fn wait_log(&self, needle: &str) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !self.log().contains(needle) {
+            assert!(
+                Instant::now() < deadline,
+                "log never said {needle:?}:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn pid(&self) -> Pid {
+        Pid::from_raw(self.child.as_ref().expect("running").id() as i32)
+    }
+
+    pub fn signal(&self, signal: Signal) {
+        nix::sys::signal::kill(self.pid(), signal).expect("signal the daemon");
+    }
+
+    /// SIGKILL: the daemon gets no chance to clean up.
+    pub fn kill(mut self) {
+        self.signal(Signal::SIGKILL);
+        self.child.take().expect("running").wait().expect("reap");
+    }
+
+    /// SIGTERM and wait; returns the exit status.
+    pub fn stop(mut self) -> ExitStatus {
+        self.signal(Signal::SIGTERM);
+        self.wait_exit()
+    }
+
+    fn wait_exit(&mut self) -> ExitStatus {
+        let mut child = self.child.take().expect("running");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(status) = child.try_wait().expect("wait") {
+                return status;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("xdp-limiter ignored SIGTERM:\n{}", self.log());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// A real HTTP scrape of /metrics inside the daemon's namespace.
+    fn try_metrics(&self) -> Option<String> {
+        let ns = format!("/run/netns/{}", self.netns);
+        std::thread::scope(|scope| {
+            scope
+                .spawn(|| {
+                    let file = fs::File::open(&ns).ok()?;
+                    nix::sched::setns(file, nix::sched::CloneFlags::CLONE_NEWNET).ok()?;
+                    ureq::get("http://127.0.0.1:9470/metrics")
+                        .timeout(Duration::from_secs(2))
+                        .call()
+                        .ok()?
+                        .into_string()
+                        .ok()
+                })
+                .join()
+                .ok()
+                .flatten()
+        })
+    }
+
+    pub fn metrics(&self) -> String {
+        self.try_metrics()
+            .unwrap_or_else(|| panic!("scraping /metrics failed:\n{}", self.log()))
+    }
+
+    /// The value of one series (`name{labels}` exactly as exposed).
+    pub fn metric(&self, series: &str) -> Option<f64> {
+        parse_metric(&self.metrics(), series)
+    }
+
+    /// Waits (bounded) until `series` satisfies `ok`; returns its value.
+    pub fn wait_metric(&self, series: &str, ok: impl Fn(f64) -> bool) -> f64 {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(value) = self.metric(series).filter(|v| ok(*v)) {
+                return value;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{series} never got there; last scrape:\n{}",
+                self.metrics()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if self.child.is_some() {
+            let _ = nix::sys::signal::kill(self.pid(), Signal::SIGTERM);
+            if let Some(mut child) = self.child.take() {
+                let deadline = Instant::now() + Duration::from_secs(5);
+                while child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+    }
+}
+
+/// The value of `series` in a Prometheus text exposition.
+pub fn parse_metric(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .filter(|line| !line.starts_with('#'))
+        .find_map(|line| {
+            let (name, value) = line.rsplit_once(' ')?;
+            (name == series).then(|| value.parse().ok()).flatten()
+        })
+}

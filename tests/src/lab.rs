@@ -1,0 +1,107 @@
+//! A two-host lab: namespace `tx` sends from several source addresses over
+//! a veth pair to namespace `rx`, where the program (or the daemon) guards
+//! `veth-rx`. IPv6 is off in both, so only the test's own traffic flows.
+
+use std::{
+    collections::BTreeMap,
+    net::{IpAddr, Ipv4Addr, SocketAddrV4, UdpSocket},
+    time::{Duration, Instant},
+};
+
+use crate::netns::{NetNs, Veth};
+
+/// The receiver's address.
+pub const RX_ADDR: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 1);
+/// The guarded interface in `rx`.
+pub const RX_IF: &str = "veth-rx";
+/// The sender's interface in `tx`.
+pub const TX_IF: &str = "veth-tx";
+
+pub struct Lab {
+    pub tx: NetNs,
+    pub rx: NetNs,
+    pub sources: Vec<Ipv4Addr>,
+}
+
+impl Lab {
+    /// A lab whose sender owns `sources` (addresses in 192.0.2.0/24).
+    pub fn new(sources: &[Ipv4Addr]) -> Self {
+        let tx = NetNs::new("tx");
+        let rx = NetNs::new("rx");
+        for ns in [&tx, &rx] {
+            ns.sysctl("net.ipv6.conf.all.disable_ipv6", "1");
+            ns.sysctl("net.ipv6.conf.default.disable_ipv6", "1");
+        }
+        Veth::connect(&tx, TX_IF, &rx, RX_IF);
+        for source in sources {
+            tx.ip(&["addr", "add", &format!("{source}/24"), "dev", TX_IF]);
+        }
+        rx.ip(&["addr", "add", &format!("{RX_ADDR}/24"), "dev", RX_IF]);
+        Self {
+            tx,
+            rx,
+            sources: sources.to_vec(),
+        }
+    }
+
+    /// A UDP socket in `rx` on `port`.
+    pub fn receiver(&self, port: u16) -> UdpSocket {
+        let socket = self.rx.enter(|| {
+            UdpSocket::bind(SocketAddrV4::new(RX_ADDR, port)).expect("bind receiver in rx")
+        });
+        socket
+            .set_read_timeout(Some(Duration::from_millis(200)))
+            .expect("set timeout");
+        socket
+    }
+
+    /// Sends `count` datagrams of `payload` bytes from `source` to `port`.
+    pub fn send(&self, source: Ipv4Addr, port: u16, count: usize, payload: usize) {
+        self.tx.enter(|| {
+            let socket = UdpSocket::bind(SocketAddrV4::new(source, 0)).expect("bind sender in tx");
+            let data = vec![7u8; payload];
+            for _ in 0..count {
+                socket
+                    .send_to(&data, SocketAddrV4::new(RX_ADDR, port))
+                    .expect("send");
+            }
+        });
+    }
+
+    /// Sends `count` datagrams from `source`, then one "marker" datagram
+    /// from `marker` (a source under its limit); returns once the marker
+    /// arrives, with what arrived per source. Frames on one veth are
+    /// handled in order, so everything sent before the marker has been
+    /// judged by then.
+    pub fn exchange(
+        &self,
+        receiver: &UdpSocket,
+        port: u16,
+        sends: &[(Ipv4Addr, usize)],
+        marker: Ipv4Addr,
+    ) -> BTreeMap<Ipv4Addr, usize> {
+        for (source, count) in sends {
+            self.send(*source, port, *count, 64);
+        }
+        self.send(marker, port, 1, 1);
+        let mut got = BTreeMap::new();
+        let mut buf = [0u8; 2048];
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            assert!(
+                Instant::now() < deadline,
+                "the marker from {marker} never arrived: {got:?}"
+            );
+            let Ok((len, from)) = receiver.recv_from(&mut buf) else {
+                continue;
+            };
+            let IpAddr::V4(from) = from.ip() else {
+                continue;
+            };
+            if from == marker && len == 1 {
+                return got;
+            }
+            *got.entry(from).or_insert(0) += 1;
+        }
+    }
+}

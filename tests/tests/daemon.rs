@@ -1,0 +1,413 @@
+//! The real `xdp-limiter run` in a netns lab: enforcement seen by a real
+//! receiver and by a real HTTP scrape of /metrics, survival of SIGKILL,
+//! adoption and in-place replacement, live reload, and clear errors.
+
+use std::{
+    net::Ipv4Addr,
+    process::Command,
+    sync::atomic::{AtomicBool, Ordering},
+    time::Duration,
+};
+
+use aya::programs::{Xdp, XdpMode};
+use limiter_tests::{
+    daemon::{binary, Daemon, Files},
+    lab::{Lab, RX_IF},
+};
+use nix::sys::signal::Signal;
+
+/// Always under its limit (an `allow` rule): its datagram marks the end
+/// of an exchange.
+const MARKER: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 2);
+const HEAVY: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 3);
+const MEDIUM: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 4);
+const PORT: u16 = 7000;
+
+/// 2 pps over a 10 s window: an allowance of 20 frames, long enough that a
+/// test's exchanges all fall in one window.
+fn config(pps: u64) -> String {
+    format!(
+        r#"
+[daemon]
+tick = "100ms"
+
+[default]
+pps = {pps}
+window = "10s"
+dry_run = false
+
+[[rules]]
+cidr = "{MARKER}/32"
+action = "allow"
+"#
+    )
+}
+
+fn lab() -> Lab {
+    Lab::new(&[MARKER, HEAVY, MEDIUM])
+}
+
+fn series(name: &str, outcome: &str) -> String {
+    format!("{name}{{interface=\"{RX_IF}\",outcome=\"{outcome}\"}}")
+}
+
+/// The id of the XDP program on the lab's guarded interface, if any.
+fn attached_program(lab: &Lab) -> Option<u32> {
+    let out = lab.rx.ip(&["-details", "link", "show", RX_IF]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let at = text.find("prog/xdp id ")?;
+    text[at + "prog/xdp id ".len()..]
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+fn start(lab: &Lab, files: &Files, extra: &[&str]) -> Daemon {
+    let config = files.config();
+    let mut args = vec!["-i", RX_IF, "-c", config.to_str().expect("utf-8 path")];
+    args.extend_from_slice(extra);
+    Daemon::start(&lab.rx, files, &args)
+}
+
+#[test]
+fn the_daemon_enforces_limits_and_metrics_match_what_the_receiver_saw() {
+    let lab = lab();
+    let files = Files::new();
+    files.write_config(&config(2));
+    let daemon = start(&lab, &files, &[]);
+    assert!(daemon.log().contains("mode=\"native\""), "{}", daemon.log());
+    assert!(attached_program(&lab).is_some());
+
+    let receiver = lab.receiver(PORT);
+    let got = lab.exchange(&receiver, PORT, &[(HEAVY, 100), (MEDIUM, 15)], MARKER);
+    assert_eq!(
+        got.get(&HEAVY),
+        Some(&20),
+        "heavy capped at its allowance: {got:?}"
+    );
+    assert_eq!(
+        got.get(&MEDIUM),
+        Some(&15),
+        "medium under its limit: {got:?}"
+    );
+
+    let dropped = daemon.wait_metric(&series("xdp_limiter_packets_total", "dropped_limit"), |v| {
+        v >= 80.0
+    });
+    assert_eq!(dropped, 80.0);
+    let metrics = daemon.metrics();
+    let value = |s: &str| limiter_tests::daemon::parse_metric(&metrics, s);
+    assert_eq!(
+        value(&series("xdp_limiter_packets_total", "passed")),
+        Some(35.0)
+    );
+    assert_eq!(
+        value(&series("xdp_limiter_packets_total", "allowed")),
+        Some(1.0)
+    );
+    assert_eq!(
+        value(&format!(
+            "xdp_limiter_rule_dropped_packets_total{{interface=\"{RX_IF}\",rule=\"default\"}}"
+        )),
+        Some(80.0)
+    );
+    assert_eq!(
+        value(&format!(
+            "xdp_limiter_tracked_sources{{interface=\"{RX_IF}\"}}"
+        )),
+        Some(3.0)
+    );
+    assert_eq!(
+        value(&format!("xdp_limiter_rules{{interface=\"{RX_IF}\"}}")),
+        Some(2.0)
+    );
+    assert!(value("xdp_limiter_aggregation_duration_seconds_count").is_some_and(|n| n >= 1.0));
+    assert!(
+        metrics.contains("xdp_limiter_build_info{version=\""),
+        "{metrics}"
+    );
+    // Bytes: every frame is 14 + 20 + 8 + 64 bytes.
+    assert_eq!(
+        value(&series("xdp_limiter_bytes_total", "dropped_limit")),
+        Some(80.0 * 106.0)
+    );
+
+    let status = daemon.stop();
+    assert!(status.success(), "clean shutdown: {status}");
+    assert_eq!(attached_program(&lab), None, "detached on shutdown");
+    assert!(!files.pin_dir.join(RX_IF).exists(), "pins removed");
+}
+
+#[test]
+fn after_sigkill_protection_continues_and_a_new_daemon_adopts_pins_and_counters() {
+    let lab = lab();
+    let files = Files::new();
+    files.write_config(&config(2));
+    let receiver = lab.receiver(PORT);
+    let first = start(&lab, &files, &[]);
+    let got = lab.exchange(&receiver, PORT, &[(HEAVY, 30)], MARKER);
+    assert_eq!(got.get(&HEAVY), Some(&20));
+    let program = attached_program(&lab).expect("attached");
+    first.kill();
+
+    let got = lab.exchange(&receiver, PORT, &[(HEAVY, 10)], MARKER);
+    assert_eq!(
+        got.get(&HEAVY),
+        None,
+        "still enforced with no daemon: {got:?}"
+    );
+    assert_eq!(
+        attached_program(&lab),
+        Some(program),
+        "the pinned link kept it attached"
+    );
+
+    let second = start(&lab, &files, &[]);
+    second.wait_log("adopted the pinned link");
+    let replaced = attached_program(&lab).expect("attached");
+    assert_ne!(
+        replaced, program,
+        "the new daemon's program replaced the old one"
+    );
+    let got = lab.exchange(&receiver, PORT, &[(HEAVY, 5)], MARKER);
+    assert_eq!(got.get(&HEAVY), None, "the window survived: {got:?}");
+    // 10 + 10 + 5 drops: the counters continued across daemons.
+    second.wait_metric(&series("xdp_limiter_packets_total", "dropped_limit"), |v| {
+        v == 25.0
+    });
+}
+
+#[test]
+fn an_upgrade_in_place_lets_no_over_limit_frame_through() {
+    let lab = lab();
+    let files = Files::new();
+    files.write_config(&config(2));
+    let receiver = lab.receiver(PORT);
+    let old = start(&lab, &files, &["--keep-attached"]);
+    let got = lab.exchange(&receiver, PORT, &[(HEAVY, 25)], MARKER);
+    assert_eq!(got.get(&HEAVY), Some(&20));
+    let old_program = attached_program(&lab).expect("attached");
+
+    // Flood from the over-limit source while the old daemon stops (keeping
+    // the program attached) and the new one takes over.
+    let flooding = AtomicBool::new(true);
+    let sent = std::thread::scope(|scope| {
+        let flood = scope.spawn(|| {
+            let mut sent = 0;
+            while flooding.load(Ordering::Relaxed) {
+                lab.send(HEAVY, PORT, 20, 64);
+                sent += 20;
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            sent
+        });
+        assert!(old.stop().success());
+        assert_eq!(
+            attached_program(&lab),
+            Some(old_program),
+            "--keep-attached kept it"
+        );
+        let new = start(&lab, &files, &[]);
+        new.wait_log("adopted the pinned link");
+        flooding.store(false, Ordering::Relaxed);
+        let sent = flood.join().expect("flood thread");
+        assert_ne!(
+            attached_program(&lab),
+            Some(old_program),
+            "program replaced"
+        );
+        drop(new);
+        sent
+    });
+    assert!(sent > 100, "the flood ran through the swap ({sent} frames)");
+    let got = lab.exchange(&receiver, PORT, &[], MARKER);
+    assert_eq!(
+        got.get(&HEAVY),
+        None,
+        "{sent} frames sent during the swap, none may pass: {got:?}"
+    );
+}
+
+#[test]
+fn sighup_changes_limits_live_and_a_broken_file_keeps_the_running_ones() {
+    let lab = lab();
+    let files = Files::new();
+    files.write_config(&config(2));
+    let receiver = lab.receiver(PORT);
+    let daemon = start(&lab, &files, &[]);
+    let got = lab.exchange(&receiver, PORT, &[(HEAVY, 30)], MARKER);
+    assert_eq!(got.get(&HEAVY), Some(&20));
+
+    files.write_config(&config(5)); // allowance 50
+    daemon.signal(Signal::SIGHUP);
+    daemon.wait_log("configuration reloaded");
+    let got = lab.exchange(&receiver, PORT, &[(HEAVY, 40)], MARKER);
+    assert_eq!(
+        got.get(&HEAVY),
+        Some(&30),
+        "50 in the window now, 20 already used"
+    );
+
+    files.write_config("[default]\npps = \"lots\"\n");
+    daemon.signal(Signal::SIGHUP);
+    daemon.wait_log("configuration rejected");
+    let log = daemon.log();
+    let rejection = log
+        .lines()
+        .find(|l| l.contains("configuration rejected"))
+        .expect("logged");
+    assert!(
+        rejection.contains("pps") && rejection.contains("lots"),
+        "names field and value: {rejection}"
+    );
+    let got = lab.exchange(&receiver, PORT, &[(HEAVY, 10)], MARKER);
+    assert_eq!(
+        got.get(&HEAVY),
+        None,
+        "the running limit (50) stays in force: {got:?}"
+    );
+}
+
+/// The single `error:` line a failed start printed.
+#[track_caller]
+fn one_error_line(log: &str) -> String {
+    let errors: Vec<&str> = log.lines().filter(|l| l.starts_with("error:")).collect();
+    assert_eq!(errors.len(), 1, "exactly one error line:\n{log}");
+    assert!(
+        !log.contains("panicked") && !log.contains("backtrace"),
+        "no panic:\n{log}"
+    );
+    errors[0].to_string()
+}
+
+#[test]
+fn bad_interfaces_files_and_arguments_get_one_clear_error() {
+    let lab = lab();
+    let files = Files::new();
+
+    let (status, log) = Daemon::start_failing(&lab.rx, &files, &["-i", "nope0"]);
+    assert_eq!(status.code(), Some(1));
+    assert!(one_error_line(&log).contains("no such interface: nope0"));
+
+    files.write_config("[[rules]]\npps = 5\n");
+    let config = files.config();
+    let (status, log) = Daemon::start_failing(
+        &lab.rx,
+        &files,
+        &["-i", RX_IF, "-c", config.to_str().unwrap()],
+    );
+    assert_eq!(status.code(), Some(1));
+    assert!(one_error_line(&log).contains("rules[0].cidr: missing"));
+
+    let (status, log) = Daemon::start_failing(&lab.rx, &files, &["-i", RX_IF, "--pin-dir", "/tmp"]);
+    assert_eq!(status.code(), Some(1));
+    assert!(one_error_line(&log).contains("/tmp is not on a bpffs"));
+
+    let (status, log) = Daemon::start_failing(&lab.rx, &files, &["-i", RX_IF, "--mode", "turbo"]);
+    assert_eq!(status.code(), Some(2), "usage error");
+    assert!(log.contains("invalid value 'turbo'"), "{log}");
+
+    // lo has no native XDP: native mode refuses, auto falls back.
+    let (status, log) = Daemon::start_failing(&lab.rx, &files, &["-i", "lo", "--mode", "native"]);
+    assert_eq!(status.code(), Some(1));
+    assert!(one_error_line(&log).contains("attaching to lo in native mode"));
+    let daemon = Daemon::start(&lab.rx, &files, &["-i", "lo"]);
+    assert!(
+        daemon.log().contains("falling back to generic mode"),
+        "{}",
+        daemon.log()
+    );
+    assert!(
+        daemon.log().contains("mode=\"generic\""),
+        "{}",
+        daemon.log()
+    );
+    drop(daemon);
+
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(binary())
+        .args(["run", "-i", "lo"])
+        .output()
+        .expect("run setpriv");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(one_error_line(&String::from_utf8_lossy(&out.stderr)).contains("needs root"));
+}
+
+#[test]
+fn an_interface_with_someone_elses_program_is_left_alone() {
+    let lab = lab();
+    let files = Files::new();
+    let mut other = aya::EbpfLoader::new()
+        .load(limiter_user::object::BASELINE_OBJECT)
+        .expect("load another program");
+    let program: &mut Xdp = other
+        .program_mut("xdp_baseline")
+        .expect("program")
+        .try_into()
+        .expect("XDP");
+    program.load().expect("verify");
+    lab.rx.enter(|| {
+        program
+            .attach(RX_IF, XdpMode::Driver)
+            .expect("attach the other program")
+    });
+    let theirs = attached_program(&lab).expect("their program");
+
+    let (status, log) = Daemon::start_failing(&lab.rx, &files, &["-i", RX_IF]);
+    assert_eq!(status.code(), Some(1));
+    assert!(
+        one_error_line(&log).contains("already has an XDP program that xdp-limiter did not attach"),
+        "{log}"
+    );
+    assert_eq!(
+        attached_program(&lab),
+        Some(theirs),
+        "their program untouched"
+    );
+}
+
+#[test]
+fn a_missing_bpffs_is_mounted() {
+    let lab = lab();
+    let files = Files::new();
+    let log = files.dir.join("unshare.log");
+    // A private mount namespace where /sys/fs/bpf is not mounted.
+    let script = format!(
+        "umount /sys/fs/bpf 2>/dev/null; grep -q ' /sys/fs/bpf bpf ' /proc/self/mounts && exit 90; \
+         exec nsenter --net=/run/netns/{ns} {bin} run -i {RX_IF} --pin-dir /sys/fs/bpf/xlt-unshare 2>{log}",
+        ns = lab.rx.name(),
+        bin = binary().display(),
+        log = log.display(),
+    );
+    let mut child = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c", &script])
+        .spawn()
+        .expect("unshare");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if text.contains("protecting") {
+            assert!(text.contains("mounting bpffs"), "{text}");
+            break;
+        }
+        if let Some(status) = child.try_wait().expect("wait") {
+            panic!("the daemon exited ({status}):\n{text}");
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never started:\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(attached_program(&lab).is_some());
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        Signal::SIGTERM,
+    )
+    .expect("signal");
+    let status = child.wait().expect("wait");
+    assert!(status.success(), "{status}");
+    assert_eq!(attached_program(&lab), None);
+}
