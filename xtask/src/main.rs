@@ -5,6 +5,7 @@
 
 mod bench;
 mod build;
+mod demo;
 mod run;
 mod setup;
 mod test;
@@ -29,6 +30,9 @@ enum Command {
         #[arg(long)]
         debug: bool,
     },
+    /// The main job: a throwaway netns lab, the daemon in enforce mode, a
+    /// mix of light and heavy senders, live per-source results and metrics.
+    Demo,
     /// Benchmarks that print comparable figures against a baseline measured
     /// in the same run.
     Bench {
@@ -50,6 +54,10 @@ fn main() -> anyhow::Result<()> {
         Command::Build { debug } => {
             setup::run()?;
             build::run(!debug)
+        }
+        Command::Demo => {
+            setup::run()?;
+            demo::run()
         }
         Command::Bench { which } => {
             setup::run()?;

@@ -497,6 +497,15 @@ mod tests {
     }
 
     #[test]
+    fn the_shipped_example_is_valid() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../dist/config.toml");
+        let config = Config::load(&path).expect("dist/config.toml is valid");
+        assert_eq!(config.daemon.interfaces, vec!["eth0".to_string()]);
+        assert!(!config.rules.default.dry_run);
+        assert_eq!(config.rules.rules.len(), 2);
+    }
+
+    #[test]
     fn ports_parse() {
         assert_eq!(parse_ports("53"), Some((53, 53)));
         assert_eq!(parse_ports("1000-2000"), Some((1000, 2000)));
