@@ -9,12 +9,14 @@
 //! host tests.
 #![no_std]
 
+pub mod event;
 pub mod keys;
 pub mod rules;
 pub mod state;
 pub mod stats;
 pub mod window;
 
+pub use event::LimitEvent;
 pub use keys::{prefix_mask, AddressFamily, SourceKey};
 pub use rules::{Action, Config, Rule, RuleRefs, TrafficClass};
 pub use state::{SourceTraffic, WindowState};
@@ -43,6 +45,8 @@ pub mod names {
     pub const PREFIXES_V6: &str = "PREFIXES_V6";
     /// Frames dropped (or would-be dropped) per `RULES` index, per CPU.
     pub const RULE_DROPS: &str = "RULE_DROPS";
+    /// Ring buffer of `LimitEvent`s.
+    pub const EVENTS: &str = "EVENTS";
 }
 
 /// Default capacity of the per-source state maps; userspace sets the real
@@ -61,4 +65,5 @@ mod pod {
     unsafe impl aya::Pod for super::Config {}
     unsafe impl aya::Pod for super::Rule {}
     unsafe impl aya::Pod for super::RuleRefs {}
+    unsafe impl aya::Pod for super::LimitEvent {}
 }

@@ -32,7 +32,10 @@ pub struct SourceTraffic {
     pub hold_until_ns: u64,
     /// Frames of allowance this CPU leased for the bucket of `window`.
     pub lease_left: u32,
+    /// Explicit padding; always zero.
     pub _pad: u32,
+    /// When this CPU last refused the source (ns); 0 = never.
+    pub last_refused_ns: u64,
     /// This CPU's view of the source's older buckets.
     pub window: WindowCache,
 }
@@ -192,7 +195,7 @@ mod tests {
         let cache = 9 * 8;
         assert_eq!(
             core::mem::size_of::<SourceTraffic>(),
-            8 + 4 * 16 + 4 + 4 + 8 + 4 + 4 + cache
+            8 + 4 * 16 + 4 + 4 + 8 + 4 + 4 + 8 + cache
         );
         assert_eq!(core::mem::size_of::<WindowState>(), RING * 16 + 8 + 8);
     }

@@ -55,11 +55,14 @@ pub enum Outcome {
     /// A state map refused a new source; the frame was judged without
     /// per-source state (limit rules fail closed).
     InsertFailure = 8,
+    /// A "source limited" event was not sent: over the per-CPU event rate
+    /// or the ring buffer was full (the frame counts here with no verdict).
+    EventDropped = 9,
 }
 
 impl Outcome {
     /// Number of outcomes: the `STATS` array length.
-    pub const COUNT: u32 = 9;
+    pub const COUNT: u32 = 10;
 
     /// Every outcome, in index order.
     pub const ALL: [Outcome; Self::COUNT as usize] = [
@@ -72,6 +75,7 @@ impl Outcome {
         Outcome::Malformed,
         Outcome::NewSource,
         Outcome::InsertFailure,
+        Outcome::EventDropped,
     ];
 
     /// Stable snake_case name, used in logs and metrics labels.
@@ -86,13 +90,17 @@ impl Outcome {
             Outcome::Malformed => "malformed",
             Outcome::NewSource => "new_source",
             Outcome::InsertFailure => "insert_failure",
+            Outcome::EventDropped => "event_dropped",
         }
     }
 
     /// Whether this outcome is a frame verdict (each frame counts under
     /// exactly one) rather than a state-map event.
     pub const fn is_verdict(self) -> bool {
-        !matches!(self, Outcome::NewSource | Outcome::InsertFailure)
+        !matches!(
+            self,
+            Outcome::NewSource | Outcome::InsertFailure | Outcome::EventDropped
+        )
     }
 }
 

@@ -14,9 +14,11 @@ use aya_ebpf::{
     maps::lpm_trie::Key,
 };
 use limiter_common::{
+    event::EPISODE_GAP_NS,
     rules::NO_RULE,
     window::{self, Admission, WindowCache, WindowParams},
-    Action, AddressFamily, Config, Outcome, Rule, SourceKey, SourceTraffic, WindowState,
+    Action, AddressFamily, Config, LimitEvent, Outcome, Rule, SourceKey, SourceTraffic,
+    WindowState,
 };
 
 use crate::{
@@ -84,6 +86,20 @@ pub fn judge(packet: &Packet, len: u64) -> Verdict {
     if verdict.outcome != Outcome::Passed && verdict.outcome != Outcome::Allowed {
         traffic.dropped.add(len);
         maps::count_rule_drop(traffic.rule);
+        if now.wrapping_sub(traffic.last_refused_ns) > EPISODE_GAP_NS
+            || traffic.last_refused_ns == 0
+        {
+            // A new episode of refusals: tell the daemon.
+            let event = LimitEvent {
+                key,
+                rule: traffic.rule,
+                at_ns: now,
+                dry_run: u8::from(verdict.outcome == Outcome::DryRunWouldDrop),
+                _pad: [0; 7],
+            };
+            maps::send_event(&event, now / 1_000_000_000);
+        }
+        traffic.last_refused_ns = now;
     }
     verdict
 }

@@ -6,11 +6,11 @@
 
 use aya_ebpf::{
     macros::map,
-    maps::{Array, LpmTrie, LruHashMap, LruPerCpuHashMap, PerCpuArray},
+    maps::{Array, LpmTrie, LruHashMap, LruPerCpuHashMap, PerCpuArray, RingBuf},
 };
 use limiter_common::{
-    rules::RULE_SLOTS, Config, Counter, Outcome, Rule, RuleRefs, SourceKey, SourceTraffic,
-    WindowState, DEFAULT_MAX_SOURCES,
+    event::EVENTS_PER_CPU_PER_SECOND, rules::RULE_SLOTS, Config, Counter, LimitEvent, Outcome,
+    Rule, RuleRefs, SourceKey, SourceTraffic, WindowState, DEFAULT_MAX_SOURCES,
 };
 
 /// Offered traffic per source, one slot per CPU so counting never shares a
@@ -57,6 +57,33 @@ pub fn count_rule_drop(index: u32) {
         // SAFETY: this CPU's slot of an array element.
         unsafe { *drops += 1 };
     }
+}
+
+/// "Source limited" events for the daemon's log.
+#[map(name = "EVENTS")]
+pub static EVENTS: RingBuf = RingBuf::with_byte_size(64 * 1024, 0);
+
+/// Per CPU: `[second, events sent in it]`, the events' rate limit.
+#[map(name = "EVENT_BUDGET")]
+pub static EVENT_BUDGET: PerCpuArray<[u64; 2]> = PerCpuArray::with_max_entries(1, 0);
+
+/// Sends `event` unless this CPU already sent its share this second or
+/// the ring is full (then counts `event_dropped`).
+#[inline(always)]
+pub fn send_event(event: &LimitEvent, second: u64) {
+    let Some(budget) = EVENT_BUDGET.get_ptr_mut(0) else {
+        return;
+    };
+    // SAFETY: this CPU's slot of an array element.
+    let budget = unsafe { &mut *budget };
+    if budget[0] != second {
+        *budget = [second, 0];
+    }
+    if budget[1] >= EVENTS_PER_CPU_PER_SECOND || EVENTS.output::<LimitEvent>(event, 0).is_err() {
+        count(Outcome::EventDropped, 0);
+        return;
+    }
+    budget[1] += 1;
 }
 
 /// Counts one frame of `len` bytes under `outcome` on this CPU.

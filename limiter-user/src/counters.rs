@@ -20,6 +20,8 @@ pub enum CountersError {
         #[source]
         source: MapError,
     },
+    #[error("batched map read: {0}")]
+    Io(#[source] std::io::Error),
 }
 
 fn map<'a>(ebpf: &'a Ebpf, name: &'static str) -> Result<&'a aya::maps::Map, CountersError> {

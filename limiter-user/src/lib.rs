@@ -5,6 +5,7 @@
 //! The `xdp-limiter` binary (src/main.rs) and the integration tests both
 //! build on this library.
 
+pub mod batch;
 pub mod counters;
 pub mod daemon;
 pub mod display;

@@ -517,3 +517,50 @@ fn ipv4_sources_can_be_keyed_by_a_shorter_prefix() {
         "{keys:?}"
     );
 }
+
+/// The limit events waiting in the ring buffer.
+fn drain_events(harness: &mut Harness) -> Vec<limiter_common::LimitEvent> {
+    let map = harness
+        .ebpf_mut()
+        .map_mut(limiter_common::names::EVENTS)
+        .expect("EVENTS");
+    let mut ring = aya::maps::RingBuf::try_from(map).expect("a ring buffer");
+    let mut events = Vec::new();
+    while let Some(item) = ring.next() {
+        events.push(limiter_user::daemon::events::parse(&item).expect("an event"));
+    }
+    events
+}
+
+#[test]
+fn one_event_per_episode_of_refusals_and_a_bounded_rate() {
+    let mut set = default_limit(5);
+    set.rules
+        .push(RuleSpec::with_action(net("203.0.113.0/24"), Action::Deny));
+    let mut harness = harness_with(&set);
+    assert_eq!(harness.offer(0, &udp([192, 0, 2, 40]), 12), (5, 7));
+    let events = drain_events(&mut harness);
+    assert_eq!(events.len(), 1, "seven refusals, one episode: {events:?}");
+    assert_eq!(events[0].key, SourceKey::v4([192, 0, 2, 40]));
+    assert_eq!(events[0].rule, 256, "the default rule of generation 1");
+    assert_eq!(events[0].dry_run, 0);
+
+    // A spoofed flood of denied sources: at most 64 events per CPU and
+    // second, the rest counted.
+    for i in 0..100u8 {
+        assert_eq!(harness.offer(1, &udp([203, 0, 113, i]), 1), (0, 1));
+    }
+    let events = drain_events(&mut harness);
+    let dropped = harness.outcome_total(Outcome::EventDropped).packets;
+    assert!(
+        events.len() <= 2 * 64,
+        "rate-limited: {} events",
+        events.len()
+    );
+    assert_eq!(
+        events.len() as u64 + dropped,
+        100,
+        "every episode sent or counted"
+    );
+    assert!(events.iter().all(|e| e.key.addr[..3] == [203, 0, 113]));
+}

@@ -13,11 +13,15 @@ pub enum Which {
     /// ns per packet through BPF_PROG_TEST_RUN: limiter cases against a
     /// baseline program (same parsing, one per-CPU LRU counter).
     Xdp,
+    /// One daemon aggregation pass over 1,000,000 sources (time, CPU,
+    /// memory) against reading the map key by key.
+    Aggregate,
 }
 
 pub fn run(which: Which) -> anyhow::Result<()> {
     let bin = match which {
         Which::Xdp => "bench-xdp",
+        Which::Aggregate => "bench-aggregate",
     };
     run::status(
         Command::new("cargo")

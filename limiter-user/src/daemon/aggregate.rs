@@ -2,10 +2,14 @@
 //! across CPUs, tracked and limited sources, and the heaviest sources by
 //! offered rate over the last complete second.
 
-use std::{collections::BTreeSet, time::Duration};
+use std::{
+    cmp::Reverse,
+    collections::{BTreeSet, BinaryHeap, HashMap},
+    time::Duration,
+};
 
 use aya::{
-    maps::{MapData, PerCpuArray, PerCpuHashMap},
+    maps::{MapData, PerCpuArray},
     Ebpf,
 };
 use limiter_common::{names, Counter, Outcome, SourceKey, SourceTraffic};
@@ -43,7 +47,7 @@ pub fn kernel_now() -> Duration {
     Duration::new(ts.tv_sec() as u64, ts.tv_nsec() as u32)
 }
 
-/// Reads everything once.
+/// Reads everything once; the per-source map in batches.
 pub fn pass(ebpf: &Ebpf, top_k: usize) -> Result<Snapshot, CountersError> {
     let now = kernel_now();
     let now_ns = now.as_nanos() as u64;
@@ -57,40 +61,48 @@ pub fn pass(ebpf: &Ebpf, top_k: usize) -> Result<Snapshot, CountersError> {
     let map = ebpf
         .map(names::SOURCES)
         .ok_or(CountersError::MissingMap(names::SOURCES))?;
-    let sources =
-        PerCpuHashMap::<&MapData, SourceKey, SourceTraffic>::try_from(map).map_err(|source| {
-            CountersError::Map {
-                map: names::SOURCES,
-                source,
-            }
-        })?;
+    let fd = crate::batch::hash_map_fd(map).ok_or(CountersError::MissingMap(names::SOURCES))?;
+    let cpus = aya::util::nr_cpus().map_err(|(_, e)| CountersError::Io(e))?;
     let mut snapshot = Snapshot {
         outcomes,
         ..Snapshot::default()
     };
-    let mut rates: Vec<SourceRate> = Vec::new();
-    for entry in sources.iter() {
-        let Ok((key, per_cpu)) = entry else {
-            // An entry evicted between listing and reading: skip it.
-            continue;
-        };
+    // Keep only the heaviest `top_k` while streaming through the map.
+    let mut heaviest: BinaryHeap<Reverse<(u64, SourceKey)>> = BinaryHeap::new();
+    let mut rates: HashMap<SourceKey, SourceRate> = HashMap::new();
+    crate::batch::for_each_per_cpu::<SourceKey, SourceTraffic>(fd, cpus, |key, per_cpu| {
         snapshot.tracked_sources += 1;
         let mut rate = SourceRate {
-            key,
+            key: *key,
             offered: Counter::default(),
             dropped_total: Counter::default(),
             limited: false,
         };
-        for t in per_cpu.iter() {
+        for t in per_cpu {
             rate.offered = rate.offered.merged(t.last_second(now_second));
             rate.dropped_total = rate.dropped_total.merged(t.dropped);
             rate.limited |= t.hold_until_ns > now_ns;
         }
         if rate.limited {
-            snapshot.limited.insert(key);
+            snapshot.limited.insert(*key);
         }
-        rates.push(rate);
-    }
+        if top_k == 0 {
+            return;
+        }
+        let weight = rate.offered.packets;
+        if heaviest.len() < top_k {
+            heaviest.push(Reverse((weight, *key)));
+            rates.insert(*key, rate);
+        } else if heaviest.peek().is_some_and(|Reverse((w, _))| weight > *w) {
+            if let Some(Reverse((_, evicted))) = heaviest.pop() {
+                rates.remove(&evicted);
+            }
+            heaviest.push(Reverse((weight, *key)));
+            rates.insert(*key, rate);
+        }
+    })
+    .map_err(CountersError::Io)?;
+    let mut rates: Vec<SourceRate> = rates.into_values().collect();
     rates.sort_by_key(|r| std::cmp::Reverse(r.offered.packets));
     rates.truncate(top_k);
     snapshot.top = rates;

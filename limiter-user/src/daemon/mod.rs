@@ -7,6 +7,7 @@
 
 pub mod aggregate;
 pub mod config;
+pub mod events;
 pub mod load;
 pub mod metrics;
 
@@ -103,6 +104,24 @@ pub async fn run(options: RunOptions) -> anyhow::Result<()> {
         }
     }
 
+    let names: events::RuleNames =
+        std::sync::Arc::new(std::sync::RwLock::new(rule_names(&config, generation)));
+    let mut watchers = Vec::new();
+    for instance in &mut instances {
+        match instance
+            .ebpf
+            .take_map(limiter_common::names::EVENTS)
+            .map(aya::maps::RingBuf::try_from)
+        {
+            Some(Ok(ring)) => {
+                watchers.push(events::watch(instance.iface.clone(), ring, names.clone()))
+            }
+            _ => {
+                warn!(iface = %instance.iface, "no event ring buffer; limit events are not logged")
+            }
+        }
+    }
+
     let mut metrics = Metrics::new();
     let server = match metrics::serve(daemon.metrics_addr, metrics.registry.clone()).await {
         Ok(server) => server,
@@ -133,6 +152,9 @@ pub async fn run(options: RunOptions) -> anyhow::Result<()> {
             _ = hangup.recv() => {
                 if let Some(g) = reload(&options, &mut config, &mut instances) {
                     generation = g;
+                    if let Ok(mut names) = names.write() {
+                        *names = rule_names(&config, generation);
+                    }
                 }
             }
             _ = interrupt.recv() => { info!("SIGINT: stopping"); break; }
@@ -140,6 +162,9 @@ pub async fn run(options: RunOptions) -> anyhow::Result<()> {
         }
     }
     server.abort();
+    for watcher in watchers {
+        watcher.abort();
+    }
     shutdown(instances, daemon.keep_attached);
     Ok(())
 }
@@ -159,9 +184,8 @@ fn aggregate_one(
             return;
         }
     };
-    for key in snapshot.limited.difference(limited) {
-        info!(iface = %instance.iface, source = %crate::display::source(key), "source limited");
-    }
+    // "limited" comes from the kernel's events (events.rs); "released" is
+    // seen here: a source no CPU is refusing any more.
     for key in limited.difference(&snapshot.limited) {
         info!(iface = %instance.iface, source = %crate::display::source(key), "source released");
     }

@@ -1,0 +1,157 @@
+//! Batched reads and writes of hash maps through the raw `bpf(2)` commands
+//! `BPF_MAP_LOOKUP_BATCH` and `BPF_MAP_UPDATE_BATCH` (aya 0.14 wraps
+//! neither). Reading a million per-CPU entries one key at a time costs two
+//! syscalls per key; a batch of 4096 costs one.
+
+use std::{
+    io,
+    mem::{size_of, MaybeUninit},
+    os::fd::{AsFd, AsRawFd, BorrowedFd},
+};
+
+use aya::{maps::Map, Pod};
+
+const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
+const BPF_MAP_UPDATE_BATCH: libc::c_long = 26;
+
+/// Entries per batch.
+pub const BATCH: usize = 4096;
+
+/// The `batch` member of `union bpf_attr`.
+#[repr(C)]
+#[derive(Default)]
+struct BatchAttr {
+    in_batch: u64,
+    out_batch: u64,
+    keys: u64,
+    values: u64,
+    count: u32,
+    map_fd: u32,
+    elem_flags: u64,
+    flags: u64,
+}
+
+fn bpf(cmd: libc::c_long, attr: &mut BatchAttr) -> io::Result<()> {
+    // SAFETY: `attr` is a valid, initialised `bpf_attr.batch` whose buffer
+    // pointers the callers size for `count` entries; the kernel reads and
+    // writes only within them.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            cmd,
+            attr as *mut BatchAttr,
+            size_of::<BatchAttr>() as libc::c_uint,
+        )
+    };
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// The fd of a hash map of any flavour.
+pub fn hash_map_fd(map: &Map) -> Option<BorrowedFd<'_>> {
+    match map {
+        Map::HashMap(data)
+        | Map::LruHashMap(data)
+        | Map::PerCpuHashMap(data)
+        | Map::PerCpuLruHashMap(data) => Some(data.fd().as_fd()),
+        _ => None,
+    }
+}
+
+/// Bytes the kernel uses per CPU for a value of `V` in per-CPU maps.
+const fn per_cpu_stride<V>() -> usize {
+    size_of::<V>().div_ceil(8) * 8
+}
+
+/// Calls `each(key, per_cpu_values)` for every entry of a per-CPU hash
+/// map with `cpus` possible CPUs, `BATCH` entries per syscall. Returns the
+/// number of entries seen.
+pub fn for_each_per_cpu<K: Pod, V: Pod>(
+    fd: BorrowedFd<'_>,
+    cpus: usize,
+    mut each: impl FnMut(&K, &[V]),
+) -> io::Result<usize> {
+    assert_eq!(
+        per_cpu_stride::<V>(),
+        size_of::<V>(),
+        "values must be 8-byte multiples"
+    );
+    let mut keys: Vec<MaybeUninit<K>> = Vec::with_capacity(BATCH);
+    let mut values: Vec<MaybeUninit<V>> = Vec::with_capacity(BATCH * cpus);
+    // The batch token of hash maps is a u32 bucket index.
+    let mut token = [0u64; 1];
+    let mut next = [0u64; 1];
+    let mut first = true;
+    let mut seen = 0;
+    loop {
+        let mut attr = BatchAttr {
+            in_batch: if first { 0 } else { token.as_mut_ptr() as u64 },
+            out_batch: next.as_mut_ptr() as u64,
+            keys: keys.as_mut_ptr() as u64,
+            values: values.as_mut_ptr() as u64,
+            count: BATCH as u32,
+            map_fd: fd.as_raw_fd() as u32,
+            ..BatchAttr::default()
+        };
+        let result = bpf(BPF_MAP_LOOKUP_BATCH, &mut attr);
+        let done = match result {
+            Ok(()) => false,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => true,
+            Err(e) => return Err(e),
+        };
+        let count = attr.count as usize;
+        // SAFETY: the kernel initialised `count` keys and `count * cpus`
+        // values (`count` never exceeds what was asked for).
+        let (keys_done, values_done) = unsafe {
+            (
+                std::slice::from_raw_parts(keys.as_ptr().cast::<K>(), count),
+                std::slice::from_raw_parts(values.as_ptr().cast::<V>(), count * cpus),
+            )
+        };
+        for (key, per_cpu) in keys_done.iter().zip(values_done.chunks_exact(cpus)) {
+            each(key, per_cpu);
+        }
+        seen += count;
+        if done {
+            return Ok(seen);
+        }
+        token = next;
+        first = false;
+    }
+}
+
+/// Writes `entries` (key, one value per CPU) into a per-CPU hash map,
+/// `BATCH` per syscall.
+pub fn update_per_cpu<K: Pod, V: Pod>(
+    fd: BorrowedFd<'_>,
+    cpus: usize,
+    entries: &[(K, Vec<V>)],
+) -> io::Result<()> {
+    assert_eq!(
+        per_cpu_stride::<V>(),
+        size_of::<V>(),
+        "values must be 8-byte multiples"
+    );
+    for chunk in entries.chunks(BATCH) {
+        let keys: Vec<K> = chunk.iter().map(|(k, _)| *k).collect();
+        let values: Vec<V> = chunk
+            .iter()
+            .flat_map(|(_, v)| {
+                assert_eq!(v.len(), cpus, "one value per CPU");
+                v.iter().copied()
+            })
+            .collect();
+        let mut attr = BatchAttr {
+            keys: keys.as_ptr() as u64,
+            values: values.as_ptr() as u64,
+            count: chunk.len() as u32,
+            map_fd: fd.as_raw_fd() as u32,
+            ..BatchAttr::default()
+        };
+        bpf(BPF_MAP_UPDATE_BATCH, &mut attr)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,154 @@
+//! `cargo xtask bench aggregate`: one daemon aggregation pass over
+//! 1,000,000 tracked sources, against the baseline of reading the same map
+//! one key at a time (aya's iterator, two syscalls per key), in one run.
+//! Prints a table and one JSON line per case.
+
+use std::time::{Duration, Instant};
+
+use aya::maps::{MapData, PerCpuHashMap};
+use limiter_common::{names, Counter, SourceKey, SourceTraffic};
+use limiter_user::{
+    batch::{hash_map_fd, update_per_cpu},
+    daemon::aggregate::{kernel_now, pass},
+    LoadOptions,
+};
+
+const SOURCES: u32 = 1_000_000;
+const ROUNDS: usize = 3;
+
+/// User plus system CPU time of this process.
+fn cpu_time() -> Duration {
+    let usage = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_SELF)
+        .expect("getrusage");
+    let tv =
+        |t: nix::sys::time::TimeVal| Duration::new(t.tv_sec() as u64, t.tv_usec() as u32 * 1000);
+    tv(usage.user_time()) + tv(usage.system_time())
+}
+
+/// (current, peak) resident set size in MiB.
+fn rss_mib() -> (f64, f64) {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+            .unwrap_or(0.0)
+            / 1024.0
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+struct Measured {
+    wall: Duration,
+    cpu: Duration,
+}
+
+fn measure(mut f: impl FnMut()) -> Measured {
+    let (wall0, cpu0) = (Instant::now(), cpu_time());
+    f();
+    Measured {
+        wall: wall0.elapsed(),
+        cpu: cpu_time() - cpu0,
+    }
+}
+
+fn main() {
+    let cpus = aya::util::nr_cpus().expect("nr_cpus");
+    // LRU maps evict a little before they are full: leave headroom.
+    let ebpf = limiter_user::load(&LoadOptions {
+        max_sources: 1 << 20,
+    })
+    .expect("load the program (root and BPF needed)");
+    let map = ebpf.map(names::SOURCES).expect("SOURCES");
+    let fd = hash_map_fd(map).expect("hash map");
+    let second = kernel_now().as_secs();
+    // Fill in chunks so the filler's own memory stays small.
+    for chunk in 0..(SOURCES / 100_000) {
+        let entries: Vec<(SourceKey, Vec<SourceTraffic>)> = (0..100_000u32)
+            .map(|i| {
+                let n = chunk * 100_000 + i;
+                let key = if n % 4 == 0 {
+                    let mut addr = [0u8; 16];
+                    addr[..4].copy_from_slice(&[0x20, 0x01, 0x0d, 0xb8]);
+                    addr[4..8].copy_from_slice(&n.to_be_bytes());
+                    SourceKey::v6(addr)
+                } else {
+                    SourceKey::v4((0x0a00_0000 + n).to_be_bytes())
+                };
+                let traffic = SourceTraffic {
+                    second,
+                    current: Counter {
+                        packets: u64::from(n % 1000),
+                        bytes: u64::from(n % 1000) * 100,
+                    },
+                    previous: Counter {
+                        packets: u64::from(n % 997),
+                        bytes: u64::from(n % 997) * 100,
+                    },
+                    total: Counter {
+                        packets: u64::from(n),
+                        bytes: u64::from(n) * 100,
+                    },
+                    ..SourceTraffic::default()
+                };
+                (key, vec![traffic; cpus])
+            })
+            .collect();
+        update_per_cpu(fd, cpus, &entries).expect("fill");
+    }
+    let (rss_before, _) = rss_mib();
+
+    let mut batched = Vec::new();
+    let mut tracked = 0;
+    for _ in 0..ROUNDS {
+        batched.push(measure(|| {
+            let snapshot = pass(&ebpf, 20).expect("aggregation pass");
+            tracked = snapshot.tracked_sources;
+            assert_eq!(snapshot.top.len(), 20);
+        }));
+    }
+    let (rss_after, rss_peak) = rss_mib();
+    let per_key = measure(|| {
+        let sources =
+            PerCpuHashMap::<&MapData, SourceKey, SourceTraffic>::try_from(map).expect("map");
+        let mut n = 0u64;
+        for entry in sources.iter() {
+            let (_, values) = entry.expect("entry");
+            n += values.iter().map(|t| t.total.packets).sum::<u64>().min(1);
+        }
+        assert!(n > 0);
+    });
+    assert!(
+        tracked as u32 >= SOURCES * 99 / 100,
+        "only {tracked} sources stayed in the map"
+    );
+    batched.sort_by_key(|m| m.wall);
+    let median = &batched[ROUNDS / 2];
+
+    println!(
+        "aggregate bench: {tracked} sources x {cpus} CPUs ({} MB of per-CPU values per pass)",
+        tracked as usize * cpus * 168 / 1_000_000
+    );
+    println!("{:<28} {:>10} {:>10}", "case", "wall ms", "cpu ms");
+    println!(
+        "{:<28} {:>10.1} {:>10.1}",
+        "daemon pass (batched)",
+        median.wall.as_secs_f64() * 1e3,
+        median.cpu.as_secs_f64() * 1e3
+    );
+    println!(
+        "{:<28} {:>10.1} {:>10.1}",
+        "baseline: key by key",
+        per_key.wall.as_secs_f64() * 1e3,
+        per_key.cpu.as_secs_f64() * 1e3
+    );
+    println!("RSS: {rss_before:.0} MiB before the passes, {rss_after:.0} MiB after, peak {rss_peak:.0} MiB (map filling included)");
+    println!(
+        "{{\"bench\":\"aggregate\",\"sources\":{tracked},\"cpus\":{cpus},\"pass_wall_ms\":{:.1},\"pass_cpu_ms\":{:.1},\"baseline_per_key_wall_ms\":{:.1},\"baseline_per_key_cpu_ms\":{:.1},\"rss_mib\":{rss_after:.1},\"rss_peak_mib\":{rss_peak:.1}}}",
+        median.wall.as_secs_f64() * 1e3,
+        median.cpu.as_secs_f64() * 1e3,
+        per_key.wall.as_secs_f64() * 1e3,
+        per_key.cpu.as_secs_f64() * 1e3,
+    );
+}

@@ -1,0 +1,58 @@
+//! Batched map reads and writes (`BPF_MAP_*_BATCH`) against real maps.
+
+use limiter_common::{names, Counter, SourceKey, SourceTraffic};
+use limiter_tests::testrun::Harness;
+use limiter_user::batch::{for_each_per_cpu, hash_map_fd, update_per_cpu, BATCH};
+
+#[test]
+fn a_per_cpu_map_reads_back_exactly_what_was_written_in_batches() {
+    let harness = Harness::load_with(&limiter_user::LoadOptions {
+        max_sources: 20_000,
+    });
+    let cpus = aya::util::nr_cpus().expect("nr_cpus");
+    let map = harness.ebpf().map(names::SOURCES).expect("SOURCES");
+    let fd = hash_map_fd(map).expect("a hash map");
+    // More than two batches, with a partial last one.
+    let n = 2 * BATCH as u32 + 123;
+    let entries: Vec<(SourceKey, Vec<SourceTraffic>)> = (0..n)
+        .map(|i| {
+            let key = SourceKey::v4((0x0a00_0000 + i).to_be_bytes());
+            let per_cpu = (0..cpus as u64)
+                .map(|cpu| SourceTraffic {
+                    second: 7,
+                    total: Counter {
+                        packets: u64::from(i) * 10 + cpu,
+                        bytes: u64::from(i),
+                    },
+                    ..SourceTraffic::default()
+                })
+                .collect();
+            (key, per_cpu)
+        })
+        .collect();
+    update_per_cpu(fd, cpus, &entries).expect("batch update");
+
+    let mut seen = std::collections::BTreeMap::new();
+    let count = for_each_per_cpu::<SourceKey, SourceTraffic>(fd, cpus, |key, per_cpu| {
+        assert!(
+            seen.insert(*key, per_cpu.to_vec()).is_none(),
+            "each key once"
+        );
+    })
+    .expect("batch lookup");
+    assert_eq!(count, n as usize);
+    assert_eq!(seen.len(), n as usize);
+    for (key, per_cpu) in &entries {
+        assert_eq!(seen.get(key), Some(per_cpu), "{key:?}");
+    }
+}
+
+#[test]
+fn an_empty_map_reads_as_empty() {
+    let harness = Harness::load();
+    let cpus = aya::util::nr_cpus().expect("nr_cpus");
+    let fd = hash_map_fd(harness.ebpf().map(names::SOURCES).expect("SOURCES")).expect("hash map");
+    let count = for_each_per_cpu::<SourceKey, SourceTraffic>(fd, cpus, |_, _| panic!("no entries"))
+        .expect("batch lookup");
+    assert_eq!(count, 0);
+}
