@@ -136,14 +136,20 @@ pub const fn pack_bytes(bucket: u64, count: u64) -> u64 {
     ((bucket & TAG_MASK) << TAG_SHIFT) | (count & MAX_BYTES)
 }
 
-/// The packets a packet word holds for `bucket`: zero for another bucket.
+/// The count (under `mask`) a word holds for `bucket`: zero for another.
 #[inline(always)]
-pub const fn packets_in(word: u64, bucket: u64) -> u64 {
+const fn count_in(word: u64, bucket: u64, mask: u64) -> u64 {
     if tag_matches(word, bucket) {
-        word & MAX_PACKETS
+        word & mask
     } else {
         0
     }
+}
+
+/// The packets a packet word holds for `bucket`: zero for another bucket.
+#[inline(always)]
+pub const fn packets_in(word: u64, bucket: u64) -> u64 {
+    count_in(word, bucket, MAX_PACKETS)
 }
 
 /// The offset of the first frame in a packet word (1/1024 of a bucket).
@@ -155,11 +161,7 @@ pub const fn first_offset(word: u64) -> u64 {
 /// The bytes a byte word holds for `bucket`: zero for another bucket.
 #[inline(always)]
 pub const fn bytes_in(word: u64, bucket: u64) -> u64 {
-    if tag_matches(word, bucket) {
-        word & MAX_BYTES
-    } else {
-        0
-    }
+    count_in(word, bucket, MAX_BYTES)
 }
 
 /// A packet word with one more frame at `at` (restarting the slot, with

@@ -32,6 +32,13 @@ fn default_limit(pps: u64) -> RuleSet {
     RuleSet::with_default(RuleSpec::limit(net("0.0.0.0/0"), pps))
 }
 
+/// `default_limit(pps)` plus one `action` rule for `cidr`.
+fn with_action_rule(pps: u64, cidr: &str, action: Action) -> RuleSet {
+    let mut set = default_limit(pps);
+    set.rules.push(RuleSpec::with_action(net(cidr), action));
+    set
+}
+
 fn harness_with(set: &RuleSet) -> Harness {
     let mut harness = Harness::load();
     assert_eq!(harness.push(set), 1, "first generation");
@@ -210,10 +217,7 @@ fn byte_limits_are_enforced_too() {
 
 #[test]
 fn allow_rules_are_never_limited_but_counted() {
-    let mut set = default_limit(5);
-    set.rules
-        .push(RuleSpec::with_action(net("192.0.2.0/24"), Action::Allow));
-    let mut harness = harness_with(&set);
+    let mut harness = harness_with(&with_action_rule(5, "192.0.2.0/24", Action::Allow));
     let allowed = udp([192, 0, 2, 7]);
     assert_eq!(harness.offer(0, &allowed, 20), (20, 0));
     let limited = udp([198, 51, 100, 7]);
@@ -233,10 +237,7 @@ fn allow_rules_are_never_limited_but_counted() {
 
 #[test]
 fn deny_rules_drop_everything_and_say_so() {
-    let mut set = default_limit(100);
-    set.rules
-        .push(RuleSpec::with_action(net("203.0.113.0/24"), Action::Deny));
-    let mut harness = harness_with(&set);
+    let mut harness = harness_with(&with_action_rule(100, "203.0.113.0/24", Action::Deny));
     let denied = udp([203, 0, 113, 9]);
     assert_eq!(harness.offer(0, &denied, 4), (0, 4));
     harness.assert_outcomes(&[
@@ -247,10 +248,8 @@ fn deny_rules_drop_everything_and_say_so() {
 
 #[test]
 fn global_dry_run_drops_nothing_and_counts_what_it_would_drop() {
-    let mut set = default_limit(5);
+    let mut set = with_action_rule(5, "203.0.113.0/24", Action::Deny);
     set.dry_run = true;
-    set.rules
-        .push(RuleSpec::with_action(net("203.0.113.0/24"), Action::Deny));
     let mut harness = harness_with(&set);
     let frame = udp([192, 0, 2, 3]);
     assert_eq!(harness.offer(0, &frame, 12), (12, 0));
