@@ -411,3 +411,53 @@ fn a_missing_bpffs_is_mounted() {
     assert!(status.success(), "{status}");
     assert_eq!(attached_program(&lab), None);
 }
+
+#[test]
+fn a_pinned_map_of_another_layout_is_recreated_and_detach_removes_everything() {
+    let lab = lab();
+    let files = Files::new();
+    files.write_config(&config(2));
+    // A map pinned where SOURCES goes, with another value size (as an
+    // older version with another layout would have left it).
+    let maps_dir = files.pin_dir.join(RX_IF).join("maps");
+    std::fs::create_dir_all(&maps_dir).expect("bpffs dir");
+    let mut other = aya::EbpfLoader::new()
+        .load(limiter_user::object::BASELINE_OBJECT)
+        .expect("load a map of another layout");
+    let foreign = other.take_map("BASELINE_SOURCES").expect("map");
+    match foreign {
+        aya::maps::Map::PerCpuLruHashMap(data) => data.pin(maps_dir.join("SOURCES")).expect("pin"),
+        other => panic!("unexpected map type {other:?}"),
+    }
+    let receiver = lab.receiver(PORT);
+    let daemon = start(&lab, &files, &["--keep-attached"]);
+    daemon.wait_log("pinned map has another layout or size; starting it afresh");
+    let got = lab.exchange(&receiver, PORT, &[(HEAVY, 25)], MARKER);
+    assert_eq!(
+        got.get(&HEAVY),
+        Some(&20),
+        "enforcing with the recreated map: {got:?}"
+    );
+    assert!(daemon.stop().success());
+    assert!(
+        attached_program(&lab).is_some(),
+        "--keep-attached left it attached"
+    );
+
+    let out = Command::new(binary())
+        .args(["detach", "--iface", RX_IF, "--pin-dir"])
+        .arg(&files.pin_dir)
+        .output()
+        .expect("run detach");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        format!("{RX_IF}: detached")
+    );
+    assert_eq!(attached_program(&lab), None, "detach removed the program");
+    assert!(!files.pin_dir.join(RX_IF).exists(), "and the pins");
+}
