@@ -6,10 +6,12 @@
 //! build on this library.
 
 pub mod batch;
+pub mod cli;
 pub mod counters;
 pub mod daemon;
 pub mod display;
 pub mod object;
+pub mod proto;
 pub mod push;
 pub mod rules;
 

@@ -1,4 +1,6 @@
-//! The `xdp-limiter` binary: `run` (the daemon), `detach`, `check`.
+//! The `xdp-limiter` binary: `run` (the daemon), the run-time commands that
+//! talk to it over its control socket (`status`, `top`, `mode`, `reload`),
+//! `detach` and `check`.
 //!
 //! Errors print as one line (`error: ...` with its causes) and exit 1.
 
@@ -7,8 +9,9 @@ use std::{io::IsTerminal, net::SocketAddr, path::PathBuf, process::ExitCode};
 use anyhow::Context as _;
 use clap::{Parser, Subcommand, ValueEnum};
 use limiter_user::{
+    cli::{self, mode::Mode as RunMode, Output},
     daemon::{self, config::AttachMode, load},
-    load, LoadOptions,
+    load, proto, LoadOptions,
 };
 
 #[derive(Parser)]
@@ -30,6 +33,14 @@ enum Mode {
     Native,
     /// Generic (skb) mode.
     Generic,
+}
+
+/// Where the daemon's control socket is.
+#[derive(clap::Args)]
+struct SocketArg {
+    /// The daemon's control socket.
+    #[arg(long = "socket", default_value = proto::DEFAULT_SOCKET)]
+    path: PathBuf,
 }
 
 #[derive(Subcommand)]
@@ -54,6 +65,41 @@ enum Command {
         /// bpffs directory for pins (default: daemon.pin_dir).
         #[arg(long)]
         pin_dir: Option<PathBuf>,
+        /// Control socket (default: daemon.control_socket).
+        #[arg(long)]
+        control_socket: Option<PathBuf>,
+    },
+    /// Interfaces, program, rules, map fill and current rates.
+    Status {
+        #[command(flatten)]
+        socket: SocketArg,
+        #[arg(long, value_enum, default_value_t)]
+        output: Output,
+    },
+    /// The heaviest sources of the daemon's last aggregation pass.
+    Top {
+        #[command(flatten)]
+        socket: SocketArg,
+        #[arg(long, value_enum, default_value_t)]
+        output: Output,
+        /// Print one frame and exit (for scripts).
+        #[arg(long)]
+        once: bool,
+        /// Sources shown.
+        #[arg(long, default_value_t = 20)]
+        limit: usize,
+    },
+    /// Global mode: dry-run (count, drop nothing) or enforce.
+    Mode {
+        #[arg(value_enum)]
+        mode: RunMode,
+        #[command(flatten)]
+        socket: SocketArg,
+    },
+    /// Make the daemon re-read its configuration file.
+    Reload {
+        #[command(flatten)]
+        socket: SocketArg,
     },
     /// Remove what `run` pinned: the program is detached.
     Detach {
@@ -89,6 +135,7 @@ fn main() -> ExitCode {
             keep_attached,
             metrics_addr,
             pin_dir,
+            control_socket,
         } => run(daemon::RunOptions {
             config,
             interfaces,
@@ -100,7 +147,17 @@ fn main() -> ExitCode {
             keep_attached,
             metrics_addr,
             pin_dir,
+            control_socket,
         }),
+        Command::Status { socket, output } => cli::status::run(&socket.path, output),
+        Command::Top {
+            socket,
+            output,
+            once,
+            limit,
+        } => cli::top::run(&socket.path, output, limit, once),
+        Command::Mode { mode, socket } => cli::mode::set(&socket.path, mode),
+        Command::Reload { socket } => cli::mode::reload(&socket.path),
         Command::Detach {
             interfaces,
             pin_dir,

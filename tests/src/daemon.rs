@@ -57,6 +57,11 @@ impl Files {
         self.dir.join("config.toml")
     }
 
+    /// The daemon's control socket.
+    pub fn socket(&self) -> PathBuf {
+        self.dir.join("control.sock")
+    }
+
     pub fn write_config(&self, text: &str) {
         fs::write(self.config(), text).expect("write config");
     }
@@ -98,6 +103,9 @@ fn spawn(ns: &NetNs, files: &Files, args: &[&str], log: &Path) -> Child {
     if !args.contains(&"--pin-dir") {
         cmd.arg("--pin-dir").arg(&files.pin_dir);
     }
+    if !args.contains(&"--control-socket") {
+        cmd.arg("--control-socket").arg(files.socket());
+    }
     cmd.args(args)
         .env("RUST_LOG", "info")
         .stdin(Stdio::null())
@@ -131,7 +139,7 @@ impl Daemon {
                     daemon.log()
                 );
             }
-            if daemon.try_metrics().is_some() {
+            if daemon.log().contains("control socket ready") && daemon.try_metrics().is_some() {
                 return daemon;
             }
             assert!(

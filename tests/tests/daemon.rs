@@ -376,9 +376,11 @@ fn a_missing_bpffs_is_mounted() {
     // A private mount namespace where /sys/fs/bpf is not mounted.
     let script = format!(
         "umount /sys/fs/bpf 2>/dev/null; grep -q ' /sys/fs/bpf bpf ' /proc/self/mounts && exit 90; \
-         exec nsenter --net=/run/netns/{ns} {bin} run -i {RX_IF} --pin-dir /sys/fs/bpf/xlt-unshare 2>{log}",
+         exec nsenter --net=/run/netns/{ns} {bin} run -i {RX_IF} --pin-dir /sys/fs/bpf/xlt-unshare \
+         --control-socket {socket} 2>{log}",
         ns = lab.rx.name(),
         bin = binary().display(),
+        socket = files.socket().display(),
         log = log.display(),
     );
     let mut child = Command::new("unshare")
@@ -388,7 +390,7 @@ fn a_missing_bpffs_is_mounted() {
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     loop {
         let text = std::fs::read_to_string(&log).unwrap_or_default();
-        if text.contains("protecting") {
+        if text.contains("control socket ready") {
             assert!(text.contains("mounting bpffs"), "{text}");
             break;
         }

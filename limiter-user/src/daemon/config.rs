@@ -93,6 +93,8 @@ pub struct DaemonSection {
     pub top_k: usize,
     /// Leave the program attached (pinned) when the daemon stops.
     pub keep_attached: bool,
+    /// Unix socket of the control API (root only, mode 0600).
+    pub control_socket: PathBuf,
 }
 
 impl Default for DaemonSection {
@@ -106,6 +108,7 @@ impl Default for DaemonSection {
             tick: Duration::from_secs(1),
             top_k: 20,
             keep_attached: false,
+            control_socket: PathBuf::from(crate::proto::DEFAULT_SOCKET),
         }
     }
 }
@@ -266,6 +269,12 @@ impl FileConfig {
             return Err(field(
                 "daemon.tick",
                 format!("{:?} is outside 100ms..=60s", d.tick),
+            ));
+        }
+        if !d.control_socket.is_absolute() {
+            return Err(field(
+                "daemon.control_socket",
+                format!("{} is not an absolute path", d.control_socket.display()),
             ));
         }
         if !d.pin_dir.is_absolute() {

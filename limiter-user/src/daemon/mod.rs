@@ -7,6 +7,7 @@
 
 pub mod aggregate;
 pub mod config;
+pub mod control;
 pub mod events;
 pub mod load;
 pub mod metrics;
@@ -14,7 +15,7 @@ pub mod metrics;
 use std::{collections::BTreeSet, net::SocketAddr, path::PathBuf, time::Instant};
 
 use anyhow::Context as _;
-use limiter_common::{rules::MAX_RULES, SourceKey};
+use limiter_common::{rules::MAX_RULES, Outcome, SourceKey};
 use tokio::signal::unix::{signal, SignalKind};
 use tracing::{error, info, warn};
 
@@ -23,7 +24,10 @@ use self::{
     load::Instance,
     metrics::Metrics,
 };
-use crate::push;
+use crate::{
+    proto::{InterfaceStatus, Reply, Request, ResponseLine, Status, TopSource},
+    push,
+};
 
 /// Options of `xdp-limiter run` that override the file.
 #[derive(Clone, Debug, Default)]
@@ -34,6 +38,7 @@ pub struct RunOptions {
     pub keep_attached: bool,
     pub metrics_addr: Option<SocketAddr>,
     pub pin_dir: Option<PathBuf>,
+    pub control_socket: Option<PathBuf>,
 }
 
 /// The configuration `options` ask for: the file (or the built-in one)
@@ -68,6 +73,9 @@ fn apply_overrides(config: &mut Config, options: &RunOptions) {
     if let Some(dir) = &options.pin_dir {
         config.daemon.pin_dir = dir.clone();
     }
+    if let Some(socket) = &options.control_socket {
+        config.daemon.control_socket = socket.clone();
+    }
 }
 
 /// Human names of the rule indices of a rule set in a `RULES` half.
@@ -80,6 +88,10 @@ fn rule_names(config: &Config, generation: u32) -> Vec<(u32, String)> {
 
 /// Runs the daemon until SIGINT or SIGTERM.
 pub async fn run(options: RunOptions) -> anyhow::Result<()> {
+    // Signals first: a SIGTERM during start-up must still mean a clean stop.
+    let mut hangup = signal(SignalKind::hangup())?;
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    let mut terminate = signal(SignalKind::terminate())?;
     let mut config = effective_config(&options)?;
     let daemon = config.daemon.clone();
 
@@ -131,21 +143,31 @@ pub async fn run(options: RunOptions) -> anyhow::Result<()> {
         }
     };
     info!(addr = %daemon.metrics_addr, "serving metrics on /metrics");
+    let (control_tx, mut control_rx) = tokio::sync::mpsc::channel::<control::Command>(16);
+    let control_server = match control::serve(&daemon.control_socket, control_tx).await {
+        Ok(server) => server,
+        Err(e) => {
+            server.abort();
+            shutdown(instances, daemon.keep_attached);
+            return Err(e);
+        }
+    };
+    info!(socket = %daemon.control_socket.display(), "control socket ready");
 
-    let mut hangup = signal(SignalKind::hangup())?;
-    let mut interrupt = signal(SignalKind::interrupt())?;
-    let mut terminate = signal(SignalKind::terminate())?;
     let mut tick = tokio::time::interval(daemon.tick);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut limited: Vec<BTreeSet<SourceKey>> = vec![BTreeSet::new(); instances.len()];
+    let mut observed: Vec<Observed> = instances.iter().map(|_| Observed::default()).collect();
 
     loop {
         tokio::select! {
             _ = tick.tick() => {
                 let started = Instant::now();
                 let names = rule_names(&config, generation);
-                for (instance, limited) in instances.iter().zip(limited.iter_mut()) {
-                    aggregate_one(instance, &mut metrics, &names, daemon.max_sources, daemon.top_k, limited);
+                for ((instance, limited), seen) in instances.iter().zip(limited.iter_mut()).zip(observed.iter_mut()) {
+                    if let Some(snapshot) = aggregate_one(instance, &mut metrics, &names, daemon.max_sources, daemon.top_k, limited) {
+                        seen.update(snapshot);
+                    }
                 }
                 metrics.aggregation.observe(started.elapsed().as_secs_f64());
             }
@@ -157,11 +179,44 @@ pub async fn run(options: RunOptions) -> anyhow::Result<()> {
                     }
                 }
             }
+            Some(command) = control_rx.recv() => {
+                let response = match command.request {
+                    Request::Status => ResponseLine::ok(Reply::Status(status(&config, generation, &instances, &observed, daemon.max_sources))),
+                    Request::Top { limit } => ResponseLine::ok(Reply::Top { sources: top(&instances, &observed, limit) }),
+                    Request::Reload => match reload(&options, &mut config, &mut instances) {
+                        Some(g) => {
+                            generation = g;
+                            if let Ok(mut names) = names.write() {
+                                *names = rule_names(&config, generation);
+                            }
+                            ResponseLine::ok(Reply::Done { message: format!("reloaded; rule generation {g}") })
+                        }
+                        None => ResponseLine::error("reload failed; the running configuration stays in force (see the daemon's log)"),
+                    },
+                    Request::Mode { dry_run } => {
+                        let mut rules = config.rules.clone();
+                        rules.dry_run = dry_run;
+                        match push_all(&mut instances, &rules) {
+                            Ok(g) => {
+                                generation = g;
+                                config.rules = rules;
+                                let mode = if dry_run { "dry-run" } else { "enforce" };
+                                info!(mode, "mode changed through the control socket");
+                                ResponseLine::ok(Reply::Done { message: format!("mode {mode}; rule generation {g}") })
+                            }
+                            Err(e) => ResponseLine::error(format!("mode change failed: {e}")),
+                        }
+                    }
+                };
+                let _ = command.reply.send(response);
+            }
             _ = interrupt.recv() => { info!("SIGINT: stopping"); break; }
             _ = terminate.recv() => { info!("SIGTERM: stopping"); break; }
         }
     }
     server.abort();
+    control_server.abort();
+    control::remove(&daemon.control_socket);
     for watcher in watchers {
         watcher.abort();
     }
@@ -176,12 +231,12 @@ fn aggregate_one(
     capacity: u32,
     top_k: usize,
     limited: &mut BTreeSet<SourceKey>,
-) {
+) -> Option<aggregate::Snapshot> {
     let snapshot = match aggregate::pass(&instance.ebpf, top_k) {
         Ok(snapshot) => snapshot,
         Err(e) => {
             error!(iface = %instance.iface, error = %e, "aggregation failed");
-            return;
+            return None;
         }
     };
     // "limited" comes from the kernel's events (events.rs); "released" is
@@ -192,6 +247,108 @@ fn aggregate_one(
     limited.clone_from(&snapshot.limited);
     let stats = program_stats(instance);
     metrics.record(&instance.iface, &snapshot, capacity, names, stats);
+    Some(snapshot)
+}
+
+/// What the last aggregation passes saw of one interface.
+#[derive(Default)]
+struct Observed {
+    last: Option<(Instant, aggregate::Snapshot)>,
+    passed_pps: f64,
+    dropped_pps: f64,
+}
+
+impl Observed {
+    fn update(&mut self, snapshot: aggregate::Snapshot) {
+        let now = Instant::now();
+        let sum = |s: &aggregate::Snapshot, outcomes: &[Outcome]| -> u64 {
+            outcomes
+                .iter()
+                .map(|o| s.outcomes[*o as usize].packets)
+                .sum()
+        };
+        let passed = [Outcome::Passed, Outcome::Allowed, Outcome::DryRunWouldDrop];
+        let dropped = [Outcome::DroppedLimit, Outcome::DroppedDeny];
+        if let Some((then, previous)) = &self.last {
+            let seconds = now.duration_since(*then).as_secs_f64().max(1e-3);
+            let rate = |outcomes: &[Outcome]| {
+                sum(&snapshot, outcomes).saturating_sub(sum(previous, outcomes)) as f64 / seconds
+            };
+            self.passed_pps = rate(&passed);
+            self.dropped_pps = rate(&dropped);
+        }
+        self.last = Some((now, snapshot));
+    }
+}
+
+fn status(
+    config: &Config,
+    generation: u32,
+    instances: &[Instance],
+    observed: &[Observed],
+    capacity: u32,
+) -> Status {
+    Status {
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        generation,
+        dry_run: config.rules.dry_run,
+        rules: config.rules.rules.len() + 1,
+        interfaces: instances
+            .iter()
+            .zip(observed)
+            .map(|(instance, seen)| {
+                let snapshot = seen.last.as_ref().map(|(_, s)| s);
+                InterfaceStatus {
+                    name: instance.iface.clone(),
+                    mode: instance.mode.to_string(),
+                    program_id: instance
+                        .ebpf
+                        .program(limiter_common::names::PROGRAM)
+                        .and_then(|p| p.info().ok())
+                        .map_or(0, |info| info.id()),
+                    tracked_sources: snapshot.map_or(0, |s| s.tracked_sources),
+                    capacity,
+                    limited_sources: snapshot.map_or(0, |s| s.limited.len() as u64),
+                    passed_pps: seen.passed_pps,
+                    dropped_pps: seen.dropped_pps,
+                }
+            })
+            .collect(),
+    }
+}
+
+fn top(instances: &[Instance], observed: &[Observed], limit: usize) -> Vec<TopSource> {
+    let mut sources: Vec<TopSource> = instances
+        .iter()
+        .zip(observed)
+        .flat_map(|(instance, seen)| {
+            seen.last.iter().flat_map(move |(_, snapshot)| {
+                snapshot.top.iter().map(move |rate| TopSource {
+                    interface: instance.iface.clone(),
+                    source: crate::display::source(&rate.key),
+                    pps: rate.offered.packets,
+                    bps: rate.offered.bytes * 8,
+                    dropped: rate.dropped_total.packets,
+                    state: if rate.limited { "limited" } else { "ok" }.to_string(),
+                })
+            })
+        })
+        .collect();
+    sources.sort_by_key(|s| std::cmp::Reverse(s.pps));
+    sources.truncate(limit);
+    sources
+}
+
+/// Pushes `rules` to every interface; the new generation.
+fn push_all(
+    instances: &mut [Instance],
+    rules: &crate::rules::RuleSet,
+) -> Result<u32, push::PushError> {
+    let mut generation = 0;
+    for instance in instances.iter_mut() {
+        generation = push::push(&mut instance.ebpf, rules)?;
+    }
+    Ok(generation)
 }
 
 /// Run time and count of the program, when `kernel.bpf_stats_enabled` is on.

@@ -1,0 +1,106 @@
+//! The control socket: a Unix socket owned by root with mode 0600 (and the
+//! peer's uid checked as well), one JSON request line per connection,
+//! answered by the daemon's main loop, which owns the maps. A bad request
+//! gets an error line and changes nothing.
+
+use std::{
+    os::unix::fs::PermissionsExt,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use tokio::{
+    io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader},
+    net::{UnixListener, UnixStream},
+    sync::{mpsc, oneshot},
+};
+use tracing::{debug, warn};
+
+use crate::proto::{parse_request, Request, ResponseLine, MAX_REQUEST_BYTES};
+
+/// A validated request waiting for the main loop's answer.
+pub struct Command {
+    pub request: Request,
+    pub reply: oneshot::Sender<ResponseLine>,
+}
+
+/// Binds `path` (replacing a stale socket, refusing if a daemon answers
+/// there) with mode 0600 and serves it until the task is dropped.
+pub async fn serve(
+    path: &Path,
+    commands: mpsc::Sender<Command>,
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    if path.exists() {
+        if UnixStream::connect(path).await.is_ok() {
+            anyhow::bail!(
+                "another xdp-limiter daemon answers on {}; stop it or set daemon.control_socket",
+                path.display()
+            );
+        }
+        std::fs::remove_file(path)
+            .map_err(|e| anyhow::anyhow!("removing the stale socket {}: {e}", path.display()))?;
+    }
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let listener = UnixListener::bind(path)
+        .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    let path = path.to_path_buf();
+    Ok(tokio::spawn(async move {
+        loop {
+            match listener.accept().await {
+                Ok((stream, _)) => {
+                    let commands = commands.clone();
+                    tokio::spawn(async move {
+                        if let Err(e) = handle(stream, commands).await {
+                            debug!(error = %e, "control connection ended");
+                        }
+                    });
+                }
+                Err(e) => warn!(socket = %path.display(), error = %e, "control: accept failed"),
+            }
+        }
+    }))
+}
+
+/// Removes the socket file (on shutdown).
+pub fn remove(path: &PathBuf) {
+    let _ = std::fs::remove_file(path);
+}
+
+async fn handle(stream: UnixStream, commands: mpsc::Sender<Command>) -> std::io::Result<()> {
+    let uid = stream.peer_cred()?.uid();
+    let (read, mut write) = stream.into_split();
+    let response = if uid != 0 {
+        ResponseLine::error("permission denied: only root may control xdp-limiter")
+    } else {
+        let mut line = String::new();
+        let mut reader = BufReader::new(read.take(MAX_REQUEST_BYTES as u64 + 1));
+        let read = tokio::time::timeout(Duration::from_secs(5), reader.read_line(&mut line)).await;
+        match read {
+            Err(_) => ResponseLine::error("timed out waiting for a request line"),
+            Ok(Err(e)) => ResponseLine::error(format!("reading the request: {e}")),
+            Ok(Ok(_)) if line.len() > MAX_REQUEST_BYTES => {
+                ResponseLine::error(format!("request longer than {MAX_REQUEST_BYTES} bytes"))
+            }
+            Ok(Ok(_)) => match parse_request(line.trim_end()) {
+                Err(message) => ResponseLine::error(message),
+                Ok(request) => {
+                    let (reply, answer) = oneshot::channel();
+                    if commands.send(Command { request, reply }).await.is_err() {
+                        ResponseLine::error("the daemon is shutting down")
+                    } else {
+                        answer
+                            .await
+                            .unwrap_or_else(|_| ResponseLine::error("the daemon is shutting down"))
+                    }
+                }
+            },
+        }
+    };
+    let mut text = serde_json::to_string(&response).expect("responses serialise");
+    text.push('\n');
+    write.write_all(text.as_bytes()).await?;
+    write.shutdown().await
+}

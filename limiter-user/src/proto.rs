@@ -1,0 +1,196 @@
+//! The control protocol between the daemon and the CLI: one JSON request
+//! per line on a Unix socket, one JSON response line back. Every message
+//! carries the protocol version; a peer of another version is refused with
+//! a clear error instead of being misread.
+
+use serde::{Deserialize, Serialize};
+
+/// Bumped on any incompatible change of the messages below.
+pub const PROTOCOL_VERSION: u32 = 1;
+/// Where the daemon listens unless configured otherwise.
+pub const DEFAULT_SOCKET: &str = "/run/xdp-limiter.sock";
+/// Largest request line the daemon reads.
+pub const MAX_REQUEST_BYTES: usize = 64 * 1024;
+
+/// A request, as sent: `{"version":1,"command":"status"}`.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
+pub struct RequestLine {
+    pub version: u32,
+    #[serde(flatten)]
+    pub request: Request,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(tag = "command", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum Request {
+    /// Interfaces, program, rules, map fill, current rates.
+    Status,
+    /// The heaviest sources of the last aggregation pass.
+    Top {
+        /// At most this many (the daemon keeps `daemon.top_k`).
+        limit: usize,
+    },
+    /// Global dry-run on or off.
+    Mode { dry_run: bool },
+    /// Re-read the configuration file (as SIGHUP does).
+    Reload,
+}
+
+/// A response line: `{"version":1,"ok":...}` or `{"version":1,"error":"..."}`.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+pub struct ResponseLine {
+    pub version: u32,
+    #[serde(flatten)]
+    pub response: Response,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "kebab-case")]
+pub enum Response {
+    Ok(Reply),
+    Error(String),
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum Reply {
+    Status(Status),
+    Top { sources: Vec<TopSource> },
+    Done { message: String },
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+pub struct Status {
+    /// The daemon's version.
+    pub version: String,
+    /// Rule generation in force.
+    pub generation: u32,
+    /// Global dry-run.
+    pub dry_run: bool,
+    /// Rules in force, the default rule included.
+    pub rules: usize,
+    pub interfaces: Vec<InterfaceStatus>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+pub struct InterfaceStatus {
+    pub name: String,
+    /// "native", "generic" or "adopted".
+    pub mode: String,
+    pub program_id: u32,
+    pub tracked_sources: u64,
+    pub capacity: u32,
+    pub limited_sources: u64,
+    /// Frames per second passed (passed + allowed + would-drop) over the
+    /// last aggregation tick.
+    pub passed_pps: f64,
+    /// Frames per second dropped (limit + deny) over the last tick.
+    pub dropped_pps: f64,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
+pub struct TopSource {
+    pub interface: String,
+    /// Address or prefix (`192.0.2.1`, `2001:db8::/64`).
+    pub source: String,
+    /// Offered packets in the last complete second.
+    pub pps: u64,
+    /// Offered bits in the last complete second.
+    pub bps: u64,
+    /// Dropped (or would-drop) frames since the source was first seen.
+    pub dropped: u64,
+    /// "limited" while some CPU refuses it, else "ok".
+    pub state: String,
+}
+
+impl ResponseLine {
+    pub fn ok(reply: Reply) -> Self {
+        Self {
+            version: PROTOCOL_VERSION,
+            response: Response::Ok(reply),
+        }
+    }
+
+    pub fn error(message: impl Into<String>) -> Self {
+        Self {
+            version: PROTOCOL_VERSION,
+            response: Response::Error(message.into()),
+        }
+    }
+}
+
+/// Parses and checks a request line; the error is what to answer.
+pub fn parse_request(line: &str) -> Result<Request, String> {
+    #[derive(Deserialize)]
+    struct Versioned {
+        version: Option<u32>,
+    }
+    let versioned: Versioned =
+        serde_json::from_str(line).map_err(|e| format!("malformed request: {e}"))?;
+    match versioned.version {
+        Some(PROTOCOL_VERSION) => {}
+        Some(other) => {
+            return Err(format!(
+                "protocol version {other} is not supported (this daemon speaks {PROTOCOL_VERSION})"
+            ))
+        }
+        None => return Err("malformed request: missing field `version`".into()),
+    }
+    serde_json::from_str::<RequestLine>(line)
+        .map(|r| r.request)
+        .map_err(|e| format!("malformed request: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_round_trip() {
+        for request in [
+            Request::Status,
+            Request::Top { limit: 5 },
+            Request::Mode { dry_run: true },
+            Request::Reload,
+        ] {
+            let line = serde_json::to_string(&RequestLine {
+                version: PROTOCOL_VERSION,
+                request: request.clone(),
+            })
+            .unwrap();
+            assert_eq!(parse_request(&line), Ok(request));
+        }
+        assert_eq!(
+            serde_json::to_string(&RequestLine {
+                version: 1,
+                request: Request::Status
+            })
+            .unwrap(),
+            r#"{"version":1,"command":"status"}"#
+        );
+    }
+
+    #[test]
+    fn bad_requests_are_explained() {
+        for (line, expect) in [
+            ("not json", "malformed request"),
+            (r#"{"command":"status"}"#, "missing field `version`"),
+            (
+                r#"{"version":9,"command":"status"}"#,
+                "protocol version 9 is not supported",
+            ),
+            (
+                r#"{"version":1,"command":"format-disk"}"#,
+                "unknown variant `format-disk`",
+            ),
+            (r#"{"version":1,"command":"top"}"#, "missing field `limit`"),
+            (
+                r#"{"version":1,"command":"mode","dry_run":"yes"}"#,
+                "invalid type",
+            ),
+        ] {
+            let err = parse_request(line).expect_err(line);
+            assert!(err.contains(expect), "{line}: {err}");
+        }
+    }
+}

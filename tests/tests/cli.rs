@@ -1,0 +1,267 @@
+//! The run-time CLI against a real daemon over its control socket:
+//! `status`, `top`, `mode`, `reload`, text and JSON output, and bad input
+//! of every kind (no daemon, non-root caller, malformed messages).
+
+use std::{
+    io::{BufRead, BufReader, Write},
+    net::Ipv4Addr,
+    os::unix::net::UnixStream,
+    process::{Command, Output},
+    time::{Duration, Instant},
+};
+
+use limiter_tests::{
+    daemon::{binary, Daemon, Files},
+    lab::{Lab, RX_IF},
+};
+use serde_json::Value;
+
+const MARKER: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 2);
+const HEAVY: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 3);
+const MEDIUM: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 4);
+const PORT: u16 = 7100;
+
+fn config(pps: u64) -> String {
+    format!(
+        "[daemon]\ntick = \"100ms\"\n\n[default]\npps = {pps}\nwindow = \"10s\"\ndry_run = false\n\n\
+         [[rules]]\ncidr = \"{MARKER}/32\"\naction = \"allow\"\n"
+    )
+}
+
+struct Setup {
+    lab: Lab,
+    files: Files,
+    daemon: Daemon,
+}
+
+fn setup() -> Setup {
+    let lab = Lab::new(&[MARKER, HEAVY, MEDIUM]);
+    let files = Files::new();
+    files.write_config(&config(2));
+    let config = files.config();
+    let daemon = Daemon::start(
+        &lab.rx,
+        &files,
+        &["-i", RX_IF, "-c", config.to_str().unwrap()],
+    );
+    Setup { lab, files, daemon }
+}
+
+/// `xdp-limiter <args> --socket <the daemon's>`.
+fn cli(files: &Files, args: &[&str]) -> Output {
+    Command::new(binary())
+        .args(args)
+        .arg("--socket")
+        .arg(files.socket())
+        .output()
+        .expect("run the CLI")
+}
+
+#[track_caller]
+fn ok(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "CLI failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn json(files: &Files, args: &[&str]) -> Value {
+    let mut args = args.to_vec();
+    args.extend(["--output", "json"]);
+    serde_json::from_str(&ok(&cli(files, &args))).expect("JSON output")
+}
+
+/// Polls `status` until `ok(status)` (bounded).
+fn wait_status(files: &Files, ok: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let status = json(files, &["status"]);
+        if ok(&status) {
+            return status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "status never got there: {status:#}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn status_and_top_report_the_live_daemon_field_by_field() {
+    let s = setup();
+    let receiver = s.lab.receiver(PORT);
+    let got = s
+        .lab
+        .exchange(&receiver, PORT, &[(HEAVY, 100), (MEDIUM, 15)], MARKER);
+    assert_eq!(got.get(&HEAVY), Some(&20));
+
+    let status = wait_status(&s.files, |v| v["interfaces"][0]["tracked_sources"] == 3);
+    assert_eq!(status["version"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(status["generation"], 1);
+    assert_eq!(status["dry_run"], false);
+    assert_eq!(status["rules"], 2);
+    let iface = &status["interfaces"][0];
+    assert_eq!(iface["name"], RX_IF);
+    assert_eq!(iface["mode"], "native");
+    assert!(
+        iface["program_id"].as_u64().is_some_and(|id| id > 0),
+        "{iface}"
+    );
+    assert_eq!(iface["capacity"], 65536);
+    assert!(iface["passed_pps"].is_number() && iface["dropped_pps"].is_number());
+    let text = ok(&cli(&s.files, &["status"]));
+    assert!(text.contains("enforce, 2 rules (generation 1)"), "{text}");
+    assert!(text.contains(RX_IF) && text.contains("3/65536"), "{text}");
+
+    // The burst shows in the per-second rate during the next second.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let top = loop {
+        let top = json(&s.files, &["top", "--once"]);
+        let heavy = top
+            .as_array()
+            .expect("a list")
+            .iter()
+            .find(|e| e["source"] == HEAVY.to_string())
+            .cloned();
+        if heavy
+            .as_ref()
+            .is_some_and(|h| h["pps"].as_u64() >= Some(100))
+        {
+            break top;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "heavy never topped the list: {top:#}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let entries = top.as_array().expect("a list");
+    assert_eq!(
+        entries[0]["source"],
+        HEAVY.to_string(),
+        "heaviest first: {top:#}"
+    );
+    assert_eq!(entries[0]["interface"], RX_IF);
+    assert_eq!(entries[0]["dropped"], 80);
+    assert!(entries[0]["bps"].as_u64() >= Some(100 * 106 * 8));
+    let medium = entries
+        .iter()
+        .find(|e| e["source"] == MEDIUM.to_string())
+        .expect("medium listed");
+    assert_eq!(medium["dropped"], 0);
+    assert_eq!(medium["state"], "ok");
+    let one = json(&s.files, &["top", "--once", "--limit", "1"]);
+    assert_eq!(one.as_array().map(Vec::len), Some(1));
+    let text = ok(&cli(&s.files, &["top", "--once"]));
+    assert!(
+        text.starts_with("source") && text.contains(&HEAVY.to_string()),
+        "{text}"
+    );
+}
+
+#[test]
+fn mode_and_reload_change_enforcement_live() {
+    let s = setup();
+    let receiver = s.lab.receiver(PORT);
+    let got = s.lab.exchange(&receiver, PORT, &[(HEAVY, 25)], MARKER);
+    assert_eq!(got.get(&HEAVY), Some(&20));
+
+    assert!(ok(&cli(&s.files, &["mode", "dry-run"])).contains("mode dry-run"));
+    assert_eq!(json(&s.files, &["status"])["dry_run"], true);
+    let got = s.lab.exchange(&receiver, PORT, &[(HEAVY, 10)], MARKER);
+    assert_eq!(got.get(&HEAVY), Some(&10), "dry-run drops nothing: {got:?}");
+
+    assert!(ok(&cli(&s.files, &["mode", "enforce"])).contains("mode enforce"));
+    let got = s.lab.exchange(&receiver, PORT, &[(HEAVY, 10)], MARKER);
+    assert_eq!(got.get(&HEAVY), None, "enforcing again: {got:?}");
+
+    s.files.write_config(&config(5)); // 50 per window
+    assert!(ok(&cli(&s.files, &["reload"])).contains("reloaded"));
+    let got = s.lab.exchange(&receiver, PORT, &[(HEAVY, 40)], MARKER);
+    assert_eq!(got.get(&HEAVY), Some(&30), "{got:?}");
+
+    s.files.write_config("[default]\npps = -1\n");
+    let out = cli(&s.files, &["reload"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("reload failed"));
+    s.daemon.wait_log("configuration rejected");
+    let got = s.lab.exchange(&receiver, PORT, &[(HEAVY, 5)], MARKER);
+    assert_eq!(got.get(&HEAVY), None, "the running limits stay: {got:?}");
+}
+
+/// Sends a raw line to the control socket; the reply line as JSON.
+fn raw(files: &Files, line: &str) -> Value {
+    let mut stream = UnixStream::connect(files.socket()).expect("connect");
+    stream.write_all(line.as_bytes()).expect("write");
+    stream.write_all(b"\n").expect("write");
+    let mut answer = String::new();
+    BufReader::new(stream).read_line(&mut answer).expect("read");
+    serde_json::from_str(&answer).expect("a JSON reply")
+}
+
+#[test]
+fn bad_requests_and_callers_get_clear_errors_and_change_nothing() {
+    let s = setup();
+    for (line, expect) in [
+        ("this is not json", "malformed request"),
+        (r#"{"command":"status"}"#, "missing field `version`"),
+        (
+            r#"{"version":2,"command":"status"}"#,
+            "protocol version 2 is not supported",
+        ),
+        (r#"{"version":1,"command":"rm-rf"}"#, "unknown variant"),
+        (
+            r#"{"version":1,"command":"mode","dry_run":7}"#,
+            "invalid type",
+        ),
+    ] {
+        let reply = raw(&s.files, line);
+        assert_eq!(reply["version"], 1);
+        let error = reply["error"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{line}: {reply}"));
+        assert!(error.contains(expect), "{line}: {error}");
+    }
+    let status = json(&s.files, &["status"]);
+    assert_eq!(status["generation"], 1, "nothing changed");
+    assert_eq!(status["dry_run"], false);
+
+    let socket = std::fs::metadata(s.files.socket()).expect("socket");
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    assert_eq!(socket.permissions().mode() & 0o777, 0o600);
+    assert_eq!(socket.uid(), 0);
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(binary())
+        .args(["mode", "dry-run", "--socket"])
+        .arg(s.files.socket())
+        .output()
+        .expect("setpriv");
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("permission denied") || stderr.contains("not running"),
+        "{stderr}"
+    );
+    assert_eq!(
+        json(&s.files, &["status"])["dry_run"],
+        false,
+        "the mode did not change"
+    );
+
+    let out = Command::new(binary())
+        .args(["status", "--socket", "/tmp/xlt-no-such.sock"])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("xdp-limiter is not running"), "{stderr}");
+
+    let out = cli(&s.files, &["mode", "turbo"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("invalid value 'turbo'"));
+}
