@@ -7,7 +7,7 @@
 use std::{io::IsTerminal, net::SocketAddr, path::PathBuf, process::ExitCode};
 
 use anyhow::Context as _;
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
 use limiter_user::{
     cli::{self, mode::Mode as RunMode, Output},
     daemon::{self, config::AttachMode, load},
@@ -33,6 +33,66 @@ enum Mode {
     Native,
     /// Generic (skb) mode.
     Generic,
+}
+
+#[derive(Subcommand)]
+enum RuleCommand {
+    /// Add a rule for a prefix (and match).
+    Add {
+        cidr: ipnet::IpNet,
+        #[command(flatten)]
+        matches: cli::rule::MatchArgs,
+        #[command(flatten)]
+        limits: cli::rule::LimitArgs,
+        #[command(flatten)]
+        common: EditArgs,
+    },
+    /// Replace the rule with the same prefix and match.
+    Set {
+        cidr: ipnet::IpNet,
+        #[command(flatten)]
+        matches: cli::rule::MatchArgs,
+        #[command(flatten)]
+        limits: cli::rule::LimitArgs,
+        #[command(flatten)]
+        common: EditArgs,
+    },
+    /// Remove the rule with this prefix and match.
+    Rm {
+        cidr: ipnet::IpNet,
+        #[command(flatten)]
+        matches: cli::rule::MatchArgs,
+        #[command(flatten)]
+        common: EditArgs,
+    },
+    /// List the rules in force.
+    Ls {
+        #[command(flatten)]
+        socket: SocketArg,
+        #[arg(long, value_enum, default_value_t)]
+        output: Output,
+    },
+}
+
+#[derive(Subcommand)]
+enum DefaultCommand {
+    /// Replace the default rule.
+    Set {
+        #[command(flatten)]
+        limits: cli::rule::LimitArgs,
+        #[command(flatten)]
+        common: EditArgs,
+    },
+}
+
+/// Options of every rule change.
+#[derive(clap::Args)]
+struct EditArgs {
+    /// Also write the change to the daemon's configuration file.
+    #[arg(long)]
+    save: bool,
+    #[command(flatten)]
+    socket: SocketArg,
 }
 
 /// Where the daemon's control socket is.
@@ -88,11 +148,17 @@ enum Command {
         /// Sources shown.
         #[arg(long, default_value_t = 20)]
         limit: usize,
+        /// Sort by.
+        #[arg(long, value_enum, default_value_t)]
+        sort: cli::top::SortBy,
     },
     /// Global mode: dry-run (count, drop nothing) or enforce.
     Mode {
         #[arg(value_enum)]
         mode: RunMode,
+        /// Also write the mode to the daemon's configuration file.
+        #[arg(long)]
+        save: bool,
         #[command(flatten)]
         socket: SocketArg,
     },
@@ -101,6 +167,23 @@ enum Command {
         #[command(flatten)]
         socket: SocketArg,
     },
+    /// Change the rules live: add, set, rm, ls.
+    Rule {
+        #[command(subcommand)]
+        action: RuleCommand,
+    },
+    /// Change the default rule live.
+    Default {
+        #[command(subcommand)]
+        action: DefaultCommand,
+    },
+    /// Print a shell completion script.
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (roff).
+    Man,
     /// Remove what `run` pinned: the program is detached.
     Detach {
         /// Interface to release (default: every pinned interface).
@@ -155,9 +238,38 @@ fn main() -> ExitCode {
             output,
             once,
             limit,
-        } => cli::top::run(&socket.path, output, limit, once),
-        Command::Mode { mode, socket } => cli::mode::set(&socket.path, mode),
+            sort,
+        } => cli::top::run(&socket.path, output, limit, once, sort),
+        Command::Mode { mode, save, socket } => cli::mode::set(&socket.path, mode, save),
         Command::Reload { socket } => cli::mode::reload(&socket.path),
+        Command::Rule { action } => rule(action),
+        Command::Default {
+            action: DefaultCommand::Set { limits, common },
+        } => {
+            let no_match = cli::rule::MatchArgs {
+                protocol: None,
+                ports: None,
+                syn: false,
+            };
+            let rule = cli::rule::section(None, &no_match, &limits);
+            cli::rule::edit(
+                &common.socket.path,
+                proto::RuleEdit::Default { rule },
+                common.save,
+            )
+        }
+        Command::Completions { shell } => {
+            clap_complete::generate(
+                shell,
+                &mut Cli::command(),
+                "xdp-limiter",
+                &mut std::io::stdout(),
+            );
+            Ok(())
+        }
+        Command::Man => clap_mangen::Man::new(Cli::command())
+            .render(&mut std::io::stdout())
+            .context("writing the man page"),
         Command::Detach {
             interfaces,
             pin_dir,
@@ -170,6 +282,50 @@ fn main() -> ExitCode {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+fn rule(action: RuleCommand) -> anyhow::Result<()> {
+    use cli::rule::{edit, list, section};
+    use proto::RuleEdit;
+    match action {
+        RuleCommand::Add {
+            cidr,
+            matches,
+            limits,
+            common,
+        } => {
+            let rule = section(Some(cidr), &matches, &limits);
+            edit(&common.socket.path, RuleEdit::Add { rule }, common.save)
+        }
+        RuleCommand::Set {
+            cidr,
+            matches,
+            limits,
+            common,
+        } => {
+            let rule = section(Some(cidr), &matches, &limits);
+            edit(&common.socket.path, RuleEdit::Set { rule }, common.save)
+        }
+        RuleCommand::Rm {
+            cidr,
+            matches,
+            common,
+        } => {
+            let limits = cli::rule::LimitArgs {
+                action: cli::rule::ActionArg::Limit,
+                pps: None,
+                bps: None,
+                burst: 0,
+                burst_bytes: 0,
+                window: std::time::Duration::from_secs(1),
+                block: None,
+                dry_run: false,
+            };
+            let rule = section(Some(cidr), &matches, &limits);
+            edit(&common.socket.path, RuleEdit::Remove { rule }, common.save)
+        }
+        RuleCommand::Ls { socket, output } => list(&socket.path, output),
     }
 }
 

@@ -5,6 +5,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::daemon::config::RuleSection;
+
 /// Bumped on any incompatible change of the messages below.
 pub const PROTOCOL_VERSION: u32 = 1;
 /// Where the daemon listens unless configured otherwise.
@@ -13,14 +15,14 @@ pub const DEFAULT_SOCKET: &str = "/run/xdp-limiter.sock";
 pub const MAX_REQUEST_BYTES: usize = 64 * 1024;
 
 /// A request, as sent: `{"version":1,"command":"status"}`.
-#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 pub struct RequestLine {
     pub version: u32,
     #[serde(flatten)]
     pub request: Request,
 }
 
-#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(tag = "command", rename_all = "kebab-case", deny_unknown_fields)]
 pub enum Request {
     /// Interfaces, program, rules, map fill, current rates.
@@ -30,10 +32,32 @@ pub enum Request {
         /// At most this many (the daemon keeps `daemon.top_k`).
         limit: usize,
     },
-    /// Global dry-run on or off.
-    Mode { dry_run: bool },
+    /// Global dry-run on or off; with `save`, written to the file too.
+    Mode {
+        dry_run: bool,
+        #[serde(default)]
+        save: bool,
+    },
     /// Re-read the configuration file (as SIGHUP does).
     Reload,
+    /// The rules in force, in file form.
+    RuleList,
+    /// Change the rules live; with `save`, write them to the file too.
+    Rules { edit: RuleEdit, save: bool },
+}
+
+/// One change to the rules.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(tag = "op", rename_all = "kebab-case")]
+pub enum RuleEdit {
+    /// A new rule (none with the same prefix and match may exist).
+    Add { rule: RuleSection },
+    /// Replace the rule with the same prefix and match.
+    Set { rule: RuleSection },
+    /// Remove the rule with the same prefix and match.
+    Remove { rule: RuleSection },
+    /// Replace the default rule (no `cidr`).
+    Default { rule: RuleSection },
 }
 
 /// A response line: `{"version":1,"ok":...}` or `{"version":1,"error":"..."}`.
@@ -55,8 +79,16 @@ pub enum Response {
 #[serde(tag = "kind", rename_all = "kebab-case")]
 pub enum Reply {
     Status(Status),
-    Top { sources: Vec<TopSource> },
-    Done { message: String },
+    Top {
+        sources: Vec<TopSource>,
+    },
+    Rules {
+        default: RuleSection,
+        rules: Vec<RuleSection>,
+    },
+    Done {
+        message: String,
+    },
 }
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
@@ -99,7 +131,12 @@ pub struct TopSource {
     pub bps: u64,
     /// Dropped (or would-drop) frames since the source was first seen.
     pub dropped: u64,
-    /// "limited" while some CPU refuses it, else "ok".
+    /// The rule that applies (`default`, `rules[N]`).
+    pub rule: String,
+    /// That rule's packet limit, if it has one.
+    pub limit_pps: Option<u64>,
+    /// `ok`, `limited`, `blocked` (penalty), `would-drop` (dry-run),
+    /// `allowed` or `denied`.
     pub state: String,
 }
 
@@ -150,7 +187,10 @@ mod tests {
         for request in [
             Request::Status,
             Request::Top { limit: 5 },
-            Request::Mode { dry_run: true },
+            Request::Mode {
+                dry_run: true,
+                save: false,
+            },
             Request::Reload,
         ] {
             let line = serde_json::to_string(&RequestLine {

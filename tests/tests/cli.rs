@@ -174,7 +174,13 @@ fn mode_and_reload_change_enforcement_live() {
     let got = s.lab.exchange(&receiver, PORT, &[(HEAVY, 10)], MARKER);
     assert_eq!(got.get(&HEAVY), Some(&10), "dry-run drops nothing: {got:?}");
 
-    assert!(ok(&cli(&s.files, &["mode", "enforce"])).contains("mode enforce"));
+    let out = ok(&cli(&s.files, &["mode", "enforce", "--save"]));
+    assert!(
+        out.contains("mode enforce") && out.contains("saved to"),
+        "{out}"
+    );
+    let saved = std::fs::read_to_string(s.files.config()).expect("config file");
+    assert!(saved.contains("dry_run = false"), "{saved}");
     let got = s.lab.exchange(&receiver, PORT, &[(HEAVY, 10)], MARKER);
     assert_eq!(got.get(&HEAVY), None, "enforcing again: {got:?}");
 
@@ -264,4 +270,268 @@ fn bad_requests_and_callers_get_clear_errors_and_change_nothing() {
     let out = cli(&s.files, &["mode", "turbo"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("invalid value 'turbo'"));
+}
+
+#[test]
+fn rule_add_limits_a_live_source_and_rule_rm_releases_it() {
+    let s = setup();
+    let receiver = s.lab.receiver(PORT);
+    let got = s.lab.exchange(&receiver, PORT, &[(MEDIUM, 15)], MARKER);
+    assert_eq!(
+        got.get(&MEDIUM),
+        Some(&15),
+        "under the default 20 per window"
+    );
+
+    // 1 pps over 10 s: 10 per window, and 15 were already admitted.
+    let medium = format!("{MEDIUM}/32");
+    let out = ok(&cli(
+        &s.files,
+        &["rule", "add", &medium, "--pps", "1", "--window", "10s"],
+    ));
+    assert!(
+        out.contains(&format!("added the rule for {medium}; rule generation 2")),
+        "{out}"
+    );
+    let got = s.lab.exchange(&receiver, PORT, &[(MEDIUM, 5)], MARKER);
+    assert_eq!(got.get(&MEDIUM), None, "now limited: {got:?}");
+
+    let rules = json(&s.files, &["rule", "ls"]);
+    let list = rules["rules"].as_array().expect("rules");
+    assert_eq!(list.len(), 2, "{rules:#}");
+    assert_eq!(list[1]["cidr"], medium);
+    assert_eq!(list[1]["pps"], 1);
+    assert_eq!(list[1]["window"], "10s");
+    assert_eq!(list[1]["action"], "limit");
+    assert_eq!(rules["default"]["pps"], 2);
+    let text = ok(&cli(&s.files, &["rule", "ls"]));
+    assert!(
+        text.contains("rules[1]") && text.contains("1 pps, window 10s"),
+        "{text}"
+    );
+
+    let out = ok(&cli(&s.files, &["rule", "rm", &medium]));
+    assert!(out.contains("removed the rule for"), "{out}");
+    let got = s.lab.exchange(&receiver, PORT, &[(MEDIUM, 10)], MARKER);
+    assert_eq!(
+        got.get(&MEDIUM),
+        Some(&5),
+        "back under the default (20): {got:?}"
+    );
+}
+
+#[test]
+fn rule_changes_with_save_survive_in_the_file_and_default_set_works() {
+    let s = setup();
+    let out = ok(&cli(
+        &s.files,
+        &[
+            "rule",
+            "add",
+            "198.51.100.0/24",
+            "--proto",
+            "udp",
+            "--ports",
+            "53",
+            "--pps",
+            "10k",
+            "--bps",
+            "5Mbit",
+            "--burst",
+            "1k",
+            "--block",
+            "30s",
+            "--save",
+        ],
+    ));
+    assert!(out.contains("saved to"), "{out}");
+    let saved = limiter_user::daemon::config::Config::load(&s.files.config()).expect("valid file");
+    let rule = saved.rules.rules.last().expect("saved rule");
+    assert_eq!(rule.cidr.to_string(), "198.51.100.0/24");
+    assert_eq!(rule.limits.pps, Some(10_000));
+    assert_eq!(rule.limits.bytes_per_second, Some(625_000));
+    assert_eq!(rule.limits.burst_packets, 1000);
+    assert_eq!(rule.limits.block, Some(Duration::from_secs(30)));
+    assert_eq!(rule.matches.ports, Some((53, 53)));
+
+    let out = ok(&cli(
+        &s.files,
+        &[
+            "rule",
+            "set",
+            "198.51.100.0/24",
+            "--proto",
+            "udp",
+            "--ports",
+            "53",
+            "--pps",
+            "20",
+        ],
+    ));
+    assert!(out.contains("replaced the rule"), "{out}");
+    assert_eq!(json(&s.files, &["rule", "ls"])["rules"][1]["pps"], 20);
+    let out = ok(&cli(
+        &s.files,
+        &["default", "set", "--pps", "3", "--window", "10s"],
+    ));
+    assert!(out.contains("replaced the default rule"), "{out}");
+    let rules = json(&s.files, &["rule", "ls"]);
+    assert_eq!(rules["default"]["pps"], 3);
+    assert_eq!(rules["default"]["dry_run"], false);
+    assert_eq!(json(&s.files, &["status"])["generation"], 4);
+}
+
+#[test]
+fn invalid_rule_changes_are_rejected_and_leave_rules_unchanged() {
+    let s = setup();
+    let before = json(&s.files, &["rule", "ls"]);
+    // Refused by the CLI's own parsing: exit 2 with usage.
+    for args in [
+        vec!["rule", "add", "10.0.0.0/33", "--pps", "5"],
+        vec!["rule", "add", "not-a-cidr", "--pps", "5"],
+        vec!["rule", "add", "10.0.0.0/8", "--pps", "-5"],
+        vec!["rule", "add", "10.0.0.0/8", "--pps", "lots"],
+        vec!["rule", "add", "10.0.0.0/8", "--proto", "tcpp", "--pps", "5"],
+        vec!["rule", "add", "10.0.0.0/8", "--ports", "http", "--pps", "5"],
+    ] {
+        let out = cli(&s.files, &args);
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    // Refused by the daemon's validation: exit 1 with the reason.
+    for (args, expect) in [
+        (
+            vec![
+                "rule",
+                "add",
+                "10.0.0.0/8",
+                "--proto",
+                "udp",
+                "--ports",
+                "99-10",
+                "--pps",
+                "5",
+            ],
+            "port range 99-10 is reversed",
+        ),
+        (
+            vec!["rule", "add", "10.0.0.0/8", "--pps", "999T"],
+            "exceeds the maximum",
+        ),
+        (
+            vec!["rule", "add", "10.0.0.0/8"],
+            "needs a packet or byte rate",
+        ),
+        (
+            vec!["rule", "add", "10.0.0.0/8", "--pps", "5", "--window", "2m"],
+            "window",
+        ),
+        (
+            vec!["rule", "add", "2001:db8::/96", "--pps", "5"],
+            "longer than the /64",
+        ),
+        (
+            vec!["rule", "add", &format!("{MARKER}/32"), "--action", "allow"],
+            "exists; use `rule set`",
+        ),
+        (
+            vec!["rule", "rm", "10.9.9.0/24"],
+            "the rule for 10.9.9.0/24 with that match does not exist",
+        ),
+        (
+            vec!["rule", "set", "10.9.9.0/24", "--pps", "5"],
+            "use `rule add`",
+        ),
+    ] {
+        let out = cli(&s.files, &args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(stderr.contains(expect), "{args:?}: {stderr}");
+    }
+    assert_eq!(json(&s.files, &["rule", "ls"]), before, "rules unchanged");
+    assert_eq!(
+        json(&s.files, &["status"])["generation"],
+        1,
+        "nothing pushed"
+    );
+}
+
+#[test]
+fn completions_and_the_man_page_come_from_the_clap_definition() {
+    let out = Command::new(binary())
+        .args(["completions", "bash"])
+        .output()
+        .expect("run");
+    let script = ok(&out);
+    assert!(
+        script.contains("xdp-limiter") && script.contains("rule"),
+        "{script}"
+    );
+    let out = Command::new(binary()).args(["man"]).output().expect("run");
+    let page = ok(&out);
+    assert!(
+        page.contains(".TH xdp-limiter") && page.contains("status"),
+        "{page}"
+    );
+}
+
+/// `tmux` drives the live view like a person at a terminal.
+fn tmux(args: &[&str]) -> String {
+    let out = Command::new("tmux").args(args).output().expect("run tmux");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn live_top_refreshes_sorts_on_keys_and_quits_on_q() {
+    let s = setup();
+    let session = format!("xlt-top-{}", std::process::id());
+    let command = format!(
+        "{} top --socket {}",
+        binary().display(),
+        s.files.socket().display()
+    );
+    tmux(&[
+        "new-session",
+        "-d",
+        "-s",
+        &session,
+        "-x",
+        "120",
+        "-y",
+        "30",
+        &command,
+    ]);
+    let screen = |needle: &str| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let text = tmux(&["capture-pane", "-p", "-t", &session]);
+            if text.contains(needle) {
+                return text;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "never showed {needle:?}:\n{text}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    screen("sorted by Pps");
+    tmux(&["send-keys", "-t", &session, "d"]);
+    screen("sorted by Dropped");
+    tmux(&["send-keys", "-t", &session, "q"]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Command::new("tmux")
+        .args(["has-session", "-t", &session])
+        .output()
+        .expect("tmux")
+        .status
+        .success()
+    {
+        assert!(Instant::now() < deadline, "top did not quit on q");
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }

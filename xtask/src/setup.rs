@@ -27,6 +27,7 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "rust-web-clippy",
     "iproute2",
     "iputils-ping",
+    "tmux",
 ];
 /// The rustup toolchain name the eBPF build uses.
 pub const EBPF_TOOLCHAIN: &str = "debian";

@@ -4,8 +4,10 @@
 
 pub mod client;
 pub mod mode;
+pub mod rule;
 pub mod status;
 pub mod top;
+pub mod units;
 
 use clap::ValueEnum;
 

@@ -15,11 +15,12 @@ pub enum Mode {
     Enforce,
 }
 
-pub fn set(socket: &Path, mode: Mode) -> anyhow::Result<()> {
+pub fn set(socket: &Path, mode: Mode, save: bool) -> anyhow::Result<()> {
     done(client::request(
         socket,
         Request::Mode {
             dry_run: mode == Mode::DryRun,
+            save,
         },
     )?)
 }

@@ -1,44 +1,135 @@
 //! `xdp-limiter top`: the heaviest sources of the daemon's last pass.
-//! `--once` prints one frame; without it the view refreshes every second
-//! until interrupted.
+//! `--once` prints one frame (for scripts); otherwise the view refreshes
+//! every second: `q` quits, `p`, `b` and `d` sort by packets, bits or
+//! drops.
 
-use std::{path::Path, time::Duration};
+use std::{
+    io::{IsTerminal, Read, Write},
+    os::fd::AsFd,
+    path::Path,
+};
+
+use clap::ValueEnum;
+use nix::{
+    poll::{poll, PollFd, PollFlags, PollTimeout},
+    sys::termios::{self, LocalFlags, SetArg, Termios},
+};
 
 use super::{client, Output};
 use crate::proto::{Reply, Request, TopSource};
 
-pub fn run(socket: &Path, output: Output, limit: usize, once: bool) -> anyhow::Result<()> {
+/// What `top` sorts by.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum SortBy {
+    #[default]
+    Pps,
+    Bps,
+    Dropped,
+}
+
+pub fn run(
+    socket: &Path,
+    output: Output,
+    limit: usize,
+    once: bool,
+    mut sort: SortBy,
+) -> anyhow::Result<()> {
+    let interactive = !once && output == Output::Text && std::io::stdin().is_terminal();
+    let _raw = if interactive {
+        RawInput::enable()
+    } else {
+        None
+    };
     loop {
-        let Reply::Top { sources } = client::request(socket, Request::Top { limit })? else {
+        let Reply::Top { mut sources } = client::request(socket, Request::Top { limit })? else {
             anyhow::bail!("the daemon answered `top` with something else");
         };
+        sort_sources(&mut sources, sort);
         match output {
             Output::Json => println!("{}", serde_json::to_string_pretty(&sources)?),
             Output::Text => {
                 if !once {
                     // Clear the screen and home the cursor between frames.
                     print!("\x1b[2J\x1b[H");
+                    println!("xdp-limiter top: sorted by {sort:?} (q quits; p, b, d sort)\n");
                 }
                 print!("{}", render(&sources));
+                std::io::stdout().flush()?;
             }
         }
         if once {
             return Ok(());
         }
-        std::thread::sleep(Duration::from_secs(1));
+        match wait_key(interactive) {
+            Some(b'q') => return Ok(()),
+            Some(b'p') => sort = SortBy::Pps,
+            Some(b'b') => sort = SortBy::Bps,
+            Some(b'd') => sort = SortBy::Dropped,
+            _ => {}
+        }
     }
 }
 
-/// The human form: one line per source, heaviest first.
+/// Waits up to a second for a key (or just a second when not interactive).
+fn wait_key(interactive: bool) -> Option<u8> {
+    if !interactive {
+        std::thread::sleep(std::time::Duration::from_secs(1));
+        return None;
+    }
+    let stdin = std::io::stdin();
+    let mut fds = [PollFd::new(stdin.as_fd(), PollFlags::POLLIN)];
+    if poll(&mut fds, PollTimeout::from(1000u16)).ok()? == 0 {
+        return None;
+    }
+    let mut key = [0u8; 1];
+    stdin.lock().read_exact(&mut key).ok()?;
+    Some(key[0])
+}
+
+fn sort_sources(sources: &mut [TopSource], sort: SortBy) {
+    sources.sort_by_key(|s| {
+        std::cmp::Reverse(match sort {
+            SortBy::Pps => s.pps,
+            SortBy::Bps => s.bps,
+            SortBy::Dropped => s.dropped,
+        })
+    });
+}
+
+/// The terminal in key-at-a-time mode while `top` runs; restored on drop.
+struct RawInput {
+    saved: Termios,
+}
+
+impl RawInput {
+    fn enable() -> Option<Self> {
+        let stdin = std::io::stdin();
+        let saved = termios::tcgetattr(stdin.as_fd()).ok()?;
+        let mut raw = saved.clone();
+        raw.local_flags
+            .remove(LocalFlags::ICANON | LocalFlags::ECHO);
+        termios::tcsetattr(stdin.as_fd(), SetArg::TCSANOW, &raw).ok()?;
+        Some(Self { saved })
+    }
+}
+
+impl Drop for RawInput {
+    fn drop(&mut self) {
+        let _ = termios::tcsetattr(std::io::stdin().as_fd(), SetArg::TCSANOW, &self.saved);
+    }
+}
+
+/// The human form: one line per source.
 pub fn render(sources: &[TopSource]) -> String {
     let mut text = format!(
-        "{:<30} {:<10} {:>10} {:>14} {:>12}  state\n",
-        "source", "interface", "pps", "bps", "dropped"
+        "{:<30} {:<10} {:>10} {:>14} {:>12} {:>9} {:<10} state\n",
+        "source", "interface", "pps", "bps", "dropped", "limit", "rule"
     );
     for s in sources {
+        let limit = s.limit_pps.map_or("-".to_string(), |l| l.to_string());
         text.push_str(&format!(
-            "{:<30} {:<10} {:>10} {:>14} {:>12}  {}\n",
-            s.source, s.interface, s.pps, s.bps, s.dropped, s.state
+            "{:<30} {:<10} {:>10} {:>14} {:>12} {:>9} {:<10} {}\n",
+            s.source, s.interface, s.pps, s.bps, s.dropped, limit, s.rule, s.state
         ));
     }
     text

@@ -25,6 +25,8 @@ pub struct SourceRate {
     pub dropped_total: Counter,
     /// Some CPU is refusing it without looking (blocked or over its limit).
     pub limited: bool,
+    /// The `RULES` index its newest per-CPU state resolved.
+    pub rule: u32,
 }
 
 /// What one pass saw.
@@ -77,11 +79,17 @@ pub fn pass(ebpf: &Ebpf, top_k: usize) -> Result<Snapshot, CountersError> {
             offered: Counter::default(),
             dropped_total: Counter::default(),
             limited: false,
+            rule: limiter_common::rules::NO_RULE,
         };
+        let mut newest_generation = 0;
         for t in per_cpu {
             rate.offered = rate.offered.merged(t.last_second(now_second));
             rate.dropped_total = rate.dropped_total.merged(t.dropped);
             rate.limited |= t.hold_until_ns > now_ns;
+            if t.generation > newest_generation {
+                newest_generation = t.generation;
+                rate.rule = t.rule;
+            }
         }
         if rate.limited {
             snapshot.limited.insert(*key);

@@ -12,7 +12,7 @@ use std::{
 
 use ipnet::IpNet;
 use limiter_common::Action;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::rules::{
     compile, Limits, Match, RuleError, RuleSet, RuleSpec, PROTO_ICMP, PROTO_ICMPV6, PROTO_TCP,
@@ -51,7 +51,7 @@ fn field(field: impl Into<String>, message: impl Into<String>) -> ConfigError {
 }
 
 /// How to attach to an interface.
-#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "kebab-case")]
 pub enum AttachMode {
     /// Native (driver) mode, falling back to generic mode with a warning.
@@ -64,7 +64,7 @@ pub enum AttachMode {
 }
 
 /// The whole file.
-#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct FileConfig {
     pub daemon: DaemonSection,
@@ -74,7 +74,7 @@ pub struct FileConfig {
 }
 
 /// `[daemon]`: how the daemon runs. Changing these needs a restart.
-#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct DaemonSection {
     /// Interfaces to protect (`--iface` adds to these).
@@ -114,7 +114,7 @@ impl Default for DaemonSection {
 }
 
 /// `[limits]`: global knobs of enforcement.
-#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct LimitsSection {
     /// Global dry-run: count what would be dropped, drop nothing.
@@ -139,7 +139,7 @@ impl Default for LimitsSection {
 }
 
 /// A protocol by name or number.
-#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(untagged)]
 pub enum ProtocolSpec {
     Number(u8),
@@ -147,7 +147,7 @@ pub enum ProtocolSpec {
 }
 
 /// A destination port or inclusive range: `53`, `"53"` or `"1000-2000"`.
-#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(untagged)]
 pub enum PortsSpec {
     Port(u16),
@@ -155,20 +155,25 @@ pub enum PortsSpec {
 }
 
 /// `[default]` and each `[[rules]]` entry.
-#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct RuleSection {
     /// Source prefix (`[[rules]]` only).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub cidr: Option<IpNet>,
     /// `limit`, `allow` or `deny`.
     pub action: ActionName,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub protocol: Option<ProtocolSpec>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub ports: Option<PortsSpec>,
     /// Only TCP SYN segments (SYN set, ACK clear).
     pub tcp_syn: bool,
     /// Packets per second.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub pps: Option<u64>,
     /// Bytes per second.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub bytes_per_second: Option<u64>,
     /// Extra packets allowed in one window.
     pub burst_packets: u64,
@@ -178,9 +183,10 @@ pub struct RuleSection {
     #[serde(with = "humantime_serde")]
     pub window: Duration,
     /// Once over the limit, drop the source for this long.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "humantime_serde", skip_serializing_if = "Option::is_none")]
     pub block: Option<Duration>,
     /// Dry-run this rule. Unset: true for `[default]`, false for rules.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub dry_run: Option<bool>,
 }
 
@@ -204,7 +210,7 @@ impl Default for RuleSection {
 }
 
 /// A rule action as written in the file.
-#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum ActionName {
     #[default]
@@ -223,11 +229,13 @@ impl From<ActionName> for Action {
     }
 }
 
-/// A validated configuration.
+/// A validated configuration, with the file form it came from (what
+/// `--save` writes back).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Config {
     pub daemon: DaemonSection,
     pub rules: RuleSet,
+    pub file: FileConfig,
 }
 
 impl Config {
@@ -261,6 +269,7 @@ impl FileConfig {
     /// Checks every field and compiles the rules (without touching the
     /// kernel) so that only a configuration that can be pushed is accepted.
     pub fn validate(self) -> Result<Config, ConfigError> {
+        let file = self.clone();
         let d = &self.daemon;
         if d.max_sources == 0 {
             return Err(field("daemon.max_sources", "must be greater than zero"));
@@ -310,6 +319,7 @@ impl FileConfig {
         Ok(Config {
             daemon: self.daemon,
             rules: set,
+            file,
         })
     }
 }
@@ -381,6 +391,31 @@ fn rule_spec(section: &RuleSection, name: &str, is_default: bool) -> Result<Rule
         },
         dry_run,
     })
+}
+
+impl FileConfig {
+    /// The TOML text of this configuration.
+    pub fn to_toml(&self) -> String {
+        toml::to_string_pretty(self).expect("a configuration serialises")
+    }
+}
+
+impl RuleSection {
+    /// Whether `other` names the same rule: same prefix and match.
+    pub fn same_rule(&self, other: &RuleSection) -> bool {
+        self.cidr.map(|c| c.trunc()) == other.cidr.map(|c| c.trunc())
+            && self.protocol == other.protocol
+            && self.ports_range() == other.ports_range()
+            && self.tcp_syn == other.tcp_syn
+    }
+
+    fn ports_range(&self) -> Option<(u16, u16)> {
+        match &self.ports {
+            None => None,
+            Some(PortsSpec::Port(p)) => Some((*p, *p)),
+            Some(PortsSpec::Text(t)) => parse_ports(t),
+        }
+    }
 }
 
 /// `"53"` or `"1000-2000"`.
@@ -512,6 +547,15 @@ mod tests {
         assert_eq!(config.daemon.interfaces, vec!["eth0".to_string()]);
         assert!(!config.rules.default.dry_run);
         assert_eq!(config.rules.rules.len(), 2);
+    }
+
+    #[test]
+    fn a_configuration_survives_a_round_trip_through_toml() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../dist/config.toml");
+        let config = Config::load(&path).unwrap();
+        let again = Config::parse(&config.file.to_toml(), "round trip").unwrap();
+        assert_eq!(again.rules, config.rules);
+        assert_eq!(again.daemon, config.daemon);
     }
 
     #[test]

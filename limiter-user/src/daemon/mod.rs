@@ -25,7 +25,7 @@ use self::{
     metrics::Metrics,
 };
 use crate::{
-    proto::{InterfaceStatus, Reply, Request, ResponseLine, Status, TopSource},
+    proto::{InterfaceStatus, Reply, Request, ResponseLine, RuleEdit, Status, TopSource},
     push,
 };
 
@@ -182,7 +182,7 @@ pub async fn run(options: RunOptions) -> anyhow::Result<()> {
             Some(command) = control_rx.recv() => {
                 let response = match command.request {
                     Request::Status => ResponseLine::ok(Reply::Status(status(&config, generation, &instances, &observed, daemon.max_sources))),
-                    Request::Top { limit } => ResponseLine::ok(Reply::Top { sources: top(&instances, &observed, limit) }),
+                    Request::Top { limit } => ResponseLine::ok(Reply::Top { sources: top(&config, generation, &instances, &observed, limit) }),
                     Request::Reload => match reload(&options, &mut config, &mut instances) {
                         Some(g) => {
                             generation = g;
@@ -193,16 +193,36 @@ pub async fn run(options: RunOptions) -> anyhow::Result<()> {
                         }
                         None => ResponseLine::error("reload failed; the running configuration stays in force (see the daemon's log)"),
                     },
-                    Request::Mode { dry_run } => {
+                    Request::RuleList => ResponseLine::ok(Reply::Rules {
+                        default: config.file.default.clone(),
+                        rules: config.file.rules.clone(),
+                    }),
+                    Request::Rules { edit, save } => match edit_rules(&options, &mut config, &mut instances, edit, save) {
+                        Ok((g, message)) => {
+                            generation = g;
+                            if let Ok(mut names) = names.write() {
+                                *names = rule_names(&config, generation);
+                            }
+                            ResponseLine::ok(Reply::Done { message })
+                        }
+                        Err(message) => ResponseLine::error(message),
+                    },
+                    Request::Mode { dry_run, save } => {
                         let mut rules = config.rules.clone();
                         rules.dry_run = dry_run;
                         match push_all(&mut instances, &rules) {
                             Ok(g) => {
                                 generation = g;
                                 config.rules = rules;
+                                config.file.limits.dry_run = dry_run;
                                 let mode = if dry_run { "dry-run" } else { "enforce" };
                                 info!(mode, "mode changed through the control socket");
-                                ResponseLine::ok(Reply::Done { message: format!("mode {mode}; rule generation {g}") })
+                                let done = format!("mode {mode}; rule generation {g}");
+                                match save.then(|| save_file(&options, &config, &done)) {
+                                    Some(Err(message)) => ResponseLine::error(message),
+                                    Some(Ok(saved)) => ResponseLine::ok(Reply::Done { message: saved }),
+                                    None => ResponseLine::ok(Reply::Done { message: done }),
+                                }
                             }
                             Err(e) => ResponseLine::error(format!("mode change failed: {e}")),
                         }
@@ -317,26 +337,155 @@ fn status(
     }
 }
 
-fn top(instances: &[Instance], observed: &[Observed], limit: usize) -> Vec<TopSource> {
-    let mut sources: Vec<TopSource> = instances
-        .iter()
-        .zip(observed)
-        .flat_map(|(instance, seen)| {
-            seen.last.iter().flat_map(move |(_, snapshot)| {
-                snapshot.top.iter().map(move |rate| TopSource {
-                    interface: instance.iface.clone(),
-                    source: crate::display::source(&rate.key),
-                    pps: rate.offered.packets,
-                    bps: rate.offered.bytes * 8,
-                    dropped: rate.dropped_total.packets,
-                    state: if rate.limited { "limited" } else { "ok" }.to_string(),
-                })
-            })
-        })
-        .collect();
+fn top(
+    config: &Config,
+    generation: u32,
+    instances: &[Instance],
+    observed: &[Observed],
+    limit: usize,
+) -> Vec<TopSource> {
+    let names = rule_names(config, generation);
+    let now_ns = aggregate::kernel_now().as_nanos() as u64;
+    let mut sources: Vec<TopSource> = Vec::new();
+    for (instance, seen) in instances.iter().zip(observed) {
+        let Some((_, snapshot)) = &seen.last else {
+            continue;
+        };
+        let windows = instance
+            .ebpf
+            .map(limiter_common::names::WINDOWS)
+            .and_then(|m| {
+                aya::maps::HashMap::<_, SourceKey, limiter_common::WindowState>::try_from(m).ok()
+            });
+        for rate in &snapshot.top {
+            let position = names.iter().position(|(index, _)| *index == rate.rule);
+            let spec = position.and_then(|p| {
+                if p == 0 {
+                    Some(&config.rules.default)
+                } else {
+                    config.rules.rules.get(p - 1)
+                }
+            });
+            let blocked = windows
+                .as_ref()
+                .and_then(|w| w.get(&rate.key, 0).ok())
+                .is_some_and(|w| w.blocked_until_ns > now_ns);
+            let state = match spec.map(|s| (s.action, s.dry_run || config.rules.dry_run)) {
+                Some((limiter_common::Action::Allow, _)) => "allowed",
+                Some((limiter_common::Action::Deny, _)) => "denied",
+                _ if !rate.limited => "ok",
+                Some((_, true)) => "would-drop",
+                _ if blocked => "blocked",
+                _ => "limited",
+            };
+            sources.push(TopSource {
+                interface: instance.iface.clone(),
+                source: crate::display::source(&rate.key),
+                pps: rate.offered.packets,
+                bps: rate.offered.bytes * 8,
+                dropped: rate.dropped_total.packets,
+                rule: position.map_or_else(|| "-".to_string(), |p| names[p].1.clone()),
+                limit_pps: spec.and_then(|s| s.limits.pps),
+                state: state.to_string(),
+            });
+        }
+    }
     sources.sort_by_key(|s| std::cmp::Reverse(s.pps));
     sources.truncate(limit);
     sources
+}
+
+/// Applies one rule edit: validated as a whole file would be, pushed to
+/// every interface, and with `save` written to the configuration file. A
+/// rejected edit changes nothing.
+fn edit_rules(
+    options: &RunOptions,
+    config: &mut Config,
+    instances: &mut [Instance],
+    edit: RuleEdit,
+    save: bool,
+) -> Result<(u32, String), String> {
+    let mut file = config.file.clone();
+    let describe = |r: &config::RuleSection| {
+        r.cidr.map_or_else(
+            || "the default rule".to_string(),
+            |c| format!("the rule for {c}"),
+        )
+    };
+    let what = match edit {
+        RuleEdit::Add { rule } => {
+            if rule.cidr.is_none() {
+                return Err("a rule needs a cidr".into());
+            }
+            if file.rules.iter().any(|r| r.same_rule(&rule)) {
+                return Err(format!(
+                    "{} with that match exists; use `rule set`",
+                    describe(&rule)
+                ));
+            }
+            let what = format!("added {}", describe(&rule));
+            file.rules.push(rule);
+            what
+        }
+        RuleEdit::Set { rule } => {
+            let Some(slot) = file.rules.iter_mut().find(|r| r.same_rule(&rule)) else {
+                return Err(format!(
+                    "no {} with that match; use `rule add`",
+                    describe(&rule)
+                ));
+            };
+            let what = format!("replaced {}", describe(&rule));
+            *slot = rule;
+            what
+        }
+        RuleEdit::Remove { rule } => {
+            let Some(index) = file.rules.iter().position(|r| r.same_rule(&rule)) else {
+                return Err(format!(
+                    "{} with that match does not exist",
+                    describe(&rule)
+                ));
+            };
+            file.rules.remove(index);
+            format!("removed {}", describe(&rule))
+        }
+        RuleEdit::Default { rule } => {
+            if rule.cidr.is_some() {
+                return Err("the default rule covers every source; it takes no cidr".into());
+            }
+            file.default = rule;
+            "replaced the default rule".to_string()
+        }
+    };
+    let mut fresh = file
+        .clone()
+        .validate()
+        .map_err(|e| format!("rejected: {e}"))?;
+    apply_overrides(&mut fresh, options);
+    let generation =
+        push_all(instances, &fresh.rules).map_err(|e| format!("pushing the rules failed: {e}"))?;
+    config.rules = fresh.rules;
+    config.file = file;
+    info!(change = %what, generation, "rules changed through the control socket");
+    let done = format!("{what}; rule generation {generation}");
+    if save {
+        return save_file(options, config, &done).map(|message| (generation, message));
+    }
+    Ok((generation, done))
+}
+
+/// Writes the configuration in force to the file the daemon was started
+/// with (write to a new file, then rename: never a half-written file).
+fn save_file(options: &RunOptions, config: &Config, done: &str) -> Result<String, String> {
+    let Some(path) = &options.config else {
+        return Err(format!(
+            "{done} (live), but not saved: the daemon was started without --config"
+        ));
+    };
+    let tmp = path.with_extension("toml.new");
+    std::fs::write(&tmp, config.file.to_toml())
+        .and_then(|()| std::fs::rename(&tmp, path))
+        .map_err(|e| format!("{done} (live), but saving {} failed: {e}", path.display()))?;
+    Ok(format!("{done}; saved to {}", path.display()))
 }
 
 /// Pushes `rules` to every interface; the new generation.
