@@ -184,13 +184,16 @@ enum Command {
     },
     /// Print the man page (roff).
     Man,
-    /// Remove what `run` pinned: the program is detached.
+    /// Stop protecting: a running daemon detaches and exits; without one,
+    /// remove what `run --keep-attached` left pinned.
     Detach {
         /// Interface to release (default: every pinned interface).
         #[arg(long = "iface", short = 'i')]
         interfaces: Vec<String>,
         #[arg(long, default_value = daemon::config::DEFAULT_PIN_DIR)]
         pin_dir: PathBuf,
+        #[command(flatten)]
+        socket: SocketArg,
     },
     /// Load the XDP program through the kernel verifier (attaches nothing).
     Check {
@@ -273,7 +276,8 @@ fn main() -> ExitCode {
         Command::Detach {
             interfaces,
             pin_dir,
-        } => detach(&interfaces, &pin_dir),
+            socket,
+        } => detach(&interfaces, &pin_dir, &socket.path),
         Command::Check { max_sources } => check(max_sources),
     };
     match result {
@@ -338,7 +342,21 @@ fn run(options: daemon::RunOptions) -> anyhow::Result<()> {
         .block_on(daemon::run(options))
 }
 
-fn detach(interfaces: &[String], pin_dir: &std::path::Path) -> anyhow::Result<()> {
+fn detach(
+    interfaces: &[String],
+    pin_dir: &std::path::Path,
+    socket: &std::path::Path,
+) -> anyhow::Result<()> {
+    // A running daemon owns the interfaces: ask it (it detaches them all).
+    match cli::client::request(socket, proto::Request::Detach) {
+        Ok(proto::Reply::Done { message }) => {
+            println!("{message}");
+            return Ok(());
+        }
+        Ok(_) => anyhow::bail!("the daemon answered `detach` with something unexpected"),
+        Err(cli::client::ClientError::NotRunning(_)) => {}
+        Err(e) => return Err(e.into()),
+    }
     let interfaces: Vec<String> = if interfaces.is_empty() {
         std::fs::read_dir(pin_dir)
             .map(|entries| {

@@ -42,6 +42,8 @@ pub enum Request {
     Reload,
     /// The rules in force, in file form.
     RuleList,
+    /// Stop protecting every interface, remove the pins, and exit.
+    Detach,
     /// Change the rules live; with `save`, write them to the file too.
     Rules { edit: RuleEdit, save: bool },
 }

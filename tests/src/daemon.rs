@@ -79,6 +79,8 @@ impl Drop for Files {
         let _ = Command::new(binary())
             .args(["detach", "--pin-dir"])
             .arg(&self.pin_dir)
+            .arg("--socket")
+            .arg(self.socket())
             .output();
         let _ = fs::remove_dir_all(&self.pin_dir);
         let _ = fs::remove_dir_all(&self.dir);
@@ -195,6 +197,11 @@ impl Daemon {
 
     pub fn signal(&self, signal: Signal) {
         nix::sys::signal::kill(self.pid(), signal).expect("signal the daemon");
+    }
+
+    /// Waits (bounded) for the daemon to exit on its own; its status.
+    pub fn wait(mut self) -> ExitStatus {
+        self.wait_exit()
     }
 
     /// SIGKILL: the daemon gets no chance to clean up.

@@ -535,3 +535,25 @@ fn live_top_refreshes_sorts_on_keys_and_quits_on_q() {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+#[test]
+fn detach_stops_a_running_daemon_and_removes_protection() {
+    let s = setup();
+    let out = ok(&cli(
+        &s.files,
+        &["detach", "--pin-dir", s.files.pin_dir.to_str().unwrap()],
+    ));
+    assert!(
+        out.contains(&format!("detached {RX_IF} and stopped the daemon")),
+        "{out}"
+    );
+    let status = s.daemon.wait();
+    assert!(status.success(), "{status}");
+    let link = s.lab.rx.ip(&["-details", "link", "show", RX_IF]);
+    assert!(
+        !String::from_utf8_lossy(&link.stdout).contains("prog/xdp"),
+        "detached"
+    );
+    assert!(!s.files.pin_dir.join(RX_IF).exists(), "pins removed");
+    assert!(!s.files.socket().exists(), "socket removed");
+}

@@ -449,6 +449,8 @@ fn a_pinned_map_of_another_layout_is_recreated_and_detach_removes_everything() {
     let out = Command::new(binary())
         .args(["detach", "--iface", RX_IF, "--pin-dir"])
         .arg(&files.pin_dir)
+        .arg("--socket")
+        .arg(files.socket())
         .output()
         .expect("run detach");
     assert!(

@@ -158,6 +158,7 @@ pub async fn run(options: RunOptions) -> anyhow::Result<()> {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut limited: Vec<BTreeSet<SourceKey>> = vec![BTreeSet::new(); instances.len()];
     let mut observed: Vec<Observed> = instances.iter().map(|_| Observed::default()).collect();
+    let mut detach_requested = false;
 
     loop {
         tokio::select! {
@@ -193,6 +194,14 @@ pub async fn run(options: RunOptions) -> anyhow::Result<()> {
                         }
                         None => ResponseLine::error("reload failed; the running configuration stays in force (see the daemon's log)"),
                     },
+                    Request::Detach => {
+                        info!("detach requested through the control socket: stopping");
+                        let _ = command.reply.send(ResponseLine::ok(Reply::Done {
+                            message: format!("detached {} and stopped the daemon", daemon.interfaces.join(", ")),
+                        }));
+                        detach_requested = true;
+                        break;
+                    }
                     Request::RuleList => ResponseLine::ok(Reply::Rules {
                         default: config.file.default.clone(),
                         rules: config.file.rules.clone(),
@@ -240,7 +249,7 @@ pub async fn run(options: RunOptions) -> anyhow::Result<()> {
     for watcher in watchers {
         watcher.abort();
     }
-    shutdown(instances, daemon.keep_attached);
+    shutdown(instances, daemon.keep_attached && !detach_requested);
     Ok(())
 }
 
