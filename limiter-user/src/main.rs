@@ -35,28 +35,24 @@ enum Mode {
     Generic,
 }
 
+/// A whole rule on the command line.
+#[derive(clap::Args)]
+struct RuleArgs {
+    cidr: ipnet::IpNet,
+    #[command(flatten)]
+    matches: cli::rule::MatchArgs,
+    #[command(flatten)]
+    limits: cli::rule::LimitArgs,
+    #[command(flatten)]
+    common: EditArgs,
+}
+
 #[derive(Subcommand)]
 enum RuleCommand {
     /// Add a rule for a prefix (and match).
-    Add {
-        cidr: ipnet::IpNet,
-        #[command(flatten)]
-        matches: cli::rule::MatchArgs,
-        #[command(flatten)]
-        limits: cli::rule::LimitArgs,
-        #[command(flatten)]
-        common: EditArgs,
-    },
+    Add(RuleArgs),
     /// Replace the rule with the same prefix and match.
-    Set {
-        cidr: ipnet::IpNet,
-        #[command(flatten)]
-        matches: cli::rule::MatchArgs,
-        #[command(flatten)]
-        limits: cli::rule::LimitArgs,
-        #[command(flatten)]
-        common: EditArgs,
-    },
+    Set(RuleArgs),
     /// Remove the rule with this prefix and match.
     Rm {
         cidr: ipnet::IpNet,
@@ -290,43 +286,21 @@ fn main() -> ExitCode {
 }
 
 fn rule(action: RuleCommand) -> anyhow::Result<()> {
-    use cli::rule::{edit, list, section};
+    use cli::rule::{edit, list, section, LimitArgs};
     use proto::RuleEdit;
+    let send = |args: RuleArgs, make: fn(daemon::config::RuleSection) -> RuleEdit| {
+        let rule = section(Some(args.cidr), &args.matches, &args.limits);
+        edit(&args.common.socket.path, make(rule), args.common.save)
+    };
     match action {
-        RuleCommand::Add {
-            cidr,
-            matches,
-            limits,
-            common,
-        } => {
-            let rule = section(Some(cidr), &matches, &limits);
-            edit(&common.socket.path, RuleEdit::Add { rule }, common.save)
-        }
-        RuleCommand::Set {
-            cidr,
-            matches,
-            limits,
-            common,
-        } => {
-            let rule = section(Some(cidr), &matches, &limits);
-            edit(&common.socket.path, RuleEdit::Set { rule }, common.save)
-        }
+        RuleCommand::Add(args) => send(args, |rule| RuleEdit::Add { rule }),
+        RuleCommand::Set(args) => send(args, |rule| RuleEdit::Set { rule }),
         RuleCommand::Rm {
             cidr,
             matches,
             common,
         } => {
-            let limits = cli::rule::LimitArgs {
-                action: cli::rule::ActionArg::Limit,
-                pps: None,
-                bps: None,
-                burst: 0,
-                burst_bytes: 0,
-                window: std::time::Duration::from_secs(1),
-                block: None,
-                dry_run: false,
-            };
-            let rule = section(Some(cidr), &matches, &limits);
+            let rule = section(Some(cidr), &matches, &LimitArgs::none());
             edit(&common.socket.path, RuleEdit::Remove { rule }, common.save)
         }
         RuleCommand::Ls { socket, output } => list(&socket.path, output),

@@ -63,6 +63,22 @@ pub struct LimitArgs {
     pub dry_run: bool,
 }
 
+impl LimitArgs {
+    /// No limits (a rule named only by prefix and match, for `rule rm`).
+    pub fn none() -> Self {
+        Self {
+            action: ActionArg::Limit,
+            pps: None,
+            bps: None,
+            burst: 0,
+            burst_bytes: 0,
+            window: Duration::from_secs(1),
+            block: None,
+            dry_run: false,
+        }
+    }
+}
+
 fn protocol(text: &str) -> Result<ProtocolSpec, String> {
     if let Ok(number) = text.parse::<u8>() {
         return Ok(ProtocolSpec::Number(number));
