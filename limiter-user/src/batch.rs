@@ -72,8 +72,31 @@ const fn per_cpu_stride<V>() -> usize {
 pub fn for_each_per_cpu<K: Pod, V: Pod>(
     fd: BorrowedFd<'_>,
     cpus: usize,
-    mut each: impl FnMut(&K, &[V]),
+    each: impl FnMut(&K, &[V]),
 ) -> io::Result<usize> {
+    read_per_cpu(fd, cpus, Resume::Start, usize::MAX, each).map(|(seen, _)| seen)
+}
+
+/// Where a resumable read stopped.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Resume {
+    /// From the start of the map.
+    #[default]
+    Start,
+    /// From this batch token (a bucket index for hash maps).
+    At(u64),
+}
+
+/// As [`for_each_per_cpu`], from `from`, stopping once at least `budget`
+/// entries were read. Returns how many were read and where to go on
+/// (`None`: the end of the map was reached).
+pub fn read_per_cpu<K: Pod, V: Pod>(
+    fd: BorrowedFd<'_>,
+    cpus: usize,
+    from: Resume,
+    budget: usize,
+    mut each: impl FnMut(&K, &[V]),
+) -> io::Result<(usize, Option<Resume>)> {
     assert_eq!(
         per_cpu_stride::<V>(),
         size_of::<V>(),
@@ -81,10 +104,12 @@ pub fn for_each_per_cpu<K: Pod, V: Pod>(
     );
     let mut keys: Vec<MaybeUninit<K>> = Vec::with_capacity(BATCH);
     let mut values: Vec<MaybeUninit<V>> = Vec::with_capacity(BATCH * cpus);
-    // The batch token of hash maps is a u32 bucket index.
-    let mut token = [0u64; 1];
+    let mut token = [match from {
+        Resume::Start => 0,
+        Resume::At(t) => t,
+    }];
     let mut next = [0u64; 1];
-    let mut first = true;
+    let mut first = from == Resume::Start;
     let mut seen = 0;
     loop {
         let mut attr = BatchAttr {
@@ -96,8 +121,7 @@ pub fn for_each_per_cpu<K: Pod, V: Pod>(
             map_fd: fd.as_raw_fd() as u32,
             ..BatchAttr::default()
         };
-        let result = bpf(BPF_MAP_LOOKUP_BATCH, &mut attr);
-        let done = match result {
+        let done = match bpf(BPF_MAP_LOOKUP_BATCH, &mut attr) {
             Ok(()) => false,
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => true,
             Err(e) => return Err(e),
@@ -116,10 +140,13 @@ pub fn for_each_per_cpu<K: Pod, V: Pod>(
         }
         seen += count;
         if done {
-            return Ok(seen);
+            return Ok((seen, None));
         }
         token = next;
         first = false;
+        if seen >= budget {
+            return Ok((seen, Some(Resume::At(token[0]))));
+        }
     }
 }
 

@@ -56,3 +56,57 @@ fn an_empty_map_reads_as_empty() {
         .expect("batch lookup");
     assert_eq!(count, 0);
 }
+
+#[test]
+fn a_sweep_spread_over_ticks_sees_every_source_once() {
+    use limiter_user::daemon::aggregate::{pass, Sweep};
+    let harness = Harness::load_with(&limiter_user::LoadOptions {
+        max_sources: 40_000,
+    });
+    let cpus = aya::util::nr_cpus().expect("nr_cpus");
+    let fd = hash_map_fd(harness.ebpf().map(names::SOURCES).expect("SOURCES")).expect("hash map");
+    let n = 5 * BATCH as u32 + 77;
+    let entries: Vec<(SourceKey, Vec<SourceTraffic>)> = (0..n)
+        .map(|i| {
+            let traffic = SourceTraffic {
+                dropped: Counter {
+                    packets: u64::from(i),
+                    bytes: 0,
+                },
+                ..SourceTraffic::default()
+            };
+            (
+                SourceKey::v4((0x0a00_0000 + i).to_be_bytes()),
+                vec![traffic; cpus],
+            )
+        })
+        .collect();
+    update_per_cpu(fd, cpus, &entries).expect("fill");
+
+    // Slices of one batch: the sweep takes several ticks.
+    let mut sweep = Sweep::default();
+    let mut ticks = 0;
+    let last = loop {
+        let snapshot = pass(harness.ebpf(), 3, &mut sweep, BATCH).expect("tick");
+        ticks += 1;
+        if sweep.last_sweep_ticks > 0 {
+            break snapshot;
+        }
+        assert!(
+            snapshot.tracked_sources < u64::from(n),
+            "partial until complete"
+        );
+        assert!(ticks < 100, "the sweep never completed");
+    };
+    assert!(ticks >= 5, "spread over {ticks} ticks");
+    assert_eq!(sweep.last_sweep_ticks, ticks);
+    assert_eq!(
+        last.tracked_sources,
+        u64::from(n),
+        "every source exactly once"
+    );
+    assert_eq!(last.top.len(), 3);
+    // The next tick starts a new sweep but still shows the complete one.
+    let next = pass(harness.ebpf(), 3, &mut sweep, BATCH).expect("tick");
+    assert_eq!(next.tracked_sources, u64::from(n));
+}

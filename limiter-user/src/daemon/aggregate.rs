@@ -14,7 +14,10 @@ use aya::{
 };
 use limiter_common::{names, Counter, Outcome, SourceKey, SourceTraffic};
 
-use crate::counters::{self, CountersError};
+use crate::{
+    batch::Resume,
+    counters::{self, CountersError},
+};
 
 /// A source's rates over the last complete second, summed across CPUs.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -49,31 +52,21 @@ pub fn kernel_now() -> Duration {
     Duration::new(ts.tv_sec() as u64, ts.tv_nsec() as u32)
 }
 
-/// Reads everything once; the per-source map in batches.
-pub fn pass(ebpf: &Ebpf, top_k: usize) -> Result<Snapshot, CountersError> {
-    let now = kernel_now();
-    let now_ns = now.as_nanos() as u64;
-    let now_second = now.as_secs();
-    let outcomes = counters::outcomes(ebpf)?;
-    let outcomes = Outcome::ALL
-        .iter()
-        .map(|o| counters::total(&outcomes[o.name()]))
-        .collect();
+/// The running totals of a sweep over the per-source map.
+#[derive(Clone, Debug, Default)]
+struct Acc {
+    tracked: u64,
+    limited: BTreeSet<SourceKey>,
+    /// The heaviest `top_k` so far (min-heap on offered packets).
+    heaviest: BinaryHeap<Reverse<(u64, SourceKey)>>,
+    rates: HashMap<SourceKey, SourceRate>,
+}
 
-    let map = ebpf
-        .map(names::SOURCES)
-        .ok_or(CountersError::MissingMap(names::SOURCES))?;
-    let fd = crate::batch::hash_map_fd(map).ok_or(CountersError::MissingMap(names::SOURCES))?;
-    let cpus = aya::util::nr_cpus().map_err(|(_, e)| CountersError::Io(e))?;
-    let mut snapshot = Snapshot {
-        outcomes,
-        ..Snapshot::default()
-    };
-    // Keep only the heaviest `top_k` while streaming through the map.
-    let mut heaviest: BinaryHeap<Reverse<(u64, SourceKey)>> = BinaryHeap::new();
-    let mut rates: HashMap<SourceKey, SourceRate> = HashMap::new();
-    crate::batch::for_each_per_cpu::<SourceKey, SourceTraffic>(fd, cpus, |key, per_cpu| {
-        snapshot.tracked_sources += 1;
+impl Acc {
+    fn add(&mut self, key: &SourceKey, per_cpu: &[SourceTraffic], now: Duration, top_k: usize) {
+        let now_ns = now.as_nanos() as u64;
+        let now_second = now.as_secs();
+        self.tracked += 1;
         let mut rate = SourceRate {
             key: *key,
             offered: Counter::default(),
@@ -92,30 +85,94 @@ pub fn pass(ebpf: &Ebpf, top_k: usize) -> Result<Snapshot, CountersError> {
             }
         }
         if rate.limited {
-            snapshot.limited.insert(*key);
+            self.limited.insert(*key);
         }
         if top_k == 0 {
             return;
         }
         let weight = rate.offered.packets;
-        if heaviest.len() < top_k {
-            heaviest.push(Reverse((weight, *key)));
-            rates.insert(*key, rate);
-        } else if heaviest.peek().is_some_and(|Reverse((w, _))| weight > *w) {
-            if let Some(Reverse((_, evicted))) = heaviest.pop() {
-                rates.remove(&evicted);
+        if self.heaviest.len() < top_k {
+            self.heaviest.push(Reverse((weight, *key)));
+            self.rates.insert(*key, rate);
+        } else if self
+            .heaviest
+            .peek()
+            .is_some_and(|Reverse((w, _))| weight > *w)
+        {
+            if let Some(Reverse((_, evicted))) = self.heaviest.pop() {
+                self.rates.remove(&evicted);
             }
-            heaviest.push(Reverse((weight, *key)));
-            rates.insert(*key, rate);
+            self.heaviest.push(Reverse((weight, *key)));
+            self.rates.insert(*key, rate);
         }
-    })
+    }
+}
+
+/// A sweep over the per-source map spread over ticks: each tick reads at
+/// most a budget of sources (bounding the daemon's CPU per tick whatever
+/// the number of sources), and the per-source view (tracked, limited,
+/// top-K) is the last complete sweep's. A map that fits in one budget is
+/// swept completely every tick.
+#[derive(Debug, Default)]
+pub struct Sweep {
+    resume: Resume,
+    current: Acc,
+    complete: Option<Acc>,
+    /// Ticks the last complete sweep took.
+    pub last_sweep_ticks: u32,
+    ticks: u32,
+}
+
+/// One tick: the outcome totals, and the next slice of the sweep (at most
+/// about `budget` sources, rounded up to whole batches).
+pub fn pass(
+    ebpf: &Ebpf,
+    top_k: usize,
+    sweep: &mut Sweep,
+    budget: usize,
+) -> Result<Snapshot, CountersError> {
+    let now = kernel_now();
+    let outcomes = counters::outcomes(ebpf)?;
+    let outcomes = Outcome::ALL
+        .iter()
+        .map(|o| counters::total(&outcomes[o.name()]))
+        .collect();
+    let map = ebpf
+        .map(names::SOURCES)
+        .ok_or(CountersError::MissingMap(names::SOURCES))?;
+    let fd = crate::batch::hash_map_fd(map).ok_or(CountersError::MissingMap(names::SOURCES))?;
+    let cpus = aya::util::nr_cpus().map_err(|(_, e)| CountersError::Io(e))?;
+    let current = &mut sweep.current;
+    let (_, next) = crate::batch::read_per_cpu::<SourceKey, SourceTraffic>(
+        fd,
+        cpus,
+        sweep.resume,
+        budget,
+        |key, per_cpu| current.add(key, per_cpu, now, top_k),
+    )
     .map_err(CountersError::Io)?;
-    let mut rates: Vec<SourceRate> = rates.into_values().collect();
-    rates.sort_by_key(|r| std::cmp::Reverse(r.offered.packets));
-    rates.truncate(top_k);
-    snapshot.top = rates;
-    snapshot.rule_drops = rule_drops(ebpf)?;
-    Ok(snapshot)
+    sweep.ticks += 1;
+    match next {
+        Some(resume) => sweep.resume = resume,
+        None => {
+            sweep.complete = Some(std::mem::take(&mut sweep.current));
+            sweep.resume = Resume::Start;
+            sweep.last_sweep_ticks = sweep.ticks;
+            sweep.ticks = 0;
+        }
+    }
+    // Until the first sweep completes, show what it has seen so far.
+    let view = sweep.complete.as_ref().unwrap_or(&sweep.current);
+    let mut top: Vec<SourceRate> = view.rates.values().cloned().collect();
+    top.sort_by_key(|r| Reverse(r.offered.packets));
+    top.truncate(top_k);
+    Ok(Snapshot {
+        outcomes,
+        tracked_sources: view.tracked,
+        limited: view.limited.clone(),
+        top,
+        rule_drops: rule_drops(ebpf)?,
+    })
 }
 
 fn rule_drops(ebpf: &Ebpf) -> Result<Vec<u64>, CountersError> {

@@ -91,6 +91,9 @@ pub struct DaemonSection {
     pub tick: Duration,
     /// Heaviest sources kept per tick.
     pub top_k: usize,
+    /// Sources read per tick at most: bounds the daemon's CPU per tick;
+    /// a larger map is swept over several ticks.
+    pub sources_per_tick: usize,
     /// Leave the program attached (pinned) when the daemon stops.
     pub keep_attached: bool,
     /// Unix socket of the control API (root only, mode 0600).
@@ -107,6 +110,7 @@ impl Default for DaemonSection {
             max_sources: limiter_common::DEFAULT_MAX_SOURCES,
             tick: Duration::from_secs(1),
             top_k: 20,
+            sources_per_tick: 131_072,
             keep_attached: false,
             control_socket: PathBuf::from(crate::proto::DEFAULT_SOCKET),
         }
@@ -278,6 +282,12 @@ impl FileConfig {
             return Err(field(
                 "daemon.tick",
                 format!("{:?} is outside 100ms..=60s", d.tick),
+            ));
+        }
+        if d.sources_per_tick < 4096 {
+            return Err(field(
+                "daemon.sources_per_tick",
+                format!("{} is below 4096", d.sources_per_tick),
             ));
         }
         if !d.control_socket.is_absolute() {

@@ -158,6 +158,10 @@ pub async fn run(options: RunOptions) -> anyhow::Result<()> {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut limited: Vec<BTreeSet<SourceKey>> = vec![BTreeSet::new(); instances.len()];
     let mut observed: Vec<Observed> = instances.iter().map(|_| Observed::default()).collect();
+    let mut sweeps: Vec<aggregate::Sweep> = instances
+        .iter()
+        .map(|_| aggregate::Sweep::default())
+        .collect();
     let mut detach_requested = false;
 
     loop {
@@ -165,8 +169,8 @@ pub async fn run(options: RunOptions) -> anyhow::Result<()> {
             _ = tick.tick() => {
                 let started = Instant::now();
                 let names = rule_names(&config, generation);
-                for ((instance, limited), seen) in instances.iter().zip(limited.iter_mut()).zip(observed.iter_mut()) {
-                    if let Some(snapshot) = aggregate_one(instance, &mut metrics, &names, daemon.max_sources, daemon.top_k, limited) {
+                for (((instance, limited), seen), sweep) in instances.iter().zip(limited.iter_mut()).zip(observed.iter_mut()).zip(sweeps.iter_mut()) {
+                    if let Some(snapshot) = aggregate_one(instance, &mut metrics, &names, &daemon, limited, sweep) {
                         seen.update(snapshot);
                     }
                 }
@@ -257,17 +261,19 @@ fn aggregate_one(
     instance: &Instance,
     metrics: &mut Metrics,
     names: &[(u32, String)],
-    capacity: u32,
-    top_k: usize,
+    daemon: &config::DaemonSection,
     limited: &mut BTreeSet<SourceKey>,
+    sweep: &mut aggregate::Sweep,
 ) -> Option<aggregate::Snapshot> {
-    let snapshot = match aggregate::pass(&instance.ebpf, top_k) {
-        Ok(snapshot) => snapshot,
-        Err(e) => {
-            error!(iface = %instance.iface, error = %e, "aggregation failed");
-            return None;
-        }
-    };
+    let capacity = daemon.max_sources;
+    let snapshot =
+        match aggregate::pass(&instance.ebpf, daemon.top_k, sweep, daemon.sources_per_tick) {
+            Ok(snapshot) => snapshot,
+            Err(e) => {
+                error!(iface = %instance.iface, error = %e, "aggregation failed");
+                return None;
+            }
+        };
     // "limited" comes from the kernel's events (events.rs); "released" is
     // seen here: a source no CPU is refusing any more.
     for key in limited.difference(&snapshot.limited) {
