@@ -49,6 +49,11 @@ pub mod names {
     pub const EVENTS: &str = "EVENTS";
 }
 
+/// Version of the map layouts (keys, values and their field order). Bump it
+/// on any change: a daemon never adopts pinned maps of another version,
+/// since sizes alone do not reveal a reordered field.
+pub const MAP_LAYOUT_VERSION: u32 = 1;
+
 /// Default capacity of the per-source state maps; userspace sets the real
 /// size before loading.
 pub const DEFAULT_MAX_SOURCES: u32 = 65_536;

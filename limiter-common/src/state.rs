@@ -13,16 +13,13 @@ use crate::{
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SourceTraffic {
+    // The first 64 bytes are what every frame touches: keep them together.
     /// Monotonic-clock second that `current` counts.
     pub second: u64,
     /// Frames offered in `second`.
     pub current: Counter,
-    /// Frames offered in `second - 1` (zero if the source was idle then).
-    pub previous: Counter,
     /// Frames offered since the entry was created.
     pub total: Counter,
-    /// Frames dropped (or would-be dropped in dry-run) since creation.
-    pub dropped: Counter,
     /// `RULES` index resolved for this source, under `generation`.
     pub rule: u32,
     /// `Config::generation` `rule` was resolved under; 0 = never.
@@ -34,6 +31,10 @@ pub struct SourceTraffic {
     pub lease_left: u32,
     /// Explicit padding; always zero.
     pub _pad: u32,
+    /// Frames offered in `second - 1` (zero if the source was idle then).
+    pub previous: Counter,
+    /// Frames dropped (or would-be dropped in dry-run) since creation.
+    pub dropped: Counter,
     /// When this CPU last refused the source (ns); 0 = never.
     pub last_refused_ns: u64,
     /// This CPU's view of the source's older buckets.
@@ -188,6 +189,11 @@ mod tests {
         assert_eq!(t.second, 106);
         assert_eq!(t.previous.packets, 2);
         assert_eq!(t.current.packets, 1);
+    }
+
+    #[test]
+    fn the_per_frame_fields_share_the_first_cache_line() {
+        assert_eq!(core::mem::offset_of!(SourceTraffic, previous), 64);
     }
 
     #[test]

@@ -98,7 +98,10 @@ fn a_sweep_spread_over_ticks_sees_every_source_once() {
         );
         assert!(ticks < 100, "the sweep never completed");
     };
-    assert!(ticks >= 5, "spread over {ticks} ticks");
+    // A tick stops at the first batch boundary past its budget, and the
+    // kernel ends a batch early rather than split a bucket: each tick reads
+    // between one and two budgets.
+    assert!(ticks >= 3, "spread over {ticks} ticks");
     assert_eq!(sweep.last_sweep_ticks, ticks);
     assert_eq!(
         last.tracked_sources,

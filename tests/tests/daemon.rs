@@ -421,7 +421,7 @@ fn a_pinned_map_of_another_layout_is_recreated_and_detach_removes_everything() {
     files.write_config(&config(2));
     // A map pinned where SOURCES goes, with another value size (as an
     // older version with another layout would have left it).
-    let maps_dir = files.pin_dir.join(RX_IF).join("maps");
+    let maps_dir = limiter_user::daemon::load::maps_dir(&files.pin_dir.join(RX_IF));
     std::fs::create_dir_all(&maps_dir).expect("bpffs dir");
     let mut other = aya::EbpfLoader::new()
         .load(limiter_user::object::BASELINE_OBJECT)
@@ -464,4 +464,27 @@ fn a_pinned_map_of_another_layout_is_recreated_and_detach_removes_everything() {
     );
     assert_eq!(attached_program(&lab), None, "detach removed the program");
     assert!(!files.pin_dir.join(RX_IF).exists(), "and the pins");
+}
+
+#[test]
+fn pinned_maps_of_another_layout_version_are_not_adopted() {
+    let lab = lab();
+    let files = Files::new();
+    files.write_config(&config(2));
+    let receiver = lab.receiver(PORT);
+    let first = start(&lab, &files, &["--keep-attached"]);
+    let got = lab.exchange(&receiver, PORT, &[(HEAVY, 25)], MARKER);
+    assert_eq!(got.get(&HEAVY), Some(&20));
+    assert!(first.stop().success());
+    // Pretend an older version left them: same sizes, other layout version.
+    let iface_dir = files.pin_dir.join(RX_IF);
+    let current = limiter_user::daemon::load::maps_dir(&iface_dir);
+    let older = iface_dir.join("maps-v0");
+    std::fs::rename(&current, &older).expect("rename the pinned maps' directory");
+
+    let second = start(&lab, &files, &[]);
+    second.wait_log("pinned maps of another layout version; starting afresh");
+    assert!(!older.exists(), "the old maps are gone");
+    let got = lab.exchange(&receiver, PORT, &[(HEAVY, 25)], MARKER);
+    assert_eq!(got.get(&HEAVY), Some(&20), "fresh windows: {got:?}");
 }

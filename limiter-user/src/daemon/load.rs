@@ -3,7 +3,8 @@
 //! counters continue), replacing the program on a live link atomically, and
 //! detaching.
 //!
-//! Layout: `<pin_dir>/<iface>/maps/<MAP>` and `<pin_dir>/<iface>/link`.
+//! Layout: `<pin_dir>/<iface>/maps-v<layout version>/<MAP>` and
+//! `<pin_dir>/<iface>/link`.
 //! While the link is pinned the interface stays protected whatever happens
 //! to the daemon (even SIGKILL); a new daemon loads the program against the
 //! pinned maps and swaps it onto the pinned link with `bpf_link_update`, so
@@ -177,10 +178,33 @@ fn mount_default_bpffs(pin_dir: &Path) -> Result<(), AttachError> {
     })
 }
 
-/// Removes pinned maps whose layout differs from this build's, so the load
-/// creates them afresh (a program upgrade that changed a map loses only
-/// that map's state).
-fn drop_incompatible_pins(maps_dir: &Path, max_sources: u32) {
+/// The directory of the pinned maps: named after the map layout version
+/// (`limiter_common::MAP_LAYOUT_VERSION`), so a build never adopts maps of
+/// another layout, even one that only reordered fields.
+pub fn maps_dir(iface_dir: &Path) -> PathBuf {
+    iface_dir.join(format!("maps-v{}", limiter_common::MAP_LAYOUT_VERSION))
+}
+
+/// Removes the pinned maps of other layout versions (an upgrade that
+/// changed the layout starts its state afresh) and, of this version, those
+/// whose sizes differ (`max_sources` changed).
+fn drop_incompatible_pins(iface_dir: &Path, max_sources: u32) {
+    let current = maps_dir(iface_dir);
+    if let Ok(entries) = fs::read_dir(iface_dir) {
+        for entry in entries.filter_map(Result::ok) {
+            let path = entry.path();
+            let is_maps = entry.file_name().to_string_lossy().starts_with("maps");
+            if is_maps && path.is_dir() && path != current {
+                warn!(path = %path.display(), "pinned maps of another layout version; starting afresh");
+                let _ = remove_dir_of_pins(&path);
+            }
+        }
+    }
+    drop_mismatched_sizes(&current, max_sources);
+}
+
+/// Removes pinned maps whose key, value or capacity differs.
+fn drop_mismatched_sizes(maps_dir: &Path, max_sources: u32) {
     for (name, key_size, value_size, max_entries) in pinned_maps(max_sources) {
         let path = maps_dir.join(name);
         if !path.exists() {
@@ -213,9 +237,9 @@ pub fn protect(
     nix::net::if_::if_nametoindex(iface).map_err(|_| AttachError::NoInterface(iface.into()))?;
     ensure_bpffs(pin_dir)?;
     let dir = iface_dir(pin_dir, iface);
-    let maps_dir = dir.join("maps");
+    drop_incompatible_pins(&dir, max_sources);
+    let maps_dir = maps_dir(&dir);
     fs::create_dir_all(&maps_dir).map_err(pin_err(&maps_dir))?;
-    drop_incompatible_pins(&maps_dir, max_sources);
 
     let map_paths: Vec<(&str, PathBuf)> = pinned_maps(max_sources)
         .iter()
@@ -338,31 +362,58 @@ impl Instance {
 }
 
 /// Removes `iface`'s pins (the link first, so the program detaches, then
-/// the maps). Missing pins are fine.
+/// the maps of every layout version). Missing pins are fine.
 pub fn remove_pins(dir: &Path) -> Result<(), AttachError> {
-    let remove = |path: PathBuf| match fs::remove_file(&path) {
-        Err(e) if e.kind() != ErrorKind::NotFound => Err(AttachError::Pin { path, source: e }),
-        _ => Ok(()),
-    };
-    remove(dir.join("link"))?;
-    let maps_dir = dir.join("maps");
-    if let Ok(entries) = fs::read_dir(&maps_dir) {
+    match fs::remove_file(dir.join("link")) {
+        Err(e) if e.kind() != ErrorKind::NotFound => {
+            return Err(AttachError::Pin {
+                path: dir.join("link"),
+                source: e,
+            })
+        }
+        _ => {}
+    }
+    if let Ok(entries) = fs::read_dir(dir) {
         for entry in entries.filter_map(Result::ok) {
-            remove(entry.path())?;
-        }
-    }
-    for d in [maps_dir, dir.to_path_buf()] {
-        match fs::remove_dir(&d) {
-            Err(e) if e.kind() != ErrorKind::NotFound => {
-                return Err(AttachError::Pin { path: d, source: e })
+            if entry.path().is_dir() {
+                remove_dir_of_pins(&entry.path())?;
             }
-            _ => {}
         }
     }
-    Ok(())
+    match fs::remove_dir(dir) {
+        Err(e) if e.kind() != ErrorKind::NotFound => Err(AttachError::Pin {
+            path: dir.to_path_buf(),
+            source: e,
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// Removes every pin in `dir`, then `dir`.
+fn remove_dir_of_pins(dir: &Path) -> Result<(), AttachError> {
+    if let Ok(entries) = fs::read_dir(dir) {
+        for entry in entries.filter_map(Result::ok) {
+            match fs::remove_file(entry.path()) {
+                Err(e) if e.kind() != ErrorKind::NotFound => {
+                    return Err(AttachError::Pin {
+                        path: entry.path(),
+                        source: e,
+                    })
+                }
+                _ => {}
+            }
+        }
+    }
+    match fs::remove_dir(dir) {
+        Err(e) if e.kind() != ErrorKind::NotFound => Err(AttachError::Pin {
+            path: dir.to_path_buf(),
+            source: e,
+        }),
+        _ => Ok(()),
+    }
 }
 
 /// Whether a pinned map path holds a map (used by `detach` to report).
 pub fn is_pinned(dir: &Path) -> bool {
-    dir.join("link").exists() || MapData::from_pin(dir.join("maps").join(names::CONFIG)).is_ok()
+    dir.join("link").exists() || MapData::from_pin(maps_dir(dir).join(names::CONFIG)).is_ok()
 }
