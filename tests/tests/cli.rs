@@ -186,6 +186,11 @@ fn mode_and_reload_change_enforcement_live() {
 
     s.files.write_config(&config(5)); // 50 per window
     assert!(ok(&cli(&s.files, &["reload"])).contains("reloaded"));
+    assert_eq!(
+        json(&s.files, &["rule", "ls"])["default"]["pps"],
+        5,
+        "the daemon's rules are the reloaded file's"
+    );
     let got = s.lab.exchange(&receiver, PORT, &[(HEAVY, 40)], MARKER);
     assert_eq!(got.get(&HEAVY), Some(&30), "{got:?}");
 

@@ -541,22 +541,21 @@ fn reload(options: &RunOptions, config: &mut Config, instances: &mut [Instance])
     if fresh.daemon != config.daemon {
         warn!("SIGHUP: [daemon] settings changed; they take effect on restart");
     }
-    let mut generation = None;
-    for instance in instances.iter_mut() {
-        match push::push(&mut instance.ebpf, &fresh.rules) {
-            Ok(g) => generation = Some(g),
-            Err(e) => {
-                error!(iface = %instance.iface, error = %e, "SIGHUP: pushing rules failed");
-                return None;
-            }
+    let generation = match push_all(instances, &fresh.rules) {
+        Ok(generation) => generation,
+        Err(e) => {
+            error!(error = %e, "SIGHUP: pushing rules failed");
+            return None;
         }
-    }
+    };
     info!(
         rules = fresh.rules.rules.len() + 1,
         "SIGHUP: configuration reloaded"
     );
+    // Later rule edits start from what was reloaded, not from the old file.
     config.rules = fresh.rules;
-    generation
+    config.file = fresh.file;
+    Some(generation)
 }
 
 fn shutdown(instances: Vec<Instance>, keep_attached: bool) {
