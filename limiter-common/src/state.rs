@@ -3,7 +3,7 @@
 //! in the `WINDOWS` map).
 
 use crate::{
-    window::{SlotRead, WindowCache, RING},
+    window::{WindowCache, RING},
     Counter,
 };
 
@@ -121,12 +121,6 @@ impl WindowState {
         blocked_until_ns: 0,
         bucket_ns: 0,
     };
-}
-
-impl SlotRead for WindowState {
-    fn load(&self, slot: usize, field: usize) -> u64 {
-        self.slots[slot][field]
-    }
 }
 
 #[cfg(test)]

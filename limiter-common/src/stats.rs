@@ -93,15 +93,6 @@ impl Outcome {
             Outcome::EventDropped => "event_dropped",
         }
     }
-
-    /// Whether this outcome is a frame verdict (each frame counts under
-    /// exactly one) rather than a state-map event.
-    pub const fn is_verdict(self) -> bool {
-        !matches!(
-            self,
-            Outcome::NewSource | Outcome::InsertFailure | Outcome::EventDropped
-        )
-    }
 }
 
 #[cfg(test)]

@@ -194,12 +194,13 @@ fn limit(
     len: u64,
 ) -> Option<bool> {
     let params = params(rule);
+    let (window, created) = window_state(key, len)?;
     // Refused within the last window: if its window state was evicted
     // meanwhile, it must not come back with a fresh allowance.
-    let window_ns = rule.bucket_ns * u64::from(rule.buckets);
-    let recently_refused = traffic.hold_until_ns != 0 && now < traffic.hold_until_ns + window_ns;
-    let (window, created) = window_state(key, len)?;
-    if created && recently_refused {
+    if created
+        && traffic.hold_until_ns != 0
+        && now < traffic.hold_until_ns + rule.bucket_ns * u64::from(rule.buckets)
+    {
         window.set_bucket_ns(rule.bucket_ns);
         window::mark_exhausted(&window, &params, now);
     }

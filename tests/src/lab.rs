@@ -105,3 +105,26 @@ impl Lab {
         }
     }
 }
+
+/// The daemon tests' three senders. `MARKER` is always allowed: its
+/// datagram ends an [`Lab::exchange`].
+pub const MARKER: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 2);
+pub const HEAVY: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 3);
+pub const MEDIUM: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 4);
+
+impl Lab {
+    /// A lab with `MARKER`, `HEAVY` and `MEDIUM` as senders.
+    pub fn three_senders() -> Self {
+        Self::new(&[MARKER, HEAVY, MEDIUM])
+    }
+}
+
+/// A daemon configuration: every source `pps` over a 10 s window (at 2 pps
+/// an allowance of 20 frames, long enough that a test's exchanges all fall
+/// in one window), `MARKER` allowed, a 100 ms tick.
+pub fn limit_config(pps: u64) -> String {
+    format!(
+        "[daemon]\ntick = \"100ms\"\n\n[default]\npps = {pps}\nwindow = \"10s\"\ndry_run = false\n\n\
+         [[rules]]\ncidr = \"{MARKER}/32\"\naction = \"allow\"\n"
+    )
+}

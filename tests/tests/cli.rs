@@ -4,7 +4,6 @@
 
 use std::{
     io::{BufRead, BufReader, Write},
-    net::Ipv4Addr,
     os::unix::net::UnixStream,
     process::{Command, Output},
     time::{Duration, Instant},
@@ -12,21 +11,11 @@ use std::{
 
 use limiter_tests::{
     daemon::{binary, Daemon, Files},
-    lab::{Lab, RX_IF},
+    lab::{limit_config, Lab, HEAVY, MARKER, MEDIUM, RX_IF},
 };
 use serde_json::Value;
 
-const MARKER: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 2);
-const HEAVY: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 3);
-const MEDIUM: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 4);
 const PORT: u16 = 7100;
-
-fn config(pps: u64) -> String {
-    format!(
-        "[daemon]\ntick = \"100ms\"\n\n[default]\npps = {pps}\nwindow = \"10s\"\ndry_run = false\n\n\
-         [[rules]]\ncidr = \"{MARKER}/32\"\naction = \"allow\"\n"
-    )
-}
 
 struct Setup {
     lab: Lab,
@@ -35,9 +24,9 @@ struct Setup {
 }
 
 fn setup() -> Setup {
-    let lab = Lab::new(&[MARKER, HEAVY, MEDIUM]);
+    let lab = Lab::three_senders();
     let files = Files::new();
-    files.write_config(&config(2));
+    files.write_config(&limit_config(2));
     let config = files.config();
     let daemon = Daemon::start(
         &lab.rx,
@@ -184,7 +173,7 @@ fn mode_and_reload_change_enforcement_live() {
     let got = s.lab.exchange(&receiver, PORT, &[(HEAVY, 10)], MARKER);
     assert_eq!(got.get(&HEAVY), None, "enforcing again: {got:?}");
 
-    s.files.write_config(&config(5)); // 50 per window
+    s.files.write_config(&limit_config(5)); // 50 per window
     assert!(ok(&cli(&s.files, &["reload"])).contains("reloaded"));
     assert_eq!(
         json(&s.files, &["rule", "ls"])["default"]["pps"],

@@ -3,7 +3,6 @@
 //! adoption and in-place replacement, live reload, and clear errors.
 
 use std::{
-    net::Ipv4Addr,
     process::Command,
     sync::atomic::{AtomicBool, Ordering},
     time::Duration,
@@ -12,40 +11,11 @@ use std::{
 use aya::programs::{Xdp, XdpMode};
 use limiter_tests::{
     daemon::{binary, Daemon, Files},
-    lab::{Lab, RX_IF},
+    lab::{limit_config, Lab, HEAVY, MARKER, MEDIUM, RX_IF},
 };
 use nix::sys::signal::Signal;
 
-/// Always under its limit (an `allow` rule): its datagram marks the end
-/// of an exchange.
-const MARKER: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 2);
-const HEAVY: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 3);
-const MEDIUM: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 4);
 const PORT: u16 = 7000;
-
-/// 2 pps over a 10 s window: an allowance of 20 frames, long enough that a
-/// test's exchanges all fall in one window.
-fn config(pps: u64) -> String {
-    format!(
-        r#"
-[daemon]
-tick = "100ms"
-
-[default]
-pps = {pps}
-window = "10s"
-dry_run = false
-
-[[rules]]
-cidr = "{MARKER}/32"
-action = "allow"
-"#
-    )
-}
-
-fn lab() -> Lab {
-    Lab::new(&[MARKER, HEAVY, MEDIUM])
-}
 
 fn series(name: &str, outcome: &str) -> String {
     format!("{name}{{interface=\"{RX_IF}\",outcome=\"{outcome}\"}}")
@@ -72,9 +42,9 @@ fn start(lab: &Lab, files: &Files, extra: &[&str]) -> Daemon {
 
 #[test]
 fn the_daemon_enforces_limits_and_metrics_match_what_the_receiver_saw() {
-    let lab = lab();
+    let lab = Lab::three_senders();
     let files = Files::new();
-    files.write_config(&config(2));
+    files.write_config(&limit_config(2));
     let daemon = start(&lab, &files, &[]);
     assert!(daemon.log().contains("mode=\"native\""), "{}", daemon.log());
     assert!(attached_program(&lab).is_some());
@@ -141,9 +111,9 @@ fn the_daemon_enforces_limits_and_metrics_match_what_the_receiver_saw() {
 
 #[test]
 fn after_sigkill_protection_continues_and_a_new_daemon_adopts_pins_and_counters() {
-    let lab = lab();
+    let lab = Lab::three_senders();
     let files = Files::new();
-    files.write_config(&config(2));
+    files.write_config(&limit_config(2));
     let receiver = lab.receiver(PORT);
     let first = start(&lab, &files, &[]);
     let got = lab.exchange(&receiver, PORT, &[(HEAVY, 30)], MARKER);
@@ -180,9 +150,9 @@ fn after_sigkill_protection_continues_and_a_new_daemon_adopts_pins_and_counters(
 
 #[test]
 fn an_upgrade_in_place_lets_no_over_limit_frame_through() {
-    let lab = lab();
+    let lab = Lab::three_senders();
     let files = Files::new();
-    files.write_config(&config(2));
+    files.write_config(&limit_config(2));
     let receiver = lab.receiver(PORT);
     let old = start(&lab, &files, &["--keep-attached"]);
     let got = lab.exchange(&receiver, PORT, &[(HEAVY, 25)], MARKER);
@@ -231,15 +201,15 @@ fn an_upgrade_in_place_lets_no_over_limit_frame_through() {
 
 #[test]
 fn sighup_changes_limits_live_and_a_broken_file_keeps_the_running_ones() {
-    let lab = lab();
+    let lab = Lab::three_senders();
     let files = Files::new();
-    files.write_config(&config(2));
+    files.write_config(&limit_config(2));
     let receiver = lab.receiver(PORT);
     let daemon = start(&lab, &files, &[]);
     let got = lab.exchange(&receiver, PORT, &[(HEAVY, 30)], MARKER);
     assert_eq!(got.get(&HEAVY), Some(&20));
 
-    files.write_config(&config(5)); // allowance 50
+    files.write_config(&limit_config(5)); // allowance 50
     daemon.signal(Signal::SIGHUP);
     daemon.wait_log("configuration reloaded");
     let got = lab.exchange(&receiver, PORT, &[(HEAVY, 40)], MARKER);
@@ -283,7 +253,7 @@ fn one_error_line(log: &str) -> String {
 
 #[test]
 fn bad_interfaces_files_and_arguments_get_one_clear_error() {
-    let lab = lab();
+    let lab = Lab::three_senders();
     let files = Files::new();
 
     let (status, log) = Daemon::start_failing(&lab.rx, &files, &["-i", "nope0"]);
@@ -337,7 +307,7 @@ fn bad_interfaces_files_and_arguments_get_one_clear_error() {
 
 #[test]
 fn an_interface_with_someone_elses_program_is_left_alone() {
-    let lab = lab();
+    let lab = Lab::three_senders();
     let files = Files::new();
     let mut other = aya::EbpfLoader::new()
         .load(limiter_user::object::BASELINE_OBJECT)
@@ -370,7 +340,7 @@ fn an_interface_with_someone_elses_program_is_left_alone() {
 
 #[test]
 fn a_missing_bpffs_is_mounted() {
-    let lab = lab();
+    let lab = Lab::three_senders();
     let files = Files::new();
     let log = files.dir.join("unshare.log");
     // A private mount namespace where /sys/fs/bpf is not mounted.
@@ -416,9 +386,9 @@ fn a_missing_bpffs_is_mounted() {
 
 #[test]
 fn a_pinned_map_of_another_layout_is_recreated_and_detach_removes_everything() {
-    let lab = lab();
+    let lab = Lab::three_senders();
     let files = Files::new();
-    files.write_config(&config(2));
+    files.write_config(&limit_config(2));
     // A map pinned where SOURCES goes, with another value size (as an
     // older version with another layout would have left it).
     let maps_dir = limiter_user::daemon::load::maps_dir(&files.pin_dir.join(RX_IF));
@@ -468,9 +438,9 @@ fn a_pinned_map_of_another_layout_is_recreated_and_detach_removes_everything() {
 
 #[test]
 fn pinned_maps_of_another_layout_version_are_not_adopted() {
-    let lab = lab();
+    let lab = Lab::three_senders();
     let files = Files::new();
-    files.write_config(&config(2));
+    files.write_config(&limit_config(2));
     let receiver = lab.receiver(PORT);
     let first = start(&lab, &files, &["--keep-attached"]);
     let got = lab.exchange(&receiver, PORT, &[(HEAVY, 25)], MARKER);

@@ -9,7 +9,7 @@ use std::{
 };
 
 use ipnet::IpNet;
-use limiter_common::{Action, Counter, Outcome, SourceKey};
+use limiter_common::{Action, Outcome, SourceKey};
 use limiter_tests::{
     packets,
     testrun::{frames, online_cpus, paced, Harness, Pacing, Start},
@@ -121,28 +121,21 @@ fn a_10x_flood_spread_over_both_cpus_gets_its_limit_not_limit_per_cpu() {
     let program = harness.program();
     let start = Start::now();
     let (a, b) = thread::scope(|scope| {
-        let a = scope.spawn(|| {
-            paced(
-                program,
-                0,
-                &frame,
-                5 * LIMIT_PPS,
-                start,
-                duration,
-                Pacing::CatchUp,
-            )
-        });
-        let b = scope.spawn(|| {
-            paced(
-                program,
-                1,
-                &frame,
-                5 * LIMIT_PPS,
-                start,
-                duration,
-                Pacing::CatchUp,
-            )
-        });
+        let on = |cpu| {
+            let frame = &frame;
+            scope.spawn(move || {
+                paced(
+                    program,
+                    cpu,
+                    frame,
+                    5 * LIMIT_PPS,
+                    start,
+                    duration,
+                    Pacing::CatchUp,
+                )
+            })
+        };
+        let (a, b) = (on(0), on(1));
         (a.join().unwrap(), b.join().unwrap())
     });
     assert!(
@@ -483,13 +476,6 @@ fn a_full_state_map_evicts_old_sources_and_keeps_limiting_the_active_one() {
     assert_eq!(
         harness.outcome_total(Outcome::DroppedLimit),
         frames(95, len)
-    );
-    assert_eq!(
-        harness.outcome_total(Outcome::DroppedLimit),
-        Counter {
-            packets: 95,
-            bytes: 95 * len as u64
-        }
     );
 }
 

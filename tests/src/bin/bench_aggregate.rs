@@ -150,27 +150,16 @@ fn main() {
 
     println!(
         "aggregate bench: {tracked} sources x {cpus} CPUs ({} MB of per-CPU values per pass)",
-        tracked as usize * cpus * 168 / 1_000_000
+        tracked as usize * cpus * std::mem::size_of::<SourceTraffic>() / 1_000_000
     );
     println!("{:<28} {:>10} {:>10}", "case", "wall ms", "cpu ms");
-    println!(
-        "{:<28} {:>10.1} {:>10.1}",
-        "daemon pass (batched)",
-        median.wall.as_secs_f64() * 1e3,
-        median.cpu.as_secs_f64() * 1e3
-    );
-    println!(
-        "{:<28} {:>10.1} {:>10.1}",
-        "  of which the batch reads",
-        raw.wall.as_secs_f64() * 1e3,
-        raw.cpu.as_secs_f64() * 1e3
-    );
-    println!(
-        "{:<28} {:>10.1} {:>10.1}",
-        "baseline: key by key",
-        per_key.wall.as_secs_f64() * 1e3,
-        per_key.cpu.as_secs_f64() * 1e3
-    );
+    let row = |name: &str, m: &Measured| {
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        println!("{name:<28} {:>10.1} {:>10.1}", ms(m.wall), ms(m.cpu));
+    };
+    row("daemon pass (batched)", median);
+    row("  of which the batch reads", &raw);
+    row("baseline: key by key", &per_key);
     println!(
         "{:<28} {:>10} {:>10.1}   ({} ticks of <= {per_tick} sources, {:.1} ms CPU for the whole sweep)",
         "daemon tick (default slice)",
