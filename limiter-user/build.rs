@@ -51,7 +51,7 @@ fn main() {
 
     let objects = build_ebpf(root);
     let out_dir = PathBuf::from(env::var("OUT_DIR").expect("cargo sets it"));
-    for name in ["limiter-ebpf", "limiter-baseline"] {
+    for name in ["limiter-ebpf", "limiter-baseline", "limiter-bench-traffic"] {
         let object = objects.join(name);
         let embedded = out_dir.join(format!("{name}.o"));
         std::fs::copy(&object, &embedded)
