@@ -191,6 +191,15 @@ impl Daemon {
         }
     }
 
+    /// Thread ids of the daemon (e.g. to pin them).
+    pub fn tasks(&self) -> Vec<i32> {
+        let dir = format!("/proc/{}/task", self.pid());
+        fs::read_dir(&dir)
+            .unwrap_or_else(|e| panic!("{dir}: {e}"))
+            .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse().ok())
+            .collect()
+    }
+
     fn pid(&self) -> Pid {
         Pid::from_raw(self.child.as_ref().expect("running").id() as i32)
     }

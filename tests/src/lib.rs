@@ -11,6 +11,7 @@
 //! context when it lacks them: tests never skip.
 
 pub mod daemon;
+pub mod e2e;
 pub mod lab;
 pub mod netns;
 pub mod packets;

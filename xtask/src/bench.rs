@@ -8,7 +8,7 @@ use clap::Subcommand;
 
 use crate::run;
 
-#[derive(Subcommand, Clone, Copy)]
+#[derive(Subcommand, Clone)]
 pub enum Which {
     /// ns per packet through BPF_PROG_TEST_RUN: limiter cases against a
     /// baseline program (same parsing, one per-CPU LRU counter).
@@ -16,24 +16,36 @@ pub enum Which {
     /// One daemon aggregation pass over 1,000,000 sources (time, CPU,
     /// memory) against reading the map key by key.
     Aggregate,
+    /// End to end over veth: receiver CPU per packet and admitted traffic
+    /// of xdp-limiter against no filter, nftables (input and ingress),
+    /// iptables hashlimit and an XDP drop-all floor; rewrites the results
+    /// in docs/benchmarks.md. About 12 minutes.
+    E2e {
+        /// Arguments for the benchmark (see `-- --help`).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
 }
 
 pub fn run(which: Which) -> anyhow::Result<()> {
-    let bin = match which {
-        Which::Xdp => "bench-xdp",
-        Which::Aggregate => "bench-aggregate",
+    let root = run::workspace_root();
+    let (bin, args) = match which {
+        Which::Xdp => ("bench-xdp", Vec::new()),
+        Which::Aggregate => ("bench-aggregate", Vec::new()),
+        Which::E2e { args } => ("bench-e2e", args),
     };
+    // The e2e benchmark runs the real daemon: build it (release) too.
     run::status(
         Command::new("cargo")
-            .current_dir(run::workspace_root())
-            .args([
-                "run",
-                "--quiet",
-                "--release",
-                "-p",
-                "limiter-tests",
-                "--bin",
-                bin,
-            ]),
+            .current_dir(&root)
+            .args(["build", "--quiet", "--release"])
+            .args(["-p", "limiter-user", "-p", "limiter-tests"])
+            .args(["--bin", "xdp-limiter", "--bin", bin]),
+    )?;
+    run::status(
+        Command::new(root.join("target/release").join(bin))
+            .current_dir(&root)
+            .args(args)
+            .env("XDP_LIMITER_BIN", root.join("target/release/xdp-limiter")),
     )
 }

@@ -28,6 +28,12 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "iproute2",
     "iputils-ping",
     "tmux",
+    // The end-to-end benchmark and its smoke test: GRO on the receiving
+    // veth, the tools compared against, and the font of the plots.
+    "ethtool",
+    "nftables",
+    "iptables",
+    "fonts-dejavu-core",
 ];
 /// The rustup toolchain name the eBPF build uses.
 pub const EBPF_TOOLCHAIN: &str = "debian";
