@@ -10,6 +10,8 @@ use std::{
     time::{Duration, Instant},
 };
 
+use std::os::unix::process::CommandExt;
+
 use nix::{sys::signal::Signal, unistd::Pid};
 
 use crate::netns::NetNs;
@@ -40,6 +42,7 @@ pub struct Files {
 
 impl Files {
     pub fn new() -> Self {
+        remove_stale_files();
         let id = format!(
             "xlt-{}-{}",
             std::process::id(),
@@ -87,6 +90,31 @@ impl Drop for Files {
     }
 }
 
+/// Removes `xlt-<pid>-<n>` scratch and pin directories of processes that
+/// no longer exist (killed before their guards ran; their daemons went
+/// with them, see `spawn`).
+fn remove_stale_files() {
+    for dir in [std::env::temp_dir(), PathBuf::from("/sys/fs/bpf")] {
+        let Ok(entries) = fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.filter_map(Result::ok) {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let mut parts = name.splitn(3, '-');
+            let (Some("xlt"), Some(pid), Some(n)) = (parts.next(), parts.next(), parts.next())
+            else {
+                continue;
+            };
+            let (Ok(pid), Ok(_)) = (pid.parse::<u32>(), n.parse::<u32>()) else {
+                continue;
+            };
+            if !Path::new(&format!("/proc/{pid}")).exists() {
+                let _ = fs::remove_dir_all(entry.path());
+            }
+        }
+    }
+}
+
 /// A running daemon.
 pub struct Daemon {
     child: Option<Child>,
@@ -107,6 +135,14 @@ fn spawn(ns: &NetNs, files: &Files, args: &[&str], log: &Path) -> Child {
     }
     if !args.contains(&"--control-socket") {
         cmd.arg("--control-socket").arg(files.socket());
+    }
+    // SAFETY: the hook runs between fork and exec and only calls prctl(2),
+    // which is async-signal-safe.
+    unsafe {
+        // A daemon outlives nothing that started it: if the test or
+        // benchmark process dies (even by SIGKILL), the daemon gets SIGTERM
+        // and shuts down, detaching its program.
+        cmd.pre_exec(|| nix::sys::prctl::set_pdeathsig(Signal::SIGTERM).map_err(Into::into));
     }
     cmd.args(args)
         .env("RUST_LOG", "info")
