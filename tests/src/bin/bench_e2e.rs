@@ -31,8 +31,11 @@ struct Args {
     /// Runs per cell (median and range are reported).
     #[arg(long, default_value_t = 3)]
     runs: usize,
-    /// Seconds of traffic before each measurement.
-    #[arg(long, default_value_t = 1.0)]
+    /// Seconds of traffic before each measurement. Half a window past a
+    /// whole number of windows: a sliding window lets a flooding source's
+    /// allowance through again as its first burst leaves the window, once
+    /// a window, and the measurement's edges must not cut such a burst.
+    #[arg(long, default_value_t = 1.5)]
     warmup: f64,
     /// Seconds measured per run.
     #[arg(long, default_value_t = 3.0)]
@@ -206,7 +209,7 @@ fn main() {
             limiter_tests::e2e::scenario::TABLE_SIZE
         ),
         timing: format!(
-            "{} runs per cell, {:.0} s warm-up then {:.0} s measured, each after waiting for an idle machine; \
+            "{} runs per cell, {:.1} s warm-up then {:.0} s measured, each after waiting for an idle machine; \
              loads: unpaced, below saturation ({} pps mixed, {} pps random), and paced at the scenario's own \
              unpaced throughput (saturation)",
             args.runs,
