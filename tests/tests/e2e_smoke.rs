@@ -43,6 +43,7 @@ fn limiter_caps_heavy_sources_and_passes_light_ones_end_to_end() {
         warmup: Duration::from_secs(1),
         measure: Duration::from_secs(2),
         idle_max: Duration::from_secs(3),
+        quiet: Duration::ZERO,
     };
     let run = run_once(
         &lab,

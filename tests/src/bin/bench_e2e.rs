@@ -112,6 +112,8 @@ fn main() {
         warmup: Duration::from_secs_f64(args.warmup),
         measure: Duration::from_secs_f64(args.measure),
         idle_max: Duration::from_secs(5),
+        // The limit's window is 1 s.
+        quiet: Duration::from_millis(1_200),
     };
     let started = Instant::now();
     let mut cells = Vec::new();
@@ -209,7 +211,7 @@ fn main() {
             limiter_tests::e2e::scenario::TABLE_SIZE
         ),
         timing: format!(
-            "{} runs per cell, {:.1} s warm-up then {:.0} s measured, each after waiting for an idle machine; \
+            "{} runs per cell, each after 1.2 s without traffic and waiting for an idle machine, {:.1} s warm-up then {:.0} s measured; \
              loads: unpaced, below saturation ({} pps mixed, {} pps random), and paced at the scenario's own \
              unpaced throughput (saturation)",
             args.runs,

@@ -85,6 +85,9 @@ pub struct Timing {
     pub measure: Duration,
     /// Longest wait for an idle machine before a run.
     pub idle_max: Duration,
+    /// Silence before each run, longer than the limit's window: every run
+    /// then starts from empty per-source state, as the first did.
+    pub quiet: Duration,
 }
 
 /// Sends (at the rate already set on `programs`) for `timing.warmup` plus
@@ -99,7 +102,12 @@ pub fn run_once(
     timing: Timing,
     interrupted: &AtomicBool,
 ) -> Option<Run> {
+    let quiet_until = Instant::now() + timing.quiet;
     let (idle_wait, idle_timeout) = wait_idle(timing.idle_max, interrupted);
+    pause(
+        quiet_until.saturating_duration_since(Instant::now()),
+        interrupted,
+    )?;
     let stop = AtomicBool::new(false);
     let snapshots = thread::scope(|scope| {
         let generator = scope.spawn(|| programs.generate(lab, &stop));
