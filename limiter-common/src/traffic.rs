@@ -101,7 +101,7 @@ pub struct GenState {
 /// A pacing stall longer than this (the generator was preempted, or
 /// between two test-run calls) is forgotten rather than made up in a burst
 /// that the veth ring (256 frames) could not hold.
-pub const MAX_LAG_NS: u64 = 10_000_000;
+pub const MAX_LAG_NS: u64 = 100_000;
 
 /// Whether a frame may go at `now_ns` under `config.interval_ns`; advances
 /// the schedule when it may.
