@@ -4,7 +4,11 @@
 //! reports come out right. Also: every scenario's filter installs, and the
 //! lab leaves nothing behind.
 
-use std::{path::Path, sync::atomic::AtomicBool, time::Duration};
+use std::{
+    path::Path,
+    sync::{atomic::AtomicBool, Mutex},
+    time::Duration,
+};
 
 use limiter_tests::e2e::{
     lab::{Lab, RX_CPU, RX_IF},
@@ -26,8 +30,19 @@ const LIMIT: Limit = Limit {
 };
 const RATE: u64 = 100_000;
 
+/// The two tests run one at a time: labs and daemons being set up next to
+/// a measurement would disturb it.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 #[test]
 fn limiter_caps_heavy_sources_and_passes_light_ones_end_to_end() {
+    let _serial = serial();
     let lab = Lab::new();
     let names = [lab.tx.name().to_string(), lab.rx.name().to_string()];
     let affinity = std::fs::read_to_string(format!("/proc/{}/status", lab.napi_pid))
@@ -59,10 +74,11 @@ fn limiter_caps_heavy_sources_and_passes_light_ones_end_to_end() {
     .expect("not interrupted");
     eprintln!("{run:#?}");
 
-    // The generator paces: within 2% of the rate, and the receiver keeps
-    // up at this load.
+    // The generator paces (unpaced it sends 5-7 Mpps): within 5% of the
+    // rate (a stall of its CPU is skipped, not made up), and the receiver
+    // keeps up at this load.
     assert!(
-        (run.offered_pps / RATE as f64 - 1.0).abs() < 0.02,
+        (run.offered_pps / RATE as f64 - 1.0).abs() < 0.05,
         "offered {} pps, paced at {RATE}",
         run.offered_pps
     );
@@ -107,6 +123,7 @@ fn limiter_caps_heavy_sources_and_passes_light_ones_end_to_end() {
 
 #[test]
 fn every_scenario_installs_its_filter() {
+    let _serial = serial();
     for scenario in Scenario::ALL {
         let lab = Lab::new();
         let mut programs = Programs::load(&lab, &MIX);
