@@ -6,6 +6,8 @@
 //! - [`netns`]: network namespaces and veth pairs that always clean up.
 //! - [`lab`]: a sender and a receiver namespace joined by a veth pair.
 //! - [`daemon`]: the real `xdp-limiter` binary run, scraped and signalled.
+//! - [`e2e`]: the end-to-end benchmark's lab, generator, scenarios and
+//!   report (`cargo xtask bench e2e` and its smoke test).
 //!
 //! Everything here needs root and a BPF-capable kernel, and panics with
 //! context when it lacks them: tests never skip.
