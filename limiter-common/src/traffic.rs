@@ -47,6 +47,11 @@ pub mod names {
     pub const GENERATOR: &str = "xdp_generate";
     /// XDP program that drops every frame: the cost floor.
     pub const DROP_ALL: &str = "xdp_drop_all";
+    /// XDP program that counts per source and drops: the floor of any
+    /// per-source state.
+    pub const COUNT_DROP: &str = "xdp_count_drop";
+    /// Its per-source counters (per-CPU LRU hash).
+    pub const COUNT_SOURCES: &str = "COUNT_SOURCES";
     /// Socket filter counting what reached the receiving socket.
     pub const SINK_PROGRAM: &str = "e2e_sink";
     /// `GenConfig` (array of one).

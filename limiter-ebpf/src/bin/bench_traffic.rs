@@ -6,21 +6,32 @@
 //!   whole frame per run (source picked per `limiter_common::traffic`) and
 //!   returns XDP_TX, which transmits it to the receiving peer.
 //! - `xdp_drop_all`: drops every frame, the cost floor of any XDP filter.
+//! - `xdp_count_drop`: parses like the limiter, bumps one per-CPU LRU
+//!   counter per source and drops: the floor of any XDP filter that keeps
+//!   per-source state (the `bench xdp` baseline, dropping).
 //! - `e2e_sink`: a socket filter on the receiving UDP socket that counts
 //!   each datagram by its stamp and then discards it, so what the filter
 //!   under test let through is counted the same way for every tool.
 #![no_std]
 #![no_main]
 
+// Only the source key of the parse is used here.
+#[allow(dead_code)]
+#[path = "../parse.rs"]
+mod parse;
+
 use aya_ebpf::{
     bindings::xdp_action,
     helpers::bpf_ktime_get_ns,
     macros::{map, socket_filter, xdp},
-    maps::{Array, PerCpuArray},
+    maps::{Array, LruPerCpuHashMap, PerCpuArray},
     programs::{SkBuffContext, XdpContext},
 };
-use limiter_common::traffic::{
-    pace, pick, sink_slot, write_frame, GenConfig, GenState, FRAME_LEN, SINK_SLOTS, STAMP_LEN,
+use limiter_common::{
+    traffic::{
+        pace, pick, sink_slot, write_frame, GenConfig, GenState, FRAME_LEN, SINK_SLOTS, STAMP_LEN,
+    },
+    Counter, SourceKey, DEFAULT_MAX_SOURCES,
 };
 
 #[map(name = "GEN_CONFIG")]
@@ -28,6 +39,14 @@ static GEN_CONFIG: Array<GenConfig> = Array::with_max_entries(1, 0);
 
 #[map(name = "GEN_STATE")]
 static GEN_STATE: PerCpuArray<GenState> = PerCpuArray::with_max_entries(1, 0);
+
+/// Per-source counters of `xdp_count_drop` (userspace sets the size).
+#[map(name = "COUNT_SOURCES")]
+static COUNT_SOURCES: LruPerCpuHashMap<SourceKey, Counter> =
+    LruPerCpuHashMap::with_max_entries(DEFAULT_MAX_SOURCES, 0);
+
+/// `bpf_map_update_elem` flag: create only.
+const BPF_NOEXIST: u64 = 1;
 
 #[map(name = "SINK")]
 static SINK: PerCpuArray<u64> = PerCpuArray::with_max_entries(SINK_SLOTS, 0);
@@ -63,6 +82,25 @@ fn try_generate(ctx: &XdpContext) -> Option<u32> {
 
 #[xdp]
 pub fn xdp_drop_all(_ctx: XdpContext) -> u32 {
+    xdp_action::XDP_DROP
+}
+
+#[xdp]
+pub fn xdp_count_drop(ctx: XdpContext) -> u32 {
+    let len = (ctx.data_end() - ctx.data()) as u64;
+    if let Ok(packet) = parse::parse(&ctx) {
+        match COUNT_SOURCES.get_ptr_mut(packet.source) {
+            // SAFETY: this CPU's slot of a per-CPU map value.
+            Some(counter) => unsafe { (*counter).add(len) },
+            None => {
+                let first = Counter {
+                    packets: 1,
+                    bytes: len,
+                };
+                let _ = COUNT_SOURCES.insert(packet.source, first, BPF_NOEXIST);
+            }
+        }
+    }
     xdp_action::XDP_DROP
 }
 

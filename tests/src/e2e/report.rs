@@ -300,15 +300,18 @@ pub fn write_docs(doc: &Path, img_dir: &Path, setup: &Setup, cells: &[Cell]) -> 
         )?;
         writeln!(
             md,
-            "| scenario | below ({}) | saturation | unpaced | unpaced vs floor | unpaced throughput | receiver busy (unpaced) |\n|---|---|---|---|---|---|---|",
+            "| scenario | below ({}) | saturation | unpaced | unpaced vs floor | unpaced vs per-source floor | unpaced throughput | receiver busy (unpaced) |\n|---|---|---|---|---|---|---|---|",
             cells
                 .iter()
                 .find(|c| c.mode == mode && c.load.name() == "below")
                 .and_then(|c| c.load.target_pps())
                 .map_or("-".into(), |p| rate(p as f64))
         )?;
-        let floor = find(cells, Scenario::XdpDropAll, mode, "unpaced")
-            .map(|c| c.stat(|r| r.cpu_ns_per_packet).median);
+        let unpaced_cost = |scenario| {
+            find(cells, scenario, mode, "unpaced").map(|c| c.stat(|r| r.cpu_ns_per_packet).median)
+        };
+        let floor = unpaced_cost(Scenario::XdpDropAll);
+        let state_floor = unpaced_cost(Scenario::XdpCountDrop);
         for scenario in Scenario::ALL {
             let cell = |load| find(cells, scenario, mode, load);
             let cost =
@@ -321,12 +324,13 @@ pub fn write_docs(doc: &Path, img_dir: &Path, setup: &Setup, cells: &[Cell]) -> 
                 )
             });
             let unpaced = cell("unpaced");
-            let vs_floor = match (unpaced, floor) {
+            let versus = |base: Option<f64>| match (unpaced, base) {
                 (Some(c), Some(f)) if f > 0.0 => {
                     format!("{:.2}x", c.stat(|r| r.cpu_ns_per_packet).median / f)
                 }
-                _ => "-".into(),
+                _ => "-".to_string(),
             };
+            let (vs_floor, vs_state_floor) = (versus(floor), versus(state_floor));
             let throughput = unpaced.map_or("-".into(), |c| {
                 let s = c.stat(|r| r.received_pps);
                 format!("{} ({}-{})", rate(s.median), rate(s.min), rate(s.max))
@@ -336,12 +340,13 @@ pub fn write_docs(doc: &Path, img_dir: &Path, setup: &Setup, cells: &[Cell]) -> 
             });
             writeln!(
                 md,
-                "| {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {} |",
                 scenario.name(),
                 cost("below"),
                 saturation,
                 cost("unpaced"),
                 vs_floor,
+                vs_state_floor,
                 throughput,
                 busy
             )?;

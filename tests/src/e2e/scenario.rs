@@ -4,6 +4,8 @@
 
 use std::fmt;
 
+use limiter_common::traffic::names;
+
 use crate::{
     daemon::{Daemon, Files},
     e2e::{
@@ -43,16 +45,20 @@ pub enum Scenario {
     IptablesHashlimit,
     /// An XDP program that drops everything: the floor.
     XdpDropAll,
+    /// An XDP program that parses like xdp-limiter, counts per source and
+    /// drops everything: the floor of any per-source state at XDP.
+    XdpCountDrop,
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 6] = [
+    pub const ALL: [Scenario; 7] = [
         Scenario::NoFilter,
         Scenario::XdpLimiter,
         Scenario::NftInput,
         Scenario::NftIngress,
         Scenario::IptablesHashlimit,
         Scenario::XdpDropAll,
+        Scenario::XdpCountDrop,
     ];
 
     pub fn name(self) -> &'static str {
@@ -63,6 +69,7 @@ impl Scenario {
             Scenario::NftIngress => "nft-ingress",
             Scenario::IptablesHashlimit => "iptables-hashlimit",
             Scenario::XdpDropAll => "xdp-drop-all",
+            Scenario::XdpCountDrop => "xdp-count-drop",
         }
     }
 
@@ -74,7 +81,7 @@ impl Scenario {
     pub fn expectation(self) -> Expectation {
         match self {
             Scenario::NoFilter => Expectation::Everything,
-            Scenario::XdpDropAll => Expectation::Nothing,
+            Scenario::XdpDropAll | Scenario::XdpCountDrop => Expectation::Nothing,
             _ => Expectation::PerSourceLimit,
         }
     }
@@ -85,7 +92,11 @@ impl Scenario {
         match self {
             Scenario::NoFilter => Installed::Nothing,
             Scenario::XdpDropAll => {
-                programs.attach_drop_all(lab);
+                programs.attach_floor(lab, names::DROP_ALL);
+                Installed::Nothing
+            }
+            Scenario::XdpCountDrop => {
+                programs.attach_floor(lab, names::COUNT_DROP);
                 Installed::Nothing
             }
             Scenario::NftInput => {

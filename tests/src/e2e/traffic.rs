@@ -14,7 +14,7 @@ use aya::{
         xdp::{XdpLinkId, XdpMode},
         SocketFilter, TestRun, TestRunAttrs, TestRunOptions, Xdp,
     },
-    Ebpf,
+    Ebpf, EbpfLoader,
 };
 use limiter_common::traffic::{
     names, GenConfig, GenState, CLASSES, FRAME_LEN, MAX_HEAVY, MAX_LIGHT, SHARE_ONE,
@@ -22,7 +22,10 @@ use limiter_common::traffic::{
 };
 use limiter_user::object::BENCH_TRAFFIC_OBJECT;
 
-use super::lab::{self, Lab, RX_V4, RX_V6, SINK_PORT};
+use super::{
+    lab::{self, Lab, RX_V4, RX_V6, SINK_PORT},
+    scenario::TABLE_SIZE,
+};
 
 /// What the generator sends.
 #[derive(Clone, Copy, Debug)]
@@ -73,7 +76,8 @@ pub struct Programs {
     ebpf: Ebpf,
     /// Kept open: the sink filter lives on it.
     _sink_socket: UdpSocket,
-    drop_all: Option<XdpLinkId>,
+    /// The XDP program attached to the receiving veth, if any.
+    attached: Option<(&'static str, XdpLinkId)>,
 }
 
 /// Frames counted at the sink (all CPUs).
@@ -111,8 +115,11 @@ impl Programs {
     /// Loads (verifies) the three programs, attaches the sink to a new
     /// socket in `rx` and configures the generator for `mix`.
     pub fn load(lab: &Lab, mix: &Mix) -> Self {
-        let mut ebpf = Ebpf::load(BENCH_TRAFFIC_OBJECT).expect("load the bench object");
-        for name in [names::GENERATOR, names::DROP_ALL] {
+        let mut ebpf = EbpfLoader::new()
+            .map_max_entries(names::COUNT_SOURCES, TABLE_SIZE)
+            .load(BENCH_TRAFFIC_OBJECT)
+            .expect("load the bench object");
+        for name in [names::GENERATOR, names::DROP_ALL, names::COUNT_DROP] {
             let program: &mut Xdp = ebpf
                 .program_mut(name)
                 .unwrap_or_else(|| panic!("{name} missing"))
@@ -133,7 +140,7 @@ impl Programs {
         let mut programs = Self {
             ebpf,
             _sink_socket: socket,
-            drop_all: None,
+            attached: None,
         };
         programs.set_mix(lab, mix);
         programs
@@ -190,19 +197,21 @@ impl Programs {
         self.write_config(config);
     }
 
-    /// Attaches the drop-all program to the receiving veth (native mode).
-    pub fn attach_drop_all(&mut self, lab: &Lab) {
+    /// Attaches one of the object's XDP floors (`names::DROP_ALL`,
+    /// `names::COUNT_DROP`) to the receiving veth, native mode.
+    pub fn attach_floor(&mut self, lab: &Lab, name: &'static str) {
+        assert!(self.attached.is_none(), "one XDP program per lab");
         let program: &mut Xdp = self
             .ebpf
-            .program_mut(names::DROP_ALL)
+            .program_mut(name)
             .expect("present")
             .try_into()
             .expect("XDP");
         let link = lab
             .rx
             .enter(|| program.attach(lab::RX_IF, XdpMode::Driver))
-            .expect("attach xdp_drop_all");
-        self.drop_all = Some(link);
+            .unwrap_or_else(|e| panic!("attach {name}: {e}"));
+        self.attached = Some((name, link));
     }
 
     /// Frames handed to XDP_TX so far, per class (light, heavy, random).
@@ -292,8 +301,8 @@ impl Drop for Programs {
     fn drop(&mut self) {
         // The namespace going takes the link with it; detaching first just
         // keeps the order tidy when the lab outlives the programs.
-        if let Some(link) = self.drop_all.take() {
-            if let Some(program) = self.ebpf.program_mut(names::DROP_ALL) {
+        if let Some((name, link)) = self.attached.take() {
+            if let Some(program) = self.ebpf.program_mut(name) {
                 let program: Result<&mut Xdp, _> = program.try_into();
                 if let Ok(program) = program {
                     let _ = program.detach(link);
