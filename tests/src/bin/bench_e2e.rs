@@ -37,8 +37,9 @@ struct Args {
     /// a window, and the measurement's edges must not cut such a burst.
     #[arg(long, default_value_t = 1.5)]
     warmup: f64,
-    /// Seconds measured per run.
-    #[arg(long, default_value_t = 3.0)]
+    /// Seconds measured per run: a whole number of the limit's 1 s window,
+    /// so that both edges fall half a window past the flood's start.
+    #[arg(long, default_value_t = 2.0)]
     measure: f64,
     /// The "below saturation" load of the mixed flood, frames per second.
     #[arg(long, default_value_t = 500_000)]
@@ -111,7 +112,7 @@ fn main() {
     let timing = Timing {
         warmup: Duration::from_secs_f64(args.warmup),
         measure: Duration::from_secs_f64(args.measure),
-        idle_max: Duration::from_secs(5),
+        idle_max: Duration::from_secs(3),
         // The limit's window is 1 s.
         quiet: Duration::from_millis(1_200),
     };
