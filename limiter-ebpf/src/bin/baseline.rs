@@ -11,6 +11,9 @@
 #[path = "../parse.rs"]
 mod parse;
 
+#[path = "../count.rs"]
+mod count;
+
 use aya_ebpf::{
     bindings::xdp_action,
     macros::{map, xdp},
@@ -23,25 +26,9 @@ use limiter_common::{Counter, SourceKey, DEFAULT_MAX_SOURCES};
 static BASELINE_SOURCES: LruPerCpuHashMap<SourceKey, Counter> =
     LruPerCpuHashMap::with_max_entries(DEFAULT_MAX_SOURCES, 0);
 
-/// `bpf_map_update_elem` flag: create only.
-const BPF_NOEXIST: u64 = 1;
-
 #[xdp]
 pub fn xdp_baseline(ctx: XdpContext) -> u32 {
-    let len = (ctx.data_end() - ctx.data()) as u64;
-    if let Ok(packet) = parse::parse(&ctx) {
-        match BASELINE_SOURCES.get_ptr_mut(packet.source) {
-            // SAFETY: this CPU's slot of a per-CPU map value.
-            Some(counter) => unsafe { (*counter).add(len) },
-            None => {
-                let first = Counter {
-                    packets: 1,
-                    bytes: len,
-                };
-                let _ = BASELINE_SOURCES.insert(packet.source, first, BPF_NOEXIST);
-            }
-        }
-    }
+    count::count_source(&ctx, &BASELINE_SOURCES);
     xdp_action::XDP_PASS
 }
 

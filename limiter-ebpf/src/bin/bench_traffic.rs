@@ -20,6 +20,9 @@
 #[path = "../parse.rs"]
 mod parse;
 
+#[path = "../count.rs"]
+mod count;
+
 use aya_ebpf::{
     bindings::xdp_action,
     helpers::bpf_ktime_get_ns,
@@ -44,9 +47,6 @@ static GEN_STATE: PerCpuArray<GenState> = PerCpuArray::with_max_entries(1, 0);
 #[map(name = "COUNT_SOURCES")]
 static COUNT_SOURCES: LruPerCpuHashMap<SourceKey, Counter> =
     LruPerCpuHashMap::with_max_entries(DEFAULT_MAX_SOURCES, 0);
-
-/// `bpf_map_update_elem` flag: create only.
-const BPF_NOEXIST: u64 = 1;
 
 #[map(name = "SINK")]
 static SINK: PerCpuArray<u64> = PerCpuArray::with_max_entries(SINK_SLOTS, 0);
@@ -87,20 +87,7 @@ pub fn xdp_drop_all(_ctx: XdpContext) -> u32 {
 
 #[xdp]
 pub fn xdp_count_drop(ctx: XdpContext) -> u32 {
-    let len = (ctx.data_end() - ctx.data()) as u64;
-    if let Ok(packet) = parse::parse(&ctx) {
-        match COUNT_SOURCES.get_ptr_mut(packet.source) {
-            // SAFETY: this CPU's slot of a per-CPU map value.
-            Some(counter) => unsafe { (*counter).add(len) },
-            None => {
-                let first = Counter {
-                    packets: 1,
-                    bytes: len,
-                };
-                let _ = COUNT_SOURCES.insert(packet.source, first, BPF_NOEXIST);
-            }
-        }
-    }
+    count::count_source(&ctx, &COUNT_SOURCES);
     xdp_action::XDP_DROP
 }
 
