@@ -22,6 +22,8 @@ pub enum ClientError {
         #[source]
         source: std::io::Error,
     },
+    #[error("the daemon closed the connection without answering (did it stop?)")]
+    NoAnswer,
     #[error("the daemon answered something unreadable: {0}")]
     BadReply(String),
     #[error("the daemon speaks protocol {0}, this CLI {PROTOCOL_VERSION}: use matching versions")]
@@ -54,6 +56,9 @@ pub fn request(socket: &Path, request: Request) -> Result<Reply, ClientError> {
     stream.write_all(line.as_bytes()).map_err(io)?;
     let mut answer = String::new();
     BufReader::new(stream).read_line(&mut answer).map_err(io)?;
+    if answer.is_empty() {
+        return Err(ClientError::NoAnswer);
+    }
     let response: ResponseLine = serde_json::from_str(answer.trim_end())
         .map_err(|e| ClientError::BadReply(e.to_string()))?;
     if response.version != PROTOCOL_VERSION {

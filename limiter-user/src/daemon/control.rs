@@ -1,7 +1,9 @@
 //! The control socket: a Unix socket owned by root with mode 0600 (and the
 //! peer's uid checked as well), one JSON request line per connection,
 //! answered by the daemon's main loop, which owns the maps. A bad request
-//! gets an error line and changes nothing.
+//! gets an error line and changes nothing. On shutdown the server stops
+//! accepting and lets connections in flight write their answers (the
+//! `detach` reply is written after the daemon has detached).
 
 use std::{
     os::unix::fs::PermissionsExt,
@@ -13,6 +15,7 @@ use tokio::{
     io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader},
     net::{UnixListener, UnixStream},
     sync::{mpsc, oneshot},
+    task::{JoinHandle, JoinSet},
 };
 use tracing::{debug, warn};
 
@@ -24,12 +27,30 @@ pub struct Command {
     pub reply: oneshot::Sender<ResponseLine>,
 }
 
+/// How long shutdown waits for connections in flight to write their answers.
+const DRAIN: Duration = Duration::from_secs(2);
+
+/// The running control server.
+pub struct Server {
+    stop: oneshot::Sender<()>,
+    task: JoinHandle<()>,
+}
+
+impl Server {
+    /// Stops accepting and waits (at most [`DRAIN`]) for the connections in
+    /// flight to write their answers. Drop the command receiver first, so
+    /// requests nobody will answer fail at once instead of waiting.
+    pub async fn stop(self) {
+        let _ = self.stop.send(());
+        if tokio::time::timeout(DRAIN, self.task).await.is_err() {
+            warn!("control: connections still open after shutdown's grace period");
+        }
+    }
+}
+
 /// Binds `path` (replacing a stale socket, refusing if a daemon answers
-/// there) with mode 0600 and serves it until the task is dropped.
-pub async fn serve(
-    path: &Path,
-    commands: mpsc::Sender<Command>,
-) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+/// there) with mode 0600 and serves it until [`Server::stop`].
+pub async fn serve(path: &Path, commands: mpsc::Sender<Command>) -> anyhow::Result<Server> {
     if path.exists() {
         if UnixStream::connect(path).await.is_ok() {
             anyhow::bail!(
@@ -47,21 +68,31 @@ pub async fn serve(
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", path.display()))?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
     let path = path.to_path_buf();
-    Ok(tokio::spawn(async move {
+    let (stop, mut stopped) = oneshot::channel();
+    let task = tokio::spawn(async move {
+        let mut connections = JoinSet::new();
         loop {
-            match listener.accept().await {
-                Ok((stream, _)) => {
-                    let commands = commands.clone();
-                    tokio::spawn(async move {
-                        if let Err(e) = handle(stream, commands).await {
-                            debug!(error = %e, "control connection ended");
-                        }
-                    });
-                }
-                Err(e) => warn!(socket = %path.display(), error = %e, "control: accept failed"),
+            tokio::select! {
+                _ = &mut stopped => break,
+                accepted = listener.accept() => match accepted {
+                    Ok((stream, _)) => {
+                        let commands = commands.clone();
+                        connections.spawn(async move {
+                            if let Err(e) = handle(stream, commands).await {
+                                debug!(error = %e, "control connection ended");
+                            }
+                        });
+                    }
+                    Err(e) => warn!(socket = %path.display(), error = %e, "control: accept failed"),
+                },
+                Some(_) = connections.join_next() => {}
             }
         }
-    }))
+        // Our sender would keep the main loop's channel open.
+        drop(commands);
+        while connections.join_next().await.is_some() {}
+    });
+    Ok(Server { stop, task })
 }
 
 /// Removes the socket file (on shutdown).

@@ -162,7 +162,8 @@ pub async fn run(options: RunOptions) -> anyhow::Result<()> {
         .iter()
         .map(|_| aggregate::Sweep::default())
         .collect();
-    let mut detach_requested = false;
+    // Answered once the interfaces really are detached.
+    let mut detach_reply = None;
 
     loop {
         tokio::select! {
@@ -200,10 +201,7 @@ pub async fn run(options: RunOptions) -> anyhow::Result<()> {
                     },
                     Request::Detach => {
                         info!("detach requested through the control socket: stopping");
-                        let _ = command.reply.send(ResponseLine::ok(Reply::Done {
-                            message: format!("detached {} and stopped the daemon", daemon.interfaces.join(", ")),
-                        }));
-                        detach_requested = true;
+                        detach_reply = Some(command.reply);
                         break;
                     }
                     Request::RuleList => ResponseLine::ok(Reply::Rules {
@@ -248,12 +246,29 @@ pub async fn run(options: RunOptions) -> anyhow::Result<()> {
         }
     }
     server.abort();
-    control_server.abort();
     control::remove(&daemon.control_socket);
     for watcher in watchers {
         watcher.abort();
     }
-    shutdown(instances, daemon.keep_attached && !detach_requested);
+    let failed = shutdown(instances, daemon.keep_attached && detach_reply.is_none());
+    if let Some(reply) = detach_reply {
+        let _ = reply.send(if failed.is_empty() {
+            ResponseLine::ok(Reply::Done {
+                message: format!(
+                    "detached {} and stopped the daemon",
+                    daemon.interfaces.join(", ")
+                ),
+            })
+        } else {
+            ResponseLine::error(format!(
+                "the daemon stopped, but detaching failed: {}",
+                failed.join("; ")
+            ))
+        });
+    }
+    // Requests still queued get "shutting down"; answers in flight are written.
+    drop(control_rx);
+    control_server.stop().await;
     Ok(())
 }
 
@@ -558,15 +573,19 @@ fn reload(options: &RunOptions, config: &mut Config, instances: &mut [Instance])
     Some(generation)
 }
 
-fn shutdown(instances: Vec<Instance>, keep_attached: bool) {
+/// Leaves or detaches every instance; returns what failed to detach.
+fn shutdown(instances: Vec<Instance>, keep_attached: bool) -> Vec<String> {
+    let mut failed = Vec::new();
     for instance in instances {
         let iface = instance.iface.clone();
         if keep_attached {
             instance.keep();
         } else if let Err(e) = instance.detach() {
             error!(iface, error = %e, "detaching failed");
+            failed.push(format!("{iface}: {e}"));
         } else {
             info!(iface, "detached");
         }
     }
+    failed
 }
