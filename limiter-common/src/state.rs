@@ -29,20 +29,32 @@ pub struct SourceTraffic {
     pub hold_until_ns: u64,
     /// Frames of allowance this CPU leased for the bucket of `window`.
     pub lease_left: u32,
-    /// Explicit padding; always zero.
-    pub _pad: u32,
+    /// Whether this CPU's next judged frame is its first of the source:
+    /// [`FIRST_CREATED`], [`FIRST_HERE`] or 0 (see `unwindowed_ns`).
+    pub first_frame: u32,
     /// Frames offered in `second - 1` (zero if the source was idle then).
     pub previous: Counter,
     /// Frames dropped (or would-be dropped in dry-run) since creation.
     pub dropped: Counter,
     /// When this CPU last refused the source (ns); 0 = never.
     pub last_refused_ns: u64,
+    /// When this CPU admitted the source's first frame without a shared
+    /// window (ns): a source that sends one frame costs no window entry.
+    /// That frame is counted in the window once one exists; 0 = none.
+    pub unwindowed_ns: u64,
     /// This CPU's view of the source's older buckets.
     pub window: WindowCache,
 }
 
+/// `SourceTraffic::first_frame`: this CPU created the source's entry.
+pub const FIRST_CREATED: u32 = 1;
+/// `SourceTraffic::first_frame`: another CPU created the entry; this CPU
+/// judges the source for the first time.
+pub const FIRST_HERE: u32 = 2;
+
 impl SourceTraffic {
-    /// State for a first frame of `len` bytes in `second`.
+    /// State for a first frame of `len` bytes in `second`, on the CPU that
+    /// creates the source's entry.
     #[inline(always)]
     pub fn first(second: u64, len: u64) -> Self {
         let first = Counter {
@@ -53,6 +65,7 @@ impl SourceTraffic {
             second,
             current: first,
             total: first,
+            first_frame: FIRST_CREATED,
             ..Self::default()
         }
     }
@@ -195,7 +208,7 @@ mod tests {
         let cache = 9 * 8;
         assert_eq!(
             core::mem::size_of::<SourceTraffic>(),
-            8 + 4 * 16 + 4 + 4 + 8 + 4 + 4 + 8 + cache
+            8 + 4 * 16 + 4 + 4 + 8 + 4 + 4 + 8 + 8 + cache
         );
         assert_eq!(core::mem::size_of::<WindowState>(), RING * 16 + 8 + 8);
     }

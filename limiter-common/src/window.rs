@@ -322,6 +322,28 @@ fn add_bytes<S: SlotWrite + ?Sized>(slots: &S, slot: usize, bucket: u64, len: u6
     }
 }
 
+/// The first packet word of a window created at `now_ns` that must count
+/// one frame admitted at `at_ns` without a window (a source's first frame,
+/// see `SourceTraffic::unwindowed_ns`), and its slot. The frame goes into
+/// its own bucket while that is the current one, so it ages exactly; into
+/// the current bucket if its own is older but may still be inside the
+/// window (it then counts a little longer than it should: the safe side);
+/// nowhere (word 0) once it has left the window, or if `at_ns` is 0 (no
+/// frame owed). Packets only: only packet-only limits admit without a
+/// window.
+#[inline(always)]
+pub fn owed_word(params: &WindowParams, at_ns: u64, now_ns: u64) -> (usize, u64) {
+    let now = position(now_ns, params.bucket_ns);
+    // A frame in bucket b counts until bucket b + K has passed.
+    let span = params.bucket_ns * (params.buckets as u64 + 1);
+    if at_ns == 0 || now_ns.saturating_sub(at_ns) >= span {
+        return (slot_of(now.bucket), 0);
+    }
+    let then = position(at_ns, params.bucket_ns);
+    let at = if then.bucket == now.bucket { then } else { now };
+    (slot_of(at.bucket), pack_packets(at.bucket, at.elapsed, 1))
+}
+
 /// Clears every slot (when a source's bucket width changes).
 #[inline(always)]
 pub fn clear<S: SlotWrite + ?Sized>(slots: &S) {
@@ -766,6 +788,54 @@ mod tests {
             try_admit(&ring, &params, 2_100, 1),
             "slid out of the window"
         );
+    }
+
+    /// A new ring holding what `owed_word` says.
+    fn seeded(params: &WindowParams, at_ns: u64, now_ns: u64) -> AtomicRing {
+        let ring: AtomicRing = Default::default();
+        let (slot, word) = owed_word(params, at_ns, now_ns);
+        ring.store(slot, PACKETS, word);
+        ring
+    }
+
+    #[test]
+    fn a_window_created_later_counts_the_frame_admitted_without_one() {
+        let params = WindowParams {
+            bucket_ns: 100,
+            buckets: 10,
+            allowance_packets: 5,
+            allowance_bytes: UNLIMITED,
+        };
+        // Same bucket: counted where it happened, first offset included.
+        let ring = seeded(&params, 1_010, 1_050);
+        let word = ring.load(slot_of(10), PACKETS);
+        assert_eq!(packets_in(word, 10), 1);
+        assert_eq!(first_offset(word), position(1_010, 100).elapsed);
+        for i in 0..4 {
+            assert!(try_admit(&ring, &params, 1_060, 1), "frame {i}");
+        }
+        assert!(
+            !try_admit(&ring, &params, 1_070, 1),
+            "the earlier frame used one of five"
+        );
+        assert!(
+            !try_admit(&ring, &params, 2_000, 1),
+            "and stays counted for the whole window"
+        );
+
+        // An older bucket still inside the window: counted now.
+        let ring = seeded(&params, 1_010, 1_550);
+        assert_eq!(packets_in(ring.load(slot_of(15), PACKETS), 15), 1);
+        assert_eq!(packets_in(ring.load(slot_of(10), PACKETS), 10), 0);
+
+        // Gone from the window, or nothing owed: an empty window.
+        for (at, now) in [(1_010, 1_010 + 100 * 11), (0, 1_050)] {
+            let ring = seeded(&params, at, now);
+            for i in 0..5 {
+                assert!(try_admit(&ring, &params, now + 10, 1), "frame {i}");
+            }
+            assert!(!try_admit(&ring, &params, now + 20, 1));
+        }
     }
 
     #[test]

@@ -7,6 +7,20 @@
 //! limit (or blocked) is refused from its own `hold_until_ns`; only a frame
 //! that may be admitted looks up the shared window and counts itself there
 //! with one compare-and-swap.
+//!
+//! A source's shared window is created on its second frame, not its first:
+//! under a spoofed flood nearly every source sends one frame, and a window
+//! entry per frame would cost a second LRU insert and eviction. The first
+//! frame is always under a limit of at least one frame, so it is admitted
+//! without a window, if none exists, by the one CPU whose insert created
+//! the source's `SOURCES` entry; it is counted in the window when one is
+//! created. Exactness across CPUs: that CPU counts it itself if it creates
+//! the window; any other CPU that creates the window on its own first frame
+//! of the source counts one frame for it (so the CPU that admitted it
+//! counts nothing more). A frame is never left uncounted; in a race one
+//! may be counted twice (admitting one frame less, never one more).
+
+use core::ptr::{addr_of, read_volatile};
 
 use aya_ebpf::{
     bindings::xdp_action::{XDP_DROP, XDP_PASS},
@@ -16,22 +30,19 @@ use aya_ebpf::{
 use limiter_common::{
     event::EPISODE_GAP_NS,
     rules::NO_RULE,
-    window::{self, Admission, WindowCache, WindowParams},
+    state::{FIRST_CREATED, FIRST_HERE},
+    window::{self, Admission, WindowCache, WindowParams, PACKETS, RING},
     Action, AddressFamily, Config, LimitEvent, Outcome, Rule, SourceKey, SourceTraffic,
-    WindowState,
 };
 
 use crate::{
-    maps::{self, CONFIG, PREFIXES_V4, PREFIXES_V6, RULES, SOURCES, WINDOWS},
+    maps::{self, CONFIG, PREFIXES_V4, PREFIXES_V6, RULES, SOURCES, WINDOWS, WINDOW_SEED},
     parse::Packet,
     shared::SharedWindow,
 };
 
 /// `bpf_map_update_elem` flag: create only.
 const BPF_NOEXIST: u64 = 1;
-
-/// The initial value of a new source's window: no traffic.
-static NEW_WINDOW: WindowState = WindowState::ZERO;
 
 /// What to do with a frame and what to count it as.
 pub struct Verdict {
@@ -117,7 +128,8 @@ fn source_key(config: &Config, packet: &Packet) -> SourceKey {
     packet.source.masked(prefix_len, mask).with_class(class)
 }
 
-/// Counts the frame in this CPU's `SOURCES` slot for `key`, creating it.
+/// Counts the frame in this CPU's `SOURCES` slot for `key`, creating it
+/// (marked `FIRST_CREATED` in this CPU's slot) if the source is new.
 #[inline(always)]
 fn record_offered(key: &SourceKey, now: u64, len: u64) -> Option<*mut SourceTraffic> {
     if let Some(traffic) = SOURCES.get_ptr_mut(key) {
@@ -149,6 +161,10 @@ fn decide(
     len: u64,
 ) -> Verdict {
     if traffic.generation != config.generation {
+        if traffic.generation == 0 && traffic.first_frame == 0 {
+            // A zeroed slot: another CPU created the entry.
+            traffic.first_frame = FIRST_HERE;
+        }
         // Rules changed (or first frame on this CPU): resolve once, and
         // forget what this CPU concluded under the old rule.
         traffic.rule = resolve(key);
@@ -157,6 +173,12 @@ fn decide(
         traffic.lease_left = 0;
         traffic.window = WindowCache::default();
     }
+    // Read back from the map value (not the value just stored, which would
+    // split every later verifier state by the constant) and consumed by
+    // this frame whatever the rule.
+    // SAFETY: an aligned field of this CPU's live map value.
+    let first_frame = unsafe { read_volatile(addr_of!(traffic.first_frame)) };
+    traffic.first_frame = 0;
     let Some(rule) = RULES.get(traffic.rule) else {
         return pass(Outcome::Passed);
     };
@@ -172,7 +194,7 @@ fn decide(
                 traffic.lease_left -= 1;
                 return pass(Outcome::Passed);
             }
-            match limit(key, rule, traffic, now, len) {
+            match limit(key, rule, traffic, first_frame, now, len) {
                 Some(true) => pass(Outcome::Passed),
                 // No window state: fail closed.
                 Some(false) | None => refuse(dry_run, Outcome::DroppedLimit),
@@ -190,11 +212,34 @@ fn limit(
     key: &SourceKey,
     rule: &Rule,
     traffic: &mut SourceTraffic,
+    first_frame: u32,
     now: u64,
     len: u64,
 ) -> Option<bool> {
     let params = params(rule);
-    let (window, created) = window_state(key, len)?;
+    // Packet-only limits (of at least one frame) may admit a first frame
+    // without a window (see the module docs); byte limits need the window.
+    let packet_only = rule.allowance_bytes == window::UNLIMITED && rule.allowance_packets != 0;
+    let (window, created) = match WINDOWS.get_ptr_mut(key) {
+        Some(state) => (SharedWindow(state), false),
+        None => {
+            if packet_only && first_frame == FIRST_CREATED {
+                traffic.unwindowed_ns = now;
+                return Some(true);
+            }
+            // What a window this CPU creates owes: its own first frame, or,
+            // on its first frame of a source another CPU created, the first
+            // frame that CPU may have admitted without a window.
+            let owed_at = if packet_only && first_frame == FIRST_HERE {
+                now
+            } else {
+                traffic.unwindowed_ns
+            };
+            create_window(key, len, &params, owed_at, now)?
+        }
+    };
+    // Found or created, the window holds any frame this CPU owed it.
+    traffic.unwindowed_ns = 0;
     // Refused within the last window: if its window state was evicted
     // meanwhile, it must not come back with a fresh allowance.
     if created
@@ -247,17 +292,36 @@ fn params(rule: &Rule) -> WindowParams {
     }
 }
 
-/// The shared window of `key`, created if it is new (and whether it was).
+/// Creates the shared window of `key` (unless another CPU just did),
+/// tagged with the rule's bucket width and counting the frame owed at
+/// `owed_at` (0: none), and returns it, with whether this CPU created it.
 #[inline(always)]
-fn window_state(key: &SourceKey, len: u64) -> Option<(SharedWindow, bool)> {
-    if let Some(state) = WINDOWS.get_ptr_mut(key) {
-        return Some((SharedWindow(state), false));
-    }
-    // Failure (EEXIST) just means another CPU created it first. The value
-    // is passed by reference to the static: a copy would take 272 of the
-    // 512 bytes of BPF stack.
+fn create_window(
+    key: &SourceKey,
+    len: u64,
+    params: &WindowParams,
+    owed_at: u64,
+    now: u64,
+) -> Option<(SharedWindow, bool)> {
+    let Some(seed) = WINDOW_SEED.get_ptr_mut(0) else {
+        maps::count(Outcome::InsertFailure, len);
+        return None;
+    };
+    // SAFETY: this CPU's slot of a per-CPU array; XDP runs with migration
+    // disabled, so nothing else touches it meanwhile.
+    let seed = unsafe { &mut *seed };
+    let (slot, word) = window::owed_word(params, owed_at, now);
+    let slot = slot & (RING - 1);
+    seed.slots[slot][PACKETS] = word;
+    seed.bucket_ns = params.bucket_ns;
+    // Failure (EEXIST) just means another CPU created it first (and counted
+    // what this one owed). The value is passed by reference to the map
+    // value: a copy would take 272 of the 512 bytes of BPF stack.
     #[allow(clippy::needless_borrows_for_generic_args)]
-    let created = WINDOWS.insert(key, &NEW_WINDOW, BPF_NOEXIST).is_ok();
+    let created = WINDOWS.insert(key, &*seed, BPF_NOEXIST).is_ok();
+    // The seed is all zero between uses.
+    seed.slots[slot][PACKETS] = 0;
+    seed.bucket_ns = 0;
     match WINDOWS.get_ptr_mut(key) {
         Some(state) => Some((SharedWindow(state), created)),
         None => {

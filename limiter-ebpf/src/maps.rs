@@ -25,6 +25,11 @@ pub static SOURCES: LruPerCpuHashMap<SourceKey, SourceTraffic> =
 pub static WINDOWS: LruHashMap<SourceKey, WindowState> =
     LruHashMap::with_max_entries(DEFAULT_MAX_SOURCES, 0);
 
+/// Scratch for a new `WINDOWS` value (too large for the BPF stack): all
+/// zero between uses, seeded, inserted and zeroed again (`limit.rs`).
+#[map(name = "WINDOW_SEED")]
+pub static WINDOW_SEED: PerCpuArray<WindowState> = PerCpuArray::with_max_entries(1, 0);
+
 /// Global per-CPU counters indexed by `Outcome`.
 #[map(name = "STATS")]
 pub static STATS: PerCpuArray<Counter> = PerCpuArray::with_max_entries(Outcome::COUNT, 0);

@@ -343,3 +343,22 @@ fn a_full_map_evicts_the_least_recent_source_and_counts_every_packet() {
         "every new source is accounted for"
     );
 }
+
+/// The verifier walks every path of the program; the kernel stops at one
+/// million instructions. Datapath changes can multiply the paths without
+/// looking larger, so the budget is checked here, with room to spare.
+#[test]
+fn the_verifier_walks_well_under_its_limit() {
+    const BUDGET: u32 = 600_000;
+    let mut harness = Harness::load();
+    let program = limiter_user::object::xdp_program(harness.ebpf_mut()).expect("program");
+    let verified = program
+        .info()
+        .expect("program info")
+        .verified_instruction_count()
+        .expect("kernel reports verified instructions");
+    assert!(
+        verified < BUDGET,
+        "the verifier walked {verified} instructions (budget {BUDGET} of its 1,000,000)"
+    );
+}

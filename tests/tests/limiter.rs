@@ -1,6 +1,7 @@
 //! Kernel tests of enforcement through BPF_PROG_TEST_RUN: accuracy in real
 //! time (one CPU and both CPUs), rule actions, dry-run, penalties, per-port
-//! rules, live rule changes, IPv6 /64 keys, and a full state map.
+//! rules, live rule changes, IPv6 /64 keys, a full state map, and a
+//! source's first frame admitted before its window exists.
 
 use std::{
     net::{Ipv4Addr, Ipv6Addr},
@@ -192,6 +193,68 @@ fn limit_admits_the_allowance_then_drops() {
     let limited = &traffic[&SourceKey::v4([192, 0, 2, 1])];
     assert_eq!(counters::offered(limited), frames(12, frame.len()));
     assert_eq!(counters::dropped(limited), frames(7, frame.len()));
+}
+
+/// Sources that hold a shared window.
+fn windowed(harness: &Harness) -> Vec<SourceKey> {
+    counters::windows(harness.ebpf())
+        .expect("read WINDOWS")
+        .into_keys()
+        .collect()
+}
+
+#[test]
+fn a_source_gets_its_window_on_its_second_frame_and_its_first_still_counts() {
+    let mut harness = harness_with(&default_limit(5));
+    for i in 0..100u8 {
+        assert_eq!(harness.offer(0, &udp([203, 0, 113, i]), 1), (1, 0));
+    }
+    assert_eq!(
+        windowed(&harness),
+        Vec::new(),
+        "one frame per source: no window entries"
+    );
+    let frame = udp([192, 0, 2, 1]);
+    assert_eq!(harness.offer(0, &frame, 1), (1, 0));
+    assert_eq!(harness.offer(0, &frame, 1), (1, 0));
+    assert_eq!(windowed(&harness), vec![SourceKey::v4([192, 0, 2, 1])]);
+    assert_eq!(
+        harness.offer(0, &frame, 10),
+        (3, 7),
+        "the first frame counts against the allowance of 5"
+    );
+}
+
+#[test]
+fn a_first_frame_admitted_without_a_window_counts_when_another_cpu_creates_it() {
+    let mut harness = harness_with(&default_limit(5));
+    let a = udp([192, 0, 2, 1]);
+    assert_eq!(harness.offer(0, &a, 1), (1, 0), "CPU 0 creates the source");
+    assert_eq!(windowed(&harness), Vec::new());
+    assert_eq!(
+        harness.offer(1, &a, 10),
+        (4, 6),
+        "CPU 1's window counts CPU 0's first frame"
+    );
+
+    let b = udp([192, 0, 2, 2]);
+    assert_eq!(harness.offer(0, &b, 1), (1, 0));
+    assert_eq!(harness.offer(1, &b, 2), (2, 0));
+    assert_eq!(
+        harness.offer(0, &b, 10),
+        (2, 8),
+        "CPU 0 does not count its first frame again: 5 in all"
+    );
+}
+
+#[test]
+fn byte_limits_create_the_window_on_the_first_frame() {
+    let mut spec = RuleSpec::limit(net("0.0.0.0/0"), 1_000_000);
+    spec.limits.bytes_per_second = Some(1000);
+    let mut harness = harness_with(&RuleSet::with_default(spec));
+    let frame = packets::udp_v4(Ipv4Addr::new(192, 0, 2, 9), DST4, 53, 258); // 300 bytes
+    assert_eq!(harness.offer(0, &frame, 1), (1, 0));
+    assert_eq!(windowed(&harness), vec![SourceKey::v4([192, 0, 2, 9])]);
 }
 
 #[test]
