@@ -53,7 +53,7 @@ pub mod names {
 /// Version of the map layouts (keys, values and their field order). Bump it
 /// on any change: a daemon never adopts pinned maps of another version,
 /// since sizes alone do not reveal a reordered field.
-pub const MAP_LAYOUT_VERSION: u32 = 1;
+pub const MAP_LAYOUT_VERSION: u32 = 2;
 
 /// Default capacity of the per-source state maps; userspace sets the real
 /// size before loading.
