@@ -29,8 +29,9 @@ pub struct SourceTraffic {
     pub hold_until_ns: u64,
     /// Frames of allowance this CPU leased for the bucket of `window`.
     pub lease_left: u32,
-    /// Whether this CPU's next judged frame is its first of the source:
-    /// [`FIRST_CREATED`], [`FIRST_HERE`] or 0 (see `unwindowed_ns`).
+    /// Whether the next frame this CPU checks against the source's window
+    /// is its first of the source: [`FIRST_CREATED`], [`FIRST_HERE`] or 0
+    /// (see `unwindowed_ns`).
     pub first_frame: u32,
     /// Frames offered in `second - 1` (zero if the source was idle then).
     pub previous: Counter,

@@ -173,12 +173,6 @@ fn decide(
         traffic.lease_left = 0;
         traffic.window = WindowCache::default();
     }
-    // Read back from the map value (not the value just stored, which would
-    // split every later verifier state by the constant) and consumed by
-    // this frame whatever the rule.
-    // SAFETY: an aligned field of this CPU's live map value.
-    let first_frame = unsafe { read_volatile(addr_of!(traffic.first_frame)) };
-    traffic.first_frame = 0;
     let Some(rule) = RULES.get(traffic.rule) else {
         return pass(Outcome::Passed);
     };
@@ -194,7 +188,7 @@ fn decide(
                 traffic.lease_left -= 1;
                 return pass(Outcome::Passed);
             }
-            match limit(key, rule, traffic, first_frame, now, len) {
+            match limit(key, rule, traffic, now, len) {
                 Some(true) => pass(Outcome::Passed),
                 // No window state: fail closed.
                 Some(false) | None => refuse(dry_run, Outcome::DroppedLimit),
@@ -212,11 +206,18 @@ fn limit(
     key: &SourceKey,
     rule: &Rule,
     traffic: &mut SourceTraffic,
-    first_frame: u32,
     now: u64,
     len: u64,
 ) -> Option<bool> {
     let params = params(rule);
+    // Consumed by the first frame that gets here (a source's first frame
+    // under a limit always does: a rule change clears hold and lease), so
+    // the hold and lease paths never touch it. Read back from the map value,
+    // not the constant `decide` may just have stored, which would split
+    // every later verifier state.
+    // SAFETY: an aligned field of this CPU's live map value.
+    let first_frame = unsafe { read_volatile(addr_of!(traffic.first_frame)) };
+    traffic.first_frame = 0;
     // Packet-only limits (of at least one frame) may admit a first frame
     // without a window (see the module docs); byte limits need the window.
     let packet_only = rule.allowance_bytes == window::UNLIMITED && rule.allowance_packets != 0;
