@@ -101,6 +101,9 @@ pub struct GenState {
     pub next_heavy: u32,
     /// Frames handed to XDP_TX per class.
     pub sent: [u64; CLASSES],
+    /// Time the pacing forgot (stalls longer than [`MAX_LAG_NS`]), so that
+    /// a shortfall from the rate can be told apart from a pacing error.
+    pub stalled_ns: u64,
 }
 
 /// A pacing stall longer than this (the generator was preempted, or
@@ -121,6 +124,10 @@ pub fn pace(config: &GenConfig, state: &mut GenState, now_ns: u64) -> bool {
         return false;
     }
     state.next_due_ns = if now_ns - due > MAX_LAG_NS {
+        if due != 0 {
+            // (0: the first frame ever, no stall.)
+            state.stalled_ns += now_ns - due;
+        }
         now_ns + interval
     } else {
         due + interval
@@ -376,7 +383,10 @@ mod tests {
             core::mem::size_of::<GenConfig>(),
             8 + 5 * 4 + 2 * 2 + 4 + 16 + 12
         );
-        assert_eq!(core::mem::size_of::<GenState>(), 8 + 8 + 8 + 8 * CLASSES);
+        assert_eq!(
+            core::mem::size_of::<GenState>(),
+            8 + 8 + 8 + 8 * CLASSES + 8
+        );
     }
 
     #[test]
@@ -415,9 +425,13 @@ mod tests {
             .count();
         // 10 ms at one frame per µs.
         assert!((9_999..=10_001).contains(&sent), "{sent}");
-        // After a 1 s stall, no burst: one frame, then the interval again.
+        assert_eq!(state.stalled_ns, 0, "no stall yet");
+        // After a 1 s stall, no burst: one frame, then the interval again;
+        // the stall is on record.
         let later = 2_000_000_000;
+        let due = state.next_due_ns;
         assert!(pace(&config, &mut state, later));
+        assert_eq!(state.stalled_ns, later - due);
         assert!(!pace(&config, &mut state, later + 10));
         assert!(pace(&config, &mut state, later + 1_000));
         let unpaced = GenConfig::default();

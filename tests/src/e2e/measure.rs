@@ -23,6 +23,7 @@ struct Snapshot {
     receiver_cpu_ns: u64,
     received: u64,
     sent: [u64; 3],
+    stalled_ns: u64,
     sink: SinkCounts,
 }
 
@@ -32,7 +33,7 @@ impl Snapshot {
     fn take(lab: &Lab, programs: &Programs, mix: &Mix) -> Self {
         let start = Instant::now();
         let sink = programs.sink(mix.heavy_sources);
-        let sent = programs.sent();
+        let (sent, stalled_ns) = programs.sent();
         let received = lab.received_frames();
         let receiver_cpu_ns = lab.receiver_cpu_ns();
         Self {
@@ -40,6 +41,7 @@ impl Snapshot {
             receiver_cpu_ns,
             received,
             sent,
+            stalled_ns,
             sink,
         }
     }
@@ -51,6 +53,10 @@ pub struct Run {
     /// Frames the generator sent and the receiving veth took in; the rest
     /// were lost because its ring (256 frames) was full.
     pub offered_pps: f64,
+    /// Share of the measured time the paced generator was stalled (its CPU
+    /// taken, or both sending threads between calls): sending resumes at
+    /// the rate, so this share of the rate was never offered.
+    pub generator_stalled: f64,
     pub received_pps: f64,
     pub ring_loss: f64,
     /// Share of a CPU the receive thread used, and its ns per received
@@ -204,6 +210,7 @@ fn derive(
     let light_arrived = sent_light * arrived;
     Run {
         offered_pps: offered / dt,
+        generator_stalled: (after.stalled_ns - before.stalled_ns) as f64 / (dt * 1e9),
         received_pps: received / dt,
         ring_loss: 1.0 - arrived,
         receiver_busy: cpu_ns / (dt * 1e9),

@@ -114,6 +114,7 @@ const FIGURES: &[(&str, Figure)] = &[
     ("heavy_max_error", |r| r.heavy_max_error),
     ("random_passed_pps", |r| r.random_passed_pps),
     ("idle_wait_s", |r| r.idle_wait_s),
+    ("generator_stalled", |r| r.generator_stalled),
 ];
 
 impl Cell {

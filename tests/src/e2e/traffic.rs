@@ -214,8 +214,9 @@ impl Programs {
         self.attached = Some((name, link));
     }
 
-    /// Frames handed to XDP_TX so far, per class (light, heavy, random).
-    pub fn sent(&self) -> [u64; CLASSES] {
+    /// Frames handed to XDP_TX so far, per class (light, heavy, random),
+    /// and the time the pacing forgot to stalls (ns).
+    pub fn sent(&self) -> ([u64; CLASSES], u64) {
         let map: PerCpuArray<&MapData, GenState> = self
             .ebpf
             .map(names::GEN_STATE)
@@ -224,12 +225,14 @@ impl Programs {
             .expect("per-CPU array");
         let values: PerCpuValues<GenState> = map.get(&0, 0).expect("read GEN_STATE");
         let mut sent = [0; CLASSES];
+        let mut stalled_ns = 0;
         for state in values.iter() {
             for (total, class) in sent.iter_mut().zip(state.sent) {
                 *total += class;
             }
+            stalled_ns += state.stalled_ns;
         }
-        sent
+        (sent, stalled_ns)
     }
 
     /// What the sink has counted so far.
