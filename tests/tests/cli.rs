@@ -541,8 +541,8 @@ fn detach_stops_a_running_daemon_and_removes_protection() {
         out.contains(&format!("detached {RX_IF} and stopped the daemon")),
         "{out}"
     );
-    let status = s.daemon.wait();
-    assert!(status.success(), "{status}");
+    // The answer comes after the detach: when the command returns, the
+    // interface is already unprotected, before the daemon has exited.
     let link = s.lab.rx.ip(&["-details", "link", "show", RX_IF]);
     assert!(
         !String::from_utf8_lossy(&link.stdout).contains("prog/xdp"),
@@ -550,4 +550,6 @@ fn detach_stops_a_running_daemon_and_removes_protection() {
     );
     assert!(!s.files.pin_dir.join(RX_IF).exists(), "pins removed");
     assert!(!s.files.socket().exists(), "socket removed");
+    let status = s.daemon.wait();
+    assert!(status.success(), "{status}");
 }
