@@ -27,12 +27,16 @@
 //! A packet word packs a 24-bit bucket tag, the 10-bit first offset and a
 //! 30-bit count; a byte word the tag and a 40-bit count. A stale slot (from
 //! an older bucket) reads as zero without being cleared, and one
-//! compare-and-swap both rotates a slot and counts into it. The packet word
-//! of the current slot is the linearisation point: a frame is admitted only
-//! if its compare-and-swap from the word the estimate used succeeds, so
-//! concurrent CPUs never admit more packets than the allowance. Bytes are
-//! added after it, so concurrent frames can overshoot a byte allowance by at
-//! most one frame per other CPU.
+//! compare-and-swap both rotates a slot and counts into it. Under a byte
+//! limit a frame first reserves its bytes: a compare-and-swap of the byte
+//! word from the word its estimate used. The packet word of the current
+//! slot is then the linearisation point: a frame is admitted only if its
+//! compare-and-swap from the word the estimate used succeeds. So
+//! concurrent CPUs never admit more packets, nor more bytes, than the
+//! allowance, and no admitted frame goes uncounted. A frame whose
+//! compare-and-swaps keep losing ([`CAS_ATTEMPTS`]) is refused; bytes
+//! reserved for a frame that is then refused are given back when the word
+//! allows it, else they stay counted (admitting less, never more).
 
 /// Slots in the ring; a window has at most `RING - 1` buckets.
 pub const RING: usize = 16;
@@ -291,31 +295,57 @@ pub fn try_admit<S: SlotWrite + ?Sized>(
     let at = position(now_ns, params.bucket_ns);
     let slot = slot_of(at.bucket);
     let older = older(slots, at, params.buckets);
+    let count_bytes = params.allowance_bytes != UNLIMITED;
     let mut attempt = 0;
     while attempt < CAS_ATTEMPTS {
+        attempt += 1;
         let current = slots.load(slot, PACKETS);
+        let current_bytes = slots.load(slot, BYTES);
         let est = with_current(slots, older, at, current);
         if !fits(est.packets, 1, params.allowance_packets)
             || !fits(est.bytes, len, params.allowance_bytes)
         {
             return false;
         }
+        if count_bytes && !reserve_bytes(slots, slot, at.bucket, current_bytes, len) {
+            continue;
+        }
         if slots.compare_exchange(slot, PACKETS, current, packets_bumped(current, at)) {
-            add_bytes(slots, slot, at.bucket, len);
             return true;
         }
-        attempt += 1;
+        if count_bytes {
+            give_back_bytes(slots, slot, at.bucket, len);
+        }
     }
     false
 }
 
-/// Counts `len` admitted bytes into the current slot.
+/// Counts `len` bytes into the current slot if its byte word is still
+/// `seen` (the word the estimate used); false if another CPU changed it.
 #[inline(always)]
-fn add_bytes<S: SlotWrite + ?Sized>(slots: &S, slot: usize, bucket: u64, len: u64) {
+fn reserve_bytes<S: SlotWrite + ?Sized>(
+    slots: &S,
+    slot: usize,
+    bucket: u64,
+    seen: u64,
+    len: u64,
+) -> bool {
+    slots.compare_exchange(slot, BYTES, seen, bytes_bumped(seen, bucket, len))
+}
+
+/// Takes back `len` bytes reserved for a frame that was then refused,
+/// unless the slot moved on to another bucket or the word keeps changing
+/// (then they stay counted: the safe side).
+#[inline(always)]
+fn give_back_bytes<S: SlotWrite + ?Sized>(slots: &S, slot: usize, bucket: u64, len: u64) {
     let mut attempt = 0;
     while attempt < CAS_ATTEMPTS {
         let word = slots.load(slot, BYTES);
-        if slots.compare_exchange(slot, BYTES, word, bytes_bumped(word, bucket, len)) {
+        let count = bytes_in(word, bucket);
+        if count < len {
+            return;
+        }
+        if slots.compare_exchange(slot, BYTES, word, pack_bytes(bucket, count - len)) {
             return;
         }
         attempt += 1;
@@ -582,6 +612,7 @@ pub fn try_admit_cached<S: SlotWrite + ?Sized>(
     };
     let mut attempt = 0;
     while attempt < CAS_ATTEMPTS {
+        attempt += 1;
         let current = slots.load(slot, PACKETS);
         let current_bytes = if count_bytes {
             slots.load(slot, BYTES)
@@ -607,18 +638,20 @@ pub fn try_admit_cached<S: SlotWrite + ?Sized>(
             } else {
                 1
             };
+        if count_bytes && !reserve_bytes(slots, slot, cache.bucket, current_bytes, len) {
+            continue;
+        }
         if slots.compare_exchange(
             slot,
             PACKETS,
             current,
             packets_bumped_by(current, at, granted),
         ) {
-            if count_bytes {
-                add_bytes(slots, slot, cache.bucket, len);
-            }
             return Admission::Admitted { granted };
         }
-        attempt += 1;
+        if count_bytes {
+            give_back_bytes(slots, slot, cache.bucket, len);
+        }
     }
     Admission::Refused {
         hold_until_ns: now_ns,
@@ -836,6 +869,51 @@ mod tests {
             }
             assert!(!try_admit(&ring, &params, now + 20, 1));
         }
+    }
+
+    /// A ring whose byte words lose every compare-and-swap (another CPU
+    /// always got there first), and that counts what it holds.
+    struct ContendedBytes(AtomicRing);
+
+    impl SlotRead for ContendedBytes {
+        fn load(&self, slot: usize, field: usize) -> u64 {
+            self.0.load(slot, field)
+        }
+    }
+
+    impl SlotWrite for ContendedBytes {
+        fn compare_exchange(&self, slot: usize, field: usize, current: u64, new: u64) -> bool {
+            field != BYTES && self.0.compare_exchange(slot, field, current, new)
+        }
+
+        fn store(&self, slot: usize, field: usize, value: u64) {
+            self.0.store(slot, field, value)
+        }
+    }
+
+    #[test]
+    fn a_frame_whose_bytes_cannot_be_counted_is_refused_not_admitted_uncounted() {
+        let params = WindowParams {
+            bucket_ns: 100,
+            buckets: 10,
+            allowance_packets: 1000,
+            allowance_bytes: 100_000,
+        };
+        let ring = ContendedBytes(AtomicRing::default());
+        let now = 1_050;
+        let admitted = try_admit(&ring, &params, now, 60);
+        let cache = WindowCache::refresh(&ring, &params, now);
+        let cached = try_admit_cached(&ring, &cache, &params, now, 60, 1);
+        let at = position(now, params.bucket_ns);
+        let packets = packets_in(ring.load(slot_of(at.bucket), PACKETS), at.bucket);
+        let bytes = bytes_in(ring.load(slot_of(at.bucket), BYTES), at.bucket);
+        let admitted_frames = u64::from(admitted) + u64::from(matches!(cached, Admission::Admitted { .. }));
+        assert_eq!(
+            bytes,
+            admitted_frames * 60,
+            "every admitted frame's bytes are counted ({admitted_frames} admitted, {packets} packets counted)"
+        );
+        assert_eq!(admitted_frames, 0, "the bytes could never be counted");
     }
 
     #[test]

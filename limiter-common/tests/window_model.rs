@@ -5,8 +5,8 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use limiter_common::window::{
-    estimate, position, slot_of, try_admit, try_admit_cached, Admission, AtomicRing, WindowCache,
-    WindowParams, PACKETS, UNLIMITED, WEIGHT_ONE,
+    bytes_in, estimate, position, slot_of, try_admit, try_admit_cached, Admission, AtomicRing,
+    SlotRead, WindowCache, WindowParams, BYTES, PACKETS, UNLIMITED, WEIGHT_ONE,
 };
 use proptest::prelude::*;
 
@@ -373,6 +373,53 @@ fn concurrent_admission_never_exceeds_the_allowance() {
     });
     assert!(admitted <= 10_000, "admitted {admitted} > allowance");
     assert!(admitted >= 9_990, "contention refused too much: {admitted}");
+}
+
+/// Bytes are exact under concurrency too, on both paths: threads racing
+/// on one ring with a byte limit never count more bytes than the byte
+/// allowance, and every admitted frame's bytes are counted.
+#[test]
+fn concurrent_byte_admission_never_exceeds_or_undercounts() {
+    for cached in [false, true] {
+        let ring = AtomicRing::default();
+        let params = WindowParams {
+            bucket_ns: SECOND / 10,
+            buckets: 10,
+            allowance_packets: UNLIMITED,
+            allowance_bytes: 100 * 1500,
+        };
+        let t = 42 * SECOND + 3;
+        let cache = WindowCache::refresh(&ring, &params, t);
+        let admitted: u64 = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..4)
+                .map(|_| {
+                    scope.spawn(|| {
+                        (0..20_000)
+                            .filter(|_| {
+                                if cached {
+                                    matches!(
+                                        try_admit_cached(&ring, &cache, &params, t, 1500, 1),
+                                        Admission::Admitted { .. }
+                                    )
+                                } else {
+                                    try_admit(&ring, &params, t, 1500)
+                                }
+                            })
+                            .count() as u64
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).sum()
+        });
+        let at = position(t, params.bucket_ns);
+        let counted = bytes_in(ring.load(slot_of(at.bucket), BYTES), at.bucket);
+        assert!(admitted <= 100, "cached={cached}: admitted {admitted} > 100 frames");
+        assert!(admitted >= 99, "cached={cached}: contention refused too much: {admitted}");
+        assert!(
+            counted >= admitted * 1500 && counted <= 100 * 1500,
+            "cached={cached}: {counted} bytes counted for {admitted} frames"
+        );
+    }
 }
 
 proptest! {
