@@ -40,9 +40,11 @@ pub mod names {
     pub const CONFIG: &str = "CONFIG";
     /// Compiled rules (array of `Rule`, two generations' halves).
     pub const RULES: &str = "RULES";
-    /// IPv4 prefixes -> `RuleRefs` (LPM trie).
+    /// IPv4 prefixes of both generations -> `RuleRefs` (LPM trie keyed
+    /// by `rules::PrefixKeyV4`).
     pub const PREFIXES_V4: &str = "PREFIXES_V4";
-    /// IPv6 prefixes -> `RuleRefs` (LPM trie).
+    /// IPv6 prefixes of both generations -> `RuleRefs` (LPM trie keyed
+    /// by `rules::PrefixKeyV6`).
     pub const PREFIXES_V6: &str = "PREFIXES_V6";
     /// Frames dropped (or would-be dropped) per `RULES` index, per CPU.
     pub const RULE_DROPS: &str = "RULE_DROPS";
@@ -53,7 +55,7 @@ pub mod names {
 /// Version of the map layouts (keys, values and their field order). Bump it
 /// on any change: a daemon never adopts pinned maps of another version,
 /// since sizes alone do not reveal a reordered field.
-pub const MAP_LAYOUT_VERSION: u32 = 2;
+pub const MAP_LAYOUT_VERSION: u32 = 3;
 
 /// Default capacity of the per-source state maps; userspace sets the real
 /// size before loading.

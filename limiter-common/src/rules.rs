@@ -1,14 +1,35 @@
-//! Rules as the kernel reads them: the global `Config`, traffic classes
-//! (protocol / destination-port / SYN matches), the compiled `Rule` table
-//! and the LPM trie value `RuleRefs`.
+//! Rules as the kernel reads them: the global `Config`, the matches rules
+//! use (protocol / destination ports / SYN), the frame classes they induce,
+//! the compiled `Rule` table and the LPM trie value `RuleRefs`.
 //!
 //! Userspace compiles the operator's rules into these; the kernel only
-//! looks things up. Rule resolution happens once per source state and is
-//! cached with `Config::generation`; bumping it makes every source resolve
-//! again on its next packet.
+//! classifies a frame (which matches it satisfies) and looks things up.
+//! Rule resolution happens once per source state and is cached with
+//! `Config::generation`; bumping it makes every source resolve again on
+//! its next frame.
+//!
+//! A frame's class is the set of matches it satisfies (a bitmask of at
+//! most [`MAX_CLASSES`] bits), so any combination of matches, nested,
+//! disjoint or overlapping, has one rule per prefix, chosen in userspace.
+//! A frame whose ports the parser could not read (a non-first fragment, a
+//! truncated transport header) gets an *unresolved* class: the set of
+//! matches it might satisfy; one whose protocol is unknown (an IPv6 header
+//! chain too long or cut short) gets [`UNKNOWN_PROTOCOL_CLASS`]. Userspace
+//! maps those to the strictest rule that could apply.
 
-/// Traffic classes besides class 0 ("no class matched").
+/// Distinct matches rules may use (each is one bit of a frame's class).
 pub const MAX_CLASSES: usize = 4;
+/// Classes of frames whose headers were read: the set of matches they
+/// satisfy, `0 .. 2^MAX_CLASSES`.
+pub const RESOLVED_CLASSES: u8 = 1 << MAX_CLASSES;
+/// `UNRESOLVED_BASE + set`: a TCP/UDP frame whose ports (and flags) could
+/// not be read, which might satisfy the matches in `set` (some of which
+/// depend on the ports).
+pub const UNRESOLVED_BASE: u8 = RESOLVED_CLASSES;
+/// A frame whose transport protocol could not be found.
+pub const UNKNOWN_PROTOCOL_CLASS: u8 = 2 * RESOLVED_CLASSES;
+/// Every frame class: the length of `RuleRefs::rules`.
+pub const FRAME_CLASSES: usize = UNKNOWN_PROTOCOL_CLASS as usize + 1;
 /// Rules in one generation's half of the `RULES` array.
 pub const MAX_RULES: u32 = 256;
 /// `RULES` holds two halves: the live generation's rules and the next's.
@@ -21,6 +42,13 @@ pub const IPPROTO_UDP: u8 = 17;
 /// TCP flag bits in the 14th byte of the TCP header.
 pub const TCP_FLAG_SYN: u8 = 0x02;
 pub const TCP_FLAG_ACK: u8 = 0x10;
+
+/// The `RULES` index where generation `generation`'s rules start: its
+/// half of the array.
+#[inline(always)]
+pub const fn rules_base(generation: u32) -> u32 {
+    (generation % 2) * MAX_RULES
+}
 
 /// What a rule does with matching traffic.
 #[repr(u8)]
@@ -57,6 +85,15 @@ pub struct Rule {
     pub bucket_ns: u64,
     /// Penalty: once over its limit a source is dropped for this long (0: none).
     pub block_ns: u64,
+    /// Names this rule's penalties: a source's penalty holds only while
+    /// the rule in force for it carries the tag that armed it, so a rule
+    /// that changes (or goes) lifts the penalties it set. Never 0 for a
+    /// rule with a penalty.
+    pub block_tag: u64,
+    /// What this rule is (identity and everything that decides its
+    /// verdicts, global dry-run included): a push keeps a rule's
+    /// `block_tag` only while its fingerprint stays the same. 0: no rule.
+    pub fingerprint: u64,
     /// Buckets per window (1 ..= `window::MAX_BUCKETS_PER_WINDOW`).
     pub buckets: u32,
     /// Frames a CPU may lease from the shared window at once (1: none).
@@ -65,10 +102,14 @@ pub struct Rule {
     pub action: u8,
     /// Non-zero: count would-be drops, drop nothing.
     pub dry_run: u8,
-    pub _pad: [u8; 6],
+    /// The class byte of the window key this rule counts in: every frame
+    /// class of a source that resolves to this rule shares one budget
+    /// (`0` for a rule without a match, `1 + index` of its match).
+    pub budget: u8,
+    pub _pad: [u8; 5],
 }
 
-/// A traffic class: packets matching it get their own budget per source.
+/// A traffic class: the match of one or more rules.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TrafficClass {
@@ -84,29 +125,56 @@ pub struct TrafficClass {
 }
 
 impl TrafficClass {
+    #[inline(always)]
+    const fn any_port(&self) -> bool {
+        self.port_min == 0 && self.port_max == u16::MAX
+    }
+
     /// Whether a packet matches this class.
     #[inline(always)]
     pub const fn matches(&self, protocol: u8, dst_port: u16, tcp_flags: u8) -> bool {
+        if !self.could_match(protocol) {
+            return false;
+        }
+        if self.tcp_syn_only != 0 && tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK) != TCP_FLAG_SYN {
+            return false;
+        }
+        self.any_port() || (dst_port >= self.port_min && dst_port <= self.port_max)
+    }
+
+    /// Whether some packet of `protocol` matches this class, whatever its
+    /// ports and flags.
+    #[inline(always)]
+    pub const fn could_match(&self, protocol: u8) -> bool {
         if self.protocol != 0 && self.protocol != protocol {
             return false;
         }
-        if self.tcp_syn_only != 0
-            && (protocol != IPPROTO_TCP
-                || tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK) != TCP_FLAG_SYN)
-        {
+        if self.tcp_syn_only != 0 && protocol != IPPROTO_TCP {
             return false;
         }
-        let any_port = self.port_min == 0 && self.port_max == u16::MAX;
-        if !any_port {
-            if protocol != IPPROTO_TCP && protocol != IPPROTO_UDP {
-                return false;
-            }
-            if dst_port < self.port_min || dst_port > self.port_max {
-                return false;
-            }
-        }
-        true
+        self.any_port() || protocol == IPPROTO_TCP || protocol == IPPROTO_UDP
     }
+
+    /// Whether matching needs the transport header (ports or flags).
+    #[inline(always)]
+    pub const fn needs_transport(&self) -> bool {
+        self.tcp_syn_only != 0 || !self.any_port()
+    }
+}
+
+/// How much of a frame's transport layer the parser could read.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transport {
+    /// Protocol, ports and flags are known (ports and flags are 0 for
+    /// protocols without them).
+    Known = 0,
+    /// The protocol is known (TCP or UDP), its ports and flags are not: a
+    /// non-first fragment, or a header cut short.
+    PortUnknown = 1,
+    /// Not even the protocol: an IPv6 header chain too long to walk, or
+    /// cut short.
+    ProtocolUnknown = 2,
 }
 
 /// The global configuration (entry 0 of the `CONFIG` array).
@@ -127,43 +195,93 @@ pub struct Config {
     /// Byte masks of the two prefix lengths (`keys::prefix_mask`).
     pub v4_mask: [u8; 16],
     pub v6_mask: [u8; 16],
-    /// Traffic classes; a packet belongs to the first that matches
-    /// (class index = position + 1), or to class 0.
+    /// The distinct matches rules use; bit `i` of a frame's class says
+    /// whether it matches `classes[i]`.
     pub classes: [TrafficClass; MAX_CLASSES],
 }
 
 impl Config {
-    /// The traffic class index (0 ..= `MAX_CLASSES`) of a packet.
+    /// The class (`0 .. FRAME_CLASSES`) of a frame: the set of matches it
+    /// satisfies, or for a frame not fully read, the set it might satisfy.
     #[inline(always)]
-    pub fn classify(&self, protocol: u8, dst_port: u16, tcp_flags: u8) -> u8 {
+    pub fn classify(&self, protocol: u8, dst_port: u16, tcp_flags: u8, transport: Transport) -> u8 {
+        if self.class_count == 0 {
+            return 0;
+        }
+        if let Transport::ProtocolUnknown = transport {
+            return UNKNOWN_PROTOCOL_CLASS;
+        }
+        let unresolved = matches!(transport, Transport::PortUnknown);
+        let mut set = 0u8;
+        let mut depends_on_ports = false;
         let mut i = 0;
         while i < MAX_CLASSES {
             if i >= self.class_count as usize {
                 break;
             }
-            if self.classes[i].matches(protocol, dst_port, tcp_flags) {
-                return i as u8 + 1;
+            let class = &self.classes[i];
+            if unresolved {
+                if class.could_match(protocol) {
+                    set |= 1 << i;
+                    depends_on_ports |= class.needs_transport();
+                }
+            } else if class.matches(protocol, dst_port, tcp_flags) {
+                set |= 1 << i;
             }
             i += 1;
         }
-        0
+        if depends_on_ports {
+            UNRESOLVED_BASE + set
+        } else {
+            // Every match it might satisfy, it does: resolved after all.
+            set
+        }
     }
 }
 
-/// The LPM trie value: for each traffic class, the `RULES` index that
+/// The LPM trie value: for each frame class, the `RULES` index that
 /// applies to sources inside the prefix (`NO_RULE` for none).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RuleRefs {
-    pub rules: [u32; MAX_CLASSES + 1],
+    pub rules: [u32; FRAME_CLASSES],
 }
 
 impl Default for RuleRefs {
     fn default() -> Self {
         Self {
-            rules: [NO_RULE; MAX_CLASSES + 1],
+            rules: [NO_RULE; FRAME_CLASSES],
         }
     }
+}
+
+/// The key data of an IPv4 prefix in `PREFIXES_V4`: the half of the
+/// generation it belongs to, then the address. The tries hold both
+/// generations' prefixes (as `RULES` holds both halves), so a push writes
+/// the next generation's entries without touching the live ones.
+pub type PrefixKeyV4 = [u8; 5];
+/// As [`PrefixKeyV4`], for `PREFIXES_V6`.
+pub type PrefixKeyV6 = [u8; 17];
+/// Bits of a trie key taken by the half byte.
+pub const PREFIX_HALF_BITS: u32 = 8;
+
+/// The trie key data of an IPv4 address in generation `generation`'s half.
+#[inline(always)]
+pub const fn prefix_key_v4(generation: u32, addr: [u8; 4]) -> PrefixKeyV4 {
+    [(generation % 2) as u8, addr[0], addr[1], addr[2], addr[3]]
+}
+
+/// The trie key data of an IPv6 address in generation `generation`'s half.
+#[inline(always)]
+pub fn prefix_key_v6(generation: u32, addr: &[u8; 16]) -> PrefixKeyV6 {
+    let mut key = [0u8; 17];
+    key[0] = (generation % 2) as u8;
+    let mut i = 0;
+    while i < 16 {
+        key[i + 1] = addr[i];
+        i += 1;
+    }
+    key
 }
 
 #[cfg(test)]
@@ -201,27 +319,74 @@ mod tests {
         assert!(icmp.matches(1, 0, 0));
     }
 
-    #[test]
-    fn the_first_matching_class_wins() {
+    fn config(classes: &[TrafficClass]) -> Config {
         let mut config = Config {
-            class_count: 2,
+            class_count: classes.len() as u8,
             ..Config::default()
         };
-        config.classes[0] = class(IPPROTO_UDP, (53, 53), false);
+        config.classes[..classes.len()].copy_from_slice(classes);
+        config
+    }
+
+    #[test]
+    fn a_frame_class_is_the_set_of_matches_it_satisfies() {
+        let tcp = class(IPPROTO_TCP, (0, u16::MAX), false);
+        let ssh = class(IPPROTO_TCP, (22, 22), false);
+        let syn = class(IPPROTO_TCP, (0, u16::MAX), true);
+        let config = config(&[tcp, ssh, syn]);
+        let known = Transport::Known;
+        assert_eq!(config.classify(IPPROTO_TCP, 80, 0, known), 0b001);
+        assert_eq!(config.classify(IPPROTO_TCP, 22, 0, known), 0b011);
+        assert_eq!(config.classify(IPPROTO_TCP, 22, TCP_FLAG_SYN, known), 0b111);
+        assert_eq!(config.classify(IPPROTO_UDP, 22, 0, known), 0);
+        // Ports unknown: tcp surely matches, ssh and syn might.
+        assert_eq!(
+            config.classify(IPPROTO_TCP, 0, 0, Transport::PortUnknown),
+            UNRESOLVED_BASE + 0b111
+        );
+        // No match a UDP frame might satisfy depends on ports: resolved.
+        assert_eq!(
+            config.classify(IPPROTO_UDP, 0, 0, Transport::PortUnknown),
+            0
+        );
+        assert_eq!(
+            config.classify(0, 0, 0, Transport::ProtocolUnknown),
+            UNKNOWN_PROTOCOL_CLASS
+        );
+        // Without matches every frame is class 0.
+        let none = Config::default();
+        assert_eq!(
+            none.classify(IPPROTO_TCP, 0, 0, Transport::ProtocolUnknown),
+            0
+        );
+        assert_eq!(none.classify(IPPROTO_TCP, 0, 0, Transport::PortUnknown), 0);
+    }
+
+    #[test]
+    fn classes_beyond_the_count_are_ignored() {
+        let mut config = config(&[class(IPPROTO_UDP, (53, 53), false)]);
         config.classes[1] = class(IPPROTO_UDP, (0, 1023), false);
-        config.classes[2] = class(IPPROTO_TCP, (0, u16::MAX), false); // beyond class_count
-        assert_eq!(config.classify(IPPROTO_UDP, 53, 0), 1);
-        assert_eq!(config.classify(IPPROTO_UDP, 123, 0), 2);
-        assert_eq!(config.classify(IPPROTO_UDP, 5353, 0), 0);
-        assert_eq!(config.classify(IPPROTO_TCP, 80, 0), 0);
+        assert_eq!(config.classify(IPPROTO_UDP, 53, 0, Transport::Known), 1);
+        assert_eq!(config.classify(IPPROTO_UDP, 123, 0, Transport::Known), 0);
+    }
+
+    #[test]
+    fn prefix_keys_carry_the_generation_half() {
+        assert_eq!(prefix_key_v4(3, [10, 0, 0, 1]), [1, 10, 0, 0, 1]);
+        assert_eq!(prefix_key_v4(4, [10, 0, 0, 1])[0], 0);
+        let v6 = prefix_key_v6(1, &[0xff; 16]);
+        assert_eq!(v6[0], 1);
+        assert_eq!(&v6[1..], &[0xff; 16]);
+        assert_eq!(rules_base(1), MAX_RULES);
+        assert_eq!(rules_base(2), 0);
     }
 
     #[test]
     fn abi_sizes_have_no_implicit_padding() {
         use core::mem::size_of;
-        assert_eq!(size_of::<Rule>(), 8 * 4 + 4 + 4 + 1 + 1 + 6);
+        assert_eq!(size_of::<Rule>(), 8 * 6 + 4 + 4 + 1 + 1 + 1 + 5);
         assert_eq!(size_of::<TrafficClass>(), 8);
         assert_eq!(size_of::<Config>(), 4 + 4 + 16 + 16 + 8 * MAX_CLASSES);
-        assert_eq!(size_of::<RuleRefs>(), 4 * (MAX_CLASSES + 1));
+        assert_eq!(size_of::<RuleRefs>(), 4 * FRAME_CLASSES);
     }
 }

@@ -122,8 +122,11 @@ const NS_PER_SECOND: u64 = 1_000_000_000;
 pub struct WindowState {
     /// `[packets, bytes]` admitted per bucket, tagged words (`window`).
     pub slots: [[u64; 2]; RING],
-    /// Penalty: refused until this monotonic time (ns).
+    /// Penalty: refused until this monotonic time (ns), while the rule in
+    /// force carries `blocked_tag`.
     pub blocked_until_ns: u64,
+    /// The `Rule::block_tag` of the rule that armed the penalty.
+    pub blocked_tag: u64,
     /// Bucket width the slots are tagged with; a rule change that alters
     /// it clears the slots.
     pub bucket_ns: u64,
@@ -133,8 +136,15 @@ impl WindowState {
     pub const ZERO: WindowState = WindowState {
         slots: [[0; 2]; RING],
         blocked_until_ns: 0,
+        blocked_tag: 0,
         bucket_ns: 0,
     };
+
+    /// Whether a penalty armed by the rule tagged `block_tag` holds at
+    /// `now_ns`.
+    pub const fn blocked_at(&self, now_ns: u64, block_tag: u64) -> bool {
+        block_tag != 0 && self.blocked_tag == block_tag && now_ns < self.blocked_until_ns
+    }
 }
 
 #[cfg(test)]
@@ -211,6 +221,6 @@ mod tests {
             core::mem::size_of::<SourceTraffic>(),
             8 + 4 * 16 + 4 + 4 + 8 + 4 + 4 + 8 + 8 + cache
         );
-        assert_eq!(core::mem::size_of::<WindowState>(), RING * 16 + 8 + 8);
+        assert_eq!(core::mem::size_of::<WindowState>(), RING * 16 + 3 * 8);
     }
 }

@@ -907,7 +907,8 @@ mod tests {
         let at = position(now, params.bucket_ns);
         let packets = packets_in(ring.load(slot_of(at.bucket), PACKETS), at.bucket);
         let bytes = bytes_in(ring.load(slot_of(at.bucket), BYTES), at.bucket);
-        let admitted_frames = u64::from(admitted) + u64::from(matches!(cached, Admission::Admitted { .. }));
+        let admitted_frames =
+            u64::from(admitted) + u64::from(matches!(cached, Admission::Admitted { .. }));
         assert_eq!(
             bytes,
             admitted_frames * 60,

@@ -413,8 +413,14 @@ fn concurrent_byte_admission_never_exceeds_or_undercounts() {
         });
         let at = position(t, params.bucket_ns);
         let counted = bytes_in(ring.load(slot_of(at.bucket), BYTES), at.bucket);
-        assert!(admitted <= 100, "cached={cached}: admitted {admitted} > 100 frames");
-        assert!(admitted >= 99, "cached={cached}: contention refused too much: {admitted}");
+        assert!(
+            admitted <= 100,
+            "cached={cached}: admitted {admitted} > 100 frames"
+        );
+        assert!(
+            admitted >= 99,
+            "cached={cached}: contention refused too much: {admitted}"
+        );
         assert!(
             counted >= admitted * 1500 && counted <= 100 * 1500,
             "cached={cached}: {counted} bytes counted for {admitted} frames"

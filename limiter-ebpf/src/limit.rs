@@ -18,7 +18,16 @@
 //! the window; any other CPU that creates the window on its own first frame
 //! of the source counts one frame for it (so the CPU that admitted it
 //! counts nothing more). A frame is never left uncounted; in a race one
-//! may be counted twice (admitting one frame less, never one more).
+//! may be counted twice (admitting one frame less, never one more). This
+//! holds while a source's window belongs to one `SOURCES` entry, which is
+//! the case without matches (every frame of a source is class 0); with
+//! matches, several frame classes of a source may share a rule's window,
+//! so windows are created on the first frame.
+//!
+//! State is keyed by source and frame class (`SOURCES`), but a budget
+//! belongs to a source and a rule: the window key carries the rule's
+//! `budget` byte instead of the frame class, so every class of a source
+//! that one rule judges counts in one window.
 
 use core::ptr::{addr_of, read_volatile};
 
@@ -29,7 +38,7 @@ use aya_ebpf::{
 };
 use limiter_common::{
     event::EPISODE_GAP_NS,
-    rules::NO_RULE,
+    rules::{prefix_key_v4, prefix_key_v6, NO_RULE, PREFIX_HALF_BITS},
     state::{FIRST_CREATED, FIRST_HERE},
     window::{self, Admission, WindowCache, WindowParams, PACKETS, RING},
     Action, AddressFamily, Config, LimitEvent, Outcome, Rule, SourceKey, SourceTraffic,
@@ -124,7 +133,12 @@ fn source_key(config: &Config, packet: &Packet) -> SourceKey {
     } else {
         (config.v6_prefix_len, &config.v6_mask)
     };
-    let class = config.classify(packet.protocol, packet.dst_port, packet.tcp_flags);
+    let class = config.classify(
+        packet.protocol,
+        packet.dst_port,
+        packet.tcp_flags,
+        packet.transport,
+    );
     packet.source.masked(prefix_len, mask).with_class(class)
 }
 
@@ -167,7 +181,7 @@ fn decide(
         }
         // Rules changed (or first frame on this CPU): resolve once, and
         // forget what this CPU concluded under the old rule.
-        traffic.rule = resolve(key);
+        traffic.rule = resolve(key, config.generation);
         traffic.generation = config.generation;
         traffic.hold_until_ns = 0;
         traffic.lease_left = 0;
@@ -188,7 +202,8 @@ fn decide(
                 traffic.lease_left -= 1;
                 return pass(Outcome::Passed);
             }
-            match limit(key, rule, traffic, now, len) {
+            let unwindowed_first = config.class_count == 0;
+            match limit(key, rule, traffic, now, len, dry_run, unwindowed_first) {
                 Some(true) => pass(Outcome::Passed),
                 // No window state: fail closed.
                 Some(false) | None => refuse(dry_run, Outcome::DroppedLimit),
@@ -198,9 +213,11 @@ fn decide(
     }
 }
 
-/// Admits the frame against the source's shared window, or refuses it and
-/// notes until when this CPU may refuse without looking. `None` when the
-/// source has no window state.
+/// Admits the frame against the source's shared window for its rule, or
+/// refuses it and notes until when this CPU may refuse without looking.
+/// `None` when the source has no window state. A penalty is armed only
+/// when enforcing (`dry_run` false); `unwindowed_first` allows a first
+/// frame without a window (see the module docs).
 #[inline(always)]
 fn limit(
     key: &SourceKey,
@@ -208,8 +225,11 @@ fn limit(
     traffic: &mut SourceTraffic,
     now: u64,
     len: u64,
+    dry_run: bool,
+    unwindowed_first: bool,
 ) -> Option<bool> {
     let params = params(rule);
+    let key = &key.with_class(rule.budget);
     // Consumed by the first frame that gets here (a source's first frame
     // under a limit always does: a rule change clears hold and lease), so
     // the hold and lease paths never touch it. Read back from the map value,
@@ -220,7 +240,9 @@ fn limit(
     traffic.first_frame = 0;
     // Packet-only limits (of at least one frame) may admit a first frame
     // without a window (see the module docs); byte limits need the window.
-    let packet_only = rule.allowance_bytes == window::UNLIMITED && rule.allowance_packets != 0;
+    let packet_only = unwindowed_first
+        && rule.allowance_bytes == window::UNLIMITED
+        && rule.allowance_packets != 0;
     let (window, created) = match WINDOWS.get_ptr_mut(key) {
         Some(state) => (SharedWindow(state), false),
         None => {
@@ -256,7 +278,7 @@ fn limit(
         window.set_bucket_ns(rule.bucket_ns);
     }
     let blocked_until = window.blocked_until_ns();
-    if now < blocked_until {
+    if now < blocked_until && rule.block_tag != 0 && window.blocked_tag() == rule.block_tag {
         traffic.hold_until_ns = blocked_until;
         return Some(false);
     }
@@ -272,9 +294,9 @@ fn limit(
         }
         Admission::Refused { hold_until_ns } => {
             let mut hold = hold_until_ns;
-            if rule.block_ns != 0 {
+            if rule.block_ns != 0 && !dry_run {
                 let blocked = now + rule.block_ns;
-                window.set_blocked_until_ns(blocked);
+                window.set_blocked(blocked, rule.block_tag);
                 hold = blocked;
             }
             traffic.hold_until_ns = hold;
@@ -332,14 +354,16 @@ fn create_window(
     }
 }
 
-/// Longest-prefix match of the key's address, then its class's rule.
+/// Longest-prefix match of the key's address among generation
+/// `generation`'s prefixes, then its class's rule.
 #[inline(always)]
-fn resolve(key: &SourceKey) -> u32 {
+fn resolve(key: &SourceKey, generation: u32) -> u32 {
+    let bits = PREFIX_HALF_BITS + u32::from(key.prefix_len);
     let refs = if key.family == AddressFamily::V4 as u8 {
-        let data = [key.addr[0], key.addr[1], key.addr[2], key.addr[3]];
-        PREFIXES_V4.get(Key::new(u32::from(key.prefix_len), data))
+        let addr = [key.addr[0], key.addr[1], key.addr[2], key.addr[3]];
+        PREFIXES_V4.get(Key::new(bits, prefix_key_v4(generation, addr)))
     } else {
-        PREFIXES_V6.get(Key::new(u32::from(key.prefix_len), key.addr))
+        PREFIXES_V6.get(Key::new(bits, prefix_key_v6(generation, &key.addr)))
     };
     refs.and_then(|refs| refs.rules.get(usize::from(key.class)).copied())
         .unwrap_or(NO_RULE)
@@ -349,7 +373,7 @@ fn resolve(key: &SourceKey) -> u32 {
 /// limit fails closed (we cannot prove the source is under it).
 #[inline(always)]
 fn stateless(config: &Config, key: &SourceKey) -> Verdict {
-    let Some(rule) = RULES.get(resolve(key)) else {
+    let Some(rule) = RULES.get(resolve(key, config.generation)) else {
         return pass(Outcome::Passed);
     };
     let dry_run = config.dry_run != 0 || rule.dry_run != 0;

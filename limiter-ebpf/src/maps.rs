@@ -9,8 +9,10 @@ use aya_ebpf::{
     maps::{Array, LpmTrie, LruHashMap, LruPerCpuHashMap, PerCpuArray, RingBuf},
 };
 use limiter_common::{
-    event::EVENTS_PER_CPU_PER_SECOND, rules::RULE_SLOTS, Config, Counter, LimitEvent, Outcome,
-    Rule, RuleRefs, SourceKey, SourceTraffic, WindowState, DEFAULT_MAX_SOURCES,
+    event::EVENTS_PER_CPU_PER_SECOND,
+    rules::{PrefixKeyV4, PrefixKeyV6, RULE_SLOTS},
+    Config, Counter, LimitEvent, Outcome, Rule, RuleRefs, SourceKey, SourceTraffic, WindowState,
+    DEFAULT_MAX_SOURCES,
 };
 
 /// Offered traffic per source, one slot per CPU so counting never shares a
@@ -43,13 +45,16 @@ pub static CONFIG: Array<Config> = Array::with_max_entries(1, 0);
 #[map(name = "RULES")]
 pub static RULES: Array<Rule> = Array::with_max_entries(RULE_SLOTS, 0);
 
-/// IPv4 rule prefixes (always holding 0.0.0.0/0 once rules are loaded).
+/// IPv4 rule prefixes of both generations, keyed by the generation's half
+/// then the prefix (the live half always holds 0.0.0.0/0 once rules are
+/// loaded).
 #[map(name = "PREFIXES_V4")]
-pub static PREFIXES_V4: LpmTrie<[u8; 4], RuleRefs> = LpmTrie::with_max_entries(4096, 0);
+pub static PREFIXES_V4: LpmTrie<PrefixKeyV4, RuleRefs> = LpmTrie::with_max_entries(4096, 0);
 
-/// IPv6 rule prefixes (always holding ::/0 once rules are loaded).
+/// IPv6 rule prefixes of both generations (the live half always holds
+/// ::/0 once rules are loaded).
 #[map(name = "PREFIXES_V6")]
-pub static PREFIXES_V6: LpmTrie<[u8; 16], RuleRefs> = LpmTrie::with_max_entries(4096, 0);
+pub static PREFIXES_V6: LpmTrie<PrefixKeyV6, RuleRefs> = LpmTrie::with_max_entries(4096, 0);
 
 /// Frames dropped (or would-be dropped) per `RULES` index, per CPU.
 #[map(name = "RULE_DROPS")]

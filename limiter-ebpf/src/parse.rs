@@ -1,5 +1,13 @@
 //! Frame parsing: Ethernet (with up to two 802.1Q / 802.1ad tags), IPv4,
-//! IPv6 (with its common extension headers), and the TCP/UDP ports.
+//! IPv6 (with its extension headers), and the TCP/UDP ports.
+//!
+//! Every frame whose IP header (and so its source address) can be read is
+//! a [`Packet`], to be keyed and judged by its source: a transport header
+//! the parser cannot read (a non-first fragment, a header cut short, an
+//! IPv6 chain longer than the walk) only makes its ports, or its protocol,
+//! unknown ([`Transport`]), and userspace judges such frames by the
+//! strictest rule that could apply. Only frames too short for their IP
+//! header, or of the wrong IP version, are malformed.
 //!
 //! All packet access goes through [`ptr_at`], which checks the bounds the
 //! verifier insists on. Parsing never writes to the packet.
@@ -8,7 +16,7 @@ use core::mem::size_of;
 
 use aya_ebpf::programs::XdpContext;
 use limiter_common::{
-    rules::{IPPROTO_TCP, IPPROTO_UDP, TCP_FLAG_ACK, TCP_FLAG_SYN},
+    rules::{Transport, IPPROTO_TCP, IPPROTO_UDP, TCP_FLAG_ACK, TCP_FLAG_SYN},
     SourceKey,
 };
 use network_types::{
@@ -29,12 +37,18 @@ const ETH_P_QINQ_LEGACY: u16 = 0x9100;
 const IPPROTO_HOPOPTS: u8 = 0;
 const IPPROTO_ROUTING: u8 = 43;
 const IPPROTO_FRAGMENT: u8 = 44;
+const IPPROTO_AH: u8 = 51;
 const IPPROTO_DSTOPTS: u8 = 60;
+const IPPROTO_MOBILITY: u8 = 135;
+const IPPROTO_HIP: u8 = 139;
+const IPPROTO_SHIM6: u8 = 140;
 
 /// How many VLAN tags are unwrapped (802.1ad QinQ is two).
 const MAX_VLAN_TAGS: usize = 2;
-/// How many IPv6 extension headers are walked to find the transport header.
-const MAX_IPV6_EXT_HEADERS: usize = 4;
+/// How many IPv6 extension headers are walked to find the transport header
+/// (real traffic carries two or three; a longer chain is judged as one
+/// whose protocol is unknown).
+pub const MAX_IPV6_EXT_HEADERS: usize = 8;
 
 /// Why a frame is not parsed into a [`Packet`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -49,19 +63,87 @@ pub enum ParseError {
 pub struct Packet {
     /// Source address, at full length (/32 or /128).
     pub source: SourceKey,
-    /// Transport protocol (IPv4 protocol / final IPv6 next header).
+    /// Transport protocol (IPv4 protocol / final IPv6 next header, behind
+    /// any AH); meaningless when `transport` is `ProtocolUnknown`.
     pub protocol: u8,
-    /// TCP/UDP destination port; 0 for other protocols and non-first fragments.
+    /// TCP/UDP destination port; 0 for other protocols and unknown ports.
     pub dst_port: u16,
     /// TCP SYN/ACK flag bits (`rules::TCP_FLAG_*`); 0 for other protocols.
     pub tcp_flags: u8,
+    /// How much of the above could be read.
+    pub transport: Transport,
 }
 
 /// The transport fields rules match on.
-#[derive(Clone, Copy, Default)]
-struct Transport {
+#[derive(Clone, Copy)]
+struct Fields {
+    protocol: u8,
     dst_port: u16,
     tcp_flags: u8,
+    transport: Transport,
+}
+
+impl Fields {
+    /// A protocol without ports or flags.
+    const fn known(protocol: u8) -> Self {
+        Self {
+            protocol,
+            dst_port: 0,
+            tcp_flags: 0,
+            transport: Transport::Known,
+        }
+    }
+
+    /// A frame of `protocol` whose transport header cannot be read.
+    const fn unreadable(protocol: u8) -> Self {
+        let transport = match protocol {
+            IPPROTO_TCP | IPPROTO_UDP => Transport::PortUnknown,
+            // Behind AH (or another extension header) might be anything.
+            p if is_ipv6_extension(p) => Transport::ProtocolUnknown,
+            _ => Transport::Known,
+        };
+        Self {
+            protocol,
+            dst_port: 0,
+            tcp_flags: 0,
+            transport,
+        }
+    }
+
+    const fn protocol_unknown() -> Self {
+        Self {
+            protocol: 0,
+            dst_port: 0,
+            tcp_flags: 0,
+            transport: Transport::ProtocolUnknown,
+        }
+    }
+
+    #[inline(always)]
+    fn packet(self, source: SourceKey) -> Packet {
+        Packet {
+            source,
+            protocol: self.protocol,
+            dst_port: self.dst_port,
+            tcp_flags: self.tcp_flags,
+            transport: self.transport,
+        }
+    }
+}
+
+/// Whether `next` names an IPv6 extension header (AH included).
+const fn is_ipv6_extension(next: u8) -> bool {
+    matches!(
+        next,
+        IPPROTO_HOPOPTS
+            | IPPROTO_ROUTING
+            | IPPROTO_FRAGMENT
+            | IPPROTO_AH
+            | IPPROTO_DSTOPTS
+            | IPPROTO_MOBILITY
+            | IPPROTO_HIP
+            | IPPROTO_SHIM6
+    )
 }
 
 /// A bounds-checked pointer to a `T` at `offset` bytes into the frame.
@@ -108,25 +190,29 @@ pub fn parse(ctx: &XdpContext) -> Result<Packet, ParseError> {
 #[inline(always)]
 fn parse_ipv4(ctx: &XdpContext, offset: usize) -> Result<Packet, ParseError> {
     let ip: Ipv4Hdr = read_at(ctx, offset)?;
+    if ip.vihl >> 4 != 4 {
+        return Err(ParseError::Malformed);
+    }
+    let source = SourceKey::v4(ip.src_addr);
     let header_len = usize::from(ip.vihl & 0x0f) * 4;
-    if ip.vihl >> 4 != 4 || header_len < Ipv4Hdr::LEN {
-        return Err(ParseError::Malformed);
+    let valid =
+        header_len >= Ipv4Hdr::LEN && usize::from(u16::from_be_bytes(ip.tot_len)) >= header_len;
+    let first_fragment = u16::from_be_bytes(ip.frags) & 0x1fff == 0;
+    if !valid || !first_fragment {
+        // No transport header here (or none to trust): judged by protocol.
+        return Ok(Fields::unreadable(ip.proto).packet(source));
     }
-    if usize::from(u16::from_be_bytes(ip.tot_len)) < header_len {
-        return Err(ParseError::Malformed);
+    let mut offset = offset + header_len;
+    let mut protocol = ip.proto;
+    if protocol == IPPROTO_AH {
+        // Next header, then the length in 4-byte units minus 2.
+        let Ok(ah) = read_at::<[u8; 2]>(ctx, offset) else {
+            return Ok(Fields::protocol_unknown().packet(source));
+        };
+        protocol = ah[0];
+        offset += (usize::from(ah[1]) + 2) * 4;
     }
-    let fragment_offset = u16::from_be_bytes(ip.frags) & 0x1fff;
-    let transport = if fragment_offset == 0 {
-        transport(ctx, offset + header_len, ip.proto)?
-    } else {
-        Transport::default()
-    };
-    Ok(Packet {
-        source: SourceKey::v4(ip.src_addr),
-        protocol: ip.proto,
-        dst_port: transport.dst_port,
-        tcp_flags: transport.tcp_flags,
-    })
+    Ok(transport(ctx, offset, protocol).packet(source))
 }
 
 #[inline(always)]
@@ -135,66 +221,70 @@ fn parse_ipv6(ctx: &XdpContext, offset: usize) -> Result<Packet, ParseError> {
     if ip.vcf[0] >> 4 != 6 {
         return Err(ParseError::Malformed);
     }
+    let source = SourceKey::v6(ip.src_addr);
     let mut next = ip.next_hdr;
     let mut offset = offset + Ipv6Hdr::LEN;
-    let mut first_fragment = true;
     for _ in 0..MAX_IPV6_EXT_HEADERS {
-        match next {
-            IPPROTO_HOPOPTS | IPPROTO_ROUTING | IPPROTO_DSTOPTS => {
-                // next header, length in 8-byte units not counting the first 8.
-                let ext: [u8; 2] = read_at(ctx, offset)?;
-                next = ext[0];
-                offset += (usize::from(ext[1]) + 1) * 8;
-            }
-            IPPROTO_FRAGMENT => {
-                let frag: [u8; 8] = read_at(ctx, offset)?;
-                next = frag[0];
-                first_fragment = u16::from_be_bytes([frag[2], frag[3]]) >> 3 == 0;
-                offset += 8;
-            }
-            _ => break,
+        if !is_ipv6_extension(next) {
+            break;
+        }
+        // Every extension header starts with its next header and a length.
+        let Ok(ext) = read_at::<[u8; 4]>(ctx, offset) else {
+            return Ok(Fields::protocol_unknown().packet(source));
+        };
+        let header = next;
+        next = ext[0];
+        offset += match header {
+            IPPROTO_FRAGMENT => 8,
+            IPPROTO_AH => (usize::from(ext[1]) + 2) * 4,
+            _ => (usize::from(ext[1]) + 1) * 8,
+        };
+        if header == IPPROTO_FRAGMENT && u16::from_be_bytes([ext[2], ext[3]]) >> 3 != 0 {
+            // A non-first fragment: the rest is payload.
+            return Ok(Fields::unreadable(next).packet(source));
         }
     }
-    let transport = if first_fragment {
-        transport(ctx, offset, next)?
-    } else {
-        Transport::default()
-    };
-    Ok(Packet {
-        source: SourceKey::v6(ip.src_addr),
-        protocol: next,
-        dst_port: transport.dst_port,
-        tcp_flags: transport.tcp_flags,
-    })
+    if is_ipv6_extension(next) {
+        // A chain longer than the walk.
+        return Ok(Fields::protocol_unknown().packet(source));
+    }
+    Ok(transport(ctx, offset, next).packet(source))
 }
 
 /// The destination port (and TCP flags) of a TCP or UDP header at
-/// `offset`; nothing for other protocols. The whole fixed header must be
-/// present, or the frame is malformed.
+/// `offset`; nothing for other protocols. A TCP or UDP header cut short
+/// leaves its ports unknown.
 #[inline(always)]
-fn transport(ctx: &XdpContext, offset: usize, protocol: u8) -> Result<Transport, ParseError> {
+fn transport(ctx: &XdpContext, offset: usize, protocol: u8) -> Fields {
     match protocol {
-        IPPROTO_TCP => {
-            let tcp: TcpHdr = read_at(ctx, offset)?;
-            let mut tcp_flags = 0;
-            if tcp.syn() != 0 {
-                tcp_flags |= TCP_FLAG_SYN;
+        IPPROTO_TCP => match read_at::<TcpHdr>(ctx, offset) {
+            Ok(tcp) => {
+                let mut tcp_flags = 0;
+                if tcp.syn() != 0 {
+                    tcp_flags |= TCP_FLAG_SYN;
+                }
+                if tcp.ack() != 0 {
+                    tcp_flags |= TCP_FLAG_ACK;
+                }
+                Fields {
+                    protocol,
+                    dst_port: u16::from_be_bytes(tcp.dest),
+                    tcp_flags,
+                    transport: Transport::Known,
+                }
             }
-            if tcp.ack() != 0 {
-                tcp_flags |= TCP_FLAG_ACK;
-            }
-            Ok(Transport {
-                dst_port: u16::from_be_bytes(tcp.dest),
-                tcp_flags,
-            })
-        }
-        IPPROTO_UDP => {
-            let udp: UdpHdr = read_at(ctx, offset)?;
-            Ok(Transport {
+            Err(_) => Fields::unreadable(protocol),
+        },
+        IPPROTO_UDP => match read_at::<UdpHdr>(ctx, offset) {
+            Ok(udp) => Fields {
+                protocol,
                 dst_port: u16::from_be_bytes(udp.dst),
                 tcp_flags: 0,
-            })
-        }
-        _ => Ok(Transport::default()),
+                transport: Transport::Known,
+            },
+            Err(_) => Fields::unreadable(protocol),
+        },
+        _ if is_ipv6_extension(protocol) => Fields::unreadable(protocol),
+        _ => Fields::known(protocol),
     }
 }

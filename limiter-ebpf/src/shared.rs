@@ -31,10 +31,24 @@ impl SharedWindow {
         unsafe { read_volatile(addr_of_mut!((*self.0).blocked_until_ns)) }
     }
 
+    /// The `Rule::block_tag` of the rule that armed the penalty.
     #[inline(always)]
-    pub fn set_blocked_until_ns(&self, value: u64) {
+    pub fn blocked_tag(&self) -> u64 {
         // SAFETY: as above.
-        unsafe { write_volatile(addr_of_mut!((*self.0).blocked_until_ns), value) }
+        unsafe { read_volatile(addr_of_mut!((*self.0).blocked_tag)) }
+    }
+
+    /// Arms a penalty until `until_ns` for the rule tagged `tag`. Two
+    /// racing CPUs may interleave the two stores; each pair is one rule's
+    /// own (refusing by one rule's tag for another's time errs by at most
+    /// one penalty length of one of the rules, and only across a change).
+    #[inline(always)]
+    pub fn set_blocked(&self, until_ns: u64, tag: u64) {
+        // SAFETY: as above.
+        unsafe {
+            write_volatile(addr_of_mut!((*self.0).blocked_tag), tag);
+            write_volatile(addr_of_mut!((*self.0).blocked_until_ns), until_ns);
+        }
     }
 
     /// The bucket width the slots are tagged with.

@@ -1,19 +1,35 @@
-//! Pushing a rule set into the kernel's maps without a moment in which a
-//! source sees a half-written rule.
+//! Pushing a rule set into the kernel's maps, on one or several program
+//! instances (one per interface), without a moment in which a source sees
+//! a half-written rule, and all or nothing.
 //!
-//! Order: validate and compile (nothing touched if that fails), write the
-//! rules into the `RULES` half that the live generation does not use, write
-//! the prefix tries, drop stale prefixes, then publish the new `Config`
-//! with the generation bumped. Every source re-resolves its rule on its
-//! next frame; its counters stay.
+//! Order: validate and compile once (nothing touched if that fails); on
+//! every instance write the next generation's half: its `RULES` entries
+//! (unused slots zeroed), its prefix-trie entries (the tries are keyed by
+//! the generation's half, like `RULES`), its `RULE_DROPS` counters zeroed;
+//! then publish the new `Config` on every instance. Until that last step
+//! nothing live has changed, so a failure leaves every instance as it was;
+//! a failure while publishing puts the instances already published back.
+//! Every instance gets the same generation. Every source re-resolves its
+//! rule on its next frame; its counters and windows stay.
+//!
+//! Penalties: a rule keeps its `block_tag` across pushes while its
+//! fingerprint (what it is and does) stays the same, so unrelated changes
+//! keep the penalties it armed; a changed or removed rule's penalties lapse.
 
 use aya::{
-    maps::{lpm_trie::Key, Array, LpmTrie, MapData, MapError},
+    maps::{lpm_trie::Key, Array, LpmTrie, MapData, MapError, PerCpuArray, PerCpuValues},
     Ebpf, Pod,
 };
-use limiter_common::{names, rules::MAX_RULES, Config, Rule, RuleRefs};
+use limiter_common::{
+    names,
+    rules::{
+        prefix_key_v4, prefix_key_v6, rules_base, PrefixKeyV4, PrefixKeyV6, MAX_RULES,
+        PREFIX_HALF_BITS,
+    },
+    Config, Rule, RuleRefs,
+};
 
-use crate::rules::{compile, RuleError, RuleSet};
+use crate::rules::{compile, Compiled, RuleError, RuleSet};
 
 /// Why a push failed. A `Rules` error leaves the kernel untouched.
 #[derive(Debug, thiserror::Error)]
@@ -28,6 +44,8 @@ pub enum PushError {
         #[source]
         source: MapError,
     },
+    #[error("counting the possible CPUs: {0}")]
+    Cpus(#[source] std::io::Error),
 }
 
 fn map_err(map: &'static str) -> impl Fn(MapError) -> PushError {
@@ -50,58 +68,143 @@ pub fn current_config(ebpf: &Ebpf) -> Result<Config, PushError> {
     config.get(&0, 0).map_err(map_err(names::CONFIG))
 }
 
-/// Validates `set` and makes it live; returns the new generation.
+fn set_config(ebpf: &mut Ebpf, config: Config) -> Result<(), PushError> {
+    let mut live = Array::<_, Config>::try_from(map_mut(ebpf, names::CONFIG)?)
+        .map_err(map_err(names::CONFIG))?;
+    live.set(0, config, 0).map_err(map_err(names::CONFIG))
+}
+
+/// Validates `set` and makes it live on one instance; the new generation.
 pub fn push(ebpf: &mut Ebpf, set: &RuleSet) -> Result<u32, PushError> {
-    let live = current_config(ebpf)?.generation;
-    let generation = match live.wrapping_add(1) {
+    push_all(&mut [ebpf], set)
+}
+
+/// Validates `set` and makes it live on every instance as one generation
+/// (one more than the newest live one), or on none; the new generation.
+pub fn push_all(instances: &mut [&mut Ebpf], set: &RuleSet) -> Result<u32, PushError> {
+    let mut live = Vec::with_capacity(instances.len());
+    for ebpf in instances.iter() {
+        live.push(current_config(ebpf)?);
+    }
+    let newest = live.iter().map(|c| c.generation).max().unwrap_or(0);
+    let generation = match newest.wrapping_add(1) {
         0 => 1,
         g => g,
     };
-    let base = (generation % 2) * MAX_RULES;
     let cpus = aya::util::nr_cpus().map_or(1, |n| n as u32);
-    let compiled = compile(set, base, cpus)?;
-
-    let mut rules =
-        Array::<_, Rule>::try_from(map_mut(ebpf, names::RULES)?).map_err(map_err(names::RULES))?;
-    for (i, rule) in compiled.rules.iter().enumerate() {
-        rules
-            .set(base + i as u32, rule, 0)
-            .map_err(map_err(names::RULES))?;
+    let compiled = compile(set, rules_base(generation), cpus)?;
+    for (ebpf, live) in instances.iter_mut().zip(&live) {
+        prepare(ebpf, &compiled, generation, live.generation)?;
     }
-    write_trie(ebpf, names::PREFIXES_V4, &compiled.v4)?;
-    write_trie(ebpf, names::PREFIXES_V6, &compiled.v6)?;
-
     let config = Config {
         generation,
         ..compiled.config
     };
-    let mut live_config = Array::<_, Config>::try_from(map_mut(ebpf, names::CONFIG)?)
-        .map_err(map_err(names::CONFIG))?;
-    live_config
-        .set(0, config, 0)
-        .map_err(map_err(names::CONFIG))?;
+    for i in 0..instances.len() {
+        if let Err(e) = set_config(instances[i], config) {
+            // Put back the instances already switched (best effort: the
+            // same write just failed on another instance).
+            for (ebpf, old) in instances[..i].iter_mut().zip(&live) {
+                let _ = set_config(ebpf, *old);
+            }
+            return Err(e);
+        }
+    }
     Ok(generation)
 }
 
-/// Writes every entry, then removes prefixes that are no longer wanted.
-fn write_trie<K: Pod + PartialEq>(
+/// Writes generation `generation`'s half on one instance whose live
+/// generation is `live`: rules with their block tags, tries, zeroed drop
+/// counters. Nothing live changes.
+fn prepare(
+    ebpf: &mut Ebpf,
+    compiled: &Compiled,
+    generation: u32,
+    live: u32,
+) -> Result<(), PushError> {
+    let base = rules_base(generation);
+    let mut rules =
+        Array::<_, Rule>::try_from(map_mut(ebpf, names::RULES)?).map_err(map_err(names::RULES))?;
+    // The live rules' tags, by fingerprint.
+    let mut live_tags = Vec::new();
+    if live != 0 {
+        let live_base = rules_base(live);
+        for i in 0..MAX_RULES {
+            let rule = rules
+                .get(&(live_base + i), 0)
+                .map_err(map_err(names::RULES))?;
+            if rule.fingerprint != 0 && rule.block_tag != 0 {
+                live_tags.push((rule.fingerprint, rule.block_tag));
+            }
+        }
+    }
+    for i in 0..MAX_RULES {
+        let mut rule = compiled.rules.get(i as usize).copied().unwrap_or_default();
+        if rule.block_ns != 0 {
+            rule.block_tag = live_tags
+                .iter()
+                .find(|(fingerprint, _)| *fingerprint == rule.fingerprint)
+                .map_or_else(|| fresh_tag(generation, i), |(_, tag)| *tag);
+        }
+        rules
+            .set(base + i, rule, 0)
+            .map_err(map_err(names::RULES))?;
+    }
+    let cpus = aya::util::nr_cpus().map_err(|(_, e)| PushError::Cpus(e))?;
+    let mut drops = PerCpuArray::<_, u64>::try_from(map_mut(ebpf, names::RULE_DROPS)?)
+        .map_err(map_err(names::RULE_DROPS))?;
+    for i in 0..MAX_RULES {
+        let zeros = PerCpuValues::try_from(vec![0u64; cpus]).map_err(PushError::Cpus)?;
+        drops
+            .set(base + i, zeros, 0)
+            .map_err(map_err(names::RULE_DROPS))?;
+    }
+    let v4: Vec<(u8, PrefixKeyV4, RuleRefs)> = compiled
+        .v4
+        .iter()
+        .map(|(len, addr, refs)| (*len, prefix_key_v4(generation, *addr), *refs))
+        .collect();
+    let v6: Vec<(u8, PrefixKeyV6, RuleRefs)> = compiled
+        .v6
+        .iter()
+        .map(|(len, addr, refs)| (*len, prefix_key_v6(generation, addr), *refs))
+        .collect();
+    write_trie(ebpf, names::PREFIXES_V4, generation, &v4)?;
+    write_trie(ebpf, names::PREFIXES_V6, generation, &v6)?;
+    Ok(())
+}
+
+/// A block tag no earlier push used: the generation and the rule's index.
+fn fresh_tag(generation: u32, index: u32) -> u64 {
+    (u64::from(generation) << 32) | u64::from(index + 1)
+}
+
+/// Writes generation `generation`'s entries of a trie (key data: the half
+/// byte, then the address), then removes that half's entries that are no
+/// longer wanted. The other half, the live one, is not touched.
+fn write_trie<K: Pod + PartialEq + AsRef<[u8]>>(
     ebpf: &mut Ebpf,
     name: &'static str,
+    generation: u32,
     entries: &[(u8, K, RuleRefs)],
 ) -> Result<(), PushError> {
+    let half = (generation % 2) as u8;
     let mut trie: LpmTrie<&mut MapData, K, RuleRefs> =
         LpmTrie::try_from(map_mut(ebpf, name)?).map_err(map_err(name))?;
+    let key = |len: u8, data: K| Key::new(PREFIX_HALF_BITS + u32::from(len), data);
     for (prefix_len, data, refs) in entries {
-        trie.insert(&Key::new(u32::from(*prefix_len), *data), refs, 0)
+        trie.insert(&key(*prefix_len, *data), refs, 0)
             .map_err(map_err(name))?;
     }
     let stale: Vec<Key<K>> = trie
         .keys()
         .filter_map(Result::ok)
-        .filter(|key| {
-            !entries
-                .iter()
-                .any(|(len, data, _)| u32::from(*len) == key.prefix_len() && *data == key.data())
+        .filter(|k| {
+            let data = k.data();
+            data.as_ref().first() == Some(&half)
+                && !entries.iter().any(|(len, wanted, _)| {
+                    PREFIX_HALF_BITS + u32::from(*len) == k.prefix_len() && *wanted == data
+                })
         })
         .collect();
     for key in stale {

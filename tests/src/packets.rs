@@ -124,3 +124,125 @@ pub fn ip_offset(frame: &[u8]) -> usize {
     }
     offset
 }
+
+/// IPv6 extension headers for [`ipv6_chain`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ext {
+    HopByHop,
+    Routing,
+    DestOptions,
+    /// A fragment header: offset in 8-byte units, more-fragments flag.
+    Fragment {
+        offset: u16,
+        more: bool,
+    },
+    /// An authentication header (12 bytes of fixed part, 4 of ICV).
+    Auth,
+}
+
+impl Ext {
+    /// The next-header number that announces this header.
+    pub const fn number(self) -> u8 {
+        match self {
+            Ext::HopByHop => 0,
+            Ext::Routing => 43,
+            Ext::Fragment { .. } => 44,
+            Ext::Auth => 51,
+            Ext::DestOptions => 60,
+        }
+    }
+
+    fn bytes(self, next: u8) -> Vec<u8> {
+        match self {
+            // 8 bytes: next header, length 0, a PadN option of 4 bytes.
+            Ext::HopByHop | Ext::DestOptions => vec![next, 0, 1, 4, 0, 0, 0, 0],
+            // 8 bytes: next, length 0, type 0, segments left 0, reserved.
+            Ext::Routing => vec![next, 0, 0, 0, 0, 0, 0, 0],
+            Ext::Fragment { offset, more } => {
+                let field = (offset << 3) | u16::from(more);
+                let [a, b] = field.to_be_bytes();
+                vec![next, 0, a, b, 0, 0, 0, 1]
+            }
+            // Payload length in 4-byte units minus 2: 16 bytes -> 2.
+            Ext::Auth => {
+                let mut ah = vec![next, 2, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1];
+                ah.extend_from_slice(&[0; 4]);
+                ah
+            }
+        }
+    }
+}
+
+/// A UDP header to `dst_port` (length and checksum left as the tests need
+/// them: the program reads only the ports).
+pub fn udp_header(dst_port: u16) -> Vec<u8> {
+    let mut h = vec![0x9c, 0x40];
+    h.extend_from_slice(&dst_port.to_be_bytes());
+    h.extend_from_slice(&[0, 8, 0, 0]);
+    h
+}
+
+/// A TCP header to `dst_port` with `flags` (byte 13).
+pub fn tcp_header(dst_port: u16, flags: u8) -> Vec<u8> {
+    let mut h = vec![0x9c, 0x40];
+    h.extend_from_slice(&dst_port.to_be_bytes());
+    h.extend_from_slice(&[0, 0, 0, 1, 0, 0, 0, 0, 0x50, flags, 0xff, 0xff, 0, 0, 0, 0]);
+    h
+}
+
+/// Ethernet + an IPv4 header with `protocol`, the fragment fields
+/// (`offset` in 8-byte units, more-fragments), then `payload` as it is.
+pub fn ipv4_raw(
+    src: Ipv4Addr,
+    dst: Ipv4Addr,
+    protocol: u8,
+    offset: u16,
+    more: bool,
+    payload: &[u8],
+) -> Vec<u8> {
+    let mut frame = ethernet(0x0800);
+    let total = (20 + payload.len()) as u16;
+    let frag = (offset & 0x1fff) | if more { 0x2000 } else { 0 };
+    frame.extend_from_slice(&[0x45, 0]);
+    frame.extend_from_slice(&total.to_be_bytes());
+    frame.extend_from_slice(&[0, 1]);
+    frame.extend_from_slice(&frag.to_be_bytes());
+    frame.extend_from_slice(&[64, protocol, 0, 0]);
+    frame.extend_from_slice(&src.octets());
+    frame.extend_from_slice(&dst.octets());
+    frame.extend_from_slice(payload);
+    frame
+}
+
+/// Ethernet + IPv6 + the extension headers of `chain` in order, then
+/// `payload` announced as `protocol`.
+pub fn ipv6_chain(
+    src: Ipv6Addr,
+    dst: Ipv6Addr,
+    chain: &[Ext],
+    protocol: u8,
+    payload: &[u8],
+) -> Vec<u8> {
+    let mut body = Vec::new();
+    for (i, ext) in chain.iter().enumerate() {
+        let next = chain.get(i + 1).map_or(protocol, |e| e.number());
+        body.extend(ext.bytes(next));
+    }
+    body.extend_from_slice(payload);
+    let first = chain.first().map_or(protocol, |e| e.number());
+    let mut frame = ethernet(0x86dd);
+    frame.extend_from_slice(&[0x60, 0, 0, 0]);
+    frame.extend_from_slice(&(body.len() as u16).to_be_bytes());
+    frame.extend_from_slice(&[first, 64]);
+    frame.extend_from_slice(&src.octets());
+    frame.extend_from_slice(&dst.octets());
+    frame.extend(body);
+    frame
+}
+
+fn ethernet(ether_type: u16) -> Vec<u8> {
+    let mut frame = DST_MAC.to_vec();
+    frame.extend_from_slice(&SRC_MAC);
+    frame.extend_from_slice(&ether_type.to_be_bytes());
+    frame
+}

@@ -121,16 +121,18 @@ fn arp_passes_untouched_as_non_ip() {
 
 /// Every frame here is complete; cutting it at any byte past the Ethernet
 /// header (the smallest frame BPF_PROG_TEST_RUN accepts) leaves a header
-/// it announces incomplete.
-fn truncation_templates() -> Vec<(&'static str, Vec<u8>)> {
+/// it announces incomplete. The second value is the length of its IP
+/// header (with the offset of the IP header, where the source is readable).
+fn truncation_templates() -> Vec<(&'static str, Vec<u8>, usize)> {
     vec![
-        ("ipv4/udp", packets::udp_v4(SRC4, DST4, 53, 0)),
-        ("ipv4/tcp", packets::tcp_v4(SRC4, DST4, 80, 0)),
-        ("ipv6/udp", packets::udp_v6(SRC6, DST6, 53, 0)),
-        ("ipv6/tcp", packets::tcp_v6(SRC6, DST6, 80, 0)),
+        ("ipv4/udp", packets::udp_v4(SRC4, DST4, 53, 0), 20),
+        ("ipv4/tcp", packets::tcp_v4(SRC4, DST4, 80, 0), 20),
+        ("ipv6/udp", packets::udp_v6(SRC6, DST6, 53, 0), 40),
+        ("ipv6/tcp", packets::tcp_v6(SRC6, DST6, 80, 0), 40),
         (
             "vlan/ipv4/udp",
             tagged(&packets::udp_v4(SRC4, DST4, 53, 0), TPID_8021Q, 7),
+            20,
         ),
         (
             "qinq/ipv6/tcp",
@@ -139,15 +141,21 @@ fn truncation_templates() -> Vec<(&'static str, Vec<u8>)> {
                 TPID_8021AD,
                 8,
             ),
+            40,
         ),
     ]
 }
 
+/// A frame cut before the end of its IP header has no source to key it by:
+/// malformed, passed to the stack (which drops it), no state. Cut anywhere
+/// after, it has one: it is keyed and counted by its source like any other
+/// (its ports unknown), so a cut transport header is no way around a limit.
 #[test]
-fn frames_truncated_at_every_byte_are_malformed() {
-    for (name, full) in truncation_templates() {
+fn frames_cut_in_the_ip_header_are_malformed_and_after_it_are_counted() {
+    for (name, full, ip_len) in truncation_templates() {
         let mut harness = Harness::load();
-        let mut want = Counter::default();
+        let header_end = ip_offset(&full) + ip_len;
+        let (mut malformed, mut counted) = (Counter::default(), Counter::default());
         for cut in packets::ETH_LEN..full.len() {
             let frame = &full[..cut];
             assert_eq!(
@@ -155,27 +163,38 @@ fn frames_truncated_at_every_byte_are_malformed() {
                 XDP_PASS,
                 "{name} cut at {cut}"
             );
-            want.add(cut as u64);
+            if cut < header_end {
+                malformed.add(cut as u64);
+            } else {
+                counted.add(cut as u64);
+            }
             assert_eq!(
                 harness.outcome_total(Outcome::Malformed),
-                want,
-                "{name} cut at {cut} must count as malformed"
+                malformed,
+                "{name} cut at {cut}"
             );
         }
-        assert!(harness.sources().is_empty(), "{name}: no source state");
-        harness.assert_outcomes(&[(Outcome::Malformed, want)]);
-
-        // The whole frame is fine: the cuts above were the only problem.
-        assert_eq!(harness.run_on_cpu(0, &full), XDP_PASS);
-        assert_eq!(
-            harness.outcome_total(Outcome::Passed),
-            frames(1, full.len())
-        );
+        let sources = harness.sources();
+        assert_eq!(sources.len(), 1, "{name}: one source");
+        let per_cpu = sources.values().next().expect("one");
+        assert_eq!(limiter_user::counters::total(per_cpu), counted, "{name}");
+        let first = (header_end..full.len()).next().map_or(0, |c| c as u64);
+        harness.assert_outcomes(&[
+            (Outcome::Malformed, malformed),
+            (Outcome::Passed, counted),
+            (
+                Outcome::NewSource,
+                Counter {
+                    packets: 1,
+                    bytes: first,
+                },
+            ),
+        ]);
     }
 }
 
 #[test]
-fn ipv4_with_ihl_below_five_is_malformed() {
+fn ipv4_with_an_invalid_header_length_is_still_keyed_by_its_source() {
     let mut harness = Harness::load();
     let mut want = Counter::default();
     for ihl in 0..5u8 {
@@ -185,25 +204,34 @@ fn ipv4_with_ihl_below_five_is_malformed() {
         assert_eq!(harness.run_on_cpu(0, &frame), XDP_PASS, "ihl {ihl}");
         want.add(frame.len() as u64);
     }
-    assert!(harness.sources().is_empty());
-    harness.assert_outcomes(&[(Outcome::Malformed, want)]);
+    assert_only_source(&harness, SourceKey::v4(SRC4.octets()), want);
+    assert_eq!(
+        harness.outcome_total(Outcome::Malformed),
+        Counter::default()
+    );
 }
 
 #[test]
-fn ip_header_with_wrong_version_or_short_total_length_is_malformed() {
+fn wrong_ip_versions_are_malformed_and_a_short_total_length_is_keyed() {
     let mut harness = Harness::load();
     let mut v4_says_6 = packets::udp_v4(SRC4, DST4, 53, 0);
     v4_says_6[packets::ETH_LEN] = 0x65;
     let mut v6_says_4 = packets::udp_v6(SRC6, DST6, 53, 0);
     v6_says_4[packets::ETH_LEN] = 0x40;
-    let mut short_total = packets::udp_v4(SRC4, DST4, 53, 0);
-    short_total[packets::ETH_LEN + 2..packets::ETH_LEN + 4].copy_from_slice(&19u16.to_be_bytes());
     let mut want = Counter::default();
-    for frame in [&v4_says_6, &v6_says_4, &short_total] {
+    for frame in [&v4_says_6, &v6_says_4] {
         assert_eq!(harness.run_on_cpu(0, frame), XDP_PASS);
         want.add(frame.len() as u64);
     }
     harness.assert_outcomes(&[(Outcome::Malformed, want)]);
+    let mut short_total = packets::udp_v4(SRC4, DST4, 53, 0);
+    short_total[packets::ETH_LEN + 2..packets::ETH_LEN + 4].copy_from_slice(&19u16.to_be_bytes());
+    assert_eq!(harness.run_on_cpu(0, &short_total), XDP_PASS);
+    assert_only_source(
+        &harness,
+        SourceKey::v4(SRC4.octets()),
+        frames(1, short_total.len()),
+    );
 }
 
 #[test]
@@ -247,10 +275,19 @@ fn ipv6_extension_headers_are_walked() {
     frame.extend_from_slice(&plain[ip + 40..]);
     assert_counted_ip_frames(&frame, SourceKey::v6(SRC6.octets()), 2);
 
-    // The same, cut inside the UDP header behind the extension header.
+    // The same, cut inside the UDP header behind the extension header:
+    // still keyed by its source (its ports unknown).
     let mut harness = Harness::load();
     pass_n(&mut harness, &frame[..frame.len() - 2], 1);
-    harness.assert_outcomes(&[(Outcome::Malformed, frames(1, frame.len() - 2))]);
+    assert_only_source(
+        &harness,
+        SourceKey::v6(SRC6.octets()),
+        frames(1, frame.len() - 2),
+    );
+    assert_eq!(
+        harness.outcome_total(Outcome::Malformed),
+        Counter::default()
+    );
 }
 
 #[test]
@@ -357,6 +394,7 @@ fn the_verifier_walks_well_under_its_limit() {
         .expect("program info")
         .verified_instruction_count()
         .expect("kernel reports verified instructions");
+    eprintln!("the verifier walked {verified} instructions");
     assert!(
         verified < BUDGET,
         "the verifier walked {verified} instructions (budget {BUDGET} of its 1,000,000)"

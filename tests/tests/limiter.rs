@@ -13,7 +13,7 @@ use ipnet::IpNet;
 use limiter_common::{Action, Outcome, SourceKey};
 use limiter_tests::{
     packets,
-    testrun::{frames, online_cpus, paced, Harness, Pacing, Start},
+    testrun::{self, frames, online_cpus, paced, Harness, Pacing, Start},
 };
 use limiter_user::{
     counters,
@@ -250,7 +250,7 @@ fn a_first_frame_admitted_without_a_window_counts_when_another_cpu_creates_it() 
 #[test]
 fn byte_limits_create_the_window_on_the_first_frame() {
     let mut spec = RuleSpec::limit(net("0.0.0.0/0"), 1_000_000);
-    spec.limits.bytes_per_second = Some(1000);
+    spec.limits.bytes_per_second = Some(1600);
     let mut harness = harness_with(&RuleSet::with_default(spec));
     let frame = packets::udp_v4(Ipv4Addr::new(192, 0, 2, 9), DST4, 53, 258); // 300 bytes
     assert_eq!(harness.offer(0, &frame, 1), (1, 0));
@@ -260,14 +260,14 @@ fn byte_limits_create_the_window_on_the_first_frame() {
 #[test]
 fn byte_limits_are_enforced_too() {
     let mut spec = RuleSpec::limit(net("0.0.0.0/0"), 1_000_000);
-    spec.limits.bytes_per_second = Some(1000);
+    spec.limits.bytes_per_second = Some(1600);
     let mut harness = harness_with(&RuleSet::with_default(spec));
     let frame = packets::udp_v4(Ipv4Addr::new(192, 0, 2, 9), DST4, 53, 258); // 300 bytes
     assert_eq!(frame.len(), 300);
     assert_eq!(
-        harness.offer(0, &frame, 5),
-        (3, 2),
-        "3 x 300 <= 1000 < 4 x 300"
+        harness.offer(0, &frame, 7),
+        (5, 2),
+        "5 x 300 <= 1600 < 6 x 300"
     );
 }
 
@@ -463,7 +463,7 @@ fn an_invalid_rule_set_is_rejected_and_the_live_one_stays() {
     let mut bad = default_limit(5);
     bad.default.limits.window = Duration::from_secs(120);
     let err = limiter_user::push::push(harness.ebpf_mut(), &bad).expect_err("window too long");
-    assert!(err.to_string().contains("default: window"), "{err}");
+    assert!(err.to_string().contains("default.window"), "{err}");
     let config = limiter_user::push::current_config(harness.ebpf()).expect("read CONFIG");
     assert_eq!(config.generation, 1, "nothing was pushed");
     assert_eq!(harness.offer(0, &udp([192, 0, 2, 12]), 7), (5, 2));
@@ -611,4 +611,106 @@ fn one_event_per_episode_of_refusals_and_a_bounded_rate() {
         "every episode sent or counted"
     );
     assert!(events.iter().all(|e| e.key.addr[..3] == [203, 0, 113]));
+}
+
+/// Waits until the kernel's coarse clock is `after` past `since`: until a
+/// window of traffic that ended at `since` has slid out.
+fn wait_past(since: Duration, after: Duration) {
+    while testrun::coarse_now() < since + after {
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn a_penalty_is_not_armed_in_dry_run() {
+    for global in [false, true] {
+        let mut set = default_limit(5);
+        set.default.limits.block = Some(Duration::from_secs(3600));
+        if global {
+            set.dry_run = true;
+        } else {
+            set.default.dry_run = true;
+        }
+        let mut harness = harness_with(&set);
+        let frame = udp([192, 0, 2, 60]);
+        assert_eq!(harness.offer(0, &frame, 8), (8, 0), "dry-run drops nothing");
+        let trial_end = testrun::coarse_now();
+        let windows = counters::windows(harness.ebpf()).expect("read WINDOWS");
+        let window = windows[&SourceKey::v4([192, 0, 2, 60])];
+        assert_eq!(
+            window.blocked_until_ns, 0,
+            "global={global}: no penalty armed by a trial"
+        );
+        // Enforcing now, once the trial's window has slid out: admitted.
+        set.dry_run = false;
+        set.default.dry_run = false;
+        harness.push(&set);
+        wait_past(trial_end, Duration::from_millis(1200));
+        assert_eq!(
+            harness.offer(0, &frame, 1),
+            (1, 0),
+            "global={global}: a source flagged during the trial is not blocked"
+        );
+    }
+}
+
+#[test]
+fn a_penalty_ends_when_its_rule_changes_or_goes_and_survives_other_changes() {
+    let mut set = default_limit(1000);
+    for cidr in ["192.0.2.0/25", "192.0.2.128/25"] {
+        let mut noisy = RuleSpec::limit(net(cidr), 5);
+        noisy.limits.block = Some(Duration::from_secs(3600));
+        set.rules.push(noisy);
+    }
+    let mut harness = harness_with(&set);
+    let a = udp([192, 0, 2, 70]);
+    let b = udp([192, 0, 2, 200]);
+    assert_eq!(harness.offer(0, &a, 6), (5, 1));
+    assert_eq!(harness.offer(1, &b, 6), (5, 1));
+
+    set.rules
+        .push(RuleSpec::with_action(net("203.0.113.0/24"), Action::Allow));
+    harness.push(&set);
+    assert_eq!(
+        harness.offer(0, &a, 1),
+        (0, 1),
+        "another rule's change keeps it"
+    );
+
+    set.rules[0].limits.pps = Some(50);
+    harness.push(&set);
+    assert_eq!(
+        harness.offer(0, &a, 1),
+        (1, 0),
+        "its rule changed: the new limit (50) applies, the penalty is gone"
+    );
+    assert_eq!(harness.offer(1, &b, 1), (0, 1), "b's rule did not change");
+
+    set.rules.remove(1);
+    harness.push(&set);
+    assert_eq!(
+        harness.offer(1, &b, 1),
+        (1, 0),
+        "its rule went: the default applies"
+    );
+}
+
+#[test]
+fn a_mode_change_lifts_penalties() {
+    let mut set = default_limit(5);
+    set.default.limits.block = Some(Duration::from_secs(3600));
+    let mut harness = harness_with(&set);
+    let frame = udp([192, 0, 2, 80]);
+    assert_eq!(harness.offer(0, &frame, 6), (5, 1));
+    let blocked_at = testrun::coarse_now();
+    set.dry_run = true;
+    harness.push(&set);
+    set.dry_run = false;
+    harness.push(&set);
+    wait_past(blocked_at, Duration::from_millis(1200));
+    assert_eq!(
+        harness.offer(0, &frame, 1),
+        (1, 0),
+        "enforce -> dry-run -> enforce: the old penalty does not come back"
+    );
 }

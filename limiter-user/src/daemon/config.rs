@@ -528,7 +528,7 @@ mod tests {
         );
         rejected(
             "[[rules]]\ncidr = \"10.0.0.0/8\"\nprotocol = \"udp\"\nports = \"99-10\"\npps = 1",
-            "rules[0]: port range 99-10 is reversed",
+            "rules[0].ports: port range 99-10 is reversed",
         );
         rejected(
             "[[rules]]\ncidr = \"10.0.0.0/8\"\nports = \"http\"\npps = 1",
@@ -536,7 +536,7 @@ mod tests {
         );
         rejected(
             "[[rules]]\ncidr = \"10.0.0.0/8\"\nwindow = \"2m\"\npps = 1",
-            "rules[0]: window",
+            "rules[0].window",
         );
         rejected(
             "[[rules]]\ncidr = \"10.0.0.0/8\"",

@@ -28,7 +28,7 @@ use aya::{
 };
 use limiter_common::{
     names,
-    rules::{MAX_CLASSES, RULE_SLOTS},
+    rules::{PrefixKeyV4, PrefixKeyV6, FRAME_CLASSES, RULE_SLOTS},
     Config, Counter, Outcome, Rule, RuleRefs, SourceKey, SourceTraffic, WindowState,
 };
 use tracing::{info, warn};
@@ -107,12 +107,22 @@ fn pinned_maps(max_sources: u32) -> [(&'static str, u32, u32, Option<u32>); 8] {
         (names::CONFIG, 4, s(size_of::<Config>()), Some(1)),
         (names::RULES, 4, s(size_of::<Rule>()), Some(RULE_SLOTS)),
         (names::RULE_DROPS, 4, 8, Some(RULE_SLOTS)),
-        (names::PREFIXES_V4, 4 + 4, s(size_of::<RuleRefs>()), None),
-        (names::PREFIXES_V6, 4 + 16, s(size_of::<RuleRefs>()), None),
+        (
+            names::PREFIXES_V4,
+            s(4 + size_of::<PrefixKeyV4>()),
+            s(size_of::<RuleRefs>()),
+            None,
+        ),
+        (
+            names::PREFIXES_V6,
+            s(4 + size_of::<PrefixKeyV6>()),
+            s(size_of::<RuleRefs>()),
+            None,
+        ),
     ]
 }
 
-const _: () = assert!(size_of::<RuleRefs>() == 4 * (MAX_CLASSES + 1));
+const _: () = assert!(size_of::<RuleRefs>() == 4 * FRAME_CLASSES);
 
 /// The directory of `iface`'s pins.
 pub fn iface_dir(pin_dir: &Path, iface: &str) -> PathBuf {

@@ -15,7 +15,7 @@ pub mod metrics;
 use std::{collections::BTreeSet, net::SocketAddr, path::PathBuf, time::Instant};
 
 use anyhow::Context as _;
-use limiter_common::{rules::MAX_RULES, Outcome, SourceKey};
+use limiter_common::{rules::rules_base, Outcome, Rule, SourceKey};
 use tokio::signal::unix::{signal, SignalKind};
 use tracing::{error, info, warn};
 
@@ -80,7 +80,7 @@ fn apply_overrides(config: &mut Config, options: &RunOptions) {
 
 /// Human names of the rule indices of a rule set in a `RULES` half.
 fn rule_names(config: &Config, generation: u32) -> Vec<(u32, String)> {
-    let base = (generation % 2) * MAX_RULES;
+    let base = rules_base(generation);
     std::iter::once((base, "default".to_string()))
         .chain((0..config.rules.rules.len()).map(|i| (base + 1 + i as u32, format!("rules[{i}]"))))
         .collect()
@@ -96,24 +96,25 @@ pub async fn run(options: RunOptions) -> anyhow::Result<()> {
     let daemon = config.daemon.clone();
 
     let mut instances: Vec<Instance> = Vec::new();
-    let mut generation = 0;
     for iface in &daemon.interfaces {
-        let attached = load::protect(iface, &daemon.pin_dir, daemon.mode, daemon.max_sources)
-            .and_then(|mut instance| {
-                generation = push::push(&mut instance.ebpf, &config.rules)
-                    .map_err(|e| load::AttachError::Load(e.to_string()))?;
-                Ok(instance)
-            });
-        match attached {
-            Ok(instance) => {
-                info!(iface, mode = instance.mode, generation, "protecting");
-                instances.push(instance);
-            }
+        match load::protect(iface, &daemon.pin_dir, daemon.mode, daemon.max_sources) {
+            Ok(instance) => instances.push(instance),
             Err(e) => {
                 shutdown(instances, daemon.keep_attached);
                 return Err(e).with_context(|| format!("protecting {iface}"));
             }
         }
+    }
+    // One generation for every interface, pushed to all or to none.
+    let mut generation = match push_all(&mut instances, &config.rules) {
+        Ok(generation) => generation,
+        Err(e) => {
+            shutdown(instances, daemon.keep_attached);
+            return Err(e).context("pushing the rules");
+        }
+    };
+    for instance in &instances {
+        info!(iface = %instance.iface, mode = instance.mode, generation, "protecting");
     }
 
     let names: events::RuleNames =
@@ -387,6 +388,10 @@ fn top(
             .and_then(|m| {
                 aya::maps::HashMap::<_, SourceKey, limiter_common::WindowState>::try_from(m).ok()
             });
+        let kernel_rules = instance
+            .ebpf
+            .map(limiter_common::names::RULES)
+            .and_then(|m| aya::maps::Array::<_, Rule>::try_from(m).ok());
         for rate in &snapshot.top {
             let position = names.iter().position(|(index, _)| *index == rate.rule);
             let spec = position.and_then(|p| {
@@ -396,10 +401,17 @@ fn top(
                     config.rules.rules.get(p - 1)
                 }
             });
-            let blocked = windows
+            // A penalty holds while the rule in force carries its tag; the
+            // window is keyed by the rule's budget.
+            let rule = kernel_rules
                 .as_ref()
-                .and_then(|w| w.get(&rate.key, 0).ok())
-                .is_some_and(|w| w.blocked_until_ns > now_ns);
+                .and_then(|r| r.get(&rate.rule, 0).ok());
+            let blocked = rule.is_some_and(|rule| {
+                windows
+                    .as_ref()
+                    .and_then(|w| w.get(&rate.key.with_class(rule.budget), 0).ok())
+                    .is_some_and(|w| w.blocked_at(now_ns, rule.block_tag))
+            });
             let state = match spec.map(|s| (s.action, s.dry_run || config.rules.dry_run)) {
                 Some((limiter_common::Action::Allow, _)) => "allowed",
                 Some((limiter_common::Action::Deny, _)) => "denied",
@@ -518,16 +530,14 @@ fn save_file(options: &RunOptions, config: &Config, done: &str) -> Result<String
     Ok(format!("{done}; saved to {}", path.display()))
 }
 
-/// Pushes `rules` to every interface; the new generation.
+/// Pushes `rules` to every interface as one generation, or to none; the
+/// new generation.
 fn push_all(
     instances: &mut [Instance],
     rules: &crate::rules::RuleSet,
 ) -> Result<u32, push::PushError> {
-    let mut generation = 0;
-    for instance in instances.iter_mut() {
-        generation = push::push(&mut instance.ebpf, rules)?;
-    }
-    Ok(generation)
+    let mut programs: Vec<&mut aya::Ebpf> = instances.iter_mut().map(|i| &mut i.ebpf).collect();
+    push::push_all(&mut programs, rules)
 }
 
 /// Run time and count of the program, when `kernel.bpf_stats_enabled` is on.
