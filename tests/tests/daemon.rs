@@ -458,3 +458,125 @@ fn pinned_maps_of_another_layout_version_are_not_adopted() {
     let got = lab.exchange(&receiver, PORT, &[(HEAVY, 25)], MARKER);
     assert_eq!(got.get(&HEAVY), Some(&20), "fresh windows: {got:?}");
 }
+
+/// Whether `iface`'s pins (its link and maps) are in place.
+fn pinned(files: &Files) -> bool {
+    let dir = files.pin_dir.join(RX_IF);
+    dir.join("link").exists() && limiter_user::daemon::load::maps_dir(&dir).exists()
+}
+
+#[test]
+fn a_second_daemon_is_refused_before_it_touches_anything() {
+    let lab = Lab::three_senders();
+    let files = Files::new();
+    files.write_config(&limit_config(2));
+    let receiver = lab.receiver(PORT);
+    let first = start(&lab, &files, &[]);
+    let program = attached_program(&lab).expect("attached");
+    let mut heavy_passed = 0;
+    let config = files.config();
+    let config = config.to_str().expect("utf-8");
+    let elsewhere = files.dir.join("second.sock");
+    let elsewhere = elsewhere.to_str().expect("utf-8");
+    let other_pins = format!("{}-other", files.pin_dir.display());
+    for (what, args) in [
+        // Exactly the reproduction: same pins, interface, socket and port.
+        ("the same everything", vec!["-i", RX_IF, "-c", config]),
+        (
+            "the same pin directory",
+            vec![
+                "-i",
+                RX_IF,
+                "-c",
+                config,
+                "--control-socket",
+                elsewhere,
+                "--metrics-addr",
+                "127.0.0.1:9471",
+            ],
+        ),
+        (
+            "the same interface",
+            vec![
+                "-i",
+                RX_IF,
+                "-c",
+                config,
+                "--control-socket",
+                elsewhere,
+                "--metrics-addr",
+                "127.0.0.1:9471",
+                "--pin-dir",
+                &other_pins,
+            ],
+        ),
+    ] {
+        let (status, log) = Daemon::start_failing(&lab.rx, &files, &args);
+        assert_eq!(status.code(), Some(1), "{what}: {log}");
+        let error = one_error_line(&log);
+        assert!(
+            error.contains("another xdp-limiter daemon"),
+            "{what}: {error}"
+        );
+        assert!(
+            !log.contains("adopted"),
+            "{what}: refused before adopting:\n{log}"
+        );
+        assert_eq!(
+            attached_program(&lab),
+            Some(program),
+            "{what}: the first daemon's program stays attached"
+        );
+        assert!(pinned(&files), "{what}: its pins stay");
+        let got = lab.exchange(&receiver, PORT, &[(HEAVY, 25)], MARKER);
+        heavy_passed += got.get(&HEAVY).copied().unwrap_or(0);
+        assert_eq!(
+            heavy_passed, 20,
+            "{what}: still enforcing the 20 per window"
+        );
+    }
+    assert!(!std::path::Path::new(&other_pins).exists());
+    assert!(
+        first.metrics().contains("xdp_limiter_packets_total"),
+        "the first still serves"
+    );
+    assert!(first.stop().success());
+}
+
+#[test]
+fn a_start_that_fails_after_a_sigkill_leaves_the_pinned_protection_alone() {
+    let lab = Lab::three_senders();
+    let files = Files::new();
+    files.write_config(&limit_config(2));
+    let receiver = lab.receiver(PORT);
+    let first = start(&lab, &files, &[]);
+    let got = lab.exchange(&receiver, PORT, &[(HEAVY, 25)], MARKER);
+    assert_eq!(got.get(&HEAVY), Some(&20));
+    let program = attached_program(&lab).expect("attached");
+    first.kill();
+
+    // Someone else holds the metrics port: the start fails, and must not
+    // take the protection the killed daemon left pinned with it.
+    let squatter = lab
+        .rx
+        .enter(|| std::net::TcpListener::bind("127.0.0.1:9470").expect("bind"));
+    let config = files.config();
+    let (status, log) = Daemon::start_failing(
+        &lab.rx,
+        &files,
+        &["-i", RX_IF, "-c", config.to_str().expect("utf-8")],
+    );
+    assert_eq!(status.code(), Some(1));
+    assert!(
+        one_error_line(&log).contains("cannot listen for metrics"),
+        "{log}"
+    );
+    assert_eq!(attached_program(&lab), Some(program), "still attached");
+    assert!(pinned(&files), "still pinned");
+    let got = lab.exchange(&receiver, PORT, &[(HEAVY, 5)], MARKER);
+    assert_eq!(got.get(&HEAVY), None, "still enforcing: {got:?}");
+
+    drop(squatter);
+    let second = start(&lab, &files, &[]);
+    second.wait_log("adopted the pinned link");
+}

@@ -357,6 +357,12 @@ fn attach_fresh(
 }
 
 impl Instance {
+    /// Whether this instance took over a pinned link (it protected the
+    /// interface before this process started).
+    pub fn adopted(&self) -> bool {
+        self.mode == "adopted"
+    }
+
     /// Stops protecting: removes the pinned link (which detaches the
     /// program) and the pinned maps.
     pub fn detach(self) -> Result<(), AttachError> {

@@ -229,17 +229,18 @@ pub fn render(registry: &Registry) -> String {
     String::from_utf8(buffer).expect("the text format is UTF-8")
 }
 
-/// Binds `addr` (failing early, with the address named, if it cannot) and
-/// serves `GET /metrics` from `registry` until the task is dropped.
-pub async fn serve(
-    addr: SocketAddr,
-    registry: Registry,
-) -> anyhow::Result<tokio::task::JoinHandle<()>> {
-    let listener = TcpListener::bind(addr)
+/// Binds `addr` (failing early, with the address named, if it cannot).
+pub async fn bind(addr: SocketAddr) -> anyhow::Result<TcpListener> {
+    TcpListener::bind(addr)
         .await
-        .map_err(|e| anyhow::anyhow!("cannot listen for metrics on {addr}: {e}"))?;
+        .map_err(|e| anyhow::anyhow!("cannot listen for metrics on {addr}: {e}"))
+}
+
+/// Serves `GET /metrics` from `registry` on `listener` until the task is
+/// dropped.
+pub fn serve(listener: TcpListener, registry: Registry) -> tokio::task::JoinHandle<()> {
     let registry = Arc::new(registry);
-    Ok(tokio::spawn(async move {
+    tokio::spawn(async move {
         loop {
             let (stream, peer) = match listener.accept().await {
                 Ok(conn) => conn,
@@ -262,7 +263,7 @@ pub async fn serve(
                 }
             });
         }
-    }))
+    })
 }
 
 fn respond(request: &Request<hyper::body::Incoming>, registry: &Registry) -> Response<Full<Bytes>> {

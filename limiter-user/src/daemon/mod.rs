@@ -10,6 +10,7 @@ pub mod config;
 pub mod control;
 pub mod events;
 pub mod load;
+pub mod lock;
 pub mod metrics;
 
 use std::{collections::BTreeSet, net::SocketAddr, path::PathBuf, time::Instant};
@@ -94,23 +95,25 @@ pub async fn run(options: RunOptions) -> anyhow::Result<()> {
     let mut terminate = signal(SignalKind::terminate())?;
     let mut config = effective_config(&options)?;
     let daemon = config.daemon.clone();
-
-    let mut instances: Vec<Instance> = Vec::new();
-    for iface in &daemon.interfaces {
-        match load::protect(iface, &daemon.pin_dir, daemon.mode, daemon.max_sources) {
-            Ok(instance) => instances.push(instance),
-            Err(e) => {
-                shutdown(instances, daemon.keep_attached);
-                return Err(e).with_context(|| format!("protecting {iface}"));
-            }
-        }
+    // Before anything is touched: one daemon per pin directory and
+    // interface, and every address and socket bound, so a start that
+    // cannot run fails here and leaves whatever protects the interfaces
+    // (another daemon, or the pins a killed one left) alone.
+    if !nix::unistd::geteuid().is_root() {
+        return Err(load::AttachError::NotRoot.into());
     }
-    // One generation for every interface, pushed to all or to none.
-    let mut generation = match push_all(&mut instances, &config.rules) {
-        Ok(generation) => generation,
+    let _locks = lock::acquire(&daemon.pin_dir, &daemon.interfaces)?;
+    let listener = metrics::bind(daemon.metrics_addr).await?;
+    let (control_tx, mut control_rx) = tokio::sync::mpsc::channel::<control::Command>(16);
+    let control_server = control::serve(&daemon.control_socket, control_tx).await?;
+
+    let (mut instances, mut generation) = match protect_all(&daemon, &config) {
+        Ok(started) => started,
         Err(e) => {
-            shutdown(instances, daemon.keep_attached);
-            return Err(e).context("pushing the rules");
+            drop(control_rx);
+            control_server.stop().await;
+            control::remove(&daemon.control_socket);
+            return Err(e);
         }
     };
     for instance in &instances {
@@ -136,23 +139,8 @@ pub async fn run(options: RunOptions) -> anyhow::Result<()> {
     }
 
     let mut metrics = Metrics::new();
-    let server = match metrics::serve(daemon.metrics_addr, metrics.registry.clone()).await {
-        Ok(server) => server,
-        Err(e) => {
-            shutdown(instances, daemon.keep_attached);
-            return Err(e);
-        }
-    };
+    let server = metrics::serve(listener, metrics.registry.clone());
     info!(addr = %daemon.metrics_addr, "serving metrics on /metrics");
-    let (control_tx, mut control_rx) = tokio::sync::mpsc::channel::<control::Command>(16);
-    let control_server = match control::serve(&daemon.control_socket, control_tx).await {
-        Ok(server) => server,
-        Err(e) => {
-            server.abort();
-            shutdown(instances, daemon.keep_attached);
-            return Err(e);
-        }
-    };
     info!(socket = %daemon.control_socket.display(), "control socket ready");
 
     let mut tick = tokio::time::interval(daemon.tick);
@@ -271,6 +259,50 @@ pub async fn run(options: RunOptions) -> anyhow::Result<()> {
     drop(control_rx);
     control_server.stop().await;
     Ok(())
+}
+
+/// Protects every interface (adopting what is pinned) and pushes the rules
+/// to all of them as one generation. On failure, what this start attached
+/// afresh is detached again and what it adopted is left as it was found.
+fn protect_all(
+    daemon: &config::DaemonSection,
+    config: &Config,
+) -> anyhow::Result<(Vec<Instance>, u32)> {
+    let mut instances: Vec<Instance> = Vec::new();
+    for iface in &daemon.interfaces {
+        match load::protect(iface, &daemon.pin_dir, daemon.mode, daemon.max_sources) {
+            Ok(instance) => instances.push(instance),
+            Err(e) => {
+                abandon(instances);
+                return Err(e).with_context(|| format!("protecting {iface}"));
+            }
+        }
+    }
+    // One generation for every interface, pushed to all or to none.
+    match push_all(&mut instances, &config.rules) {
+        Ok(generation) => Ok((instances, generation)),
+        Err(e) => {
+            abandon(instances);
+            Err(e).context("pushing the rules")
+        }
+    }
+}
+
+/// Undoes a failed start: detaches what it attached afresh, leaves what it
+/// adopted in place (it was protecting before this process came).
+fn abandon(instances: Vec<Instance>) {
+    for instance in instances {
+        if instance.adopted() {
+            let iface = instance.iface.clone();
+            instance.keep();
+            warn!(
+                iface,
+                "start-up failed: the adopted protection stays in place"
+            );
+        } else if let Err(e) = instance.detach() {
+            error!(iface = %e, "start-up failed, and detaching failed too");
+        }
+    }
 }
 
 fn aggregate_one(
