@@ -174,6 +174,7 @@ fn mount_default_bpffs(pin_dir: &Path) -> Result<(), AttachError> {
     if mounted {
         return Ok(());
     }
+    super::fault::stop_at(super::fault::Step::Bpffs);
     info!(path = %root.display(), "mounting bpffs");
     nix::mount::mount(
         Some("bpf"),

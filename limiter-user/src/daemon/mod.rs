@@ -9,6 +9,7 @@ pub mod aggregate;
 pub mod config;
 pub mod control;
 pub mod events;
+pub mod fault;
 pub mod load;
 pub mod lock;
 pub mod metrics;
