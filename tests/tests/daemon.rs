@@ -338,14 +338,20 @@ fn an_interface_with_someone_elses_program_is_left_alone() {
     );
 }
 
+/// Shell that unmounts every bpffs stacked on /sys/fs/bpf (exit 90 if one
+/// will not go).
+const UNMOUNT_ALL_BPFFS: &str = "while grep -q ' /sys/fs/bpf bpf ' /proc/self/mounts; do \
+     umount /sys/fs/bpf || exit 90; done;";
+
 #[test]
 fn a_missing_bpffs_is_mounted() {
     let lab = Lab::three_senders();
     let files = Files::new();
     let log = files.dir.join("unshare.log");
-    // A private mount namespace where /sys/fs/bpf is not mounted.
+    // A private mount namespace where /sys/fs/bpf is not mounted (every
+    // stacked bpffs unmounted).
     let script = format!(
-        "umount /sys/fs/bpf 2>/dev/null; grep -q ' /sys/fs/bpf bpf ' /proc/self/mounts && exit 90; \
+        "{UNMOUNT_ALL_BPFFS} \
          exec nsenter --net=/run/netns/{ns} {bin} run -i {RX_IF} --pin-dir /sys/fs/bpf/xlt-unshare \
          --control-socket {socket} 2>{log}",
         ns = lab.rx.name(),
@@ -579,4 +585,106 @@ fn a_start_that_fails_after_a_sigkill_leaves_the_pinned_protection_alone() {
     drop(squatter);
     let second = start(&lab, &files, &[]);
     second.wait_log("adopted the pinned link");
+}
+
+/// A process state letter from /proc/PID/stat (`T`: stopped).
+fn process_state(pid: u32) -> char {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    stat.rsplit_once(") ")
+        .and_then(|(_, rest)| rest.chars().next())
+        .unwrap_or('?')
+}
+
+/// What the process is waiting in, in the kernel.
+fn wchan(pid: u32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/wchan")).unwrap_or_default()
+}
+
+/// Waits (bounded) for `done`; panics with `what` when it never happens.
+#[track_caller]
+fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !done() {
+        assert!(std::time::Instant::now() < deadline, "never: {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn two_daemons_starting_at_once_mount_bpffs_once() {
+    let lab = Lab::three_senders();
+    let files = Files::new();
+    // A private mount namespace without bpffs, kept alive by a sleeper.
+    let mut holder = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c"])
+        .arg(format!("{UNMOUNT_ALL_BPFFS} echo ready; exec sleep 120"))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("unshare");
+    let mut ready = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(holder.stdout.take().expect("stdout")),
+        &mut ready,
+    )
+    .expect("read");
+    assert_eq!(ready.trim(), "ready", "the namespace could not be set up");
+    let mount_ns = format!("/proc/{}/ns/mnt", holder.id());
+    let daemon = |name: &str, iface: &str, port: u16, stop_at: Option<&str>| {
+        let log = std::fs::File::create(files.dir.join(format!("{name}.log"))).expect("log");
+        let mut cmd = Command::new("nsenter");
+        cmd.arg(format!("--mount={mount_ns}"))
+            .arg(format!("--net=/run/netns/{}", lab.rx.name()))
+            .arg(binary())
+            .args(["run", "-i", iface, "--pin-dir"])
+            .arg(format!(
+                "/sys/fs/bpf/xlt-race-{name}-{}",
+                std::process::id()
+            ))
+            .arg("--control-socket")
+            .arg(files.dir.join(format!("{name}.sock")))
+            .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
+            .stderr(log);
+        if let Some(step) = stop_at {
+            cmd.env("XDP_LIMITER_STOP_AT", step);
+        }
+        cmd.spawn().expect("spawn the daemon")
+    };
+    let log = |name: &str| {
+        std::fs::read_to_string(files.dir.join(format!("{name}.log"))).unwrap_or_default()
+    };
+
+    // A decides to mount bpffs and is stopped right there.
+    let mut a = daemon("a", RX_IF, 9480, Some("bpffs"));
+    wait_for("a stops before mounting", || process_state(a.id()) == 'T');
+    // B starts meanwhile: it may not mount a second bpffs over A's.
+    let mut b = daemon("b", "lo", 9481, None);
+    wait_for("b is up or waits for a", || {
+        log("b").contains("control socket ready") || wchan(b.id()).contains("lock")
+    });
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(a.id() as i32), Signal::SIGCONT)
+        .expect("continue a");
+    wait_for("both are up", || {
+        log("a").contains("control socket ready") && log("b").contains("control socket ready")
+    });
+    let mounts = std::fs::read_to_string(format!("/proc/{}/mounts", holder.id())).expect("mounts");
+    let bpffs = mounts
+        .lines()
+        .filter(|l| l.contains(" /sys/fs/bpf bpf "))
+        .count();
+    for child in [&mut a, &mut b] {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(child.id() as i32),
+            Signal::SIGTERM,
+        );
+        let _ = child.wait();
+    }
+    let _ = holder.kill();
+    let _ = holder.wait();
+    assert_eq!(
+        bpffs,
+        1,
+        "one bpffs on /sys/fs/bpf:\n{mounts}\na:\n{}\nb:\n{}",
+        log("a"),
+        log("b")
+    );
 }

@@ -59,6 +59,8 @@ pub enum AttachError {
     },
     #[error("loading the XDP program: {0}")]
     Load(String),
+    #[error("{0}")]
+    Lock(#[from] super::lock::LockError),
     #[error(
         "{iface} already has an XDP program that xdp-limiter did not attach; \
          remove it first (ip link set dev {iface} xdp off)"
@@ -139,54 +141,50 @@ fn pin_err(path: &Path) -> impl Fn(std::io::Error) -> AttachError + '_ {
 /// `statfs` magic of bpffs.
 const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
 
+/// Whether `path` itself is on a bpffs.
+fn is_bpffs(path: &Path) -> bool {
+    nix::sys::statfs::statfs(path).is_ok_and(|fs| fs.filesystem_type().0 == BPF_FS_MAGIC)
+}
+
 /// The nearest existing ancestor of `path` is on a bpffs.
 fn on_bpffs(path: &Path) -> bool {
     let existing = path
         .ancestors()
         .find(|p| p.exists())
         .unwrap_or(Path::new("/"));
-    nix::sys::statfs::statfs(existing).is_ok_and(|fs| fs.filesystem_type().0 == BPF_FS_MAGIC)
+    is_bpffs(existing)
 }
 
-/// Mounts bpffs on `/sys/fs/bpf` if `pin_dir` is below it and nothing is
-/// mounted there (it is not mounted at boot on every system), then checks
-/// that `pin_dir` is on a bpffs.
+/// Mounts bpffs on `/sys/fs/bpf` if `pin_dir` is below it and that is not
+/// a bpffs (it is not mounted at boot on every system), then checks that
+/// `pin_dir` is on a bpffs. The check is the filesystem type (statfs), and
+/// check and mount happen under a lock every xdp-limiter process takes, so
+/// daemons starting at once mount it once.
 pub fn ensure_bpffs(pin_dir: &Path) -> Result<(), AttachError> {
-    mount_default_bpffs(pin_dir)?;
+    let root = Path::new("/sys/fs/bpf");
+    if pin_dir.starts_with(root) {
+        let _lock = super::lock::bpffs_mount()?;
+        if !is_bpffs(root) {
+            super::fault::stop_at(super::fault::Step::Bpffs);
+            info!(path = %root.display(), "mounting bpffs");
+            nix::mount::mount(
+                Some("bpf"),
+                root,
+                Some("bpf"),
+                nix::mount::MsFlags::empty(),
+                None::<&str>,
+            )
+            .map_err(|source| AttachError::Bpffs {
+                path: root.to_path_buf(),
+                source,
+            })?;
+        }
+    }
     if on_bpffs(pin_dir) {
         Ok(())
     } else {
         Err(AttachError::NotBpffs(pin_dir.to_path_buf()))
     }
-}
-
-fn mount_default_bpffs(pin_dir: &Path) -> Result<(), AttachError> {
-    let root = Path::new("/sys/fs/bpf");
-    if !pin_dir.starts_with(root) {
-        return Ok(());
-    }
-    let mounts = fs::read_to_string("/proc/self/mounts").unwrap_or_default();
-    let mounted = mounts.lines().any(|line| {
-        let mut fields = line.split_whitespace();
-        let (_, target, fstype) = (fields.next(), fields.next(), fields.next());
-        target == Some("/sys/fs/bpf") && fstype == Some("bpf")
-    });
-    if mounted {
-        return Ok(());
-    }
-    super::fault::stop_at(super::fault::Step::Bpffs);
-    info!(path = %root.display(), "mounting bpffs");
-    nix::mount::mount(
-        Some("bpf"),
-        root,
-        Some("bpf"),
-        nix::mount::MsFlags::empty(),
-        None::<&str>,
-    )
-    .map_err(|source| AttachError::Bpffs {
-        path: root.to_path_buf(),
-        source,
-    })
 }
 
 /// The directory of the pinned maps: named after the map layout version

@@ -106,6 +106,28 @@ fn acquire_in(dir: &Path, pin_dir: &Path, interfaces: &[String]) -> Result<Locks
     Ok(Locks { _held: held })
 }
 
+/// Serialises mounting bpffs between xdp-limiter processes (a blocking
+/// lock, held while checking and mounting), so two daemons starting at
+/// once on a machine where it is not mounted mount it once, not stacked.
+pub fn bpffs_mount() -> Result<Flock<File>, LockError> {
+    let dir = Path::new(LOCK_DIR);
+    let path = dir.join("bpffs-mount.lock");
+    let io = |source| LockError::Io {
+        path: path.clone(),
+        source,
+    };
+    std::fs::create_dir_all(dir).map_err(io)?;
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(&path)
+        .map_err(io)?;
+    Flock::lock(file, FlockArg::LockExclusive).map_err(|(_, errno)| io(errno.into()))
+}
+
 /// A stable name for a pin directory (its absolute form, `.` and `..`
 /// resolved lexically: the directory may not exist yet).
 fn path_hash(path: &Path) -> u64 {
