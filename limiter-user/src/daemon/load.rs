@@ -269,6 +269,8 @@ pub fn protect(
         .load()
         .map_err(|e| AttachError::Load(e.to_string()))?;
 
+    super::fault::stop_at(super::fault::Step::Loaded);
+    super::fault::stop_at(super::fault::Step::Attach);
     let link_path = dir.join("link");
     let attached_mode = match PinnedLink::from_pin(&link_path) {
         Ok(pinned) => {

@@ -280,6 +280,7 @@ fn protect_all(
         }
     }
     // One generation for every interface, pushed to all or to none.
+    fault::stop_at(fault::Step::Push);
     match push_all(&mut instances, &config.rules) {
         Ok(generation) => Ok((instances, generation)),
         Err(e) => {
