@@ -125,6 +125,10 @@ pub struct Daemon {
 /// `xdp-limiter run` in `ns` (network namespace only, so it sees the
 /// host's bpffs) with `args`; stderr goes to a log file.
 fn spawn(ns: &NetNs, files: &Files, args: &[&str], log: &Path) -> Child {
+    spawn_with(ns, files, args, log, &[])
+}
+
+fn spawn_with(ns: &NetNs, files: &Files, args: &[&str], log: &Path, env: &[(&str, &str)]) -> Child {
     let log_file = fs::File::create(log).expect("create log");
     let mut cmd = Command::new("nsenter");
     cmd.arg(format!("--net=/run/netns/{}", ns.name()))
@@ -145,6 +149,7 @@ fn spawn(ns: &NetNs, files: &Files, args: &[&str], log: &Path) -> Child {
         cmd.pre_exec(|| nix::sys::prctl::set_pdeathsig(Signal::SIGTERM).map_err(Into::into));
     }
     cmd.args(args)
+        .envs(env.iter().copied())
         .env("RUST_LOG", "info")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -208,6 +213,29 @@ impl Daemon {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// Starts `xdp-limiter run <args>` with `XDP_LIMITER_STOP_AT=step`
+    /// and waits until it has stopped itself at that start-up step.
+    pub fn start_stopped_at(ns: &NetNs, files: &Files, args: &[&str], step: &str) -> Self {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let log = files.dir.join(format!("daemon-{n}.log"));
+        let child = spawn_with(ns, files, args, &log, &[("XDP_LIMITER_STOP_AT", step)]);
+        let daemon = Self {
+            child: Some(child),
+            log,
+            netns: ns.name().to_string(),
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while process_state(daemon.pid().as_raw() as u32) != 'T' {
+            assert!(
+                Instant::now() < deadline,
+                "xdp-limiter never stopped at {step}:\n{}",
+                daemon.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        daemon
     }
 
     pub fn log(&self) -> String {
@@ -338,6 +366,14 @@ impl Drop for Daemon {
             }
         }
     }
+}
+
+/// A process's state letter from /proc/PID/stat (`T`: stopped, `?`: gone).
+pub fn process_state(pid: u32) -> char {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    stat.rsplit_once(") ")
+        .and_then(|(_, rest)| rest.chars().next())
+        .unwrap_or('?')
 }
 
 /// The value of `series` in a Prometheus text exposition.

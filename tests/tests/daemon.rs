@@ -10,7 +10,7 @@ use std::{
 
 use aya::programs::{Xdp, XdpMode};
 use limiter_tests::{
-    daemon::{binary, Daemon, Files},
+    daemon::{binary, process_state, Daemon, Files},
     lab::{limit_config, Lab, HEAVY, MARKER, MEDIUM, RX_IF},
 };
 use nix::sys::signal::Signal;
@@ -587,14 +587,6 @@ fn a_start_that_fails_after_a_sigkill_leaves_the_pinned_protection_alone() {
     second.wait_log("adopted the pinned link");
 }
 
-/// A process state letter from /proc/PID/stat (`T`: stopped).
-fn process_state(pid: u32) -> char {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    stat.rsplit_once(") ")
-        .and_then(|(_, rest)| rest.chars().next())
-        .unwrap_or('?')
-}
-
 /// What the process is waiting in, in the kernel.
 fn wchan(pid: u32) -> String {
     std::fs::read_to_string(format!("/proc/{pid}/wchan")).unwrap_or_default()
@@ -687,4 +679,71 @@ fn two_daemons_starting_at_once_mount_bpffs_once() {
         log("a"),
         log("b")
     );
+}
+
+/// How many of `sent` frames from `HEAVY` got through (after a marker).
+fn heavy_through(lab: &Lab, receiver: &std::net::UdpSocket, sent: usize) -> usize {
+    let got = lab.exchange(receiver, PORT, &[(HEAVY, sent)], MARKER);
+    got.get(&HEAVY).copied().unwrap_or(0)
+}
+
+/// SIGKILL at each start-up step: the interface is never left attached
+/// with nothing enforced, a program that protected it before stays, and
+/// the next start works.
+#[test]
+fn a_start_killed_at_any_step_leaves_protection_whole_and_the_next_start_works() {
+    for step in ["loaded", "push", "attach"] {
+        // Nothing pinned before.
+        let lab = Lab::three_senders();
+        let files = Files::new();
+        files.write_config(&limit_config(2));
+        let receiver = lab.receiver(PORT);
+        let config = files.config();
+        let args = ["-i", RX_IF, "-c", config.to_str().expect("utf-8")];
+        Daemon::start_stopped_at(&lab.rx, &files, &args, step).kill();
+        if attached_program(&lab).is_some() {
+            assert!(
+                heavy_through(&lab, &receiver, 25) <= 20,
+                "killed at {step}: attached, so it must enforce"
+            );
+        }
+        let fresh = start(&lab, &files, &[]);
+        assert!(
+            heavy_through(&lab, &receiver, 25) <= 20,
+            "{step}: the next start enforces"
+        );
+        drop(fresh);
+
+        // A daemon left its protection pinned; a new start dies midway.
+        let lab = Lab::three_senders();
+        let files = Files::new();
+        files.write_config(&limit_config(2));
+        let receiver = lab.receiver(PORT);
+        let old = start(&lab, &files, &["--keep-attached"]);
+        assert_eq!(heavy_through(&lab, &receiver, 25), 20);
+        assert!(old.stop().success());
+        let program = attached_program(&lab).expect("kept attached");
+        let config = files.config();
+        let args = ["-i", RX_IF, "-c", config.to_str().expect("utf-8")];
+        Daemon::start_stopped_at(&lab.rx, &files, &args, step).kill();
+        assert_eq!(
+            attached_program(&lab),
+            Some(program),
+            "killed at {step}: untouched"
+        );
+        assert!(pinned(&files), "{step}: pins kept");
+        assert_eq!(
+            heavy_through(&lab, &receiver, 5),
+            0,
+            "{step}: still enforcing"
+        );
+        let next = start(&lab, &files, &[]);
+        next.wait_log("adopted the pinned link");
+        assert_eq!(
+            heavy_through(&lab, &receiver, 5),
+            0,
+            "{step}: the window survived"
+        );
+        drop(next);
+    }
 }

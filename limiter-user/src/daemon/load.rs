@@ -74,12 +74,16 @@ pub enum AttachError {
     },
 }
 
-/// A protected interface.
+/// A protected interface (once attached).
 pub struct Instance {
     pub iface: String,
     pub ebpf: Ebpf,
-    /// How the program is attached ("native", "generic", or "adopted").
+    /// How the program is attached ("native", "generic", or "adopted");
+    /// "loaded" until [`Instance::attach`].
     pub mode: &'static str,
+    /// A pinned link was there when this instance was loaded: something
+    /// protected the interface before this process.
+    found_link: bool,
     dir: PathBuf,
 }
 
@@ -231,15 +235,11 @@ fn drop_mismatched_sizes(maps_dir: &Path, max_sources: u32) {
     }
 }
 
-/// Loads the program for `iface` against pinned maps (adopting existing
-/// ones) and attaches it: onto the pinned link if there is one, else
-/// freshly in the requested mode, pinning the new link.
-pub fn protect(
-    iface: &str,
-    pin_dir: &Path,
-    mode: AttachMode,
-    max_sources: u32,
-) -> Result<Instance, AttachError> {
+/// Loads the program for `iface` against its pinned maps (adopting
+/// existing ones, creating and pinning the others). Nothing is attached
+/// yet: the caller pushes the rules into the maps first, then calls
+/// [`Instance::attach`], so a fresh attach enforces from its first frame.
+pub fn load(iface: &str, pin_dir: &Path, max_sources: u32) -> Result<Instance, AttachError> {
     if !nix::unistd::geteuid().is_root() {
         return Err(AttachError::NotRoot);
     }
@@ -249,6 +249,7 @@ pub fn protect(
     drop_incompatible_pins(&dir, max_sources);
     let maps_dir = maps_dir(&dir);
     fs::create_dir_all(&maps_dir).map_err(pin_err(&maps_dir))?;
+    let found_link = dir.join("link").exists();
 
     let map_paths: Vec<(&str, PathBuf)> = pinned_maps(max_sources)
         .iter()
@@ -264,54 +265,66 @@ pub fn protect(
     let mut ebpf = loader
         .load(EBPF_OBJECT)
         .map_err(|e| AttachError::Load(e.to_string()))?;
-    let program = xdp_program(&mut ebpf).map_err(|e| AttachError::Load(e.to_string()))?;
-    program
+    xdp_program(&mut ebpf)
+        .map_err(|e| AttachError::Load(e.to_string()))?
         .load()
         .map_err(|e| AttachError::Load(e.to_string()))?;
-
     super::fault::stop_at(super::fault::Step::Loaded);
-    super::fault::stop_at(super::fault::Step::Attach);
-    let link_path = dir.join("link");
-    let attached_mode = match PinnedLink::from_pin(&link_path) {
-        Ok(pinned) => {
-            let link = XdpLink::try_from(FdLink::from(pinned)).map_err(|e| {
-                AttachError::Load(format!("pinned link {}: {e}", link_path.display()))
-            })?;
-            program
-                .attach_to_link(link)
-                .map_err(|e| AttachError::Attach {
-                    iface: iface.into(),
-                    mode: "adopted",
-                    message: e.to_string(),
-                })?;
-            info!(
-                iface,
-                "adopted the pinned link: program replaced atomically, counters kept"
-            );
-            "adopted"
-        }
-        Err(_) => {
-            if link_path.exists() {
-                let _ = fs::remove_file(&link_path);
-            }
-            let (link_id, attached) = attach_fresh(program, iface, mode)?;
-            let link = program
-                .take_link(link_id)
-                .map_err(|e| AttachError::Load(e.to_string()))?;
-            let fd_link = FdLink::try_from(link).map_err(|e| AttachError::Load(e.to_string()))?;
-            fd_link.pin(&link_path).map_err(|e| AttachError::Pin {
-                path: link_path.clone(),
-                source: std::io::Error::other(e.to_string()),
-            })?;
-            attached
-        }
-    };
     Ok(Instance {
         iface: iface.into(),
         ebpf,
-        mode: attached_mode,
+        mode: "loaded",
+        found_link,
         dir,
     })
+}
+
+impl Instance {
+    /// Attaches the loaded program: onto the pinned link if there is one
+    /// (one `bpf_link_update`: no moment without protection), else freshly
+    /// in `mode`, pinning the new link.
+    pub fn attach(&mut self, mode: AttachMode) -> Result<(), AttachError> {
+        super::fault::stop_at(super::fault::Step::Attach);
+        let iface = self.iface.as_str();
+        let program = xdp_program(&mut self.ebpf).map_err(|e| AttachError::Load(e.to_string()))?;
+        let link_path = self.dir.join("link");
+        self.mode = match PinnedLink::from_pin(&link_path) {
+            Ok(pinned) => {
+                let link = XdpLink::try_from(FdLink::from(pinned)).map_err(|e| {
+                    AttachError::Load(format!("pinned link {}: {e}", link_path.display()))
+                })?;
+                program
+                    .attach_to_link(link)
+                    .map_err(|e| AttachError::Attach {
+                        iface: iface.into(),
+                        mode: "adopted",
+                        message: e.to_string(),
+                    })?;
+                info!(
+                    iface,
+                    "adopted the pinned link: program replaced atomically, counters kept"
+                );
+                "adopted"
+            }
+            Err(_) => {
+                if link_path.exists() {
+                    let _ = fs::remove_file(&link_path);
+                }
+                let (link_id, attached) = attach_fresh(program, iface, mode)?;
+                let link = program
+                    .take_link(link_id)
+                    .map_err(|e| AttachError::Load(e.to_string()))?;
+                let fd_link =
+                    FdLink::try_from(link).map_err(|e| AttachError::Load(e.to_string()))?;
+                fd_link.pin(&link_path).map_err(|e| AttachError::Pin {
+                    path: link_path.clone(),
+                    source: std::io::Error::other(e.to_string()),
+                })?;
+                attached
+            }
+        };
+        Ok(())
+    }
 }
 
 fn attach_fresh(
@@ -358,10 +371,10 @@ fn attach_fresh(
 }
 
 impl Instance {
-    /// Whether this instance took over a pinned link (it protected the
-    /// interface before this process started).
+    /// Whether a pinned link protected the interface before this process
+    /// loaded this instance (it is adopted, or about to be).
     pub fn adopted(&self) -> bool {
-        self.mode == "adopted"
+        self.found_link
     }
 
     /// Stops protecting: removes the pinned link (which detaches the

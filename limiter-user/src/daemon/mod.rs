@@ -262,8 +262,10 @@ pub async fn run(options: RunOptions) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Protects every interface (adopting what is pinned) and pushes the rules
-/// to all of them as one generation. On failure, what this start attached
+/// Protects every interface: loads each instance (adopting its pinned
+/// maps), pushes the rules to all of them as one generation, then attaches
+/// each (swapping onto a pinned link, or afresh), so nothing is attached
+/// before it enforces the rules. On failure, what this start attached
 /// afresh is detached again and what it adopted is left as it was found.
 fn protect_all(
     daemon: &config::DaemonSection,
@@ -271,7 +273,7 @@ fn protect_all(
 ) -> anyhow::Result<(Vec<Instance>, u32)> {
     let mut instances: Vec<Instance> = Vec::new();
     for iface in &daemon.interfaces {
-        match load::protect(iface, &daemon.pin_dir, daemon.mode, daemon.max_sources) {
+        match load::load(iface, &daemon.pin_dir, daemon.max_sources) {
             Ok(instance) => instances.push(instance),
             Err(e) => {
                 abandon(instances);
@@ -279,15 +281,22 @@ fn protect_all(
             }
         }
     }
-    // One generation for every interface, pushed to all or to none.
     fault::stop_at(fault::Step::Push);
-    match push_all(&mut instances, &config.rules) {
-        Ok(generation) => Ok((instances, generation)),
+    let generation = match push_all(&mut instances, &config.rules) {
+        Ok(generation) => generation,
         Err(e) => {
             abandon(instances);
-            Err(e).context("pushing the rules")
+            return Err(e).context("pushing the rules");
+        }
+    };
+    for i in 0..instances.len() {
+        if let Err(e) = instances[i].attach(daemon.mode) {
+            let iface = instances[i].iface.clone();
+            abandon(instances);
+            return Err(e).with_context(|| format!("protecting {iface}"));
         }
     }
+    Ok((instances, generation))
 }
 
 /// Undoes a failed start: detaches what it attached afresh, leaves what it
