@@ -44,6 +44,20 @@ impl Lab {
         }
     }
 
+    /// Deletes the veth pair and creates it again with the same names and
+    /// addresses (as a driver reload or a re-created veth/VLAN/bond does):
+    /// a new interface with a new index, and no XDP program on it.
+    pub fn recreate_link(&self) {
+        self.tx.ip(&["link", "del", TX_IF]);
+        Veth::connect(&self.tx, TX_IF, &self.rx, RX_IF);
+        for source in &self.sources {
+            self.tx
+                .ip(&["addr", "add", &format!("{source}/24"), "dev", TX_IF]);
+        }
+        self.rx
+            .ip(&["addr", "add", &format!("{RX_ADDR}/24"), "dev", RX_IF]);
+    }
+
     /// A UDP socket in `rx` on `port`.
     pub fn receiver(&self, port: u16) -> UdpSocket {
         let socket = self.rx.enter(|| {

@@ -747,3 +747,58 @@ fn a_start_killed_at_any_step_leaves_protection_whole_and_the_next_start_works()
         drop(next);
     }
 }
+
+#[test]
+fn a_running_daemon_re_attaches_to_a_re_created_interface() {
+    let lab = Lab::three_senders();
+    let files = Files::new();
+    files.write_config(&limit_config(2));
+    let receiver = lab.receiver(PORT);
+    let daemon = start(&lab, &files, &[]);
+    assert_eq!(heavy_through(&lab, &receiver, 25), 20);
+    lab.recreate_link();
+    daemon.wait_log("re-attached");
+    assert!(
+        attached_program(&lab).is_some(),
+        "attached to the new interface"
+    );
+    daemon.wait_metric(
+        &format!("xdp_limiter_reattachments_total{{interface=\"{RX_IF}\"}}"),
+        |v| v == 1.0,
+    );
+    assert_eq!(
+        heavy_through(&lab, &receiver, 5),
+        0,
+        "enforcing again, with the window it had"
+    );
+    assert!(daemon.stop().success());
+    assert_eq!(attached_program(&lab), None, "detached on shutdown");
+}
+
+#[test]
+fn a_daemon_adopting_the_pins_of_a_re_created_interface_attaches_afresh() {
+    let lab = Lab::three_senders();
+    let files = Files::new();
+    files.write_config(&limit_config(2));
+    let receiver = lab.receiver(PORT);
+    let old = start(&lab, &files, &["--keep-attached"]);
+    assert_eq!(heavy_through(&lab, &receiver, 25), 20);
+    assert!(old.stop().success());
+    lab.recreate_link();
+    assert_eq!(
+        attached_program(&lab),
+        None,
+        "the new interface has no program"
+    );
+    let new = start(&lab, &files, &[]);
+    new.wait_log("the pinned link is defunct");
+    assert!(attached_program(&lab).is_some());
+    assert_eq!(
+        heavy_through(&lab, &receiver, 5),
+        0,
+        "enforcing, windows kept"
+    );
+    assert!(new.metrics().contains(&format!(
+        "xdp_limiter_reattachments_total{{interface=\"{RX_IF}\"}} 1"
+    )));
+}

@@ -85,6 +85,24 @@ pub struct Instance {
     /// protected the interface before this process.
     found_link: bool,
     dir: PathBuf,
+    /// Times the program was attached afresh because its link had lost its
+    /// interface (deleted and re-created), at adoption or while running.
+    pub reattachments: u64,
+    /// What the last [`Instance::check_link`] found.
+    pub link: LinkCheck,
+}
+
+/// What became of an instance's link.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LinkCheck {
+    /// Attached to the interface of that name.
+    Attached,
+    /// No interface of that name: protection resumes when it is back.
+    InterfaceGone,
+    /// The link pin was removed by someone else: not re-attached.
+    Unpinned,
+    /// The interface was re-created and the program attached to it again.
+    Reattached,
 }
 
 /// The state maps that are pinned, with their expected key and value sizes
@@ -276,7 +294,33 @@ pub fn load(iface: &str, pin_dir: &Path, max_sources: u32) -> Result<Instance, A
         mode: "loaded",
         found_link,
         dir,
+        reattachments: 0,
+        link: LinkCheck::Attached,
     })
+}
+
+/// The index of the interface the XDP link pinned at `path` is attached
+/// to: 0 once that interface is gone (the link is defunct); `None` when
+/// nothing is pinned there or the kernel does not say. Read from the
+/// link's `/proc/self/fdinfo` entry (`ifindex:`), found by its link id.
+pub fn pinned_link_ifindex(path: &Path) -> Option<u32> {
+    let link = FdLink::from(PinnedLink::from_pin(path).ok()?);
+    let id = link.info().ok()?.id().to_string();
+    for entry in fs::read_dir("/proc/self/fdinfo").ok()?.flatten() {
+        let Ok(text) = fs::read_to_string(entry.path()) else {
+            continue;
+        };
+        let field = |name: &str| {
+            text.lines().find_map(|line| {
+                let (key, value) = line.split_once(':')?;
+                (key == name).then(|| value.trim().to_string())
+            })
+        };
+        if field("link_id").as_deref() == Some(id.as_str()) {
+            return field("ifindex").and_then(|v| v.parse().ok());
+        }
+    }
+    None
 }
 
 impl Instance {
@@ -288,8 +332,13 @@ impl Instance {
         let iface = self.iface.as_str();
         let program = xdp_program(&mut self.ebpf).map_err(|e| AttachError::Load(e.to_string()))?;
         let link_path = self.dir.join("link");
-        self.mode = match PinnedLink::from_pin(&link_path) {
-            Ok(pinned) => {
+        let current = nix::net::if_::if_nametoindex(iface)
+            .map_err(|_| AttachError::NoInterface(iface.into()))?;
+        let pinned = PinnedLink::from_pin(&link_path).ok();
+        let defunct = pinned.is_some()
+            && pinned_link_ifindex(&link_path).is_some_and(|linked| linked != current);
+        self.mode = match pinned {
+            Some(pinned) if !defunct => {
                 let link = XdpLink::try_from(FdLink::from(pinned)).map_err(|e| {
                     AttachError::Load(format!("pinned link {}: {e}", link_path.display()))
                 })?;
@@ -306,25 +355,71 @@ impl Instance {
                 );
                 "adopted"
             }
-            Err(_) => {
+            _ => {
+                if defunct {
+                    warn!(
+                        iface,
+                        "the pinned link is defunct (its interface was deleted and re-created): attaching afresh"
+                    );
+                    self.reattachments += 1;
+                }
                 if link_path.exists() {
                     let _ = fs::remove_file(&link_path);
                 }
-                let (link_id, attached) = attach_fresh(program, iface, mode)?;
-                let link = program
-                    .take_link(link_id)
-                    .map_err(|e| AttachError::Load(e.to_string()))?;
-                let fd_link =
-                    FdLink::try_from(link).map_err(|e| AttachError::Load(e.to_string()))?;
-                fd_link.pin(&link_path).map_err(|e| AttachError::Pin {
-                    path: link_path.clone(),
-                    source: std::io::Error::other(e.to_string()),
-                })?;
-                attached
+                attach_and_pin(program, iface, mode, &link_path)?
             }
         };
+        self.link = LinkCheck::Attached;
         Ok(())
     }
+
+    /// Checks that the program is still attached to the interface of its
+    /// name; if the interface was deleted and created again (a driver
+    /// reload, a re-created veth, VLAN or bond), attaches it to the new one
+    /// in `mode`. Its maps, and so every source's state, are kept.
+    pub fn check_link(&mut self, mode: AttachMode) -> Result<LinkCheck, AttachError> {
+        let link_path = self.dir.join("link");
+        let Ok(current) = nix::net::if_::if_nametoindex(self.iface.as_str()) else {
+            self.link = LinkCheck::InterfaceGone;
+            return Ok(self.link);
+        };
+        if !link_path.exists() {
+            self.link = LinkCheck::Unpinned;
+            return Ok(self.link);
+        }
+        match pinned_link_ifindex(&link_path) {
+            Some(linked) if linked != current => {
+                let _ = fs::remove_file(&link_path);
+                let program =
+                    xdp_program(&mut self.ebpf).map_err(|e| AttachError::Load(e.to_string()))?;
+                self.mode = attach_and_pin(program, &self.iface, mode, &link_path)?;
+                self.reattachments += 1;
+                self.link = LinkCheck::Reattached;
+            }
+            _ => self.link = LinkCheck::Attached,
+        }
+        Ok(self.link)
+    }
+}
+
+/// Attaches `program` to `iface` afresh and pins the new link at
+/// `link_path`; the mode it got.
+fn attach_and_pin(
+    program: &mut aya::programs::Xdp,
+    iface: &str,
+    mode: AttachMode,
+    link_path: &Path,
+) -> Result<&'static str, AttachError> {
+    let (link_id, attached) = attach_fresh(program, iface, mode)?;
+    let link = program
+        .take_link(link_id)
+        .map_err(|e| AttachError::Load(e.to_string()))?;
+    let fd_link = FdLink::try_from(link).map_err(|e| AttachError::Load(e.to_string()))?;
+    fd_link.pin(link_path).map_err(|e| AttachError::Pin {
+        path: link_path.to_path_buf(),
+        source: std::io::Error::other(e.to_string()),
+    })?;
+    Ok(attached)
 }
 
 fn attach_fresh(

@@ -28,6 +28,8 @@ pub struct Metrics {
     capacity: IntGaugeVec,
     limited: IntGaugeVec,
     rules: IntGaugeVec,
+    reattachments: IntCounterVec,
+    attached: IntGaugeVec,
     run_seconds: IntCounterVec,
     runs: IntCounterVec,
     ns_per_run: GaugeVec,
@@ -88,6 +90,16 @@ impl Metrics {
                 "Rules in force, the default rule included.",
                 &["interface"],
             ),
+            reattachments: counter(
+                "xdp_limiter_reattachments_total",
+                "Times the program was attached again because its interface was deleted and re-created.",
+                &["interface"],
+            ),
+            attached: gauge(
+                "xdp_limiter_interface_attached",
+                "1 while the program is attached to the interface of that name, 0 while it is gone.",
+                &["interface"],
+            ),
             run_seconds: counter(
                 "xdp_limiter_program_run_time_nanoseconds_total",
                 "Time spent in the XDP program (needs kernel.bpf_stats_enabled=1).",
@@ -137,6 +149,8 @@ impl Metrics {
             Box::new(m.capacity.clone()),
             Box::new(m.limited.clone()),
             Box::new(m.rules.clone()),
+            Box::new(m.reattachments.clone()),
+            Box::new(m.attached.clone()),
             Box::new(m.run_seconds.clone()),
             Box::new(m.runs.clone()),
             Box::new(m.ns_per_run.clone()),
@@ -211,6 +225,18 @@ impl Metrics {
             self.advance(&seconds, &[iface], run_ns);
             self.advance(&count, &[iface], runs);
         }
+    }
+}
+
+impl Metrics {
+    /// Updates the link state of `iface`: re-attachments so far (this
+    /// daemon's), and whether it is attached now.
+    pub fn record_link(&mut self, iface: &str, reattachments: u64, attached: bool) {
+        let counter = self.reattachments.clone();
+        self.advance(&counter, &[iface], reattachments);
+        self.attached
+            .with_label_values(&[iface])
+            .set(i64::from(attached));
     }
 }
 

@@ -23,7 +23,7 @@ use tracing::{error, info, warn};
 
 use self::{
     config::{AttachMode, Config},
-    load::Instance,
+    load::{Instance, LinkCheck},
     metrics::Metrics,
 };
 use crate::{
@@ -159,6 +159,9 @@ pub async fn run(options: RunOptions) -> anyhow::Result<()> {
         tokio::select! {
             _ = tick.tick() => {
                 let started = Instant::now();
+                for instance in instances.iter_mut() {
+                    check_link(instance, daemon.mode);
+                }
                 let names = rule_names(&config, generation);
                 for (((instance, limited), seen), sweep) in instances.iter().zip(limited.iter_mut()).zip(observed.iter_mut()).zip(sweeps.iter_mut()) {
                     if let Some(snapshot) = aggregate_one(instance, &mut metrics, &names, &daemon, limited, sweep) {
@@ -341,7 +344,46 @@ fn aggregate_one(
     limited.clone_from(&snapshot.limited);
     let stats = program_stats(instance);
     metrics.record(&instance.iface, &snapshot, capacity, names, stats);
+    metrics.record_link(
+        &instance.iface,
+        instance.reattachments,
+        matches!(instance.link, LinkCheck::Attached | LinkCheck::Reattached),
+    );
     Some(snapshot)
+}
+
+/// Keeps an instance attached to the interface of its name (re-attaching
+/// to a re-created one), logging each change of state once.
+fn check_link(instance: &mut Instance, mode: AttachMode) {
+    let before = instance.link;
+    let iface = instance.iface.clone();
+    match instance.check_link(mode) {
+        Ok(LinkCheck::Reattached) => {
+            info!(
+                iface,
+                mode = instance.mode,
+                "re-attached to the re-created interface"
+            )
+        }
+        Ok(LinkCheck::InterfaceGone) if before != LinkCheck::InterfaceGone => {
+            warn!(
+                iface,
+                "the interface vanished; protection resumes when it is back"
+            )
+        }
+        Ok(LinkCheck::Unpinned) if before != LinkCheck::Unpinned => warn!(
+            iface,
+            "the pinned link was removed by someone else (xdp-limiter detach?); not re-attaching"
+        ),
+        Ok(_) => {}
+        Err(e) => {
+            // Retried every tick; said once until the state changes.
+            if before != LinkCheck::InterfaceGone {
+                error!(iface, error = %e, "re-attaching to the re-created interface failed; retrying every tick");
+            }
+            instance.link = LinkCheck::InterfaceGone;
+        }
+    }
 }
 
 /// What the last aggregation passes saw of one interface.
