@@ -125,10 +125,19 @@ pub struct Daemon {
 /// `xdp-limiter run` in `ns` (network namespace only, so it sees the
 /// host's bpffs) with `args`; stderr goes to a log file.
 fn spawn(ns: &NetNs, files: &Files, args: &[&str], log: &Path) -> Child {
-    spawn_with(ns, files, args, log, &[])
+    spawn_with(ns, files, args, log, &[], None)
 }
 
-fn spawn_with(ns: &NetNs, files: &Files, args: &[&str], log: &Path, env: &[(&str, &str)]) -> Child {
+/// [`spawn`] with extra environment and, optionally, the soft limit of
+/// open files the daemon starts with.
+fn spawn_with(
+    ns: &NetNs,
+    files: &Files,
+    args: &[&str],
+    log: &Path,
+    env: &[(&str, &str)],
+    nofile_soft: Option<u64>,
+) -> Child {
     let log_file = fs::File::create(log).expect("create log");
     let mut cmd = Command::new("nsenter");
     cmd.arg(format!("--net=/run/netns/{}", ns.name()))
@@ -141,12 +150,21 @@ fn spawn_with(ns: &NetNs, files: &Files, args: &[&str], log: &Path, env: &[(&str
         cmd.arg("--control-socket").arg(files.socket());
     }
     // SAFETY: the hook runs between fork and exec and only calls prctl(2),
-    // which is async-signal-safe.
+    // getrlimit(2) and setrlimit(2), which are async-signal-safe.
     unsafe {
         // A daemon outlives nothing that started it: if the test or
         // benchmark process dies (even by SIGKILL), the daemon gets SIGTERM
-        // and shuts down, detaching its program.
-        cmd.pre_exec(|| nix::sys::prctl::set_pdeathsig(Signal::SIGTERM).map_err(Into::into));
+        // and shuts down, detaching its program. Optionally it starts with
+        // a lower soft limit of open files (systemd's default is 1024).
+        cmd.pre_exec(move || {
+            nix::sys::prctl::set_pdeathsig(Signal::SIGTERM)?;
+            if let Some(soft) = nofile_soft {
+                use nix::sys::resource::{getrlimit, setrlimit, Resource};
+                let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE)?;
+                setrlimit(Resource::RLIMIT_NOFILE, soft, hard)?;
+            }
+            Ok(())
+        });
     }
     cmd.args(args)
         .envs(env.iter().copied())
@@ -162,9 +180,19 @@ impl Daemon {
     /// Starts `xdp-limiter run <args>` in `ns` and waits until its metrics
     /// endpoint answers (panics with its log if it exits first).
     pub fn start(ns: &NetNs, files: &Files, args: &[&str]) -> Self {
+        Self::start_with(ns, files, args, None)
+    }
+
+    /// As [`Daemon::start`], with the soft limit of open files the daemon
+    /// starts with (systemd's default for services is 1024).
+    pub fn start_with_nofile(ns: &NetNs, files: &Files, args: &[&str], soft: u64) -> Self {
+        Self::start_with(ns, files, args, Some(soft))
+    }
+
+    fn start_with(ns: &NetNs, files: &Files, args: &[&str], nofile_soft: Option<u64>) -> Self {
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let log = files.dir.join(format!("daemon-{n}.log"));
-        let child = spawn(ns, files, args, &log);
+        let child = spawn_with(ns, files, args, &log, &[], nofile_soft);
         let mut daemon = Self {
             child: Some(child),
             log,
@@ -220,7 +248,14 @@ impl Daemon {
     pub fn start_stopped_at(ns: &NetNs, files: &Files, args: &[&str], step: &str) -> Self {
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let log = files.dir.join(format!("daemon-{n}.log"));
-        let child = spawn_with(ns, files, args, &log, &[("XDP_LIMITER_STOP_AT", step)]);
+        let child = spawn_with(
+            ns,
+            files,
+            args,
+            &log,
+            &[("XDP_LIMITER_STOP_AT", step)],
+            None,
+        );
         let daemon = Self {
             child: Some(child),
             log,
@@ -262,6 +297,26 @@ impl Daemon {
             .unwrap_or_else(|e| panic!("{dir}: {e}"))
             .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse().ok())
             .collect()
+    }
+
+    /// CPU time the daemon used so far (user + system), from /proc.
+    pub fn cpu_time(&self) -> Duration {
+        let stat = fs::read_to_string(format!("/proc/{}/stat", self.pid())).unwrap_or_default();
+        let fields: Vec<&str> = stat
+            .rsplit_once(") ")
+            .map(|(_, rest)| rest.split_whitespace().collect())
+            .unwrap_or_default();
+        // utime and stime, fields 14 and 15 of stat (11 and 12 after the
+        // state), in clock ticks.
+        let ticks: u64 = [11, 12]
+            .iter()
+            .filter_map(|i| fields.get(*i)?.parse::<u64>().ok())
+            .sum();
+        let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+            .ok()
+            .flatten()
+            .unwrap_or(100) as u64;
+        Duration::from_millis(ticks * 1000 / hz)
     }
 
     fn pid(&self) -> Pid {

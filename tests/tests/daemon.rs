@@ -802,3 +802,75 @@ fn a_daemon_adopting_the_pins_of_a_re_created_interface_attaches_afresh() {
         "xdp_limiter_reattachments_total{{interface=\"{RX_IF}\"}} 1"
     )));
 }
+
+#[test]
+fn two_thousand_idle_metrics_connections_starve_nothing() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).expect("getrlimit");
+    let lab = Lab::three_senders();
+    let files = Files::new();
+    // The default tick (1 s), so the CPU below is what idle costs.
+    files.write_config("[default]\npps = 2\nwindow = \"10s\"\ndry_run = false\n");
+    let config = files.config();
+    let config = config.to_str().expect("utf-8");
+    // As under systemd: a soft limit of 1024 open files.
+    let daemon = Daemon::start_with_nofile(&lab.rx, &files, &["-i", RX_IF, "-c", config], 1024);
+    // This test process needs room for its own 2,000.
+    setrlimit(Resource::RLIMIT_NOFILE, hard, hard).expect("raise the test's limit");
+    // Bounded in time: connections into a backlog nobody accepts from
+    // would each wait for their timeout.
+    let idle: Vec<std::net::TcpStream> = lab.rx.enter(|| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let mut held = Vec::new();
+        while held.len() < 2000 && std::time::Instant::now() < deadline {
+            if let Ok(stream) = std::net::TcpStream::connect_timeout(
+                &"127.0.0.1:9470".parse().expect("address"),
+                Duration::from_millis(200),
+            ) {
+                held.push(stream);
+            }
+        }
+        held
+    });
+    assert!(idle.len() >= 1000, "{} connections held", idle.len());
+
+    let cli = |args: &[&str]| {
+        Command::new(binary())
+            .args(args)
+            .arg("--socket")
+            .arg(files.socket())
+            .output()
+            .expect("run the CLI")
+    };
+    let status = cli(&["status"]);
+    assert!(
+        status.status.success(),
+        "status: {}",
+        String::from_utf8_lossy(&status.stderr)
+    );
+    assert!(
+        daemon.metrics().contains("xdp_limiter_packets_total"),
+        "a scrape is served"
+    );
+    let reload = cli(&["reload"]);
+    assert!(
+        reload.status.success(),
+        "reload: {}",
+        String::from_utf8_lossy(&reload.stderr)
+    );
+
+    // Idle connections cost nothing: under 5% of a CPU over two seconds.
+    let (cpu_before, since) = (daemon.cpu_time(), std::time::Instant::now());
+    while since.elapsed() < Duration::from_secs(2) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let used = daemon.cpu_time() - cpu_before;
+    assert!(
+        used.as_secs_f64() < 0.05 * since.elapsed().as_secs_f64(),
+        "the daemon used {used:?} of CPU in {:?} with {} idle connections",
+        since.elapsed(),
+        idle.len()
+    );
+    drop(idle);
+    assert!(daemon.stop().success());
+}

@@ -1,7 +1,10 @@
 //! The control socket: a Unix socket owned by root with mode 0600 (and the
 //! peer's uid checked as well), one JSON request line per connection,
 //! answered by the daemon's main loop, which owns the maps. A bad request
-//! gets an error line and changes nothing. On shutdown the server stops
+//! gets an error line and changes nothing. At most 64 connections are
+//! served at once (a new one closes the oldest) and accept errors back off
+//! (`conns.rs`), so clients holding connections cannot lock the CLI out.
+//! On shutdown the server stops
 //! accepting and lets connections in flight write their answers (the
 //! `detach` reply is written after the daemon has detached).
 
@@ -15,10 +18,11 @@ use tokio::{
     io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader},
     net::{UnixListener, UnixStream},
     sync::{mpsc, oneshot},
-    task::{JoinHandle, JoinSet},
+    task::JoinHandle,
 };
 use tracing::{debug, warn};
 
+use super::conns::{Backoff, Connections};
 use crate::proto::{parse_request, Request, ResponseLine, MAX_REQUEST_BYTES};
 
 /// A validated request waiting for the main loop's answer.
@@ -26,6 +30,10 @@ pub struct Command {
     pub request: Request,
     pub reply: oneshot::Sender<ResponseLine>,
 }
+
+/// Control connections served at once; a new one closes the oldest (each
+/// has 5 s to send its request line anyway).
+const MAX_CONNECTIONS: usize = 64;
 
 /// How long shutdown waits for connections in flight to write their answers.
 const DRAIN: Duration = Duration::from_secs(2);
@@ -70,12 +78,14 @@ pub async fn serve(path: &Path, commands: mpsc::Sender<Command>) -> anyhow::Resu
     let path = path.to_path_buf();
     let (stop, mut stopped) = oneshot::channel();
     let task = tokio::spawn(async move {
-        let mut connections = JoinSet::new();
+        let mut connections = Connections::new("control", MAX_CONNECTIONS);
+        let mut backoff = Backoff::new("control");
         loop {
             tokio::select! {
                 _ = &mut stopped => break,
                 accepted = listener.accept() => match accepted {
                     Ok((stream, _)) => {
+                        backoff.succeeded();
                         let commands = commands.clone();
                         connections.spawn(async move {
                             if let Err(e) = handle(stream, commands).await {
@@ -83,14 +93,17 @@ pub async fn serve(path: &Path, commands: mpsc::Sender<Command>) -> anyhow::Resu
                             }
                         });
                     }
-                    Err(e) => warn!(socket = %path.display(), error = %e, "control: accept failed"),
+                    Err(e) => {
+                        debug!(socket = %path.display(), "control accept failed");
+                        backoff.failed(&e).await;
+                    }
                 },
-                Some(_) = connections.join_next() => {}
+                _ = connections.next_ended() => {}
             }
         }
         // Our sender would keep the main loop's channel open.
         drop(commands);
-        while connections.join_next().await.is_some() {}
+        connections.drain().await;
     });
     Ok(Server { stop, task })
 }

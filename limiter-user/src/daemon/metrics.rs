@@ -2,20 +2,23 @@
 //! and the HTTP endpoint (`GET /metrics`). No per-source labels: their
 //! number is unbounded; top talkers go through the control API instead.
 
-use std::{collections::HashMap, convert::Infallible, net::SocketAddr, sync::Arc};
+use std::{collections::HashMap, convert::Infallible, net::SocketAddr, sync::Arc, time::Duration};
 
 use http_body_util::Full;
 use hyper::{body::Bytes, service::service_fn, Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use limiter_common::Outcome;
 use prometheus::{
     core::Collector, Encoder, GaugeVec, Histogram, HistogramOpts, IntCounterVec, IntGaugeVec, Opts,
     Registry, TextEncoder,
 };
 use tokio::net::TcpListener;
-use tracing::{debug, warn};
+use tracing::debug;
 
-use super::aggregate::Snapshot;
+use super::{
+    aggregate::Snapshot,
+    conns::{Backoff, Connections},
+};
 
 /// Every metric the daemon exports.
 pub struct Metrics {
@@ -262,30 +265,45 @@ pub async fn bind(addr: SocketAddr) -> anyhow::Result<TcpListener> {
         .map_err(|e| anyhow::anyhow!("cannot listen for metrics on {addr}: {e}"))
 }
 
+/// Metrics connections served at once; a new one closes the oldest.
+pub const MAX_CONNECTIONS: usize = 256;
+/// A client must send its request headers within this long.
+const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+/// No connection lives longer than this (a scraper reconnects).
+const CONNECTION_LIFETIME: Duration = Duration::from_secs(60);
+
 /// Serves `GET /metrics` from `registry` on `listener` until the task is
-/// dropped.
+/// dropped. Connections are capped ([`MAX_CONNECTIONS`], the oldest closed
+/// first), must send their headers within 5 s and live at most 60 s, and
+/// accept errors back off, so idle connections cannot starve the daemon.
 pub fn serve(listener: TcpListener, registry: Registry) -> tokio::task::JoinHandle<()> {
     let registry = Arc::new(registry);
     tokio::spawn(async move {
+        let mut connections = Connections::new("metrics", MAX_CONNECTIONS);
+        let mut backoff = Backoff::new("metrics");
         loop {
             let (stream, peer) = match listener.accept().await {
                 Ok(conn) => conn,
                 Err(e) => {
-                    warn!(error = %e, "metrics: accept failed");
+                    backoff.failed(&e).await;
                     continue;
                 }
             };
+            backoff.succeeded();
             let registry = Arc::clone(&registry);
-            tokio::spawn(async move {
+            connections.spawn(async move {
                 let service = service_fn(move |request: Request<hyper::body::Incoming>| {
                     let registry = Arc::clone(&registry);
                     async move { Ok::<_, Infallible>(respond(&request, &registry)) }
                 });
-                if let Err(e) = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await
-                {
-                    debug!(%peer, error = %e, "metrics connection ended");
+                let connection = hyper::server::conn::http1::Builder::new()
+                    .timer(TokioTimer::new())
+                    .header_read_timeout(HEADER_TIMEOUT)
+                    .serve_connection(TokioIo::new(stream), service);
+                match tokio::time::timeout(CONNECTION_LIFETIME, connection).await {
+                    Ok(Err(e)) => debug!(%peer, error = %e, "metrics connection ended"),
+                    Err(_) => debug!(%peer, "metrics connection closed after its lifetime"),
+                    Ok(Ok(())) => {}
                 }
             });
         }

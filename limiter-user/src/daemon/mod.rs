@@ -7,6 +7,7 @@
 
 pub mod aggregate;
 pub mod config;
+pub mod conns;
 pub mod control;
 pub mod events;
 pub mod fault;
@@ -103,6 +104,7 @@ pub async fn run(options: RunOptions) -> anyhow::Result<()> {
     if !nix::unistd::geteuid().is_root() {
         return Err(load::AttachError::NotRoot.into());
     }
+    raise_open_files_limit();
     let _locks = lock::acquire(&daemon.pin_dir, &daemon.interfaces)?;
     let listener = metrics::bind(daemon.metrics_addr).await?;
     let (control_tx, mut control_rx) = tokio::sync::mpsc::channel::<control::Command>(16);
@@ -263,6 +265,21 @@ pub async fn run(options: RunOptions) -> anyhow::Result<()> {
     drop(control_rx);
     control_server.stop().await;
     Ok(())
+}
+
+/// Raises the soft limit of open files to the hard one (systemd starts
+/// services at 1024): connections are capped anyway, but the maps, links,
+/// sockets and connections of several interfaces need room.
+fn raise_open_files_limit() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < hard => {
+            if let Err(e) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+                warn!(soft, hard, error = %e, "cannot raise the limit of open files");
+            }
+        }
+        _ => {}
+    }
 }
 
 /// Protects every interface: loads each instance (adopting its pinned
