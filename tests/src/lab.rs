@@ -16,6 +16,14 @@ pub const RX_ADDR: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 1);
 pub const RX_IF: &str = "veth-rx";
 /// The sender's interface in `tx`.
 pub const TX_IF: &str = "veth-tx";
+/// A second link (see [`Lab::add_second_link`]): the receiver's address,
+/// its interface in `rx`, the sender's interface in `tx`.
+pub const RX2_ADDR: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 1);
+pub const RX2_IF: &str = "veth-rx2";
+pub const TX2_IF: &str = "veth-tx2";
+/// Senders on the second link: a marker (allow it) and a heavy source.
+pub const MARKER2: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 2);
+pub const HEAVY2: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 3);
 
 pub struct Lab {
     pub tx: NetNs,
@@ -58,11 +66,29 @@ impl Lab {
             .ip(&["addr", "add", &format!("{RX_ADDR}/24"), "dev", RX_IF]);
     }
 
+    /// A second veth pair between the namespaces, `TX2_IF` (with
+    /// `MARKER2` and `HEAVY2`) to `RX2_IF` (`RX2_ADDR`), for a daemon
+    /// protecting two interfaces.
+    pub fn add_second_link(&self) {
+        Veth::connect(&self.tx, TX2_IF, &self.rx, RX2_IF);
+        for source in [MARKER2, HEAVY2] {
+            self.tx
+                .ip(&["addr", "add", &format!("{source}/24"), "dev", TX2_IF]);
+        }
+        self.rx
+            .ip(&["addr", "add", &format!("{RX2_ADDR}/24"), "dev", RX2_IF]);
+    }
+
     /// A UDP socket in `rx` on `port`.
     pub fn receiver(&self, port: u16) -> UdpSocket {
-        let socket = self.rx.enter(|| {
-            UdpSocket::bind(SocketAddrV4::new(RX_ADDR, port)).expect("bind receiver in rx")
-        });
+        self.receiver_at(RX_ADDR, port)
+    }
+
+    /// A UDP socket in `rx` on `addr`:`port`.
+    pub fn receiver_at(&self, addr: Ipv4Addr, port: u16) -> UdpSocket {
+        let socket = self
+            .rx
+            .enter(|| UdpSocket::bind(SocketAddrV4::new(addr, port)).expect("bind receiver in rx"));
         socket
             .set_read_timeout(Some(Duration::from_millis(200)))
             .expect("set timeout");
@@ -71,12 +97,25 @@ impl Lab {
 
     /// Sends `count` datagrams of `payload` bytes from `source` to `port`.
     pub fn send(&self, source: Ipv4Addr, port: u16, count: usize, payload: usize) {
+        self.send_to(source, RX_ADDR, port, count, payload);
+    }
+
+    /// Sends `count` datagrams of `payload` bytes from `source` to
+    /// `dst`:`port`.
+    pub fn send_to(
+        &self,
+        source: Ipv4Addr,
+        dst: Ipv4Addr,
+        port: u16,
+        count: usize,
+        payload: usize,
+    ) {
         self.tx.enter(|| {
             let socket = UdpSocket::bind(SocketAddrV4::new(source, 0)).expect("bind sender in tx");
             let data = vec![7u8; payload];
             for _ in 0..count {
                 socket
-                    .send_to(&data, SocketAddrV4::new(RX_ADDR, port))
+                    .send_to(&data, SocketAddrV4::new(dst, port))
                     .expect("send");
             }
         });
@@ -94,10 +133,22 @@ impl Lab {
         sends: &[(Ipv4Addr, usize)],
         marker: Ipv4Addr,
     ) -> BTreeMap<Ipv4Addr, usize> {
+        self.exchange_with(receiver, RX_ADDR, port, sends, marker)
+    }
+
+    /// [`Lab::exchange`] with a receiver on `dst`.
+    pub fn exchange_with(
+        &self,
+        receiver: &UdpSocket,
+        dst: Ipv4Addr,
+        port: u16,
+        sends: &[(Ipv4Addr, usize)],
+        marker: Ipv4Addr,
+    ) -> BTreeMap<Ipv4Addr, usize> {
         for (source, count) in sends {
-            self.send(*source, port, *count, 64);
+            self.send_to(*source, dst, port, *count, 64);
         }
-        self.send(marker, port, 1, 1);
+        self.send_to(marker, dst, port, 1, 1);
         let mut got = BTreeMap::new();
         let mut buf = [0u8; 2048];
         let deadline = Instant::now() + Duration::from_secs(10);

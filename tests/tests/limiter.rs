@@ -714,3 +714,40 @@ fn a_mode_change_lifts_penalties() {
         "enforce -> dry-run -> enforce: the old penalty does not come back"
     );
 }
+
+#[test]
+fn a_push_that_fails_on_one_instance_changes_none() {
+    use aya::maps::{lpm_trie::Key, LpmTrie};
+    use limiter_common::{names, rules::PrefixKeyV4, RuleRefs};
+    let mut a = harness_with(&default_limit(5));
+    let mut b = harness_with(&default_limit(5));
+    // Fill b's IPv4 trie with entries of the next generation's half, so
+    // the next push cannot write its prefixes there.
+    {
+        let map = b.ebpf_mut().map_mut(names::PREFIXES_V4).expect("trie");
+        let mut trie = LpmTrie::<_, PrefixKeyV4, RuleRefs>::try_from(map).expect("LPM trie");
+        for i in 0u32.. {
+            let [_, x, y, z] = i.to_be_bytes();
+            if trie
+                .insert(&Key::new(8 + 32, [0, 10, x, y, z]), RuleRefs::default(), 0)
+                .is_err()
+            {
+                break;
+            }
+        }
+    }
+    let mut next = default_limit(50);
+    next.rules.push(RuleSpec::limit(net("192.0.2.0/24"), 50));
+    let err = limiter_user::push::push_all(&mut [a.ebpf_mut(), b.ebpf_mut()], &next)
+        .expect_err("b's trie is full");
+    assert!(err.to_string().contains("PREFIXES_V4"), "{err}");
+    for (name, harness) in [("a", &a), ("b", &b)] {
+        let config = limiter_user::push::current_config(harness.ebpf()).expect("CONFIG");
+        assert_eq!(config.generation, 1, "{name}: still the first generation");
+    }
+    assert_eq!(
+        a.offer(0, &udp([192, 0, 2, 90]), 8),
+        (5, 3),
+        "a still enforces the old rules"
+    );
+}

@@ -43,6 +43,9 @@ pub struct Snapshot {
     pub top: Vec<SourceRate>,
     /// Per rule index (`RULES`), dropped or would-drop packets.
     pub rule_drops: Vec<u64>,
+    /// Sources evicted so far, as of the last complete sweep (never less
+    /// than an earlier sweep said).
+    pub evictions: u64,
 }
 
 /// The kernel's clock for the limiter (`bpf_ktime_get_coarse_ns`).
@@ -121,6 +124,10 @@ pub struct Sweep {
     /// Ticks the last complete sweep took.
     pub last_sweep_ticks: u32,
     ticks: u32,
+    /// Sources created (`new_source`) when the current sweep began.
+    created_at_start: u64,
+    /// The highest eviction estimate so far.
+    evictions: u64,
 }
 
 /// One tick: the outcome totals, and the next slice of the sweep (at most
@@ -133,10 +140,13 @@ pub fn pass(
 ) -> Result<Snapshot, CountersError> {
     let now = kernel_now();
     let outcomes = counters::outcomes(ebpf)?;
-    let outcomes = Outcome::ALL
+    let outcomes: Vec<Counter> = Outcome::ALL
         .iter()
         .map(|o| counters::total(&outcomes[o.name()]))
         .collect();
+    if matches!(sweep.resume, Resume::Start) {
+        sweep.created_at_start = outcomes[Outcome::NewSource as usize].packets;
+    }
     let map = ebpf
         .map(names::SOURCES)
         .ok_or(CountersError::MissingMap(names::SOURCES))?;
@@ -155,6 +165,14 @@ pub fn pass(
     match next {
         Some(resume) => sweep.resume = resume,
         None => {
+            // Every source created before the sweep began is either still
+            // there (and seen) or was evicted; sources created during the
+            // sweep and seen make this an underestimate, never an over.
+            let seen = sweep.current.tracked;
+            sweep.evictions =
+                sweep
+                    .evictions
+                    .max(counters::evictions(sweep.created_at_start, seen, 0));
             sweep.complete = Some(std::mem::take(&mut sweep.current));
             sweep.resume = Resume::Start;
             sweep.last_sweep_ticks = sweep.ticks;
@@ -172,10 +190,12 @@ pub fn pass(
         limited: view.limited.clone(),
         top,
         rule_drops: rule_drops(ebpf)?,
+        evictions: sweep.evictions,
     })
 }
 
-fn rule_drops(ebpf: &Ebpf) -> Result<Vec<u64>, CountersError> {
+/// Dropped (or would-drop) frames per `RULES` index, summed over CPUs.
+pub fn rule_drops(ebpf: &Ebpf) -> Result<Vec<u64>, CountersError> {
     let map = ebpf
         .map(names::RULE_DROPS)
         .ok_or(CountersError::MissingMap(names::RULE_DROPS))?;

@@ -7,7 +7,7 @@ use std::{collections::HashMap, convert::Infallible, net::SocketAddr, sync::Arc,
 use http_body_util::Full;
 use hyper::{body::Bytes, service::service_fn, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
-use limiter_common::Outcome;
+use limiter_common::{rules::MAX_RULES, Outcome};
 use prometheus::{
     core::Collector, Encoder, GaugeVec, Histogram, HistogramOpts, IntCounterVec, IntGaugeVec, Opts,
     Registry, TextEncoder,
@@ -174,6 +174,44 @@ impl Metrics {
         counter.with_label_values(labels).inc_by(delta);
     }
 
+    /// Advances a counter to `total` when it grew; a smaller `total` adds
+    /// nothing (for estimates that can only be revised upwards).
+    fn advance_monotonic(&mut self, counter: &IntCounterVec, labels: &[&str], total: u64) {
+        let series = format!("{}{labels:?}", counter.desc()[0].fq_name);
+        let last = self.last.get(&series).copied().unwrap_or(0);
+        if total > last {
+            counter.with_label_values(labels).inc_by(total - last);
+            self.last.insert(series, total);
+        }
+    }
+
+    /// Counts the drops per `RULES` index of `iface` (`drops[index]`, the
+    /// kernel's totals) under the name each index has in `rule_names`:
+    /// what an index gained since the last reading goes to its rule.
+    pub fn record_rule_drops(&mut self, iface: &str, drops: &[u64], rule_names: &[(u32, String)]) {
+        for (index, name) in rule_names {
+            let total = drops.get(*index as usize).copied().unwrap_or(0);
+            let key = format!("rule_drops{iface}[{index}]");
+            let last = self.last.insert(key, total).unwrap_or(0);
+            let delta = total.saturating_sub(last);
+            self.rule_drops
+                .with_label_values(&[iface, name])
+                .inc_by(delta);
+        }
+    }
+
+    /// A push zeroed the `RULES` half starting at `base` for its new
+    /// generation: its counts start again from nothing.
+    pub fn rules_pushed(&mut self, base: u32) {
+        self.last.retain(|key, _| {
+            let index = key
+                .strip_prefix("rule_drops")
+                .and_then(|rest| rest.rsplit_once('['))
+                .and_then(|(_, index)| index.strip_suffix(']')?.parse::<u32>().ok());
+            !index.is_some_and(|i| (base..base + MAX_RULES).contains(&i))
+        });
+    }
+
     /// Updates the metrics of `iface` from a pass.
     pub fn record(
         &mut self,
@@ -189,19 +227,9 @@ impl Metrics {
             self.advance(&packets, &labels, counter.packets);
             self.advance(&bytes, &labels, counter.bytes);
         }
-        for (index, name) in rule_names {
-            let drops = snapshot
-                .rule_drops
-                .get(*index as usize)
-                .copied()
-                .unwrap_or(0);
-            let rule_drops = self.rule_drops.clone();
-            self.advance(&rule_drops, &[iface, name], drops);
-        }
-        let created = snapshot.outcomes[Outcome::NewSource as usize].packets;
-        let evictions = crate::counters::evictions(created, snapshot.tracked_sources, 0);
+        self.record_rule_drops(iface, &snapshot.rule_drops, rule_names);
         let counter = self.evictions.clone();
-        self.advance(&counter, &[iface], evictions);
+        self.advance_monotonic(&counter, &[iface], snapshot.evictions);
         self.tracked
             .with_label_values(&[iface])
             .set(snapshot.tracked_sources as i64);

@@ -18,7 +18,10 @@ pub mod metrics;
 use std::{collections::BTreeSet, net::SocketAddr, path::PathBuf, time::Instant};
 
 use anyhow::Context as _;
-use limiter_common::{rules::rules_base, Outcome, Rule, SourceKey};
+use limiter_common::{
+    rules::{rules_base, MAX_RULES},
+    Outcome, Rule, SourceKey,
+};
 use tokio::signal::unix::{signal, SignalKind};
 use tracing::{error, info, warn};
 
@@ -30,6 +33,7 @@ use self::{
 use crate::{
     proto::{InterfaceStatus, Reply, Request, ResponseLine, RuleEdit, Status, TopSource},
     push,
+    rules::RuleSet,
 };
 
 /// Options of `xdp-limiter run` that override the file.
@@ -81,12 +85,61 @@ fn apply_overrides(config: &mut Config, options: &RunOptions) {
     }
 }
 
-/// Human names of the rule indices of a rule set in a `RULES` half.
-fn rule_names(config: &Config, generation: u32) -> Vec<(u32, String)> {
+/// Human names of the rule indices of a rule set in generation
+/// `generation`'s half of `RULES`.
+fn rule_names(rules: &RuleSet, generation: u32) -> Vec<(u32, String)> {
     let base = rules_base(generation);
-    std::iter::once((base, "default".to_string()))
-        .chain((0..config.rules.rules.len()).map(|i| (base + 1 + i as u32, format!("rules[{i}]"))))
+    (0..=rules.rules.len())
+        .map(|i| (base + i as u32, crate::rules::rule_name(i)))
         .collect()
+}
+
+/// The protected interfaces' program instances, the rule generation they
+/// all run, and the names of its rule indices. Every rule change goes
+/// through [`Interfaces::push`].
+struct Interfaces {
+    list: Vec<Instance>,
+    generation: u32,
+    /// `RULES` index -> rule name, for the live generation and the one
+    /// before it (each in its own half), shared with the event watchers:
+    /// counters and events of either resolve to a name.
+    names: events::RuleNames,
+}
+
+impl Interfaces {
+    fn new(list: Vec<Instance>) -> Self {
+        Self {
+            list,
+            generation: 0,
+            names: Default::default(),
+        }
+    }
+
+    fn names(&self) -> Vec<(u32, String)> {
+        self.names.read().map(|n| n.clone()).unwrap_or_default()
+    }
+
+    /// Pushes `rules` to every interface as one generation, or to none.
+    /// The drops counted so far are first recorded under the names they
+    /// were counted under: the push zeroes the half it writes.
+    fn push(&mut self, rules: &RuleSet, metrics: &mut Metrics) -> Result<u32, push::PushError> {
+        let names = self.names();
+        for instance in &self.list {
+            if let Ok(drops) = aggregate::rule_drops(&instance.ebpf) {
+                metrics.record_rule_drops(&instance.iface, &drops, &names);
+            }
+        }
+        let mut programs: Vec<&mut aya::Ebpf> = self.list.iter_mut().map(|i| &mut i.ebpf).collect();
+        let generation = push::push_all(&mut programs, rules)?;
+        metrics.rules_pushed(rules_base(generation));
+        self.generation = generation;
+        if let Ok(mut shared) = self.names.write() {
+            let base = rules_base(generation);
+            shared.retain(|(index, _)| !(base..base + MAX_RULES).contains(index));
+            shared.extend(rule_names(rules, generation));
+        }
+        Ok(generation)
+    }
 }
 
 /// Runs the daemon until SIGINT or SIGTERM.
@@ -110,7 +163,8 @@ pub async fn run(options: RunOptions) -> anyhow::Result<()> {
     let (control_tx, mut control_rx) = tokio::sync::mpsc::channel::<control::Command>(16);
     let control_server = control::serve(&daemon.control_socket, control_tx).await?;
 
-    let (mut instances, mut generation) = match protect_all(&daemon, &config) {
+    let mut metrics = Metrics::new();
+    let mut interfaces = match protect_all(&daemon, &config, &mut metrics) {
         Ok(started) => started,
         Err(e) => {
             drop(control_rx);
@@ -119,38 +173,42 @@ pub async fn run(options: RunOptions) -> anyhow::Result<()> {
             return Err(e);
         }
     };
-    for instance in &instances {
-        info!(iface = %instance.iface, mode = instance.mode, generation, "protecting");
+    for instance in &interfaces.list {
+        info!(iface = %instance.iface, mode = instance.mode, generation = interfaces.generation, "protecting");
     }
 
-    let names: events::RuleNames =
-        std::sync::Arc::new(std::sync::RwLock::new(rule_names(&config, generation)));
     let mut watchers = Vec::new();
-    for instance in &mut instances {
+    for instance in &mut interfaces.list {
         match instance
             .ebpf
             .take_map(limiter_common::names::EVENTS)
             .map(aya::maps::RingBuf::try_from)
         {
-            Some(Ok(ring)) => {
-                watchers.push(events::watch(instance.iface.clone(), ring, names.clone()))
-            }
+            Some(Ok(ring)) => watchers.push(events::watch(
+                instance.iface.clone(),
+                ring,
+                interfaces.names.clone(),
+            )),
             _ => {
                 warn!(iface = %instance.iface, "no event ring buffer; limit events are not logged")
             }
         }
     }
 
-    let mut metrics = Metrics::new();
     let server = metrics::serve(listener, metrics.registry.clone());
     info!(addr = %daemon.metrics_addr, "serving metrics on /metrics");
     info!(socket = %daemon.control_socket.display(), "control socket ready");
 
     let mut tick = tokio::time::interval(daemon.tick);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut limited: Vec<BTreeSet<SourceKey>> = vec![BTreeSet::new(); instances.len()];
-    let mut observed: Vec<Observed> = instances.iter().map(|_| Observed::default()).collect();
-    let mut sweeps: Vec<aggregate::Sweep> = instances
+    let mut limited: Vec<BTreeSet<SourceKey>> = vec![BTreeSet::new(); interfaces.list.len()];
+    let mut observed: Vec<Observed> = interfaces
+        .list
+        .iter()
+        .map(|_| Observed::default())
+        .collect();
+    let mut sweeps: Vec<aggregate::Sweep> = interfaces
+        .list
         .iter()
         .map(|_| aggregate::Sweep::default())
         .collect();
@@ -161,11 +219,11 @@ pub async fn run(options: RunOptions) -> anyhow::Result<()> {
         tokio::select! {
             _ = tick.tick() => {
                 let started = Instant::now();
-                for instance in instances.iter_mut() {
+                for instance in interfaces.list.iter_mut() {
                     check_link(instance, daemon.mode);
                 }
-                let names = rule_names(&config, generation);
-                for (((instance, limited), seen), sweep) in instances.iter().zip(limited.iter_mut()).zip(observed.iter_mut()).zip(sweeps.iter_mut()) {
+                let names = interfaces.names();
+                for (((instance, limited), seen), sweep) in interfaces.list.iter().zip(limited.iter_mut()).zip(observed.iter_mut()).zip(sweeps.iter_mut()) {
                     if let Some(snapshot) = aggregate_one(instance, &mut metrics, &names, &daemon, limited, sweep) {
                         seen.update(snapshot);
                     }
@@ -173,25 +231,14 @@ pub async fn run(options: RunOptions) -> anyhow::Result<()> {
                 metrics.aggregation.observe(started.elapsed().as_secs_f64());
             }
             _ = hangup.recv() => {
-                if let Some(g) = reload(&options, &mut config, &mut instances) {
-                    generation = g;
-                    if let Ok(mut names) = names.write() {
-                        *names = rule_names(&config, generation);
-                    }
-                }
+                reload(&options, &mut config, &mut interfaces, &mut metrics);
             }
             Some(command) = control_rx.recv() => {
                 let response = match command.request {
-                    Request::Status => ResponseLine::ok(Reply::Status(status(&config, generation, &instances, &observed, daemon.max_sources))),
-                    Request::Top { limit } => ResponseLine::ok(Reply::Top { sources: top(&config, generation, &instances, &observed, limit) }),
-                    Request::Reload => match reload(&options, &mut config, &mut instances) {
-                        Some(g) => {
-                            generation = g;
-                            if let Ok(mut names) = names.write() {
-                                *names = rule_names(&config, generation);
-                            }
-                            ResponseLine::ok(Reply::Done { message: format!("reloaded; rule generation {g}") })
-                        }
+                    Request::Status => ResponseLine::ok(Reply::Status(status(&config, &interfaces, &observed, daemon.max_sources))),
+                    Request::Top { limit } => ResponseLine::ok(Reply::Top { sources: top(&config, &interfaces, &observed, limit) }),
+                    Request::Reload => match reload(&options, &mut config, &mut interfaces, &mut metrics) {
+                        Some(g) => ResponseLine::ok(Reply::Done { message: format!("reloaded; rule generation {g}") }),
                         None => ResponseLine::error("reload failed; the running configuration stays in force (see the daemon's log)"),
                     },
                     Request::Detach => {
@@ -203,22 +250,15 @@ pub async fn run(options: RunOptions) -> anyhow::Result<()> {
                         default: config.file.default.clone(),
                         rules: config.file.rules.clone(),
                     }),
-                    Request::Rules { edit, save } => match edit_rules(&options, &mut config, &mut instances, edit, save) {
-                        Ok((g, message)) => {
-                            generation = g;
-                            if let Ok(mut names) = names.write() {
-                                *names = rule_names(&config, generation);
-                            }
-                            ResponseLine::ok(Reply::Done { message })
-                        }
+                    Request::Rules { edit, save } => match edit_rules(&options, &mut config, &mut interfaces, &mut metrics, edit, save) {
+                        Ok(message) => ResponseLine::ok(Reply::Done { message }),
                         Err(message) => ResponseLine::error(message),
                     },
                     Request::Mode { dry_run, save } => {
                         let mut rules = config.rules.clone();
                         rules.dry_run = dry_run;
-                        match push_all(&mut instances, &rules) {
+                        match interfaces.push(&rules, &mut metrics) {
                             Ok(g) => {
-                                generation = g;
                                 config.rules = rules;
                                 config.file.limits.dry_run = dry_run;
                                 let mode = if dry_run { "dry-run" } else { "enforce" };
@@ -245,7 +285,10 @@ pub async fn run(options: RunOptions) -> anyhow::Result<()> {
     for watcher in watchers {
         watcher.abort();
     }
-    let failed = shutdown(instances, daemon.keep_attached && detach_reply.is_none());
+    let failed = shutdown(
+        interfaces.list,
+        daemon.keep_attached && detach_reply.is_none(),
+    );
     if let Some(reply) = detach_reply {
         let _ = reply.send(if failed.is_empty() {
             ResponseLine::ok(Reply::Done {
@@ -290,7 +333,8 @@ fn raise_open_files_limit() {
 fn protect_all(
     daemon: &config::DaemonSection,
     config: &Config,
-) -> anyhow::Result<(Vec<Instance>, u32)> {
+    metrics: &mut Metrics,
+) -> anyhow::Result<Interfaces> {
     let mut instances: Vec<Instance> = Vec::new();
     for iface in &daemon.interfaces {
         match load::load(iface, &daemon.pin_dir, daemon.max_sources) {
@@ -301,22 +345,20 @@ fn protect_all(
             }
         }
     }
+    let mut interfaces = Interfaces::new(instances);
     fault::stop_at(fault::Step::Push);
-    let generation = match push_all(&mut instances, &config.rules) {
-        Ok(generation) => generation,
-        Err(e) => {
-            abandon(instances);
-            return Err(e).context("pushing the rules");
-        }
-    };
-    for i in 0..instances.len() {
-        if let Err(e) = instances[i].attach(daemon.mode) {
-            let iface = instances[i].iface.clone();
-            abandon(instances);
+    if let Err(e) = interfaces.push(&config.rules, metrics) {
+        abandon(interfaces.list);
+        return Err(e).context("pushing the rules");
+    }
+    for i in 0..interfaces.list.len() {
+        if let Err(e) = interfaces.list[i].attach(daemon.mode) {
+            let iface = interfaces.list[i].iface.clone();
+            abandon(interfaces.list);
             return Err(e).with_context(|| format!("protecting {iface}"));
         }
     }
-    Ok((instances, generation))
+    Ok(interfaces)
 }
 
 /// Undoes a failed start: detaches what it attached afresh, leaves what it
@@ -436,17 +478,17 @@ impl Observed {
 
 fn status(
     config: &Config,
-    generation: u32,
-    instances: &[Instance],
+    interfaces: &Interfaces,
     observed: &[Observed],
     capacity: u32,
 ) -> Status {
     Status {
         version: env!("CARGO_PKG_VERSION").to_string(),
-        generation,
+        generation: interfaces.generation,
         dry_run: config.rules.dry_run,
         rules: config.rules.rules.len() + 1,
-        interfaces: instances
+        interfaces: interfaces
+            .list
             .iter()
             .zip(observed)
             .map(|(instance, seen)| {
@@ -472,15 +514,14 @@ fn status(
 
 fn top(
     config: &Config,
-    generation: u32,
-    instances: &[Instance],
+    interfaces: &Interfaces,
     observed: &[Observed],
     limit: usize,
 ) -> Vec<TopSource> {
-    let names = rule_names(config, generation);
+    let names = rule_names(&config.rules, interfaces.generation);
     let now_ns = aggregate::kernel_now().as_nanos() as u64;
     let mut sources: Vec<TopSource> = Vec::new();
-    for (instance, seen) in instances.iter().zip(observed) {
+    for (instance, seen) in interfaces.list.iter().zip(observed) {
         let Some((_, snapshot)) = &seen.last else {
             continue;
         };
@@ -545,10 +586,11 @@ fn top(
 fn edit_rules(
     options: &RunOptions,
     config: &mut Config,
-    instances: &mut [Instance],
+    interfaces: &mut Interfaces,
+    metrics: &mut Metrics,
     edit: RuleEdit,
     save: bool,
-) -> Result<(u32, String), String> {
+) -> Result<String, String> {
     let mut file = config.file.clone();
     let describe = |r: &config::RuleSection| {
         r.cidr.map_or_else(
@@ -605,16 +647,17 @@ fn edit_rules(
         .validate()
         .map_err(|e| format!("rejected: {e}"))?;
     apply_overrides(&mut fresh, options);
-    let generation =
-        push_all(instances, &fresh.rules).map_err(|e| format!("pushing the rules failed: {e}"))?;
+    let generation = interfaces
+        .push(&fresh.rules, metrics)
+        .map_err(|e| format!("pushing the rules failed: {e}"))?;
     config.rules = fresh.rules;
     config.file = file;
     info!(change = %what, generation, "rules changed through the control socket");
     let done = format!("{what}; rule generation {generation}");
     if save {
-        return save_file(options, config, &done).map(|message| (generation, message));
+        return save_file(options, config, &done);
     }
-    Ok((generation, done))
+    Ok(done)
 }
 
 /// Writes the configuration in force to the file the daemon was started
@@ -632,16 +675,6 @@ fn save_file(options: &RunOptions, config: &Config, done: &str) -> Result<String
     Ok(format!("{done}; saved to {}", path.display()))
 }
 
-/// Pushes `rules` to every interface as one generation, or to none; the
-/// new generation.
-fn push_all(
-    instances: &mut [Instance],
-    rules: &crate::rules::RuleSet,
-) -> Result<u32, push::PushError> {
-    let mut programs: Vec<&mut aya::Ebpf> = instances.iter_mut().map(|i| &mut i.ebpf).collect();
-    push::push_all(&mut programs, rules)
-}
-
 /// Run time and count of the program, when `kernel.bpf_stats_enabled` is on.
 fn program_stats(instance: &Instance) -> Option<(u64, u64)> {
     let program = instance.ebpf.program(limiter_common::names::PROGRAM)?;
@@ -652,7 +685,12 @@ fn program_stats(instance: &Instance) -> Option<(u64, u64)> {
 
 /// Re-reads the configuration file and pushes it; a bad file is rejected
 /// with the reason logged and the running configuration stays in force.
-fn reload(options: &RunOptions, config: &mut Config, instances: &mut [Instance]) -> Option<u32> {
+fn reload(
+    options: &RunOptions,
+    config: &mut Config,
+    interfaces: &mut Interfaces,
+    metrics: &mut Metrics,
+) -> Option<u32> {
     let Some(path) = &options.config else {
         warn!("SIGHUP: no configuration file to reload (started without --config)");
         return None;
@@ -668,7 +706,7 @@ fn reload(options: &RunOptions, config: &mut Config, instances: &mut [Instance])
     if fresh.daemon != config.daemon {
         warn!("SIGHUP: [daemon] settings changed; they take effect on restart");
     }
-    let generation = match push_all(instances, &fresh.rules) {
+    let generation = match interfaces.push(&fresh.rules, metrics) {
         Ok(generation) => generation,
         Err(e) => {
             error!(error = %e, "SIGHUP: pushing rules failed");

@@ -1,0 +1,221 @@
+//! What the daemon exports stays true over time: every `_total` is
+//! monotonic across reloads, mode changes, rule edits and sweeps, every
+//! refused frame counts against exactly one rule, and a daemon protecting
+//! two interfaces runs one rule generation on both and names their rules.
+
+use std::{collections::BTreeMap, net::Ipv4Addr, process::Command};
+
+use limiter_tests::{
+    daemon::{binary, parse_metric, Daemon, Files},
+    lab::{limit_config, Lab, HEAVY, HEAVY2, MARKER, MARKER2, MEDIUM, RX2_ADDR, RX2_IF, RX_IF},
+};
+use serde_json::Value;
+
+const PORT: u16 = 7100;
+
+/// `limit_config(pps)` with `MARKER2` allowed too, and `extra` appended to
+/// `[daemon]`.
+fn config(pps: u64, extra: &str) -> String {
+    limit_config(pps).replacen("[daemon]\n", &format!("[daemon]\n{extra}"), 1)
+        + &format!("\n[[rules]]\ncidr = \"{MARKER2}/32\"\naction = \"allow\"\n")
+}
+
+/// Every series of a scrape, `name{labels}` -> value.
+fn series(text: &str) -> BTreeMap<String, f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (name, value) = l.rsplit_once(' ')?;
+            Some((name.to_string(), value.parse().ok()?))
+        })
+        .collect()
+}
+
+/// The sum of the series of metric `name` whose labels contain all of
+/// `labels`.
+fn sum(scrape: &BTreeMap<String, f64>, name: &str, labels: &[&str]) -> f64 {
+    scrape
+        .iter()
+        .filter(|(k, _)| k.starts_with(&format!("{name}{{")) || *k == name)
+        .filter(|(k, _)| labels.iter().all(|l| k.contains(l)))
+        .map(|(_, v)| v)
+        .sum()
+}
+
+fn cli(files: &Files, args: &[&str]) -> String {
+    let out = Command::new(binary())
+        .args(args)
+        .arg("--socket")
+        .arg(files.socket())
+        .output()
+        .expect("run the CLI");
+    assert!(
+        out.status.success(),
+        "xdp-limiter {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Waits for a complete aggregation pass that started after this call.
+fn next_pass(daemon: &Daemon) {
+    let count = "xdp_limiter_aggregation_duration_seconds_count";
+    let now = daemon.metric(count).unwrap_or(0.0);
+    daemon.wait_metric(count, |v| v >= now + 2.0);
+}
+
+#[test]
+fn every_total_is_monotonic_and_rule_drops_add_up_across_reloads_modes_and_sweeps() {
+    // 100 spoofed sources for 64 slots: sweeps see evictions.
+    let spoofed: Vec<Ipv4Addr> = (10..110).map(|i| Ipv4Addr::new(192, 0, 2, i)).collect();
+    let mut sources = vec![MARKER, HEAVY, MEDIUM];
+    sources.extend(&spoofed);
+    let lab = Lab::new(&sources);
+    let files = Files::new();
+    files.write_config(&config(2, "max_sources = 64\n"));
+    let config_path = files.config();
+    let daemon = Daemon::start(
+        &lab.rx,
+        &files,
+        &["-i", RX_IF, "-c", config_path.to_str().expect("utf-8")],
+    );
+    let receiver = lab.receiver(PORT);
+    let iface = format!("interface=\"{RX_IF}\"");
+    let mut previous: BTreeMap<String, f64> = BTreeMap::new();
+    let actions: [&[&str]; 6] = [
+        &["reload"],
+        &["mode", "dry-run"],
+        &["mode", "enforce"],
+        &["rule", "add", "203.0.113.0/24", "--pps", "5"],
+        &["rule", "rm", "203.0.113.0/24"],
+        &["reload"],
+    ];
+    for (round, action) in actions.iter().enumerate() {
+        let mut sends = vec![(HEAVY, 30), (MEDIUM, 3)];
+        sends.extend(spoofed.iter().map(|s| (*s, 1)));
+        lab.exchange(&receiver, PORT, &sends, MARKER);
+        next_pass(&daemon);
+        let now = series(&daemon.metrics());
+        for (name, before) in &previous {
+            if name.contains("_total") && !name.contains("_bucket") {
+                let after = now.get(name).copied().unwrap_or(0.0);
+                assert!(
+                    after >= *before,
+                    "round {round}: {name} went from {before} to {after}"
+                );
+            }
+        }
+        let refused: f64 = ["dropped_limit", "dropped_deny", "dry_run_would_drop"]
+            .iter()
+            .map(|o| {
+                sum(
+                    &now,
+                    "xdp_limiter_packets_total",
+                    &[&iface, &format!("outcome=\"{o}\"")],
+                )
+            })
+            .sum();
+        let by_rule = sum(&now, "xdp_limiter_rule_dropped_packets_total", &[&iface]);
+        assert!(refused > 0.0, "round {round}: something was refused");
+        assert_eq!(
+            by_rule, refused,
+            "round {round}: every refused frame counts against exactly one rule"
+        );
+        let new = sum(
+            &now,
+            "xdp_limiter_packets_total",
+            &[&iface, "outcome=\"new_source\""],
+        );
+        let evicted = sum(&now, "xdp_limiter_source_evictions_total", &[&iface]);
+        assert!(
+            evicted <= new,
+            "round {round}: {evicted} evictions of {new} sources"
+        );
+        previous = now;
+        cli(&files, action);
+    }
+    assert!(
+        sum(&previous, "xdp_limiter_source_evictions_total", &[&iface]) > 0.0,
+        "the sweeps saw evictions"
+    );
+}
+
+#[test]
+fn two_interfaces_run_one_generation_and_name_their_rules() {
+    let lab = Lab::three_senders();
+    lab.add_second_link();
+    let files = Files::new();
+    files.write_config(&config(2, ""));
+    let config_path = files.config();
+    let config_path = config_path.to_str().expect("utf-8");
+    // An earlier daemon on the first interface only, through three
+    // generations, leaves its program pinned.
+    let old = Daemon::start(
+        &lab.rx,
+        &files,
+        &["-i", RX_IF, "-c", config_path, "--keep-attached"],
+    );
+    cli(&files, &["reload"]);
+    cli(&files, &["reload"]);
+    assert!(old.stop().success());
+
+    let daemon = Daemon::start(
+        &lab.rx,
+        &files,
+        &["-i", RX_IF, "-i", RX2_IF, "-c", config_path],
+    );
+    let status: Value =
+        serde_json::from_str(&cli(&files, &["status", "--output", "json"])).expect("JSON");
+    assert_eq!(status["interfaces"].as_array().map(Vec::len), Some(2));
+    let receivers = [
+        (
+            lab.receiver(PORT),
+            limiter_tests::lab::RX_ADDR,
+            HEAVY,
+            MARKER,
+            RX_IF,
+        ),
+        (
+            lab.receiver_at(RX2_ADDR, PORT),
+            RX2_ADDR,
+            HEAVY2,
+            MARKER2,
+            RX2_IF,
+        ),
+    ];
+    for (receiver, dst, heavy, marker, _) in &receivers {
+        let got = lab.exchange_with(receiver, *dst, PORT, &[(*heavy, 30)], *marker);
+        assert_eq!(got.get(heavy), Some(&20), "{heavy}: limited at 20: {got:?}");
+    }
+    next_pass(&daemon);
+    let metrics = daemon.metrics();
+    for (_, _, heavy, _, iface) in &receivers {
+        let series = format!(
+            "xdp_limiter_rule_dropped_packets_total{{interface=\"{iface}\",rule=\"default\"}}"
+        );
+        assert_eq!(
+            parse_metric(&metrics, &series),
+            Some(10.0),
+            "{iface}: the default rule's drops:\n{metrics}"
+        );
+        daemon.wait_log(&format!("source={heavy} rule=\"default\""));
+    }
+    assert!(
+        !daemon.log().contains("rule=\"#"),
+        "every event names its rule:\n{}",
+        daemon.log()
+    );
+    let top: Value =
+        serde_json::from_str(&cli(&files, &["top", "--once", "--output", "json"])).expect("JSON");
+    for (_, _, heavy, _, iface) in &receivers {
+        let row = top
+            .as_array()
+            .expect("rows")
+            .iter()
+            .find(|r| r["source"] == heavy.to_string())
+            .unwrap_or_else(|| panic!("{heavy} in top: {top:#}"));
+        assert_eq!(row["interface"], *iface);
+        assert_eq!(row["rule"], "default", "{top:#}");
+        assert_eq!(row["state"], "limited");
+    }
+}
