@@ -874,3 +874,43 @@ fn two_thousand_idle_metrics_connections_starve_nothing() {
     drop(idle);
     assert!(daemon.stop().success());
 }
+
+#[test]
+fn released_sources_are_logged_a_few_per_tick_then_counted() {
+    // 40 sources blocked at once for 2 s, released together.
+    let noisy: Vec<std::net::Ipv4Addr> = (10..50)
+        .map(|i| std::net::Ipv4Addr::new(192, 0, 2, i))
+        .collect();
+    let mut sources = vec![MARKER];
+    sources.extend(&noisy);
+    let lab = Lab::new(&sources);
+    let files = Files::new();
+    files.write_config(&format!(
+        "[default]\npps = 1\nblock = \"2s\"\ndry_run = false\n\n\
+         [[rules]]\ncidr = \"{MARKER}/32\"\naction = \"allow\"\n"
+    ));
+    let receiver = lab.receiver(PORT);
+    let daemon = start(&lab, &files, &[]);
+    let sends: Vec<_> = noisy.iter().map(|s| (*s, 3)).collect();
+    lab.exchange(&receiver, PORT, &sends, MARKER);
+    daemon.wait_log("more sources released");
+    let log = daemon.log();
+    let listed = log
+        .lines()
+        .filter(|l| l.contains("source released"))
+        .count();
+    let summarised: usize = log
+        .lines()
+        .filter(|l| l.contains("more sources released"))
+        .filter_map(|l| {
+            let (_, rest) = l.split_once("more=")?;
+            rest.split_whitespace().next()?.parse::<usize>().ok()
+        })
+        .sum();
+    assert_eq!(
+        listed + summarised,
+        40,
+        "every release listed or counted:\n{log}"
+    );
+    assert!(listed <= 2 * 16, "at most 16 listed per tick:\n{log}");
+}

@@ -378,6 +378,10 @@ fn abandon(instances: Vec<Instance>) {
     }
 }
 
+/// Released sources logged by name per interface and tick; the rest are
+/// counted in one line.
+const RELEASED_LOGGED_PER_TICK: usize = 16;
+
 fn aggregate_one(
     instance: &Instance,
     metrics: &mut Metrics,
@@ -396,9 +400,19 @@ fn aggregate_one(
             }
         };
     // "limited" comes from the kernel's events (events.rs); "released" is
-    // seen here: a source no CPU is refusing any more.
-    for key in limited.difference(&snapshot.limited) {
+    // seen here: a source no CPU is refusing any more. A few per tick by
+    // name, the rest as a count: a spoofed flood ending must not flood
+    // the log.
+    let released: Vec<&SourceKey> = limited.difference(&snapshot.limited).collect();
+    for key in released.iter().take(RELEASED_LOGGED_PER_TICK) {
         info!(iface = %instance.iface, source = %crate::display::source(key), "source released");
+    }
+    if released.len() > RELEASED_LOGGED_PER_TICK {
+        info!(
+            iface = %instance.iface,
+            more = released.len() - RELEASED_LOGGED_PER_TICK,
+            "more sources released (not listed)"
+        );
     }
     limited.clone_from(&snapshot.limited);
     let stats = program_stats(instance);
