@@ -553,3 +553,191 @@ fn detach_stops_a_running_daemon_and_removes_protection() {
     let status = s.daemon.wait();
     assert!(status.success(), "{status}");
 }
+
+#[test]
+fn rule_edits_match_however_rules_are_spelled_and_save_never_loses_a_file_edit() {
+    let lab = Lab::three_senders();
+    let files = Files::new();
+    files.write_config(&format!(
+        "{}\n[[rules]]\ncidr = \"198.51.100.0/24\"\nprotocol = \"UDP\"\nports = 53\npps = 10\n\n\
+         [[rules]]\ncidr = \"203.0.113.0/24\"\nprotocol = 17\npps = 10\n",
+        limit_config(2)
+    ));
+    let config = files.config();
+    let _daemon = Daemon::start(
+        &lab.rx,
+        &files,
+        &["-i", RX_IF, "-c", config.to_str().unwrap()],
+    );
+    // A protocol written "UDP" or 17 in the file is `--proto udp` here.
+    ok(&cli(
+        &files,
+        &[
+            "rule",
+            "rm",
+            "198.51.100.0/24",
+            "--proto",
+            "udp",
+            "--ports",
+            "53",
+        ],
+    ));
+    ok(&cli(
+        &files,
+        &["rule", "rm", "203.0.113.0/24", "--proto", "udp"],
+    ));
+    assert_eq!(
+        json(&files, &["rule", "ls"])["rules"]
+            .as_array()
+            .map(Vec::len),
+        Some(1),
+        "only the marker's rule is left"
+    );
+    // Host bits are an error, not a second rule for the same prefix.
+    let out = cli(&files, &["rule", "add", "10.0.0.1/8", "--pps", "5"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains("10.0.0.1/8 has host bits set (did you mean 10.0.0.0/8?)"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // An edit of the file not yet reloaded is not overwritten by --save.
+    let edited = format!(
+        "{}\n# added by hand\n[[rules]]\ncidr = \"192.0.2.128/25\"\npps = 9\n",
+        std::fs::read_to_string(&config).expect("read")
+    );
+    std::fs::write(&config, &edited).expect("edit the file");
+    let out = cli(
+        &files,
+        &["rule", "add", "10.1.0.0/16", "--pps", "5", "--save"],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("changed on disk"), "{stderr}");
+    assert_eq!(
+        std::fs::read_to_string(&config).expect("read"),
+        edited,
+        "the hand edit is kept"
+    );
+    assert!(
+        json(&files, &["rule", "ls"])["rules"]
+            .as_array()
+            .expect("rules")
+            .iter()
+            .any(|r| r["cidr"] == "10.1.0.0/16"),
+        "the change itself is live"
+    );
+    // Once reloaded, saving works again (and keeps the hand edit).
+    ok(&cli(&files, &["reload"]));
+    ok(&cli(
+        &files,
+        &["rule", "add", "10.2.0.0/16", "--pps", "5", "--save"],
+    ));
+    let saved = std::fs::read_to_string(&config).expect("read");
+    assert!(
+        saved.contains("192.0.2.128/25") && saved.contains("10.2.0.0/16"),
+        "{saved}"
+    );
+}
+
+/// A small tmpfs mounted for one test, unmounted on drop.
+struct SmallFs(std::path::PathBuf);
+
+impl SmallFs {
+    fn mount(at: std::path::PathBuf, size: &str) -> Self {
+        std::fs::create_dir_all(&at).expect("mount point");
+        limiter_tests::netns::run_ok(
+            Command::new("mount")
+                .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+                .arg(&at),
+        );
+        Self(at)
+    }
+
+    fn remount(&self, options: &str) {
+        limiter_tests::netns::run_ok(
+            Command::new("mount")
+                .args(["-o", &format!("remount,{options}")])
+                .arg(&self.0),
+        );
+    }
+}
+
+impl Drop for SmallFs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn save_to_a_full_or_read_only_directory_fails_clearly_and_keeps_the_file() {
+    let lab = Lab::three_senders();
+    let files = Files::new();
+    let fs = SmallFs::mount(files.dir.join("etc"), "64k");
+    let config = fs.0.join("config.toml");
+    std::fs::write(&config, limit_config(2)).expect("write config");
+    let _daemon = Daemon::start(
+        &lab.rx,
+        &files,
+        &["-i", RX_IF, "-c", config.to_str().unwrap()],
+    );
+    let original = std::fs::read_to_string(&config).expect("read");
+    let live = |cidr: &str| {
+        json(&files, &["rule", "ls"])["rules"]
+            .as_array()
+            .expect("rules")
+            .iter()
+            .any(|r| r["cidr"] == cidr)
+    };
+
+    // A full disk: the new file cannot be written.
+    let filler = fs.0.join("filler");
+    let mut junk = std::fs::File::create(&filler).expect("filler");
+    while std::io::Write::write_all(&mut junk, &[0u8; 4096]).is_ok() {}
+    drop(junk);
+    let out = cli(
+        &files,
+        &["rule", "add", "10.1.0.0/16", "--pps", "5", "--save"],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("(live), but saving") && stderr.contains("No space left"),
+        "{stderr}"
+    );
+    assert!(live("10.1.0.0/16"), "the change itself is live");
+    assert_eq!(
+        std::fs::read_to_string(&config).expect("read"),
+        original,
+        "file intact"
+    );
+    assert!(
+        !fs.0.join("config.toml.new").exists(),
+        "no half-written file left"
+    );
+    std::fs::remove_file(&filler).expect("free the space");
+
+    // A read-only directory (as ProtectSystem=full makes /etc).
+    fs.remount("ro");
+    let out = cli(
+        &files,
+        &["rule", "add", "10.2.0.0/16", "--pps", "5", "--save"],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("Read-only file system"), "{stderr}");
+    assert!(live("10.2.0.0/16"));
+    assert_eq!(std::fs::read_to_string(&config).expect("read"), original);
+
+    // Writable again: saved, with both earlier live changes.
+    fs.remount("rw");
+    ok(&cli(
+        &files,
+        &["rule", "add", "10.3.0.0/16", "--pps", "5", "--save"],
+    ));
+    let saved = std::fs::read_to_string(&config).expect("read");
+    for cidr in ["10.1.0.0/16", "10.2.0.0/16", "10.3.0.0/16"] {
+        assert!(saved.contains(cidr), "{cidr} in:\n{saved}");
+    }
+}

@@ -914,3 +914,23 @@ fn released_sources_are_logged_a_few_per_tick_then_counted() {
     );
     assert!(listed <= 2 * 16, "at most 16 listed per tick:\n{log}");
 }
+
+#[test]
+fn a_byte_limit_below_the_interface_mtu_is_refused_at_start() {
+    let lab = Lab::three_senders();
+    let files = Files::new();
+    // lo's MTU is 65536: 2,000 bytes per window could never pass a full frame.
+    files.write_config("[default]\nbytes_per_second = 2000\ndry_run = false\n");
+    let config = files.config();
+    let (status, log) = Daemon::start_failing(
+        &lab.rx,
+        &files,
+        &["-i", "lo", "-c", config.to_str().expect("utf-8")],
+    );
+    assert_eq!(status.code(), Some(1));
+    let error = one_error_line(&log);
+    assert!(
+        error.contains("default.bytes_per_second") && error.contains("MTU of lo"),
+        "{error}"
+    );
+}

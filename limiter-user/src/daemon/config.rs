@@ -21,6 +21,9 @@ use crate::rules::{
 
 /// Default per-source packet rate of the built-in default rule.
 pub const DEFAULT_PPS: u64 = 1000;
+/// Largest `daemon.max_sources` (2^24): each source costs per-CPU state
+/// (see docs/configuration.md for the memory formula).
+pub const MAX_SOURCES: u32 = 1 << 24;
 /// Where state maps and links are pinned.
 pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/xdp-limiter";
 /// Where Prometheus scrapes.
@@ -150,6 +153,22 @@ pub enum ProtocolSpec {
     Name(String),
 }
 
+impl ProtocolSpec {
+    /// The protocol number; `None` for a name that is none of ours.
+    pub fn number(&self) -> Option<u8> {
+        match self {
+            ProtocolSpec::Number(n) => Some(*n),
+            ProtocolSpec::Name(name) => match name.to_ascii_lowercase().as_str() {
+                "tcp" => Some(PROTO_TCP),
+                "udp" => Some(PROTO_UDP),
+                "icmp" => Some(PROTO_ICMP),
+                "icmpv6" | "ipv6-icmp" => Some(PROTO_ICMPV6),
+                _ => None,
+            },
+        }
+    }
+}
+
 /// A destination port or inclusive range: `53`, `"53"` or `"1000-2000"`.
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(untagged)]
@@ -240,6 +259,9 @@ pub struct Config {
     pub daemon: DaemonSection,
     pub rules: RuleSet,
     pub file: FileConfig,
+    /// The file's text as the daemon last read or wrote it (`None`: no
+    /// file): `--save` refuses to overwrite a file that changed since.
+    pub text: Option<String>,
 }
 
 impl Config {
@@ -256,7 +278,9 @@ impl Config {
             path: path.to_path_buf(),
             source,
         })?;
-        Self::parse(&text, &path.display().to_string())
+        let mut config = Self::parse(&text, &path.display().to_string())?;
+        config.text = Some(text);
+        Ok(config)
     }
 
     /// Parses and validates TOML `text` (`origin` names it in errors).
@@ -275,8 +299,11 @@ impl FileConfig {
     pub fn validate(self) -> Result<Config, ConfigError> {
         let file = self.clone();
         let d = &self.daemon;
-        if d.max_sources == 0 {
-            return Err(field("daemon.max_sources", "must be greater than zero"));
+        if d.max_sources == 0 || d.max_sources > MAX_SOURCES {
+            return Err(field(
+                "daemon.max_sources",
+                format!("{} is outside 1..={MAX_SOURCES}", d.max_sources),
+            ));
         }
         if d.tick < Duration::from_millis(100) || d.tick > Duration::from_secs(60) {
             return Err(field(
@@ -330,6 +357,7 @@ impl FileConfig {
             daemon: self.daemon,
             rules: set,
             file,
+            text: None,
         })
     }
 }
@@ -348,21 +376,16 @@ fn rule_spec(section: &RuleSection, name: &str, is_default: bool) -> Result<Rule
     };
     let protocol = match &section.protocol {
         None => None,
-        Some(ProtocolSpec::Number(n)) => Some(*n),
-        Some(ProtocolSpec::Name(name_text)) => {
-            Some(match name_text.to_ascii_lowercase().as_str() {
-                "tcp" => PROTO_TCP,
-                "udp" => PROTO_UDP,
-                "icmp" => PROTO_ICMP,
-                "icmpv6" | "ipv6-icmp" => PROTO_ICMPV6,
-                other => {
-                    return Err(field(
-                        format!("{name}.protocol"),
-                        format!("unknown protocol {other:?} (tcp, udp, icmp, icmpv6 or a number)"),
-                    ))
-                }
-            })
-        }
+        Some(spec) => Some(spec.number().ok_or_else(|| {
+            let text = match spec {
+                ProtocolSpec::Name(text) => text.to_ascii_lowercase(),
+                ProtocolSpec::Number(n) => n.to_string(),
+            };
+            field(
+                format!("{name}.protocol"),
+                format!("unknown protocol {text:?} (tcp, udp, icmp, icmpv6 or a number)"),
+            )
+        })?),
     };
     let ports = match &section.ports {
         None => None,
@@ -403,6 +426,45 @@ fn rule_spec(section: &RuleSection, name: &str, is_default: bool) -> Result<Rule
     })
 }
 
+/// Ethernet header and one VLAN tag on top of the MTU: the largest frame
+/// XDP sees on an interface.
+const FRAME_OVERHEAD: u64 = 18;
+
+/// Checks that every byte limit of `rules` can admit one full-size frame on
+/// each of `interfaces` (their MTU read from sysfs; an interface whose MTU
+/// cannot be read is skipped): a smaller allowance would drop every such
+/// frame.
+pub fn check_frame_sizes(rules: &RuleSet, interfaces: &[String]) -> Result<(), ConfigError> {
+    for iface in interfaces {
+        let Some(mtu) = std::fs::read_to_string(format!("/sys/class/net/{iface}/mtu"))
+            .ok()
+            .and_then(|t| t.trim().parse::<u64>().ok())
+        else {
+            continue;
+        };
+        let largest = mtu + FRAME_OVERHEAD;
+        let all = std::iter::once(&rules.default).chain(&rules.rules);
+        for (i, spec) in all.enumerate() {
+            let Some(rate) = spec.limits.bytes_per_second else {
+                continue;
+            };
+            let allowance = u128::from(rate) * spec.limits.window.as_nanos() / 1_000_000_000
+                + u128::from(spec.limits.burst_bytes);
+            if spec.action == limiter_common::Action::Limit && allowance < u128::from(largest) {
+                return Err(field(
+                    format!("{}.bytes_per_second", crate::rules::rule_name(i)),
+                    format!(
+                        "{allowance} bytes per window cannot admit one full-size frame on \
+                         {iface} (the MTU of {iface} is {mtu}: frames of {largest} bytes); raise \
+                         bytes_per_second, window or burst_bytes"
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 impl FileConfig {
     /// The TOML text of this configuration.
     pub fn to_toml(&self) -> String {
@@ -412,9 +474,11 @@ impl FileConfig {
 
 impl RuleSection {
     /// Whether `other` names the same rule: same prefix and match.
+    /// However the protocol is spelled (`"UDP"`, `"udp"`, `17`).
     pub fn same_rule(&self, other: &RuleSection) -> bool {
+        let protocol = |r: &RuleSection| r.protocol.as_ref().map(ProtocolSpec::number);
         self.cidr.map(|c| c.trunc()) == other.cidr.map(|c| c.trunc())
-            && self.protocol == other.protocol
+            && protocol(self) == protocol(other)
             && self.ports_range() == other.ports_range()
             && self.tcp_syn == other.tcp_syn
     }
@@ -547,6 +611,23 @@ mod tests {
         rejected("[daemon]\nmetrics_addr = \"nowhere\"", "metrics_addr");
         rejected("[daemon]\ninterfaces = [\"a/b\"]", "daemon.interfaces[0]");
         rejected("[limits]\nipv4_prefix = 40", "IPv4 key prefix length 40");
+        rejected(
+            "[daemon]\nmax_sources = 100000000",
+            "daemon.max_sources: 100000000 is outside 1..=16777216",
+        );
+        rejected("[daemon]\nmax_sources = 0", "daemon.max_sources");
+        rejected(
+            "[[rules]]\ncidr = \"10.0.0.0/8\"\nprotocol = 0\npps = 1",
+            "rules[0].protocol: 0 is not a protocol",
+        );
+        rejected(
+            "[[rules]]\ncidr = \"10.0.0.0/8\"\npps = 1\nblock = \"2d\"",
+            "rules[0].block",
+        );
+        rejected(
+            "[default]\nbytes_per_second = 1000",
+            "default.bytes_per_second: 1000 bytes per window cannot admit one full-size frame",
+        );
         rejected("not toml at all", "bad.toml");
     }
 
@@ -557,6 +638,37 @@ mod tests {
         assert_eq!(config.daemon.interfaces, vec!["eth0".to_string()]);
         assert!(!config.rules.default.dry_run);
         assert_eq!(config.rules.rules.len(), 2);
+    }
+
+    /// `ProtectSystem=full` makes /etc read-only: the unit must allow the
+    /// directory of the file it runs with, or `--save` fails.
+    #[test]
+    fn the_shipped_unit_lets_save_write_its_configuration_directory() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../dist/xdp-limiter.service");
+        let unit = std::fs::read_to_string(&path).expect("the unit");
+        let value = |key: &str| {
+            unit.lines()
+                .filter_map(|l| l.strip_prefix(key)?.strip_prefix('='))
+                .map(str::trim)
+                .collect::<Vec<_>>()
+        };
+        let exec = value("ExecStart").join(" ");
+        let config = exec
+            .split_whitespace()
+            .skip_while(|w| *w != "--config")
+            .nth(1)
+            .expect("ExecStart names --config");
+        let dir = Path::new(config).parent().expect("a directory");
+        assert_eq!(value("ProtectSystem"), vec!["full"]);
+        let writable: Vec<&str> = value("ReadWritePaths")
+            .iter()
+            .flat_map(|v| v.split_whitespace())
+            .collect();
+        assert!(
+            writable.iter().any(|w| Path::new(w) == dir),
+            "ReadWritePaths {writable:?} lacks {}",
+            dir.display()
+        );
     }
 
     #[test]

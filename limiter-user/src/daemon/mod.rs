@@ -59,6 +59,7 @@ pub fn effective_config(options: &RunOptions) -> anyhow::Result<Config> {
     if config.daemon.interfaces.is_empty() {
         anyhow::bail!("no interface to protect: pass --iface or set daemon.interfaces");
     }
+    config::check_frame_sizes(&config.rules, &config.daemon.interfaces)?;
     Ok(config)
 }
 
@@ -264,7 +265,7 @@ pub async fn run(options: RunOptions) -> anyhow::Result<()> {
                                 let mode = if dry_run { "dry-run" } else { "enforce" };
                                 info!(mode, "mode changed through the control socket");
                                 let done = format!("mode {mode}; rule generation {g}");
-                                match save.then(|| save_file(&options, &config, &done)) {
+                                match save.then(|| save_file(&options, &mut config, &done)) {
                                     Some(Err(message)) => ResponseLine::error(message),
                                     Some(Ok(saved)) => ResponseLine::ok(Reply::Done { message: saved }),
                                     None => ResponseLine::ok(Reply::Done { message: done }),
@@ -661,6 +662,8 @@ fn edit_rules(
         .validate()
         .map_err(|e| format!("rejected: {e}"))?;
     apply_overrides(&mut fresh, options);
+    config::check_frame_sizes(&fresh.rules, &fresh.daemon.interfaces)
+        .map_err(|e| format!("rejected: {e}"))?;
     let generation = interfaces
         .push(&fresh.rules, metrics)
         .map_err(|e| format!("pushing the rules failed: {e}"))?;
@@ -675,18 +678,49 @@ fn edit_rules(
 }
 
 /// Writes the configuration in force to the file the daemon was started
-/// with (write to a new file, then rename: never a half-written file).
-fn save_file(options: &RunOptions, config: &Config, done: &str) -> Result<String, String> {
+/// with: to a new file, synced, then renamed over it (and the directory
+/// synced), so a crash leaves the old file or the new one, never half of
+/// one. A file that changed on disk since the daemon last read or wrote it
+/// is not overwritten: that would silently drop an edit not yet reloaded.
+fn save_file(options: &RunOptions, config: &mut Config, done: &str) -> Result<String, String> {
     let Some(path) = &options.config else {
         return Err(format!(
             "{done} (live), but not saved: the daemon was started without --config"
         ));
     };
-    let tmp = path.with_extension("toml.new");
-    std::fs::write(&tmp, config.file.to_toml())
-        .and_then(|()| std::fs::rename(&tmp, path))
+    let on_disk = std::fs::read_to_string(path).ok();
+    if on_disk != config.text {
+        return Err(format!(
+            "{done} (live), but not saved: {} changed on disk since the daemon last read it; \
+             `xdp-limiter reload` loads the file (dropping live edits not in it), or edit the file",
+            path.display()
+        ));
+    }
+    let text = config.file.to_toml();
+    write_durably(path, &text)
         .map_err(|e| format!("{done} (live), but saving {} failed: {e}", path.display()))?;
+    config.text = Some(text);
     Ok(format!("{done}; saved to {}", path.display()))
+}
+
+/// Replaces `path` with `text` atomically and durably.
+fn write_durably(path: &std::path::Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    let tmp = path.with_extension("toml.new");
+    let written = (|| {
+        let mut file = std::fs::File::create(&tmp)?;
+        file.write_all(text.as_bytes())?;
+        file.sync_all()?;
+        std::fs::rename(&tmp, path)?;
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::File::open(dir)?.sync_all()?;
+        }
+        Ok(())
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
 }
 
 /// Run time and count of the program, when `kernel.bpf_stats_enabled` is on.
@@ -717,6 +751,10 @@ fn reload(
         }
     };
     apply_overrides(&mut fresh, options);
+    if let Err(e) = config::check_frame_sizes(&fresh.rules, &fresh.daemon.interfaces) {
+        error!(error = %e, "SIGHUP: configuration rejected; the running one stays in force");
+        return None;
+    }
     if fresh.daemon != config.daemon {
         warn!("SIGHUP: [daemon] settings changed; they take effect on restart");
     }
@@ -734,6 +772,7 @@ fn reload(
     // Later rule edits start from what was reloaded, not from the old file.
     config.rules = fresh.rules;
     config.file = fresh.file;
+    config.text = fresh.text;
     Some(generation)
 }
 
