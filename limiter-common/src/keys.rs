@@ -81,6 +81,18 @@ impl SourceKey {
         self
     }
 
+    /// The key's address (its prefix's first address): IPv4 for an IPv4
+    /// key, IPv6 otherwise.
+    pub fn ip(&self) -> core::net::IpAddr {
+        match self.address_family() {
+            Some(AddressFamily::V4) => {
+                core::net::Ipv4Addr::new(self.addr[0], self.addr[1], self.addr[2], self.addr[3])
+                    .into()
+            }
+            _ => core::net::Ipv6Addr::from(self.addr).into(),
+        }
+    }
+
     /// The same key in traffic class `class`.
     #[inline(always)]
     pub const fn with_class(mut self, class: u8) -> Self {
@@ -125,6 +137,7 @@ mod tests {
         assert!(key.addr[4..].iter().all(|b| *b == 0));
         assert_eq!(key.address_family(), Some(AddressFamily::V4));
         assert_eq!(key.prefix_len, 32);
+        assert_eq!(key.ip(), core::net::Ipv4Addr::new(10, 0, 0, 1));
     }
 
     #[test]

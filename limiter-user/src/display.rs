@@ -1,17 +1,10 @@
 //! Human forms of kernel types for logs and output.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use limiter_common::SourceKey;
 
-use limiter_common::{AddressFamily, SourceKey};
-
-/// `192.0.2.1`, `2001:db8::/64`, with ` class N` for a traffic class.
+/// `192.0.2.1`, `2001:db8::/64`, with ` class N` for a frame class.
 pub fn source(key: &SourceKey) -> String {
-    let addr: IpAddr = match key.address_family() {
-        Some(AddressFamily::V4) => {
-            Ipv4Addr::new(key.addr[0], key.addr[1], key.addr[2], key.addr[3]).into()
-        }
-        _ => Ipv6Addr::from(key.addr).into(),
-    };
+    let addr = key.ip();
     let full = if addr.is_ipv4() { 32 } else { 128 };
     let mut text = if key.prefix_len == full {
         addr.to_string()

@@ -158,6 +158,13 @@ enum Command {
         #[command(flatten)]
         socket: SocketArg,
     },
+    /// Lift the penalties of every source inside a prefix, now.
+    Unblock {
+        /// Sources inside this prefix (an address is a /32 or /128).
+        cidr: ipnet::IpNet,
+        #[command(flatten)]
+        socket: SocketArg,
+    },
     /// Make the daemon re-read its configuration file.
     Reload {
         #[command(flatten)]
@@ -241,6 +248,7 @@ fn main() -> ExitCode {
         } => cli::top::run(&socket.path, output, limit, once, sort),
         Command::Mode { mode, save, socket } => cli::mode::set(&socket.path, mode, save),
         Command::Reload { socket } => cli::mode::reload(&socket.path),
+        Command::Unblock { cidr, socket } => cli::unblock::run(&socket.path, cidr),
         Command::Rule { action } => rule(action),
         Command::Default {
             action: DefaultCommand::Set { limits, common },

@@ -46,6 +46,8 @@ pub enum Request {
     Detach,
     /// Change the rules live; with `save`, write them to the file too.
     Rules { edit: RuleEdit, save: bool },
+    /// Lift the penalties of every source inside `cidr`.
+    Unblock { cidr: ipnet::IpNet },
 }
 
 /// One change to the rules.

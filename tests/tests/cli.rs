@@ -741,3 +741,58 @@ fn save_to_a_full_or_read_only_directory_fails_clearly_and_keeps_the_file() {
         assert!(saved.contains(cidr), "{cidr} in:\n{saved}");
     }
 }
+
+/// The `top --once` row of `source`, if it is there.
+fn top_row(files: &Files, source: &str) -> Option<Value> {
+    json(files, &["top", "--once"])
+        .as_array()?
+        .iter()
+        .find(|r| r["source"] == source)
+        .cloned()
+}
+
+#[test]
+fn unblock_lifts_a_penalty_and_top_shows_it() {
+    let lab = Lab::three_senders();
+    let files = Files::new();
+    files.write_config(&format!(
+        "[daemon]\ntick = \"100ms\"\n\n[default]\npps = 2\nblock = \"1h\"\ndry_run = false\n\n\
+         [[rules]]\ncidr = \"{MARKER}/32\"\naction = \"allow\"\n"
+    ));
+    let config = files.config();
+    let _daemon = Daemon::start(
+        &lab.rx,
+        &files,
+        &["-i", RX_IF, "-c", config.to_str().unwrap()],
+    );
+    let receiver = lab.receiver(PORT);
+    let got = lab.exchange(&receiver, PORT, &[(HEAVY, 5), (MEDIUM, 1)], MARKER);
+    let blocked_at = Instant::now();
+    assert_eq!(got.get(&HEAVY), Some(&2));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while top_row(&files, &HEAVY.to_string()).is_none_or(|r| r["state"] != "blocked") {
+        assert!(
+            Instant::now() < deadline,
+            "top never showed {HEAVY} blocked"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    let out = ok(&cli(&files, &["unblock", "192.0.2.0/24"]));
+    assert!(out.contains("unblocked 1 source in 192.0.2.0/24"), "{out}");
+    assert_ne!(
+        top_row(&files, &HEAVY.to_string()).expect("still in top")["state"],
+        "blocked"
+    );
+    // Once its window has slid (1 s), it is admitted again: no 1 h penalty.
+    while blocked_at.elapsed() < Duration::from_millis(1300) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let got = lab.exchange(&receiver, PORT, &[(HEAVY, 1)], MARKER);
+    assert_eq!(got.get(&HEAVY), Some(&1), "admitted again: {got:?}");
+
+    let out = ok(&cli(&files, &["unblock", "203.0.113.0/24"]));
+    assert!(out.contains("unblocked 0 sources"), "{out}");
+    let out = cli(&files, &["unblock", "not-a-cidr"]);
+    assert_eq!(out.status.code(), Some(2));
+}

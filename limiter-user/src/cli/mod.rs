@@ -7,6 +7,7 @@ pub mod mode;
 pub mod rule;
 pub mod status;
 pub mod top;
+pub mod unblock;
 pub mod units;
 
 use clap::ValueEnum;

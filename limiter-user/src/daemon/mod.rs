@@ -108,6 +108,55 @@ struct Interfaces {
 }
 
 impl Interfaces {
+    /// Lifts the penalty of every source inside `cidr` on every interface,
+    /// then pushes `rules` again (the same rules: their penalty tags stay)
+    /// so that every CPU drops what it concluded from the penalty.
+    fn unblock(
+        &mut self,
+        cidr: &ipnet::IpNet,
+        rules: &RuleSet,
+        metrics: &mut Metrics,
+    ) -> Result<String, String> {
+        let now = aggregate::kernel_now().as_nanos() as u64;
+        let mut lifted = 0usize;
+        for instance in &mut self.list {
+            let map = instance
+                .ebpf
+                .map_mut(limiter_common::names::WINDOWS)
+                .ok_or("the WINDOWS map is missing")?;
+            let mut windows =
+                aya::maps::HashMap::<_, SourceKey, limiter_common::WindowState>::try_from(map)
+                    .map_err(|e| e.to_string())?;
+            let keys: Vec<SourceKey> = windows
+                .keys()
+                .filter_map(Result::ok)
+                .filter(|key| cidr.contains(&key.ip()) && key.prefix_len >= cidr.prefix_len())
+                .collect();
+            for key in keys {
+                let Ok(mut window) = windows.get(&key, 0) else {
+                    continue;
+                };
+                if window.blocked_until_ns <= now {
+                    continue;
+                }
+                window.blocked_until_ns = 0;
+                window.blocked_tag = 0;
+                // BPF_EXIST: only while the source still has its window.
+                if windows.insert(key, window, 2).is_ok() {
+                    lifted += 1;
+                }
+            }
+        }
+        let generation = self
+            .push(rules, metrics)
+            .map_err(|e| format!("lifting the penalties failed: {e}"))?;
+        info!(%cidr, lifted, generation, "penalties lifted through the control socket");
+        let noun = if lifted == 1 { "source" } else { "sources" };
+        Ok(format!(
+            "unblocked {lifted} {noun} in {cidr}; rule generation {generation}"
+        ))
+    }
+
     fn new(list: Vec<Instance>) -> Self {
         Self {
             list,
@@ -251,6 +300,10 @@ pub async fn run(options: RunOptions) -> anyhow::Result<()> {
                         default: config.file.default.clone(),
                         rules: config.file.rules.clone(),
                     }),
+                    Request::Unblock { cidr } => match interfaces.unblock(&cidr, &config.rules, &mut metrics) {
+                        Ok(message) => ResponseLine::ok(Reply::Done { message }),
+                        Err(message) => ResponseLine::error(message),
+                    },
                     Request::Rules { edit, save } => match edit_rules(&options, &mut config, &mut interfaces, &mut metrics, edit, save) {
                         Ok(message) => ResponseLine::ok(Reply::Done { message }),
                         Err(message) => ResponseLine::error(message),
