@@ -6,7 +6,10 @@ use std::{
     fs,
     path::{Path, PathBuf},
     process::{Child, Command, ExitStatus, Stdio},
-    sync::atomic::{AtomicUsize, Ordering},
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        OnceLock,
+    },
     time::{Duration, Instant},
 };
 
@@ -18,20 +21,43 @@ use crate::netns::NetNs;
 
 static NEXT: AtomicUsize = AtomicUsize::new(0);
 
-/// The `xdp-limiter` binary: `$XDP_LIMITER_BIN`, else the workspace's
-/// debug build (`cargo xtask test` builds it before the tests).
+/// The `xdp-limiter` binary: `$XDP_LIMITER_BIN` (benchmarks and the demo
+/// point it at a release build), else the workspace's debug build, built
+/// once per test process so a test never runs a stale binary.
 pub fn binary() -> PathBuf {
-    let path = std::env::var_os("XDP_LIMITER_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/debug/xdp-limiter")
-        });
-    assert!(
-        path.exists(),
-        "{} is missing: run `cargo build -p limiter-user` (cargo xtask test does)",
-        path.display()
-    );
-    path
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            if let Some(path) = std::env::var_os("XDP_LIMITER_BIN").map(PathBuf::from) {
+                assert!(
+                    path.exists(),
+                    "$XDP_LIMITER_BIN {} is missing",
+                    path.display()
+                );
+                return path;
+            }
+            let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+            let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+            let out = Command::new(cargo)
+                .current_dir(&root)
+                .args([
+                    "build",
+                    "--quiet",
+                    "-p",
+                    "limiter-user",
+                    "--bin",
+                    "xdp-limiter",
+                ])
+                .output()
+                .expect("run cargo build");
+            assert!(
+                out.status.success(),
+                "building xdp-limiter failed:\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            root.join("target/debug/xdp-limiter")
+        })
+        .clone()
 }
 
 /// A scratch directory for one daemon's files and a bpffs pin directory.
