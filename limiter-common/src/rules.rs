@@ -17,6 +17,8 @@
 //! chain too long or cut short) gets [`UNKNOWN_PROTOCOL_CLASS`]. Userspace
 //! maps those to the strictest rule that could apply.
 
+use crate::Outcome;
+
 /// Distinct matches rules may use (each is one bit of a frame's class).
 pub const MAX_CLASSES: usize = 4;
 /// Classes of frames whose headers were read: the set of matches they
@@ -107,6 +109,34 @@ pub struct Rule {
     /// (`0` for a rule without a match, `1 + index` of its match).
     pub budget: u8,
     pub _pad: [u8; 5],
+}
+
+impl Rule {
+    /// Whether the rule only counts what it would drop (its own dry-run
+    /// or the global one).
+    #[inline(always)]
+    pub const fn is_dry_run(&self, global_dry_run: bool) -> bool {
+        global_dry_run || self.dry_run != 0
+    }
+
+    /// The outcome of a frame whose source could get no state (a state
+    /// map refused its insert): `allow` and `deny` apply as always, and a
+    /// `limit` fails closed, since the source cannot be shown to be under
+    /// it (would-drop in dry-run). Never a silent pass.
+    #[inline(always)]
+    pub const fn stateless_outcome(&self, global_dry_run: bool) -> Outcome {
+        let refused = match Action::from_u8(self.action) {
+            Some(Action::Allow) => return Outcome::Allowed,
+            Some(Action::Deny) => Outcome::DroppedDeny,
+            Some(Action::Limit) => Outcome::DroppedLimit,
+            None => return Outcome::Passed,
+        };
+        if self.is_dry_run(global_dry_run) {
+            Outcome::DryRunWouldDrop
+        } else {
+            refused
+        }
+    }
 }
 
 /// A traffic class: the match of one or more rules.
@@ -379,6 +409,39 @@ mod tests {
         assert_eq!(&v6[1..], &[0xff; 16]);
         assert_eq!(rules_base(1), MAX_RULES);
         assert_eq!(rules_base(2), 0);
+    }
+
+    #[test]
+    fn without_state_a_limit_fails_closed_and_allow_and_deny_still_apply() {
+        let rule = |action: Action, dry_run: bool| Rule {
+            action: action as u8,
+            dry_run: u8::from(dry_run),
+            ..Rule::default()
+        };
+        assert_eq!(
+            rule(Action::Limit, false).stateless_outcome(false),
+            Outcome::DroppedLimit
+        );
+        assert_eq!(
+            rule(Action::Limit, false).stateless_outcome(true),
+            Outcome::DryRunWouldDrop
+        );
+        assert_eq!(
+            rule(Action::Limit, true).stateless_outcome(false),
+            Outcome::DryRunWouldDrop
+        );
+        assert_eq!(
+            rule(Action::Deny, false).stateless_outcome(false),
+            Outcome::DroppedDeny
+        );
+        assert_eq!(
+            rule(Action::Allow, false).stateless_outcome(false),
+            Outcome::Allowed
+        );
+        assert_eq!(
+            rule(Action::Allow, true).stateless_outcome(true),
+            Outcome::Allowed
+        );
     }
 
     #[test]

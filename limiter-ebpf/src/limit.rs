@@ -370,17 +370,17 @@ fn resolve(key: &SourceKey, generation: u32) -> u32 {
 }
 
 /// A frame whose source could get no state: allow and deny still apply; a
-/// limit fails closed (we cannot prove the source is under it).
+/// limit fails closed (`Rule::stateless_outcome`, host-tested).
 #[inline(always)]
 fn stateless(config: &Config, key: &SourceKey) -> Verdict {
     let Some(rule) = RULES.get(resolve(key, config.generation)) else {
         return pass(Outcome::Passed);
     };
-    let dry_run = config.dry_run != 0 || rule.dry_run != 0;
-    match Action::from_u8(rule.action) {
-        Some(Action::Allow) => pass(Outcome::Allowed),
-        Some(Action::Deny) => refuse(dry_run, Outcome::DroppedDeny),
-        Some(Action::Limit) => refuse(dry_run, Outcome::DroppedLimit),
-        None => pass(Outcome::Passed),
+    match rule.stateless_outcome(config.dry_run != 0) {
+        outcome @ (Outcome::DroppedDeny | Outcome::DroppedLimit) => Verdict {
+            action: XDP_DROP,
+            outcome,
+        },
+        outcome => pass(outcome),
     }
 }

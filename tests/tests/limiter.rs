@@ -801,3 +801,115 @@ fn a_push_that_fails_on_one_instance_changes_none() {
         "a still enforces the old rules"
     );
 }
+
+/// The packet words of `key`'s window that hold frames (non-zero).
+fn busy_slots(harness: &Harness, key: &SourceKey) -> Vec<u64> {
+    let windows = counters::windows(harness.ebpf()).expect("read WINDOWS");
+    windows[key]
+        .slots
+        .iter()
+        .map(|slot| slot[limiter_common::window::PACKETS])
+        .filter(|word| *word != 0)
+        .collect()
+}
+
+/// Frames admitted in `key`'s window in the current bucket.
+fn current_bucket_packets(harness: &Harness, key: &SourceKey) -> u64 {
+    let windows = counters::windows(harness.ebpf()).expect("read WINDOWS");
+    let window = windows[key];
+    let bucket = testrun::coarse_now().as_nanos() as u64 / window.bucket_ns;
+    let word =
+        window.slots[limiter_common::window::slot_of(bucket)][limiter_common::window::PACKETS];
+    limiter_common::window::packets_in(word, bucket)
+}
+
+/// Waits for the start of a bucket of `bucket`, so a few milliseconds of
+/// work stay inside one.
+fn at_bucket_start(bucket: Duration) {
+    let bucket = bucket.as_nanos();
+    while testrun::coarse_now().as_nanos() % bucket > bucket / 10 {
+        thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn leases_admit_the_rest_of_a_bucket_without_touching_the_window() {
+    let mut harness = harness_with(&default_limit(1_000_000));
+    let rule = {
+        let map = harness
+            .ebpf()
+            .map(limiter_common::names::RULES)
+            .expect("RULES");
+        let rules = aya::maps::Array::<_, limiter_common::Rule>::try_from(map).expect("array");
+        rules
+            .get(&limiter_common::rules::rules_base(1), 0)
+            .expect("the default rule")
+    };
+    let lease = u64::from(rule.lease_packets);
+    assert!(lease > 1, "1M pps leases more than one frame: {lease}");
+    let frame = udp([192, 0, 2, 120]);
+    let key = SourceKey::v4([192, 0, 2, 120]);
+    at_bucket_start(Duration::from_nanos(rule.bucket_ns));
+    assert_eq!(
+        harness.offer(0, &frame, 1),
+        (1, 0),
+        "the first frame, without a window"
+    );
+    assert_eq!(harness.offer(0, &frame, 1), (1, 0));
+    assert_eq!(
+        current_bucket_packets(&harness, &key),
+        1 + lease,
+        "the window counts the first frame and a whole lease"
+    );
+    let (verdict, _) = harness.run_repeated_on_cpu(0, &frame, (lease - 1) as u32);
+    assert_eq!(verdict, testrun::XDP_PASS);
+    assert_eq!(
+        current_bucket_packets(&harness, &key),
+        1 + lease,
+        "the rest of the lease never touched the window"
+    );
+    assert_eq!(harness.offer(0, &frame, 1), (1, 0));
+    assert_eq!(
+        current_bucket_packets(&harness, &key),
+        1 + 2 * lease,
+        "a new lease"
+    );
+    assert_eq!(
+        counters::offered(&harness.traffic()[&key]).packets,
+        2 + lease,
+        "every frame offered is counted"
+    );
+}
+
+#[test]
+fn a_change_of_bucket_width_clears_a_sources_window() {
+    let mut harness = harness_with(&default_limit(5)); // 1 s window: 100 ms buckets
+    let frame = udp([192, 0, 2, 121]);
+    let key = SourceKey::v4([192, 0, 2, 121]);
+    assert_eq!(harness.offer(0, &frame, 2), (2, 0));
+    for _ in 0..2 {
+        let next = testrun::coarse_now() + Duration::from_millis(110);
+        while testrun::coarse_now() < next {
+            thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(harness.offer(0, &frame, 1), (1, 0));
+    }
+    assert!(
+        busy_slots(&harness, &key).len() >= 3,
+        "frames in three buckets"
+    );
+    let mut wider = default_limit(5);
+    wider.default.limits.window = Duration::from_secs(2); // 200 ms buckets
+    harness.push(&wider);
+    assert_eq!(harness.offer(0, &frame, 1), (1, 0));
+    let windows = counters::windows(harness.ebpf()).expect("read WINDOWS");
+    assert_eq!(
+        windows[&key].bucket_ns, 200_000_000,
+        "tagged with the new width"
+    );
+    assert_eq!(
+        busy_slots(&harness, &key).len(),
+        1,
+        "only the frame since the change: the old buckets were cleared"
+    );
+}
