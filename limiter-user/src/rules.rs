@@ -151,6 +151,15 @@ impl RuleSpec {
 }
 
 impl Match {
+    /// The same match with a port range of every port dropped: ports
+    /// `0-65535` select exactly what no port match does.
+    pub fn normalized(self) -> Self {
+        Self {
+            ports: self.ports.filter(|p| *p != (0, u16::MAX)),
+            ..self
+        }
+    }
+
     /// `tcp port 22 syn`, `any`: for messages.
     pub fn describe(&self) -> String {
         let mut words = Vec::new();
@@ -331,8 +340,16 @@ pub fn compile(set: &RuleSet, base: u32, cpus: u32) -> Result<Compiled, RuleErro
     if set.rules.len() + 1 > (MAX_RULES - 1) as usize {
         return Err(RuleError::TooManyRules);
     }
-    // Index 0 is the default rule, covering both families.
-    let all: Vec<&RuleSpec> = std::iter::once(&set.default).chain(&set.rules).collect();
+    // Index 0 is the default rule, covering both families. A full port
+    // range is no port match.
+    let normalized: Vec<RuleSpec> = std::iter::once(&set.default)
+        .chain(&set.rules)
+        .map(|spec| RuleSpec {
+            matches: spec.matches.normalized(),
+            ..spec.clone()
+        })
+        .collect();
+    let all: Vec<&RuleSpec> = normalized.iter().collect();
     for (i, spec) in all.iter().enumerate().skip(1) {
         if spec.cidr != spec.cidr.trunc() {
             return Err(RuleError::HostBits {

@@ -6,6 +6,9 @@
 //! - [`netns`]: network namespaces and veth pairs that always clean up.
 //! - [`lab`]: a sender and a receiver namespace joined by a veth pair.
 //! - [`daemon`]: the real `xdp-limiter` binary run, scraped and signalled.
+//! - [`model`]: a reference model of the documented parse and rule
+//!   semantics; [`fuzz`]: random and mutated frames checked against it
+//!   through the kernel.
 //! - [`e2e`]: the end-to-end benchmark's lab, generator, scenarios and
 //!   report (`cargo xtask bench e2e` and its smoke test).
 //!
@@ -14,7 +17,9 @@
 
 pub mod daemon;
 pub mod e2e;
+pub mod fuzz;
 pub mod lab;
+pub mod model;
 pub mod netns;
 pub mod packets;
 pub mod testrun;

@@ -94,6 +94,33 @@ impl Harness {
         })
     }
 
+    /// Runs every frame of `frames` once, in order, from one thread pinned
+    /// to `cpu`; their verdicts.
+    pub fn run_all(&mut self, cpu: usize, frames: &[Vec<u8>]) -> Vec<u32> {
+        let program = xdp_program(&mut self.ebpf).expect("program present");
+        thread::scope(|scope| {
+            scope
+                .spawn(|| {
+                    pin_current_thread(cpu);
+                    frames
+                        .iter()
+                        .map(|frame| {
+                            let mut opts = TestRunOptions::new();
+                            opts.data_in = Some(frame);
+                            program
+                                .test_run(opts)
+                                .unwrap_or_else(|e| {
+                                    panic!("BPF_PROG_TEST_RUN of {} bytes: {e}", frame.len())
+                                })
+                                .return_value
+                        })
+                        .collect()
+                })
+                .join()
+                .expect("test-run thread panicked")
+        })
+    }
+
     /// Per-CPU counters of one source; `None` if it is not tracked.
     pub fn source(&self, key: &SourceKey) -> Option<Vec<Counter>> {
         self.sources().remove(key)

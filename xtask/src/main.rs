@@ -6,6 +6,7 @@
 mod bench;
 mod build;
 mod demo;
+mod fuzz;
 mod run;
 mod setup;
 mod test;
@@ -39,6 +40,16 @@ enum Command {
         #[command(subcommand)]
         which: bench::Which,
     },
+    /// Parser fuzzing through the real kernel: random and mutated frames
+    /// checked against the reference model of the documented semantics.
+    Fuzz {
+        /// Frames to run.
+        #[arg(long, default_value_t = 1_000_000)]
+        frames: usize,
+        /// Seed (default: from the clock; a failure prints the one to rerun).
+        #[arg(long)]
+        seed: Option<u64>,
+    },
     /// The whole suite: fmt, clippy (kernel and user), unit, kernel and
     /// netns tests. Needs root; never skips a test.
     Test {
@@ -62,6 +73,10 @@ fn main() -> anyhow::Result<()> {
         Command::Bench { which } => {
             setup::run()?;
             bench::run(which)
+        }
+        Command::Fuzz { frames, seed } => {
+            setup::run()?;
+            fuzz::run(frames, seed)
         }
         Command::Test { cargo_test_args } => {
             setup::run()?;
