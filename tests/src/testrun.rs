@@ -39,6 +39,24 @@ impl Harness {
         Self { ebpf }
     }
 
+    /// Loads the program with the maps named in `pinned` taken from their
+    /// pins instead of created (as the daemon adopts its pinned maps): a
+    /// test can substitute a map of another type or size.
+    pub fn load_adopting(pinned: &[(&str, &std::path::Path)]) -> Self {
+        let mut loader = aya::EbpfLoader::new();
+        for (name, path) in pinned {
+            loader.map_pin_path(name, *path);
+        }
+        let mut ebpf = loader
+            .load(limiter_user::EBPF_OBJECT)
+            .unwrap_or_else(|e| panic!("loading the XDP object: {e}"));
+        xdp_program(&mut ebpf)
+            .expect("program present")
+            .load()
+            .unwrap_or_else(|e| panic!("loading the XDP program: {e}"));
+        Self { ebpf }
+    }
+
     pub fn ebpf(&self) -> &Ebpf {
         &self.ebpf
     }
