@@ -162,18 +162,31 @@ impl ResponseLine {
 
 /// Parses and checks a request line; the error is what to answer.
 pub fn parse_request(line: &str) -> Result<Request, String> {
+    // The version is read as any JSON value, so that one of another type
+    // (`"1"`, `[1]`) is refused naming the field, not as "expected u32".
     #[derive(Deserialize)]
     struct Versioned {
-        version: Option<u32>,
+        version: Option<serde_json::Value>,
     }
     let versioned: Versioned =
         serde_json::from_str(line).map_err(|e| format!("malformed request: {e}"))?;
     match versioned.version {
-        Some(PROTOCOL_VERSION) => {}
-        Some(other) => {
+        Some(version) if version.as_u64() == Some(u64::from(PROTOCOL_VERSION)) => {}
+        Some(serde_json::Value::Number(other)) => {
             return Err(format!(
                 "protocol version {other} is not supported (this daemon speaks {PROTOCOL_VERSION})"
             ))
+        }
+        Some(other) => {
+            let kind = match other {
+                serde_json::Value::Bool(_) => "a boolean",
+                serde_json::Value::String(_) => "a string",
+                serde_json::Value::Array(_) => "an array",
+                _ => "an object",
+            };
+            return Err(format!(
+                "malformed request: `version` must be a number ({PROTOCOL_VERSION}), not {kind}"
+            ));
         }
         None => return Err("malformed request: missing field `version`".into()),
     }

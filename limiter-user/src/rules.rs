@@ -250,7 +250,11 @@ pub enum RuleError {
     ProtocolZero { rule: String },
     #[error("{rule}.cidr: {cidr} has host bits set (did you mean {}?)", cidr.trunc())]
     HostBits { rule: String, cidr: IpNet },
-    #[error("{rule}.cidr: prefix {cidr} is longer than the /{key_len} sources are keyed by")]
+    #[error(
+        "{rule}.cidr: prefix {cidr} is longer than the /{key_len} sources are keyed by \
+         (limits.{})",
+        if cidr.addr().is_ipv4() { "ipv4_prefix" } else { "ipv6_prefix" }
+    )]
     PrefixTooLong {
         rule: String,
         cidr: IpNet,

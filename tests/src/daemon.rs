@@ -3,9 +3,10 @@
 //! it, and always stop it and remove its pins.
 
 use std::{
+    collections::BTreeMap,
     fs,
     path::{Path, PathBuf},
-    process::{Child, Command, ExitStatus, Stdio},
+    process::{Child, Command, ExitStatus, Output, Stdio},
     sync::{
         atomic::{AtomicUsize, Ordering},
         OnceLock,
@@ -93,6 +94,17 @@ impl Files {
 
     pub fn write_config(&self, text: &str) {
         fs::write(self.config(), text).expect("write config");
+    }
+
+    /// `xdp-limiter <args> --socket <this daemon's socket>`: the CLI, run
+    /// to completion whatever its exit status.
+    pub fn cli(&self, args: &[&str]) -> Output {
+        Command::new(binary())
+            .args(args)
+            .arg("--socket")
+            .arg(self.socket())
+            .output()
+            .expect("run the CLI")
     }
 }
 
@@ -345,8 +357,23 @@ impl Daemon {
         Duration::from_millis(ticks * 1000 / hz)
     }
 
-    fn pid(&self) -> Pid {
+    pub fn pid(&self) -> Pid {
         Pid::from_raw(self.child.as_ref().expect("running").id() as i32)
+    }
+
+    /// The daemon's resident set size (VmRSS), in bytes; 0 once it is gone.
+    pub fn rss_bytes(&self) -> u64 {
+        let status = fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap_or_default();
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix("VmRSS:"))
+            .and_then(|kib| kib.split_whitespace().next()?.parse::<u64>().ok())
+            .map_or(0, |kib| kib * 1024)
+    }
+
+    /// File descriptors the daemon holds open right now.
+    pub fn open_fds(&self) -> usize {
+        fs::read_dir(format!("/proc/{}/fd", self.pid())).map_or(0, |dir| dir.count())
     }
 
     pub fn signal(&self, signal: Signal) {
@@ -385,8 +412,9 @@ impl Daemon {
         }
     }
 
-    /// A real HTTP scrape of /metrics inside the daemon's namespace.
-    fn try_metrics(&self) -> Option<String> {
+    /// A real HTTP scrape of /metrics inside the daemon's namespace; `None`
+    /// if it fails.
+    pub fn try_metrics(&self) -> Option<String> {
         let ns = format!("/run/netns/{}", self.netns);
         std::thread::scope(|scope| {
             scope
@@ -431,6 +459,14 @@ impl Daemon {
             std::thread::sleep(Duration::from_millis(50));
         }
     }
+
+    /// Waits for a complete aggregation pass that started after this call:
+    /// the metrics then reflect every frame counted before it.
+    pub fn next_pass(&self) {
+        let count = "xdp_limiter_aggregation_duration_seconds_count";
+        let now = self.metric(count).unwrap_or(0.0);
+        self.wait_metric(count, |v| v >= now + 2.0);
+    }
 }
 
 impl Drop for Daemon {
@@ -455,6 +491,17 @@ pub fn process_state(pid: u32) -> char {
     stat.rsplit_once(") ")
         .and_then(|(_, rest)| rest.chars().next())
         .unwrap_or('?')
+}
+
+/// Every series of a Prometheus text exposition, `name{labels}` -> value.
+pub fn parse_series(text: &str) -> BTreeMap<String, f64> {
+    text.lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter_map(|line| {
+            let (name, value) = line.rsplit_once(' ')?;
+            Some((name.to_string(), value.parse().ok()?))
+        })
+        .collect()
 }
 
 /// The value of `series` in a Prometheus text exposition.

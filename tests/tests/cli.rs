@@ -38,12 +38,7 @@ fn setup() -> Setup {
 
 /// `xdp-limiter <args> --socket <the daemon's>`.
 fn cli(files: &Files, args: &[&str]) -> Output {
-    Command::new(binary())
-        .args(args)
-        .arg("--socket")
-        .arg(files.socket())
-        .output()
-        .expect("run the CLI")
+    files.cli(args)
 }
 
 #[track_caller]

@@ -3,10 +3,10 @@
 //! refused frame counts against exactly one rule, and a daemon protecting
 //! two interfaces runs one rule generation on both and names their rules.
 
-use std::{collections::BTreeMap, net::Ipv4Addr, process::Command};
+use std::{collections::BTreeMap, net::Ipv4Addr};
 
 use limiter_tests::{
-    daemon::{binary, parse_metric, Daemon, Files},
+    daemon::{parse_metric, parse_series, Daemon, Files},
     lab::{limit_config, Lab, HEAVY, HEAVY2, MARKER, MARKER2, MEDIUM, RX2_ADDR, RX2_IF, RX_IF},
 };
 use serde_json::Value;
@@ -18,17 +18,6 @@ const PORT: u16 = 7100;
 fn config(pps: u64, extra: &str) -> String {
     limit_config(pps).replacen("[daemon]\n", &format!("[daemon]\n{extra}"), 1)
         + &format!("\n[[rules]]\ncidr = \"{MARKER2}/32\"\naction = \"allow\"\n")
-}
-
-/// Every series of a scrape, `name{labels}` -> value.
-fn series(text: &str) -> BTreeMap<String, f64> {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| {
-            let (name, value) = l.rsplit_once(' ')?;
-            Some((name.to_string(), value.parse().ok()?))
-        })
-        .collect()
 }
 
 /// The sum of the series of metric `name` whose labels contain all of
@@ -43,25 +32,13 @@ fn sum(scrape: &BTreeMap<String, f64>, name: &str, labels: &[&str]) -> f64 {
 }
 
 fn cli(files: &Files, args: &[&str]) -> String {
-    let out = Command::new(binary())
-        .args(args)
-        .arg("--socket")
-        .arg(files.socket())
-        .output()
-        .expect("run the CLI");
+    let out = files.cli(args);
     assert!(
         out.status.success(),
         "xdp-limiter {args:?}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// Waits for a complete aggregation pass that started after this call.
-fn next_pass(daemon: &Daemon) {
-    let count = "xdp_limiter_aggregation_duration_seconds_count";
-    let now = daemon.metric(count).unwrap_or(0.0);
-    daemon.wait_metric(count, |v| v >= now + 2.0);
 }
 
 #[test]
@@ -94,8 +71,8 @@ fn every_total_is_monotonic_and_rule_drops_add_up_across_reloads_modes_and_sweep
         let mut sends = vec![(HEAVY, 30), (MEDIUM, 3)];
         sends.extend(spoofed.iter().map(|s| (*s, 1)));
         lab.exchange(&receiver, PORT, &sends, MARKER);
-        next_pass(&daemon);
-        let now = series(&daemon.metrics());
+        daemon.next_pass();
+        let now = parse_series(&daemon.metrics());
         for (name, before) in &previous {
             if name.contains("_total") && !name.contains("_bucket") {
                 let after = now.get(name).copied().unwrap_or(0.0);
@@ -187,7 +164,7 @@ fn two_interfaces_run_one_generation_and_name_their_rules() {
         let got = lab.exchange_with(receiver, *dst, PORT, &[(*heavy, 30)], *marker);
         assert_eq!(got.get(heavy), Some(&20), "{heavy}: limited at 20: {got:?}");
     }
-    next_pass(&daemon);
+    daemon.next_pass();
     let metrics = daemon.metrics();
     for (_, _, heavy, _, iface) in &receivers {
         let series = format!(

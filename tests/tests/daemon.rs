@@ -834,14 +834,7 @@ fn two_thousand_idle_metrics_connections_starve_nothing() {
     });
     assert!(idle.len() >= 1000, "{} connections held", idle.len());
 
-    let cli = |args: &[&str]| {
-        Command::new(binary())
-            .args(args)
-            .arg("--socket")
-            .arg(files.socket())
-            .output()
-            .expect("run the CLI")
-    };
+    let cli = |args: &[&str]| files.cli(args);
     let status = cli(&["status"]);
     assert!(
         status.status.success(),

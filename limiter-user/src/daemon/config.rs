@@ -352,7 +352,18 @@ impl FileConfig {
             v6_prefix_len: self.limits.ipv6_prefix,
             buckets_per_window: self.limits.buckets_per_window,
         };
-        compile(&set, 0, 1)?;
+        compile(&set, 0, 1).map_err(|e| match e {
+            // A global knob is named as the file spells it.
+            RuleError::KeyPrefix { family, .. } => field(
+                if family == "IPv4" {
+                    "limits.ipv4_prefix"
+                } else {
+                    "limits.ipv6_prefix"
+                },
+                e.to_string(),
+            ),
+            e => e.into(),
+        })?;
         Ok(Config {
             daemon: self.daemon,
             rules: set,
@@ -397,6 +408,25 @@ fn rule_spec(section: &RuleSection, name: &str, is_default: bool) -> Result<Rule
             )
         })?),
     };
+    // TOML integers are signed 64-bit: a larger count (the control
+    // socket's JSON can carry one, and an allow rule ignores its rates)
+    // could never be saved to the file.
+    for (what, value) in [
+        ("pps", section.pps),
+        ("bytes_per_second", section.bytes_per_second),
+        ("burst_packets", Some(section.burst_packets)),
+        ("burst_bytes", Some(section.burst_bytes)),
+    ] {
+        if let Some(value) = value.filter(|v| i64::try_from(*v).is_err()) {
+            return Err(field(
+                format!("{name}.{what}"),
+                format!(
+                    "{value} is larger than a configuration file holds ({})",
+                    i64::MAX
+                ),
+            ));
+        }
+    }
     let dry_run = section.dry_run.unwrap_or(is_default);
     let mut pps = section.pps;
     if is_default

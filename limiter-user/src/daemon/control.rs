@@ -125,7 +125,8 @@ async fn handle(stream: UnixStream, commands: mpsc::Sender<Command>) -> std::io:
         match read {
             Err(_) => ResponseLine::error("timed out waiting for a request line"),
             Ok(Err(e)) => ResponseLine::error(format!("reading the request: {e}")),
-            Ok(Ok(_)) if line.len() > MAX_REQUEST_BYTES => {
+            // The newline ends the request; it is not part of it.
+            Ok(Ok(_)) if line.strip_suffix('\n').unwrap_or(&line).len() > MAX_REQUEST_BYTES => {
                 ResponseLine::error(format!("request longer than {MAX_REQUEST_BYTES} bytes"))
             }
             Ok(Ok(_)) => match parse_request(line.trim_end()) {

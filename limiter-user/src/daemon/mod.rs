@@ -659,13 +659,49 @@ fn edit_rules(
     edit: RuleEdit,
     save: bool,
 ) -> Result<String, String> {
-    let mut file = config.file.clone();
+    let (file, mut fresh, what) = apply_rule_edit(&config.file, edit)?;
+    apply_overrides(&mut fresh, options);
+    config::check_frame_sizes(&fresh.rules, &fresh.daemon.interfaces)
+        .map_err(|e| format!("rejected: {e}"))?;
+    let generation = interfaces
+        .push(&fresh.rules, metrics)
+        .map_err(|e| format!("pushing the rules failed: {e}"))?;
+    config.rules = fresh.rules;
+    config.file = file;
+    info!(change = %what, generation, "rules changed through the control socket");
+    let done = format!("{what}; rule generation {generation}");
+    if save {
+        return save_file(options, config, &done);
+    }
+    Ok(done)
+}
+
+/// The pure part of a rule edit: `edit` applied to a copy of `file`, the
+/// result validated as a whole file would be. Returns the edited file, its
+/// validated configuration (before command-line overrides) and what
+/// changed, or the answer to give; `file` itself is never touched, so a
+/// rejected edit changes nothing. Public so the property tests can drive
+/// it without a kernel.
+pub fn apply_rule_edit(
+    file: &config::FileConfig,
+    edit: RuleEdit,
+) -> Result<(config::FileConfig, Config, String), String> {
+    let mut file = file.clone();
     let describe = |r: &config::RuleSection| {
         r.cidr.map_or_else(
             || "the default rule".to_string(),
             |c| format!("the rule for {c}"),
         )
     };
+    if let RuleEdit::Set { rule } | RuleEdit::Remove { rule } = &edit {
+        // Only the default rule has no cidr, and these cannot name it: say
+        // what is missing rather than that no such rule exists.
+        if rule.cidr.is_none() {
+            return Err(
+                "a rule needs a cidr (the default rule is replaced with `default set`)".into(),
+            );
+        }
+    }
     let what = match edit {
         RuleEdit::Add { rule } => {
             if rule.cidr.is_none() {
@@ -684,7 +720,7 @@ fn edit_rules(
         RuleEdit::Set { rule } => {
             let Some(slot) = file.rules.iter_mut().find(|r| r.same_rule(&rule)) else {
                 return Err(format!(
-                    "no {} with that match; use `rule add`",
+                    "{} with that match does not exist; use `rule add`",
                     describe(&rule)
                 ));
             };
@@ -710,24 +746,11 @@ fn edit_rules(
             "replaced the default rule".to_string()
         }
     };
-    let mut fresh = file
+    let fresh = file
         .clone()
         .validate()
         .map_err(|e| format!("rejected: {e}"))?;
-    apply_overrides(&mut fresh, options);
-    config::check_frame_sizes(&fresh.rules, &fresh.daemon.interfaces)
-        .map_err(|e| format!("rejected: {e}"))?;
-    let generation = interfaces
-        .push(&fresh.rules, metrics)
-        .map_err(|e| format!("pushing the rules failed: {e}"))?;
-    config.rules = fresh.rules;
-    config.file = file;
-    info!(change = %what, generation, "rules changed through the control socket");
-    let done = format!("{what}; rule generation {generation}");
-    if save {
-        return save_file(options, config, &done);
-    }
-    Ok(done)
+    Ok((file, fresh, what))
 }
 
 /// Writes the configuration in force to the file the daemon was started
