@@ -120,20 +120,7 @@ impl Scenario {
                 Installed::Nothing
             }
             Scenario::XdpLimiter => {
-                let files = Files::new();
-                files.write_config(&limiter_config(limit));
-                let config = files.config();
-                let daemon = Daemon::start(
-                    &lab.rx,
-                    &files,
-                    &["-c", config.to_str().expect("UTF-8 path")],
-                );
-                // Its aggregation ticks share the generator's CPU, never
-                // the receiver's.
-                for task in daemon.tasks() {
-                    lab::pin(task, lab::GEN_CPU);
-                }
-                Installed::Daemon(Box::new((daemon, files)))
+                Installed::Daemon(Box::new(start_limiter(lab, &limiter_config(limit))))
             }
         }
     }
@@ -160,6 +147,21 @@ pub enum Installed {
     Nothing,
     /// The daemon (stopped on drop: it detaches) and its files and pins.
     Daemon(Box<(Daemon, Files)>),
+}
+
+/// The real daemon guarding `lab`'s receiving veth under the configuration
+/// `config` (written to its own scratch files; its pins are its own too).
+pub fn start_limiter(lab: &Lab, config: &str) -> (Daemon, Files) {
+    let files = Files::new();
+    files.write_config(config);
+    let path = files.config();
+    let daemon = Daemon::start(&lab.rx, &files, &["-c", path.to_str().expect("UTF-8 path")]);
+    // Its aggregation ticks share the generator's CPU, never the
+    // receiver's.
+    for task in daemon.tasks() {
+        lab::pin(task, lab::GEN_CPU);
+    }
+    (daemon, files)
 }
 
 /// The nftables rules: one dynamic set per family, elements expire after

@@ -9,7 +9,7 @@ use std::{
 };
 
 use aya::{
-    maps::{Array, MapData, PerCpuArray, PerCpuValues},
+    maps::{Array, Map, MapData, PerCpuArray, PerCpuValues},
     programs::{
         xdp::{XdpLinkId, XdpMode},
         SocketFilter, TestRun, TestRunAttrs, TestRunOptions, Xdp,
@@ -261,18 +261,40 @@ impl Programs {
     /// from [`GENERATOR_THREADS`] threads that enter `tx` and share
     /// [`lab::GEN_CPU`].
     pub fn generate(&self, lab: &Lab, stop: &AtomicBool) {
+        self.generate_at(lab, stop, Priority::Normal);
+    }
+
+    /// [`generate`](Self::generate) with the sending threads at `priority`.
+    pub fn generate_at(&self, lab: &Lab, stop: &AtomicBool, priority: Priority) {
         std::thread::scope(|scope| {
             for _ in 0..GENERATOR_THREADS {
-                scope.spawn(|| self.generate_one(lab, stop));
+                scope.spawn(|| self.generate_one(lab, stop, priority));
             }
         });
     }
 
-    fn generate_one(&self, lab: &Lab, stop: &AtomicBool) {
+    /// A second handle on the generator's configuration, for changing the
+    /// destination port while [`generate`](Self::generate) runs (which
+    /// holds `self` borrowed).
+    pub fn port_switch(&self) -> PortSwitch {
+        let Some(Map::Array(data)) = self.ebpf.map(names::GEN_CONFIG) else {
+            panic!("GEN_CONFIG is not an array");
+        };
+        let id = data.info().expect("GEN_CONFIG info").id();
+        let data = MapData::from_id(id).expect("open GEN_CONFIG again");
+        PortSwitch {
+            map: Array::try_from(Map::Array(data)).expect("array"),
+        }
+    }
+
+    fn generate_one(&self, lab: &Lab, stop: &AtomicBool, priority: Priority) {
         let path = format!("/run/netns/{}", lab.tx.name());
         let ns = std::fs::File::open(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
         nix::sched::setns(ns, nix::sched::CloneFlags::CLONE_NEWNET).expect("enter tx");
         lab::pin(0, lab::GEN_CPU);
+        if priority == Priority::Lowest {
+            lowest_priority();
+        }
         let program: &Xdp = self
             .ebpf
             .program(names::GENERATOR)
@@ -312,6 +334,45 @@ impl Drop for Programs {
                 }
             }
         }
+    }
+}
+
+/// Scheduling priority of the generator's threads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Priority {
+    /// As any other task: the benchmark's measurements.
+    Normal,
+    /// Nice 19. A paced generator spins between due frames and so takes
+    /// its whole CPU whatever the rate; a long run on a shared machine
+    /// lets every other task go first (stalls are on record, see
+    /// [`Programs::sent`]).
+    Lowest,
+}
+
+/// Sets the calling thread's nice value to 19.
+fn lowest_priority() {
+    let tid = nix::unistd::gettid().as_raw();
+    // SAFETY: setpriority(2) takes plain integers and touches no memory of
+    // ours; on Linux PRIO_PROCESS with a thread id applies to that thread.
+    let rc = unsafe { nix::libc::setpriority(nix::libc::PRIO_PROCESS, tid as nix::libc::id_t, 19) };
+    assert_eq!(rc, 0, "setpriority: {}", std::io::Error::last_os_error());
+}
+
+/// Changes the generator's destination port while it runs (see
+/// [`Programs::port_switch`]).
+pub struct PortSwitch {
+    map: Array<MapData, GenConfig>,
+}
+
+impl PortSwitch {
+    /// Frames from now on go to UDP `port` (the sink counts only those
+    /// to [`SINK_PORT`]). The generator reads its configuration frame by
+    /// frame; only this field changes, so a frame sees the old port or
+    /// the new one.
+    pub fn set(&mut self, port: u16) {
+        let mut config = self.map.get(&0, 0).expect("read GEN_CONFIG");
+        config.dst_port = port;
+        self.map.set(0, config, 0).expect("write GEN_CONFIG");
     }
 }
 
