@@ -177,26 +177,7 @@ fn wild_rule() -> BoxedStrategy<RuleSection> {
             option::of(any::<bool>()),
         ),
     )
-        .prop_map(
-            |(
-                (cidr, action, protocol, ports, tcp_syn),
-                (pps, bytes_per_second, burst_packets, burst_bytes),
-                (window, block, dry_run),
-            )| RuleSection {
-                cidr,
-                action,
-                protocol,
-                ports,
-                tcp_syn,
-                pps,
-                bytes_per_second,
-                burst_packets,
-                burst_bytes,
-                window,
-                block,
-                dry_run,
-            },
-        )
+        .prop_map(section)
         .boxed()
 }
 
@@ -218,7 +199,7 @@ fn plausible_rule() -> BoxedStrategy<RuleSection> {
     ];
     (
         (
-            select(PREFIXES).prop_map(|p| p.parse::<IpNet>().expect("a valid prefix")),
+            select(PREFIXES).prop_map(|p| Some(p.parse::<IpNet>().expect("a valid prefix"))),
             action(),
             protocol,
             ports,
@@ -236,27 +217,45 @@ fn plausible_rule() -> BoxedStrategy<RuleSection> {
             option::of(any::<bool>()),
         ),
     )
-        .prop_map(
-            |(
-                (cidr, action, protocol, ports, tcp_syn),
-                (pps, bytes_per_second, burst_packets, burst_bytes),
-                (window, block, dry_run),
-            )| RuleSection {
-                cidr: Some(cidr),
-                action,
-                protocol,
-                ports,
-                tcp_syn,
-                pps,
-                bytes_per_second,
-                burst_packets,
-                burst_bytes,
-                window,
-                block,
-                dry_run,
-            },
-        )
+        .prop_map(section)
         .boxed()
+}
+
+/// A rule's fields as the strategies above draw them (grouped in tuples:
+/// proptest implements `Strategy` for tuples of at most 12).
+type Fields = (
+    (
+        Option<IpNet>,
+        ActionName,
+        Option<ProtocolSpec>,
+        Option<PortsSpec>,
+        bool,
+    ),
+    (Option<u64>, Option<u64>, u64, u64),
+    (Duration, Option<Duration>, Option<bool>),
+);
+
+fn section(
+    (
+        (cidr, action, protocol, ports, tcp_syn),
+        (pps, bytes_per_second, burst_packets, burst_bytes),
+        (window, block, dry_run),
+    ): Fields,
+) -> RuleSection {
+    RuleSection {
+        cidr,
+        action,
+        protocol,
+        ports,
+        tcp_syn,
+        pps,
+        bytes_per_second,
+        burst_packets,
+        burst_bytes,
+        window,
+        block,
+        dry_run,
+    }
 }
 
 fn rule() -> BoxedStrategy<RuleSection> {

@@ -66,6 +66,19 @@ impl Lab {
             .ip(&["addr", "add", &format!("{RX_ADDR}/24"), "dev", RX_IF]);
     }
 
+    /// The id of the XDP program on the guarded interface (`RX_IF`), as
+    /// `ip -details link` reports it; `None` when there is none.
+    pub fn attached_program(&self) -> Option<u32> {
+        let out = self.rx.ip(&["-details", "link", "show", RX_IF]);
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let at = text.find("prog/xdp id ")?;
+        text[at + "prog/xdp id ".len()..]
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()
+    }
+
     /// A second veth pair between the namespaces, `TX2_IF` (with
     /// `MARKER2` and `HEAVY2`) to `RX2_IF` (`RX2_ADDR`), for a daemon
     /// protecting two interfaces.

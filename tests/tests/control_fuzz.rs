@@ -175,19 +175,6 @@ impl State {
     }
 }
 
-/// The id of the XDP program on the lab's guarded interface, as `ip`
-/// reports it.
-fn attached_program(lab: &Lab) -> Option<u32> {
-    let out = lab.rx.ip(&["-details", "link", "show", RX_IF]);
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let at = text.find("prog/xdp id ")?;
-    text[at + "prog/xdp id ".len()..]
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()
-}
-
 // ---------------------------------------------------------------------
 // What the daemon must answer.
 
@@ -665,7 +652,7 @@ fn the_control_socket_answers_every_line_clearly_and_changes_nothing() {
     assert_eq!(before.generation, 1, "{before:?}");
     assert_eq!(before.rules, 4, "{before:?}");
     assert_eq!(
-        attached_program(&lab),
+        lab.attached_program(),
         before.interfaces.first().map(|i| i.2),
         "the program attached is the daemon's"
     );
@@ -797,7 +784,7 @@ fn the_control_socket_answers_every_line_clearly_and_changes_nothing() {
     let after = State::read(&socket);
     assert_eq!(after, before, "the state changed");
     assert_eq!(
-        attached_program(&lab),
+        lab.attached_program(),
         after.interfaces.first().map(|i| i.2),
         "the program is still attached"
     );

@@ -21,18 +21,6 @@ fn series(name: &str, outcome: &str) -> String {
     format!("{name}{{interface=\"{RX_IF}\",outcome=\"{outcome}\"}}")
 }
 
-/// The id of the XDP program on the lab's guarded interface, if any.
-fn attached_program(lab: &Lab) -> Option<u32> {
-    let out = lab.rx.ip(&["-details", "link", "show", RX_IF]);
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let at = text.find("prog/xdp id ")?;
-    text[at + "prog/xdp id ".len()..]
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()
-}
-
 fn start(lab: &Lab, files: &Files, extra: &[&str]) -> Daemon {
     let config = files.config();
     let mut args = vec!["-i", RX_IF, "-c", config.to_str().expect("utf-8 path")];
@@ -47,7 +35,7 @@ fn the_daemon_enforces_limits_and_metrics_match_what_the_receiver_saw() {
     files.write_config(&limit_config(2));
     let daemon = start(&lab, &files, &[]);
     assert!(daemon.log().contains("mode=\"native\""), "{}", daemon.log());
-    assert!(attached_program(&lab).is_some());
+    assert!(lab.attached_program().is_some());
 
     let receiver = lab.receiver(PORT);
     let got = lab.exchange(&receiver, PORT, &[(HEAVY, 100), (MEDIUM, 15)], MARKER);
@@ -105,7 +93,7 @@ fn the_daemon_enforces_limits_and_metrics_match_what_the_receiver_saw() {
 
     let status = daemon.stop();
     assert!(status.success(), "clean shutdown: {status}");
-    assert_eq!(attached_program(&lab), None, "detached on shutdown");
+    assert_eq!(lab.attached_program(), None, "detached on shutdown");
     assert!(!files.pin_dir.join(RX_IF).exists(), "pins removed");
 }
 
@@ -118,7 +106,7 @@ fn after_sigkill_protection_continues_and_a_new_daemon_adopts_pins_and_counters(
     let first = start(&lab, &files, &[]);
     let got = lab.exchange(&receiver, PORT, &[(HEAVY, 30)], MARKER);
     assert_eq!(got.get(&HEAVY), Some(&20));
-    let program = attached_program(&lab).expect("attached");
+    let program = lab.attached_program().expect("attached");
     first.kill();
 
     let got = lab.exchange(&receiver, PORT, &[(HEAVY, 10)], MARKER);
@@ -128,14 +116,14 @@ fn after_sigkill_protection_continues_and_a_new_daemon_adopts_pins_and_counters(
         "still enforced with no daemon: {got:?}"
     );
     assert_eq!(
-        attached_program(&lab),
+        lab.attached_program(),
         Some(program),
         "the pinned link kept it attached"
     );
 
     let second = start(&lab, &files, &[]);
     second.wait_log("adopted the pinned link");
-    let replaced = attached_program(&lab).expect("attached");
+    let replaced = lab.attached_program().expect("attached");
     assert_ne!(
         replaced, program,
         "the new daemon's program replaced the old one"
@@ -157,7 +145,7 @@ fn an_upgrade_in_place_lets_no_over_limit_frame_through() {
     let old = start(&lab, &files, &["--keep-attached"]);
     let got = lab.exchange(&receiver, PORT, &[(HEAVY, 25)], MARKER);
     assert_eq!(got.get(&HEAVY), Some(&20));
-    let old_program = attached_program(&lab).expect("attached");
+    let old_program = lab.attached_program().expect("attached");
 
     // Flood from the over-limit source while the old daemon stops (keeping
     // the program attached) and the new one takes over.
@@ -174,7 +162,7 @@ fn an_upgrade_in_place_lets_no_over_limit_frame_through() {
         });
         assert!(old.stop().success());
         assert_eq!(
-            attached_program(&lab),
+            lab.attached_program(),
             Some(old_program),
             "--keep-attached kept it"
         );
@@ -183,7 +171,7 @@ fn an_upgrade_in_place_lets_no_over_limit_frame_through() {
         flooding.store(false, Ordering::Relaxed);
         let sent = flood.join().expect("flood thread");
         assert_ne!(
-            attached_program(&lab),
+            lab.attached_program(),
             Some(old_program),
             "program replaced"
         );
@@ -323,7 +311,7 @@ fn an_interface_with_someone_elses_program_is_left_alone() {
             .attach(RX_IF, XdpMode::Driver)
             .expect("attach the other program")
     });
-    let theirs = attached_program(&lab).expect("their program");
+    let theirs = lab.attached_program().expect("their program");
 
     let (status, log) = Daemon::start_failing(&lab.rx, &files, &["-i", RX_IF]);
     assert_eq!(status.code(), Some(1));
@@ -332,7 +320,7 @@ fn an_interface_with_someone_elses_program_is_left_alone() {
         "{log}"
     );
     assert_eq!(
-        attached_program(&lab),
+        lab.attached_program(),
         Some(theirs),
         "their program untouched"
     );
@@ -379,7 +367,7 @@ fn a_missing_bpffs_is_mounted() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    assert!(attached_program(&lab).is_some());
+    assert!(lab.attached_program().is_some());
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(child.id() as i32),
         Signal::SIGTERM,
@@ -387,7 +375,7 @@ fn a_missing_bpffs_is_mounted() {
     .expect("signal");
     let status = child.wait().expect("wait");
     assert!(status.success(), "{status}");
-    assert_eq!(attached_program(&lab), None);
+    assert_eq!(lab.attached_program(), None);
 }
 
 #[test]
@@ -418,7 +406,7 @@ fn a_pinned_map_of_another_layout_is_recreated_and_detach_removes_everything() {
     );
     assert!(daemon.stop().success());
     assert!(
-        attached_program(&lab).is_some(),
+        lab.attached_program().is_some(),
         "--keep-attached left it attached"
     );
 
@@ -438,7 +426,7 @@ fn a_pinned_map_of_another_layout_is_recreated_and_detach_removes_everything() {
         String::from_utf8_lossy(&out.stdout).trim(),
         format!("{RX_IF}: detached")
     );
-    assert_eq!(attached_program(&lab), None, "detach removed the program");
+    assert_eq!(lab.attached_program(), None, "detach removed the program");
     assert!(!files.pin_dir.join(RX_IF).exists(), "and the pins");
 }
 
@@ -478,7 +466,7 @@ fn a_second_daemon_is_refused_before_it_touches_anything() {
     files.write_config(&limit_config(2));
     let receiver = lab.receiver(PORT);
     let first = start(&lab, &files, &[]);
-    let program = attached_program(&lab).expect("attached");
+    let program = lab.attached_program().expect("attached");
     let mut heavy_passed = 0;
     let config = files.config();
     let config = config.to_str().expect("utf-8");
@@ -529,7 +517,7 @@ fn a_second_daemon_is_refused_before_it_touches_anything() {
             "{what}: refused before adopting:\n{log}"
         );
         assert_eq!(
-            attached_program(&lab),
+            lab.attached_program(),
             Some(program),
             "{what}: the first daemon's program stays attached"
         );
@@ -558,7 +546,7 @@ fn a_start_that_fails_after_a_sigkill_leaves_the_pinned_protection_alone() {
     let first = start(&lab, &files, &[]);
     let got = lab.exchange(&receiver, PORT, &[(HEAVY, 25)], MARKER);
     assert_eq!(got.get(&HEAVY), Some(&20));
-    let program = attached_program(&lab).expect("attached");
+    let program = lab.attached_program().expect("attached");
     first.kill();
 
     // Someone else holds the metrics port: the start fails, and must not
@@ -577,7 +565,7 @@ fn a_start_that_fails_after_a_sigkill_leaves_the_pinned_protection_alone() {
         one_error_line(&log).contains("cannot listen for metrics"),
         "{log}"
     );
-    assert_eq!(attached_program(&lab), Some(program), "still attached");
+    assert_eq!(lab.attached_program(), Some(program), "still attached");
     assert!(pinned(&files), "still pinned");
     let got = lab.exchange(&receiver, PORT, &[(HEAVY, 5)], MARKER);
     assert_eq!(got.get(&HEAVY), None, "still enforcing: {got:?}");
@@ -701,7 +689,7 @@ fn a_start_killed_at_any_step_leaves_protection_whole_and_the_next_start_works()
         let config = files.config();
         let args = ["-i", RX_IF, "-c", config.to_str().expect("utf-8")];
         Daemon::start_stopped_at(&lab.rx, &files, &args, step).kill();
-        if attached_program(&lab).is_some() {
+        if lab.attached_program().is_some() {
             assert!(
                 heavy_through(&lab, &receiver, 25) <= 20,
                 "killed at {step}: attached, so it must enforce"
@@ -722,12 +710,12 @@ fn a_start_killed_at_any_step_leaves_protection_whole_and_the_next_start_works()
         let old = start(&lab, &files, &["--keep-attached"]);
         assert_eq!(heavy_through(&lab, &receiver, 25), 20);
         assert!(old.stop().success());
-        let program = attached_program(&lab).expect("kept attached");
+        let program = lab.attached_program().expect("kept attached");
         let config = files.config();
         let args = ["-i", RX_IF, "-c", config.to_str().expect("utf-8")];
         Daemon::start_stopped_at(&lab.rx, &files, &args, step).kill();
         assert_eq!(
-            attached_program(&lab),
+            lab.attached_program(),
             Some(program),
             "killed at {step}: untouched"
         );
@@ -759,7 +747,7 @@ fn a_running_daemon_re_attaches_to_a_re_created_interface() {
     lab.recreate_link();
     daemon.wait_log("re-attached");
     assert!(
-        attached_program(&lab).is_some(),
+        lab.attached_program().is_some(),
         "attached to the new interface"
     );
     daemon.wait_metric(
@@ -772,7 +760,7 @@ fn a_running_daemon_re_attaches_to_a_re_created_interface() {
         "enforcing again, with the window it had"
     );
     assert!(daemon.stop().success());
-    assert_eq!(attached_program(&lab), None, "detached on shutdown");
+    assert_eq!(lab.attached_program(), None, "detached on shutdown");
 }
 
 #[test]
@@ -786,13 +774,13 @@ fn a_daemon_adopting_the_pins_of_a_re_created_interface_attaches_afresh() {
     assert!(old.stop().success());
     lab.recreate_link();
     assert_eq!(
-        attached_program(&lab),
+        lab.attached_program(),
         None,
         "the new interface has no program"
     );
     let new = start(&lab, &files, &[]);
     new.wait_log("the pinned link is defunct");
-    assert!(attached_program(&lab).is_some());
+    assert!(lab.attached_program().is_some());
     assert_eq!(
         heavy_through(&lab, &receiver, 5),
         0,

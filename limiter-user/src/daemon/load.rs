@@ -41,7 +41,7 @@ use crate::object::{xdp_program, EBPF_OBJECT};
 pub enum AttachError {
     #[error("no such interface: {0}")]
     NoInterface(String),
-    #[error("loading BPF programs needs root (CAP_BPF and CAP_NET_ADMIN)")]
+    #[error("loading BPF programs needs root (uid 0; capabilities alone are not supported)")]
     NotRoot,
     #[error("{0} is not on a bpffs (mount -t bpf bpf <dir>, or pick a pin_dir under /sys/fs/bpf)")]
     NotBpffs(PathBuf),
