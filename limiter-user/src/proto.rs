@@ -5,12 +5,10 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::daemon::config::RuleSection;
+use crate::{config::RuleSection, kernel::Attachment};
 
 /// Bumped on any incompatible change of the messages below.
 pub const PROTOCOL_VERSION: u32 = 1;
-/// Where the daemon listens unless configured otherwise.
-pub const DEFAULT_SOCKET: &str = "/run/xdp-limiter.sock";
 /// Largest request line the daemon reads.
 pub const MAX_REQUEST_BYTES: usize = 64 * 1024;
 
@@ -111,8 +109,8 @@ pub struct Status {
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
 pub struct InterfaceStatus {
     pub name: String,
-    /// "native", "generic" or "adopted".
-    pub mode: String,
+    /// How the program is attached: `native`, `generic` or `adopted`.
+    pub mode: Attachment,
     pub program_id: u32,
     pub tracked_sources: u64,
     pub capacity: u32,

@@ -340,8 +340,9 @@ pub fn run(count: usize, seed: u64) -> Result<Summary, String> {
     let mut done = 0;
     while done < count {
         let chunk = CHUNK.min(count - done);
-        let mut harness = Harness::load_with(&limiter_user::LoadOptions {
+        let mut harness = Harness::load_with(&limiter_user::kernel::LoadOptions {
             max_sources: MAX_SOURCES,
+            ..Default::default()
         });
         harness.push(&set);
         let mut per_key: BTreeMap<SourceKey, Counter> = BTreeMap::new();
@@ -400,7 +401,7 @@ pub fn run(count: usize, seed: u64) -> Result<Summary, String> {
         let mut counted: BTreeMap<SourceKey, Counter> = BTreeMap::new();
         for (key, per_cpu) in harness.sources() {
             let key = key.with_class(0);
-            let total = limiter_user::counters::total(&per_cpu);
+            let total = limiter_user::kernel::read::total(&per_cpu);
             let entry = counted.entry(key).or_default();
             *entry = entry.merged(total);
         }

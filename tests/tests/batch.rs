@@ -1,17 +1,20 @@
 //! Batched map reads and writes (`BPF_MAP_*_BATCH`) against real maps.
 
-use limiter_common::{names, Counter, SourceKey, SourceTraffic};
+use limiter_common::{Counter, SourceKey, SourceTraffic};
 use limiter_tests::testrun::Harness;
-use limiter_user::batch::{for_each_per_cpu, hash_map_fd, update_per_cpu, BATCH};
+use limiter_user::kernel::{
+    batch::{fd as map_fd, for_each_per_cpu, update_per_cpu, BATCH},
+    LoadOptions,
+};
 
 #[test]
 fn a_per_cpu_map_reads_back_exactly_what_was_written_in_batches() {
-    let harness = Harness::load_with(&limiter_user::LoadOptions {
+    let harness = Harness::load_with(&LoadOptions {
         max_sources: 20_000,
+        ..LoadOptions::default()
     });
     let cpus = aya::util::nr_cpus().expect("nr_cpus");
-    let map = harness.ebpf().map(names::SOURCES).expect("SOURCES");
-    let fd = hash_map_fd(map).expect("a hash map");
+    let fd = map_fd(harness.maps().sources_data());
     // More than two batches, with a partial last one.
     let n = 2 * BATCH as u32 + 123;
     let entries: Vec<(SourceKey, Vec<SourceTraffic>)> = (0..n)
@@ -51,7 +54,7 @@ fn a_per_cpu_map_reads_back_exactly_what_was_written_in_batches() {
 fn an_empty_map_reads_as_empty() {
     let harness = Harness::load();
     let cpus = aya::util::nr_cpus().expect("nr_cpus");
-    let fd = hash_map_fd(harness.ebpf().map(names::SOURCES).expect("SOURCES")).expect("hash map");
+    let fd = map_fd(harness.maps().sources_data());
     let count = for_each_per_cpu::<SourceKey, SourceTraffic>(fd, cpus, |_, _| panic!("no entries"))
         .expect("batch lookup");
     assert_eq!(count, 0);
@@ -60,11 +63,12 @@ fn an_empty_map_reads_as_empty() {
 #[test]
 fn a_sweep_spread_over_ticks_sees_every_source_once() {
     use limiter_user::daemon::aggregate::{pass, Sweep};
-    let harness = Harness::load_with(&limiter_user::LoadOptions {
+    let harness = Harness::load_with(&LoadOptions {
         max_sources: 40_000,
+        ..LoadOptions::default()
     });
     let cpus = aya::util::nr_cpus().expect("nr_cpus");
-    let fd = hash_map_fd(harness.ebpf().map(names::SOURCES).expect("SOURCES")).expect("hash map");
+    let fd = map_fd(harness.maps().sources_data());
     let n = 5 * BATCH as u32 + 77;
     let entries: Vec<(SourceKey, Vec<SourceTraffic>)> = (0..n)
         .map(|i| {
@@ -87,7 +91,7 @@ fn a_sweep_spread_over_ticks_sees_every_source_once() {
     let mut sweep = Sweep::default();
     let mut ticks = 0;
     let last = loop {
-        let snapshot = pass(harness.ebpf(), 3, &mut sweep, BATCH).expect("tick");
+        let snapshot = pass(harness.maps(), 3, &mut sweep, BATCH).expect("tick");
         ticks += 1;
         if sweep.last_sweep_ticks > 0 {
             break snapshot;
@@ -110,6 +114,6 @@ fn a_sweep_spread_over_ticks_sees_every_source_once() {
     );
     assert_eq!(last.top.len(), 3);
     // The next tick starts a new sweep but still shows the complete one.
-    let next = pass(harness.ebpf(), 3, &mut sweep, BATCH).expect("tick");
+    let next = pass(harness.maps(), 3, &mut sweep, BATCH).expect("tick");
     assert_eq!(next.tracked_sources, u64::from(n));
 }

@@ -334,7 +334,7 @@ fn rule_changes_with_save_survive_in_the_file_and_default_set_works() {
         ],
     ));
     assert!(out.contains("saved to"), "{out}");
-    let saved = limiter_user::daemon::config::Config::load(&s.files.config()).expect("valid file");
+    let saved = limiter_user::config::Config::load(&s.files.config()).expect("valid file");
     let rule = saved.rules.rules.last().expect("saved rule");
     assert_eq!(rule.cidr.to_string(), "198.51.100.0/24");
     assert_eq!(rule.limits.pps, Some(10_000));

@@ -29,10 +29,8 @@ use limiter_tests::{
     lab::{limit_config, Lab, RX_IF},
 };
 use limiter_user::{
-    daemon::{
-        apply_rule_edit,
-        config::{ActionName, Config, FileConfig, PortsSpec, ProtocolSpec, RuleSection},
-    },
+    config::{ActionName, Config, FileConfig, PortsSpec, ProtocolSpec, RuleSection},
+    daemon::apply_rule_edit,
     proto::{
         parse_request, Reply, Request, RequestLine, Response, ResponseLine, RuleEdit,
         MAX_REQUEST_BYTES, PROTOCOL_VERSION,
@@ -145,7 +143,7 @@ struct State {
     dry_run: bool,
     rules: usize,
     /// Name, attach mode and program id of each interface.
-    interfaces: Vec<(String, String, u32)>,
+    interfaces: Vec<(String, limiter_user::kernel::Attachment, u32)>,
     /// The `rule-list` reply.
     rule_list: Reply,
 }
@@ -168,7 +166,7 @@ impl State {
             interfaces: status
                 .interfaces
                 .iter()
-                .map(|i| (i.name.clone(), i.mode.clone(), i.program_id))
+                .map(|i| (i.name.clone(), i.mode, i.program_id))
                 .collect(),
             rule_list,
         }

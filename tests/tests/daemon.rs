@@ -298,7 +298,7 @@ fn an_interface_with_someone_elses_program_is_left_alone() {
     let lab = Lab::three_senders();
     let files = Files::new();
     let mut other = aya::EbpfLoader::new()
-        .load(limiter_user::object::BASELINE_OBJECT)
+        .load(limiter_user::kernel::object::BASELINE_OBJECT)
         .expect("load another program");
     let program: &mut Xdp = other
         .program_mut("xdp_baseline")
@@ -385,10 +385,10 @@ fn a_pinned_map_of_another_layout_is_recreated_and_detach_removes_everything() {
     files.write_config(&limit_config(2));
     // A map pinned where SOURCES goes, with another value size (as an
     // older version with another layout would have left it).
-    let maps_dir = limiter_user::daemon::load::maps_dir(&files.pin_dir.join(RX_IF));
+    let maps_dir = limiter_user::kernel::pins::maps_dir(&files.pin_dir.join(RX_IF));
     std::fs::create_dir_all(&maps_dir).expect("bpffs dir");
     let mut other = aya::EbpfLoader::new()
-        .load(limiter_user::object::BASELINE_OBJECT)
+        .load(limiter_user::kernel::object::BASELINE_OBJECT)
         .expect("load a map of another layout");
     let foreign = other.take_map("BASELINE_SOURCES").expect("map");
     match foreign {
@@ -442,7 +442,7 @@ fn pinned_maps_of_another_layout_version_are_not_adopted() {
     assert!(first.stop().success());
     // Pretend an older version left them: same sizes, other layout version.
     let iface_dir = files.pin_dir.join(RX_IF);
-    let current = limiter_user::daemon::load::maps_dir(&iface_dir);
+    let current = limiter_user::kernel::pins::maps_dir(&iface_dir);
     let older = iface_dir.join("maps-v0");
     std::fs::rename(&current, &older).expect("rename the pinned maps' directory");
 
@@ -456,7 +456,7 @@ fn pinned_maps_of_another_layout_version_are_not_adopted() {
 /// Whether `iface`'s pins (its link and maps) are in place.
 fn pinned(files: &Files) -> bool {
     let dir = files.pin_dir.join(RX_IF);
-    dir.join("link").exists() && limiter_user::daemon::load::maps_dir(&dir).exists()
+    dir.join("link").exists() && limiter_user::kernel::pins::maps_dir(&dir).exists()
 }
 
 #[test]

@@ -28,7 +28,7 @@ fn assert_only_source(harness: &Harness, key: SourceKey, want: Counter) {
     let sources = harness.sources();
     assert_eq!(sources.len(), 1, "tracked sources: {:?}", sources.keys());
     let per_cpu = sources.get(&key).expect("the frame's source is tracked");
-    assert_eq!(limiter_user::counters::total(per_cpu), want);
+    assert_eq!(limiter_user::kernel::read::total(per_cpu), want);
 }
 
 /// A counted IP frame: per-source counter, `passed`, and one `new_source`.
@@ -177,7 +177,11 @@ fn frames_cut_in_the_ip_header_are_malformed_and_after_it_are_counted() {
         let sources = harness.sources();
         assert_eq!(sources.len(), 1, "{name}: one source");
         let per_cpu = sources.values().next().expect("one");
-        assert_eq!(limiter_user::counters::total(per_cpu), counted, "{name}");
+        assert_eq!(
+            limiter_user::kernel::read::total(per_cpu),
+            counted,
+            "{name}"
+        );
         let first = (header_end..full.len()).next().map_or(0, |c| c as u64);
         harness.assert_outcomes(&[
             (Outcome::Malformed, malformed),
@@ -301,7 +305,7 @@ fn distinct_sources_get_distinct_counters() {
     pass_n(&mut harness, &c, 1);
     let sources = harness.sources();
     assert_eq!(sources.len(), 3);
-    let total = |key: SourceKey| limiter_user::counters::total(&sources[&key]);
+    let total = |key: SourceKey| limiter_user::kernel::read::total(&sources[&key]);
     assert_eq!(total(SourceKey::v4([192, 0, 2, 1])), frames(3, a.len()));
     assert_eq!(total(SourceKey::v4([192, 0, 2, 2])), frames(2, b.len()));
     assert_eq!(total(SourceKey::v6(SRC6.octets())), frames(1, c.len()));
@@ -336,7 +340,7 @@ fn per_cpu_slots_hold_each_cpus_packets_and_sum_exactly() {
         "other CPUs untouched: {per_cpu:?}"
     );
     assert_eq!(
-        limiter_user::counters::total(&per_cpu),
+        limiter_user::kernel::read::total(&per_cpu),
         frames(15, frame.len())
     );
     harness.assert_outcomes(&[
@@ -347,7 +351,10 @@ fn per_cpu_slots_hold_each_cpus_packets_and_sum_exactly() {
 
 #[test]
 fn a_full_map_evicts_the_least_recent_source_and_counts_every_packet() {
-    let mut harness = Harness::load_with(&limiter_user::LoadOptions { max_sources: 64 });
+    let mut harness = Harness::load_with(&limiter_user::kernel::LoadOptions {
+        max_sources: 64,
+        ..Default::default()
+    });
     let n = 1000u32;
     let frame_len = packets::udp_v4(SRC4, DST4, 53, 0).len();
     for i in 0..n {
@@ -388,7 +395,7 @@ fn a_full_map_evicts_the_least_recent_source_and_counts_every_packet() {
 fn the_verifier_walks_well_under_its_limit() {
     const BUDGET: u32 = 600_000;
     let mut harness = Harness::load();
-    let program = limiter_user::object::xdp_program(harness.ebpf_mut()).expect("program");
+    let program = harness.program_mut();
     let verified = program
         .info()
         .expect("program info")

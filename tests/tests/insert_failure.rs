@@ -23,7 +23,7 @@ use limiter_tests::{
     testrun::{Harness, XDP_DROP, XDP_PASS},
 };
 use limiter_user::{
-    daemon::load::ensure_bpffs,
+    kernel::pins::ensure_bpffs,
     rules::{RuleSet, RuleSpec},
 };
 

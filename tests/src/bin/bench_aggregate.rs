@@ -5,12 +5,14 @@
 
 use std::time::{Duration, Instant};
 
-use aya::maps::{MapData, PerCpuHashMap};
-use limiter_common::{names, Counter, SourceKey, SourceTraffic};
+use limiter_common::{Counter, SourceKey, SourceTraffic};
 use limiter_user::{
-    batch::{hash_map_fd, update_per_cpu},
-    daemon::aggregate::{kernel_now, pass, Sweep},
-    LoadOptions,
+    daemon::aggregate::{pass, Sweep},
+    kernel::{
+        self,
+        batch::{self, update_per_cpu},
+        LoadOptions,
+    },
 };
 
 const SOURCES: u32 = 1_000_000;
@@ -56,13 +58,14 @@ fn measure(mut f: impl FnMut()) -> Measured {
 fn main() {
     let cpus = aya::util::nr_cpus().expect("nr_cpus");
     // LRU maps evict a little before they are full: leave headroom.
-    let ebpf = limiter_user::load(&LoadOptions {
+    let program = kernel::load(&LoadOptions {
         max_sources: 1 << 20,
+        ..LoadOptions::default()
     })
     .expect("load the program (root and BPF needed)");
-    let map = ebpf.map(names::SOURCES).expect("SOURCES");
-    let fd = hash_map_fd(map).expect("hash map");
-    let second = kernel_now().as_secs();
+    let maps = &program.maps;
+    let fd = batch::fd(maps.sources_data());
+    let second = kernel::now().as_secs();
     // Fill in chunks so the filler's own memory stays small.
     for chunk in 0..(SOURCES / 100_000) {
         let entries: Vec<(SourceKey, Vec<SourceTraffic>)> = (0..100_000u32)
@@ -104,19 +107,19 @@ fn main() {
     for _ in 0..ROUNDS {
         batched.push(measure(|| {
             let mut sweep = Sweep::default();
-            let snapshot = pass(&ebpf, 20, &mut sweep, usize::MAX).expect("aggregation pass");
+            let snapshot = pass(maps, 20, &mut sweep, usize::MAX).expect("aggregation pass");
             tracked = snapshot.tracked_sources;
             assert_eq!(snapshot.top.len(), 20);
         }));
     }
     // The daemon's default: a bounded slice per tick, the map swept over
     // several ticks.
-    let per_tick = limiter_user::daemon::config::DaemonSection::default().sources_per_tick;
+    let per_tick = limiter_user::config::DaemonSection::default().sources_per_tick;
     let mut sweep = Sweep::default();
     let mut ticks: Vec<Measured> = Vec::new();
     loop {
         ticks.push(measure(|| {
-            pass(&ebpf, 20, &mut sweep, per_tick).expect("tick");
+            pass(maps, 20, &mut sweep, per_tick).expect("tick");
         }));
         if sweep.last_sweep_ticks > 0 {
             break;
@@ -126,14 +129,12 @@ fn main() {
     let sweep_cpu: Duration = ticks.iter().map(|m| m.cpu).sum();
     let (rss_after, rss_peak) = rss_mib();
     let raw = measure(|| {
-        let n =
-            limiter_user::batch::for_each_per_cpu::<SourceKey, SourceTraffic>(fd, cpus, |_, _| {})
-                .expect("batch read");
+        let n = batch::for_each_per_cpu::<SourceKey, SourceTraffic>(fd, cpus, |_, _| {})
+            .expect("batch read");
         assert!(n > 0);
     });
     let per_key = measure(|| {
-        let sources =
-            PerCpuHashMap::<&MapData, SourceKey, SourceTraffic>::try_from(map).expect("map");
+        let sources = &maps.sources;
         let mut n = 0u64;
         for entry in sources.iter() {
             let (_, values) = entry.expect("entry");

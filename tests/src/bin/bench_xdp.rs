@@ -13,9 +13,8 @@ use ipnet::IpNet;
 use limiter_common::Action;
 use limiter_tests::{packets, testrun::pin_current_thread};
 use limiter_user::{
-    object::{xdp_program, BASELINE_OBJECT},
+    kernel::{self, object::BASELINE_OBJECT, push, LoadOptions, Program},
     rules::{RuleSet, RuleSpec},
-    LoadOptions,
 };
 
 const REPEAT: u32 = 1_000_000;
@@ -92,8 +91,8 @@ fn baseline() -> Ebpf {
     ebpf
 }
 
-fn limiter() -> Ebpf {
-    let mut ebpf = limiter_user::load(&LoadOptions::default()).expect("load limiter");
+fn limiter() -> Program {
+    let mut program = kernel::load(&LoadOptions::default()).expect("load limiter");
     let mut set = RuleSet::with_default(RuleSpec::limit(net("0.0.0.0/0"), 100_000_000));
     set.rules
         .push(RuleSpec::with_action(net("192.0.2.0/24"), Action::Allow));
@@ -103,8 +102,8 @@ fn limiter() -> Ebpf {
     let mut shared = RuleSpec::limit(net("203.0.113.128/25"), 100_000_000);
     shared.limits.bytes_per_second = Some(100_000_000_000);
     set.rules.push(shared);
-    limiter_user::push::push(&mut ebpf, &set).expect("push rules");
-    ebpf
+    push::push(&mut program.maps, &set).expect("push rules");
+    program
 }
 
 struct Case {
@@ -122,7 +121,7 @@ fn main() {
         .expect("baseline")
         .try_into()
         .expect("XDP");
-    let lim_prog = xdp_program(&mut lim).expect("limiter");
+    let lim_prog = lim.xdp();
 
     let under = udp([203, 0, 113, 1]);
     let under_shared = udp([203, 0, 113, 129]);

@@ -20,7 +20,7 @@ use limiter_common::traffic::{
     names, GenConfig, GenState, CLASSES, FRAME_LEN, MAX_HEAVY, MAX_LIGHT, SHARE_ONE,
     SINK_HEAVY_BASE, SINK_LIGHT, SINK_RANDOM, SINK_SLOTS, SINK_UNKNOWN,
 };
-use limiter_user::object::BENCH_TRAFFIC_OBJECT;
+use limiter_user::kernel::object::BENCH_TRAFFIC_OBJECT;
 
 use super::{
     lab::{self, Lab, RX_V4, RX_V6, SINK_PORT},

@@ -1,3 +1,5 @@
+//! Locks between xdp-limiter processes.
+//!
 //! One daemon per pin directory and per interface: exclusive `flock`s on
 //! files under `/run/xdp-limiter/`, taken before the daemon touches
 //! anything, held for its whole life and released by the kernel when it
@@ -71,14 +73,7 @@ fn acquire_in(dir: &Path, pin_dir: &Path, interfaces: &[String]) -> Result<Locks
     let mut held = Vec::with_capacity(wanted.len());
     for (name, what) in wanted {
         let path = dir.join(name);
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .open(&path)
-            .map_err(io(&path))?;
+        let file = open(&path).map_err(io(&path))?;
         match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
             Ok(mut lock) => {
                 // The holder's pid, for the message a second daemon prints.
@@ -117,15 +112,20 @@ pub fn bpffs_mount() -> Result<Flock<File>, LockError> {
         source,
     };
     std::fs::create_dir_all(dir).map_err(io)?;
-    let file = OpenOptions::new()
+    let file = open(&path).map_err(io)?;
+    Flock::lock(file, FlockArg::LockExclusive).map_err(|(_, errno)| io(errno.into()))
+}
+
+/// Opens (creating, root-only) a lock file without truncating it: its
+/// content is the holder's pid, which a refused daemon reads.
+fn open(path: &Path) -> std::io::Result<File> {
+    OpenOptions::new()
         .read(true)
         .write(true)
         .create(true)
         .truncate(false)
         .mode(0o600)
-        .open(&path)
-        .map_err(io)?;
-    Flock::lock(file, FlockArg::LockExclusive).map_err(|(_, errno)| io(errno.into()))
+        .open(path)
 }
 
 /// A stable name for a pin directory (its absolute form, `.` and `..`

@@ -9,7 +9,7 @@ use std::{
     os::fd::{AsFd, AsRawFd, BorrowedFd},
 };
 
-use aya::{maps::Map, Pod};
+use aya::{maps::MapData, Pod};
 
 const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
 const BPF_MAP_UPDATE_BATCH: libc::c_long = 26;
@@ -50,15 +50,9 @@ fn bpf(cmd: libc::c_long, attr: &mut BatchAttr) -> io::Result<()> {
     }
 }
 
-/// The fd of a hash map of any flavour.
-pub fn hash_map_fd(map: &Map) -> Option<BorrowedFd<'_>> {
-    match map {
-        Map::HashMap(data)
-        | Map::LruHashMap(data)
-        | Map::PerCpuHashMap(data)
-        | Map::PerCpuLruHashMap(data) => Some(data.fd().as_fd()),
-        _ => None,
-    }
+/// The fd of a map, for the batch commands.
+pub fn fd(map: &MapData) -> BorrowedFd<'_> {
+    map.fd().as_fd()
 }
 
 /// Bytes the kernel uses per CPU for a value of `V` in per-CPU maps.

@@ -17,8 +17,8 @@
 //! keep the penalties it armed; a changed or removed rule's penalties lapse.
 
 use aya::{
-    maps::{lpm_trie::Key, Array, LpmTrie, MapData, MapError, PerCpuArray, PerCpuValues},
-    Ebpf, Pod,
+    maps::{lpm_trie::Key, LpmTrie, MapData, PerCpuValues},
+    Pod,
 };
 use limiter_common::{
     names,
@@ -26,9 +26,10 @@ use limiter_common::{
         prefix_key_v4, prefix_key_v6, rules_base, PrefixKeyV4, PrefixKeyV6, MAX_RULES,
         PREFIX_HALF_BITS,
     },
-    Config, Rule, RuleRefs,
+    Config, RuleRefs,
 };
 
+use super::{possible_cpus, Maps, MapsError};
 use crate::rules::{compile, Compiled, RuleError, RuleSet};
 
 /// Why a push failed. A `Rules` error leaves the kernel untouched.
@@ -36,65 +37,37 @@ use crate::rules::{compile, Compiled, RuleError, RuleSet};
 pub enum PushError {
     #[error("invalid rules: {0}")]
     Rules(#[from] RuleError),
-    #[error("map `{0}` is missing from the loaded object")]
-    MissingMap(&'static str),
-    #[error("writing map `{map}`: {source}")]
-    Map {
-        map: &'static str,
-        #[source]
-        source: MapError,
-    },
-    #[error("counting the possible CPUs: {0}")]
-    Cpus(#[source] std::io::Error),
+    #[error("{0}")]
+    Maps(#[from] MapsError),
 }
 
-fn map_err(map: &'static str) -> impl Fn(MapError) -> PushError {
-    move |source| PushError::Map { map, source }
-}
-
-fn map_mut<'a>(
-    ebpf: &'a mut Ebpf,
-    name: &'static str,
-) -> Result<&'a mut aya::maps::Map, PushError> {
-    ebpf.map_mut(name).ok_or(PushError::MissingMap(name))
-}
-
-/// The live configuration (generation 0: nothing pushed yet).
-pub fn current_config(ebpf: &Ebpf) -> Result<Config, PushError> {
-    let map = ebpf
-        .map(names::CONFIG)
-        .ok_or(PushError::MissingMap(names::CONFIG))?;
-    let config = Array::<_, Config>::try_from(map).map_err(map_err(names::CONFIG))?;
-    config.get(&0, 0).map_err(map_err(names::CONFIG))
-}
-
-fn set_config(ebpf: &mut Ebpf, config: Config) -> Result<(), PushError> {
-    let mut live = Array::<_, Config>::try_from(map_mut(ebpf, names::CONFIG)?)
-        .map_err(map_err(names::CONFIG))?;
-    live.set(0, config, 0).map_err(map_err(names::CONFIG))
+fn set_config(maps: &mut Maps, config: Config) -> Result<(), MapsError> {
+    maps.config
+        .set(0, config, 0)
+        .map_err(MapsError::on(names::CONFIG))
 }
 
 /// Validates `set` and makes it live on one instance; the new generation.
-pub fn push(ebpf: &mut Ebpf, set: &RuleSet) -> Result<u32, PushError> {
-    push_all(&mut [ebpf], set)
+pub fn push(maps: &mut Maps, set: &RuleSet) -> Result<u32, PushError> {
+    push_all(&mut [maps], set)
 }
 
 /// Validates `set` and makes it live on every instance as one generation
 /// (one more than the newest live one), or on none; the new generation.
-pub fn push_all(instances: &mut [&mut Ebpf], set: &RuleSet) -> Result<u32, PushError> {
+pub fn push_all(instances: &mut [&mut Maps], set: &RuleSet) -> Result<u32, PushError> {
     let mut live = Vec::with_capacity(instances.len());
-    for ebpf in instances.iter() {
-        live.push(current_config(ebpf)?);
+    for maps in instances.iter() {
+        live.push(maps.live_config()?);
     }
     let newest = live.iter().map(|c| c.generation).max().unwrap_or(0);
     let generation = match newest.wrapping_add(1) {
         0 => 1,
         g => g,
     };
-    let cpus = aya::util::nr_cpus().map_or(1, |n| n as u32);
-    let compiled = compile(set, rules_base(generation), cpus)?;
-    for (ebpf, live) in instances.iter_mut().zip(&live) {
-        prepare(ebpf, &compiled, generation, live.generation)?;
+    let cpus = possible_cpus()?;
+    let compiled = compile(set, rules_base(generation), cpus as u32)?;
+    for (maps, live) in instances.iter_mut().zip(&live) {
+        prepare(maps, &compiled, generation, live.generation, cpus)?;
     }
     let config = Config {
         generation,
@@ -104,10 +77,10 @@ pub fn push_all(instances: &mut [&mut Ebpf], set: &RuleSet) -> Result<u32, PushE
         if let Err(e) = set_config(instances[i], config) {
             // Put back the instances already switched (best effort: the
             // same write just failed on another instance).
-            for (ebpf, old) in instances[..i].iter_mut().zip(&live) {
-                let _ = set_config(ebpf, *old);
+            for (maps, old) in instances[..i].iter_mut().zip(&live) {
+                let _ = set_config(maps, *old);
             }
-            return Err(e);
+            return Err(e.into());
         }
     }
     Ok(generation)
@@ -117,22 +90,19 @@ pub fn push_all(instances: &mut [&mut Ebpf], set: &RuleSet) -> Result<u32, PushE
 /// generation is `live`: rules with their block tags, tries, zeroed drop
 /// counters. Nothing live changes.
 fn prepare(
-    ebpf: &mut Ebpf,
+    maps: &mut Maps,
     compiled: &Compiled,
     generation: u32,
     live: u32,
-) -> Result<(), PushError> {
+    cpus: usize,
+) -> Result<(), MapsError> {
     let base = rules_base(generation);
-    let mut rules =
-        Array::<_, Rule>::try_from(map_mut(ebpf, names::RULES)?).map_err(map_err(names::RULES))?;
     // The live rules' tags, by fingerprint.
     let mut live_tags = Vec::new();
     if live != 0 {
         let live_base = rules_base(live);
         for i in 0..MAX_RULES {
-            let rule = rules
-                .get(&(live_base + i), 0)
-                .map_err(map_err(names::RULES))?;
+            let rule = maps.rule(live_base + i)?;
             if rule.fingerprint != 0 && rule.block_tag != 0 {
                 live_tags.push((rule.fingerprint, rule.block_tag));
             }
@@ -146,18 +116,15 @@ fn prepare(
                 .find(|(fingerprint, _)| *fingerprint == rule.fingerprint)
                 .map_or_else(|| fresh_tag(generation, i), |(_, tag)| *tag);
         }
-        rules
+        maps.rules
             .set(base + i, rule, 0)
-            .map_err(map_err(names::RULES))?;
+            .map_err(MapsError::on(names::RULES))?;
     }
-    let cpus = aya::util::nr_cpus().map_err(|(_, e)| PushError::Cpus(e))?;
-    let mut drops = PerCpuArray::<_, u64>::try_from(map_mut(ebpf, names::RULE_DROPS)?)
-        .map_err(map_err(names::RULE_DROPS))?;
     for i in 0..MAX_RULES {
-        let zeros = PerCpuValues::try_from(vec![0u64; cpus]).map_err(PushError::Cpus)?;
-        drops
+        let zeros = PerCpuValues::try_from(vec![0u64; cpus]).map_err(MapsError::Cpus)?;
+        maps.rule_drops
             .set(base + i, zeros, 0)
-            .map_err(map_err(names::RULE_DROPS))?;
+            .map_err(MapsError::on(names::RULE_DROPS))?;
     }
     let v4: Vec<(u8, PrefixKeyV4, RuleRefs)> = compiled
         .v4
@@ -169,8 +136,8 @@ fn prepare(
         .iter()
         .map(|(len, addr, refs)| (*len, prefix_key_v6(generation, addr), *refs))
         .collect();
-    write_trie(ebpf, names::PREFIXES_V4, generation, &v4)?;
-    write_trie(ebpf, names::PREFIXES_V6, generation, &v6)?;
+    write_trie(&mut maps.prefixes_v4, names::PREFIXES_V4, generation, &v4)?;
+    write_trie(&mut maps.prefixes_v6, names::PREFIXES_V6, generation, &v6)?;
     Ok(())
 }
 
@@ -183,18 +150,16 @@ fn fresh_tag(generation: u32, index: u32) -> u64 {
 /// byte, then the address), then removes that half's entries that are no
 /// longer wanted. The other half, the live one, is not touched.
 fn write_trie<K: Pod + PartialEq + AsRef<[u8]>>(
-    ebpf: &mut Ebpf,
+    trie: &mut LpmTrie<MapData, K, RuleRefs>,
     name: &'static str,
     generation: u32,
     entries: &[(u8, K, RuleRefs)],
-) -> Result<(), PushError> {
+) -> Result<(), MapsError> {
     let half = (generation % 2) as u8;
-    let mut trie: LpmTrie<&mut MapData, K, RuleRefs> =
-        LpmTrie::try_from(map_mut(ebpf, name)?).map_err(map_err(name))?;
     let key = |len: u8, data: K| Key::new(PREFIX_HALF_BITS + u32::from(len), data);
     for (prefix_len, data, refs) in entries {
         trie.insert(&key(*prefix_len, *data), refs, 0)
-            .map_err(map_err(name))?;
+            .map_err(MapsError::on(name))?;
     }
     let stale: Vec<Key<K>> = trie
         .keys()
@@ -208,7 +173,7 @@ fn write_trie<K: Pod + PartialEq + AsRef<[u8]>>(
         })
         .collect();
     for key in stale {
-        trie.remove(&key).map_err(map_err(name))?;
+        trie.remove(&key).map_err(MapsError::on(name))?;
     }
     Ok(())
 }
