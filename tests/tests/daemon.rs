@@ -915,3 +915,28 @@ fn a_byte_limit_below_the_interface_mtu_is_refused_at_start() {
         "{error}"
     );
 }
+
+/// Detaching takes the program off the interface before it returns, even
+/// while something else holds a reference to its link (bpftool, a
+/// concurrent `xdp-limiter detach` reading the pin, the kernel's own
+/// deferred free of an unlinked bpffs pin): the link is detached, not only
+/// unpinned. Unpinning alone left the program attached as long as any
+/// reference lived, so `detach`'s answer could come while the interface
+/// was still filtered (seen on a loaded machine).
+#[test]
+fn a_detach_takes_the_program_off_whoever_holds_its_link() {
+    use aya::programs::links::{FdLink, PinnedLink};
+    use limiter_user::{config::AttachMode, kernel::attach};
+    let lab = Lab::three_senders();
+    let files = Files::new();
+    let held = lab.rx.enter(|| {
+        let mut instance = attach::load(RX_IF, &files.pin_dir, 1024).expect("load");
+        instance.attach(AttachMode::Native).expect("attach");
+        let pin = files.pin_dir.join(RX_IF).join("link");
+        let held = FdLink::from(PinnedLink::from_pin(&pin).expect("the pinned link"));
+        instance.detach().expect("detach");
+        held
+    });
+    assert_eq!(lab.attached_program(), None, "still attached after detach");
+    drop(held);
+}

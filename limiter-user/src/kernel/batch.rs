@@ -11,8 +11,7 @@ use std::{
 
 use aya::{maps::MapData, Pod};
 
-const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
-const BPF_MAP_UPDATE_BATCH: libc::c_long = 26;
+use super::sys::{bpf, BPF_MAP_LOOKUP_BATCH, BPF_MAP_UPDATE_BATCH};
 
 /// Entries per batch.
 pub const BATCH: usize = 4096;
@@ -29,25 +28,6 @@ struct BatchAttr {
     map_fd: u32,
     elem_flags: u64,
     flags: u64,
-}
-
-fn bpf(cmd: libc::c_long, attr: &mut BatchAttr) -> io::Result<()> {
-    // SAFETY: `attr` is a valid, initialised `bpf_attr.batch` whose buffer
-    // pointers the callers size for `count` entries; the kernel reads and
-    // writes only within them.
-    let ret = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            cmd,
-            attr as *mut BatchAttr,
-            size_of::<BatchAttr>() as libc::c_uint,
-        )
-    };
-    if ret < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
 }
 
 /// The fd of a map, for the batch commands.
@@ -115,8 +95,11 @@ pub fn read_per_cpu<K: Pod, V: Pod>(
             map_fd: fd.as_raw_fd() as u32,
             ..BatchAttr::default()
         };
-        let done = match bpf(BPF_MAP_LOOKUP_BATCH, &mut attr) {
-            Ok(()) => false,
+        // SAFETY: `attr` is `bpf_attr.batch`; `keys` and `values` have room
+        // for `count` entries (`count * cpus` values), the batch tokens are
+        // one u64 each.
+        let done = match unsafe { bpf(BPF_MAP_LOOKUP_BATCH, &mut attr) } {
+            Ok(_) => false,
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => true,
             Err(e) => return Err(e),
         };
@@ -172,7 +155,9 @@ pub fn update_per_cpu<K: Pod, V: Pod>(
             map_fd: fd.as_raw_fd() as u32,
             ..BatchAttr::default()
         };
-        bpf(BPF_MAP_UPDATE_BATCH, &mut attr)?;
+        // SAFETY: `attr` is `bpf_attr.batch`; `keys` and `values` hold
+        // `count` entries (`count * cpus` values), which the kernel reads.
+        unsafe { bpf(BPF_MAP_UPDATE_BATCH, &mut attr) }?;
     }
     Ok(())
 }

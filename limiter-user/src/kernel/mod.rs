@@ -16,6 +16,7 @@ pub mod penalty;
 pub mod pins;
 pub mod push;
 pub mod read;
+pub mod sys;
 
 pub use attach::{Attachment, Instance, LinkCheck};
 pub use maps::Maps;

@@ -21,6 +21,7 @@ use limiter_common::{
 };
 use tracing::{info, warn};
 
+use super::sys;
 use crate::{fault, lock};
 
 /// Why pins could not be set up or removed.
@@ -194,13 +195,23 @@ fn drop_mismatched_sizes(maps_dir: &Path, max_sources: u32) {
     }
 }
 
-/// Removes `iface`'s pins (the link first, so the program detaches, then
-/// the maps of every layout version). Missing pins are fine.
+/// Removes `iface`'s pins: the link first, detached from the interface
+/// before it is unpinned (so the program is off when this returns, even
+/// if something else holds the link), then the maps of every layout
+/// version. Missing pins are fine.
 pub fn remove_pins(dir: &Path) -> Result<(), PinError> {
-    match fs::remove_file(dir.join("link")) {
+    let link = dir.join("link");
+    if let Ok(fd) = sys::obj_get(&link) {
+        // A link whose interface is gone is detached already; either way
+        // the unpinning below releases it.
+        if let Err(e) = sys::link_detach(&fd) {
+            warn!(path = %link.display(), error = %e, "detaching the pinned link");
+        }
+    }
+    match fs::remove_file(&link) {
         Err(e) if e.kind() != ErrorKind::NotFound => {
             return Err(PinError::Io {
-                path: dir.join("link"),
+                path: link,
                 source: e,
             })
         }
