@@ -108,6 +108,15 @@ fn every_total_is_monotonic_and_rule_drops_add_up_across_reloads_modes_and_sweep
             evicted <= new,
             "round {round}: {evicted} evictions of {new} sources"
         );
+        // The rules gauge says how many rules are in force, whatever
+        // generations came before.
+        let status: Value =
+            serde_json::from_str(&cli(&files, &["status", "--output", "json"])).expect("JSON");
+        assert_eq!(
+            sum(&now, "xdp_limiter_rules", &[&iface]),
+            status["rules"].as_f64().expect("a count"),
+            "round {round}: xdp_limiter_rules"
+        );
         previous = now;
         cli(&files, action);
     }

@@ -212,12 +212,15 @@ impl Metrics {
         });
     }
 
-    /// Updates the metrics of `iface` from a pass.
+    /// Updates the metrics of `iface` from a pass: `rules` are in force,
+    /// `rule_names` name the indices of the live generation and the one
+    /// before it (drops counted under either go to their rule).
     pub fn record(
         &mut self,
         iface: &str,
         snapshot: &Snapshot,
         capacity: u32,
+        rules: usize,
         rule_names: &[(u32, String)],
         program_stats: Option<(u64, u64)>,
     ) {
@@ -239,9 +242,7 @@ impl Metrics {
         self.limited
             .with_label_values(&[iface])
             .set(snapshot.limited.len() as i64);
-        self.rules
-            .with_label_values(&[iface])
-            .set(rule_names.len() as i64);
+        self.rules.with_label_values(&[iface]).set(rules as i64);
         if let Some((run_ns, runs)) = program_stats {
             let key = format!("ns_per_run{iface}");
             let last_runs = self.last.get(&format!("{key}/runs")).copied().unwrap_or(0);

@@ -152,6 +152,7 @@ impl Daemon {
                 &instance.iface,
                 &snapshot,
                 daemon.max_sources,
+                self.config.rules.rules.len() + 1,
                 &names,
                 instance.program.run_stats(),
             );
