@@ -13,7 +13,6 @@
 use std::{
     fs,
     io::ErrorKind,
-    mem::size_of,
     path::{Path, PathBuf},
 };
 
@@ -26,11 +25,7 @@ use aya::{
     },
     Ebpf, EbpfLoader,
 };
-use limiter_common::{
-    names,
-    rules::{PrefixKeyV4, PrefixKeyV6, FRAME_CLASSES, RULE_SLOTS},
-    Config, Counter, Outcome, Rule, RuleRefs, SourceKey, SourceTraffic, WindowState,
-};
+use limiter_common::{maps::PINNED, names};
 use tracing::{info, warn};
 
 use super::config::AttachMode;
@@ -104,49 +99,6 @@ pub enum LinkCheck {
     /// The interface was re-created and the program attached to it again.
     Reattached,
 }
-
-/// The state maps that are pinned, with their expected key and value sizes
-/// (a pinned map of another layout is not adopted).
-fn pinned_maps(max_sources: u32) -> [(&'static str, u32, u32, Option<u32>); 8] {
-    let s = |n: usize| n as u32;
-    [
-        (
-            names::SOURCES,
-            s(size_of::<SourceKey>()),
-            s(size_of::<SourceTraffic>()),
-            Some(max_sources),
-        ),
-        (
-            names::WINDOWS,
-            s(size_of::<SourceKey>()),
-            s(size_of::<WindowState>()),
-            Some(max_sources),
-        ),
-        (
-            names::STATS,
-            4,
-            s(size_of::<Counter>()),
-            Some(Outcome::COUNT),
-        ),
-        (names::CONFIG, 4, s(size_of::<Config>()), Some(1)),
-        (names::RULES, 4, s(size_of::<Rule>()), Some(RULE_SLOTS)),
-        (names::RULE_DROPS, 4, 8, Some(RULE_SLOTS)),
-        (
-            names::PREFIXES_V4,
-            s(4 + size_of::<PrefixKeyV4>()),
-            s(size_of::<RuleRefs>()),
-            None,
-        ),
-        (
-            names::PREFIXES_V6,
-            s(4 + size_of::<PrefixKeyV6>()),
-            s(size_of::<RuleRefs>()),
-            None,
-        ),
-    ]
-}
-
-const _: () = assert!(size_of::<RuleRefs>() == 4 * FRAME_CLASSES);
 
 /// The directory of `iface`'s pins.
 pub fn iface_dir(pin_dir: &Path, iface: &str) -> PathBuf {
@@ -234,20 +186,23 @@ fn drop_incompatible_pins(iface_dir: &Path, max_sources: u32) {
     drop_mismatched_sizes(&current, max_sources);
 }
 
-/// Removes pinned maps whose key, value or capacity differs.
+/// Removes pinned maps whose key, value or capacity differs from the table
+/// (`limiter_common::maps`).
 fn drop_mismatched_sizes(maps_dir: &Path, max_sources: u32) {
-    for (name, key_size, value_size, max_entries) in pinned_maps(max_sources) {
-        let path = maps_dir.join(name);
+    for spec in PINNED {
+        let path = maps_dir.join(spec.name);
         if !path.exists() {
             continue;
         }
         let compatible = MapInfo::from_pin(&path).is_ok_and(|info| {
-            info.key_size() == key_size
-                && info.value_size() == value_size
-                && max_entries.is_none_or(|m| info.max_entries() == m)
+            info.key_size() == spec.key_size
+                && info.value_size() == spec.value_size
+                && spec
+                    .expected_max_entries(max_sources)
+                    .is_none_or(|m| info.max_entries() == m)
         });
         if !compatible {
-            warn!(map = name, path = %path.display(), "pinned map has another layout or size; starting it afresh");
+            warn!(map = spec.name, path = %path.display(), "pinned map has another layout or size; starting it afresh");
             let _ = fs::remove_file(&path);
         }
     }
@@ -269,9 +224,9 @@ pub fn load(iface: &str, pin_dir: &Path, max_sources: u32) -> Result<Instance, A
     fs::create_dir_all(&maps_dir).map_err(pin_err(&maps_dir))?;
     let found_link = dir.join("link").exists();
 
-    let map_paths: Vec<(&str, PathBuf)> = pinned_maps(max_sources)
+    let map_paths: Vec<(&str, PathBuf)> = PINNED
         .iter()
-        .map(|(name, ..)| (*name, maps_dir.join(name)))
+        .map(|spec| (spec.name, maps_dir.join(spec.name)))
         .collect();
     let mut loader = EbpfLoader::new();
     loader
