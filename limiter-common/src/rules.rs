@@ -45,11 +45,19 @@ pub const IPPROTO_UDP: u8 = 17;
 pub const TCP_FLAG_SYN: u8 = 0x02;
 pub const TCP_FLAG_ACK: u8 = 0x10;
 
+/// Which half (0 or 1) of `RULES` and of the tries' keys generation
+/// `generation` uses: consecutive generations alternate, so a push writes
+/// the half that is not live.
+#[inline(always)]
+pub const fn half(generation: u32) -> u8 {
+    (generation % 2) as u8
+}
+
 /// The `RULES` index where generation `generation`'s rules start: its
 /// half of the array.
 #[inline(always)]
 pub const fn rules_base(generation: u32) -> u32 {
-    (generation % 2) * MAX_RULES
+    half(generation) as u32 * MAX_RULES
 }
 
 /// What a rule does with matching traffic.
@@ -298,14 +306,14 @@ pub const PREFIX_HALF_BITS: u32 = 8;
 /// The trie key data of an IPv4 address in generation `generation`'s half.
 #[inline(always)]
 pub const fn prefix_key_v4(generation: u32, addr: [u8; 4]) -> PrefixKeyV4 {
-    [(generation % 2) as u8, addr[0], addr[1], addr[2], addr[3]]
+    [half(generation), addr[0], addr[1], addr[2], addr[3]]
 }
 
 /// The trie key data of an IPv6 address in generation `generation`'s half.
 #[inline(always)]
 pub fn prefix_key_v6(generation: u32, addr: &[u8; 16]) -> PrefixKeyV6 {
     let mut key = [0u8; 17];
-    key[0] = (generation % 2) as u8;
+    key[0] = half(generation);
     let mut i = 0;
     while i < 16 {
         key[i + 1] = addr[i];
@@ -409,6 +417,7 @@ mod tests {
         assert_eq!(&v6[1..], &[0xff; 16]);
         assert_eq!(rules_base(1), MAX_RULES);
         assert_eq!(rules_base(2), 0);
+        assert_eq!((half(0), half(1), half(u32::MAX)), (0, 1, 1));
     }
 
     #[test]

@@ -188,7 +188,7 @@ fn write_trie<K: Pod + PartialEq + AsRef<[u8]>>(
     generation: u32,
     entries: &[(u8, K, RuleRefs)],
 ) -> Result<(), PushError> {
-    let half = (generation % 2) as u8;
+    let half = limiter_common::rules::half(generation);
     let mut trie: LpmTrie<&mut MapData, K, RuleRefs> =
         LpmTrie::try_from(map_mut(ebpf, name)?).map_err(map_err(name))?;
     let key = |len: u8, data: K| Key::new(PREFIX_HALF_BITS + u32::from(len), data);
