@@ -3,11 +3,19 @@
 //!
 //! Everything that crosses the kernel/user boundary through a BPF map lives
 //! here, `#[repr(C)]` with explicit padding fields so no key or value carries
-//! uninitialised bytes. With the `user` feature the types implement
-//! `aya::Pod` so userspace can use them as map keys and values. The window
-//! arithmetic (`window`) is pure and runs unchanged in the kernel and in
-//! host tests; `maps` is the table of every map of the program.
+//! uninitialised bytes. Fields that encode an enum or a flag in a byte are
+//! private behind typed accessors and constructors, so no caller compares
+//! raw encodings. With the `user` feature each module's `user` submodule
+//! adds what only userspace needs (`aya::Pod` impls so the types can be map
+//! keys and values, conversions, `Display`). The window arithmetic
+//! (`window`) is pure and runs unchanged in the kernel and in host tests;
+//! `maps` is the table of every map of the program.
 #![no_std]
+
+// Userspace-only impls (and the derives of `clap` and `serde`) may use std;
+// the kernel never enables `user`.
+#[cfg(any(test, feature = "user"))]
+extern crate std;
 
 pub mod event;
 pub mod keys;
@@ -25,19 +33,14 @@ pub use rules::{Action, Config, Rule, RuleRefs, TrafficClass};
 pub use state::{SourceTraffic, WindowState};
 pub use stats::{Counter, Outcome};
 
+/// `aya::Pod` for the benchmark traffic generator's types (`traffic`);
+/// every other type's user-only impls live in its own module's `user`
+/// submodule.
 #[cfg(feature = "user")]
-mod pod {
-    // SAFETY (all impls below): #[repr(C)] structs of integers and byte
-    // arrays with explicit padding fields: every bit pattern is valid and
-    // there are no uninitialised bytes.
-    unsafe impl aya::Pod for super::SourceKey {}
-    unsafe impl aya::Pod for super::Counter {}
-    unsafe impl aya::Pod for super::SourceTraffic {}
-    unsafe impl aya::Pod for super::WindowState {}
-    unsafe impl aya::Pod for super::Config {}
-    unsafe impl aya::Pod for super::Rule {}
-    unsafe impl aya::Pod for super::RuleRefs {}
-    unsafe impl aya::Pod for super::LimitEvent {}
+mod user {
+    // SAFETY (both): #[repr(C)] structs of integers and byte arrays with
+    // explicit padding fields: every bit pattern is valid and there are no
+    // uninitialised bytes.
     unsafe impl aya::Pod for super::traffic::GenConfig {}
     unsafe impl aya::Pod for super::traffic::GenState {}
 }

@@ -9,7 +9,6 @@ pub mod batch;
 pub mod cli;
 pub mod counters;
 pub mod daemon;
-pub mod display;
 pub mod object;
 pub mod proto;
 pub mod push;

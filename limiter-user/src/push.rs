@@ -96,10 +96,8 @@ pub fn push_all(instances: &mut [&mut Ebpf], set: &RuleSet) -> Result<u32, PushE
     for (ebpf, live) in instances.iter_mut().zip(&live) {
         prepare(ebpf, &compiled, generation, live.generation)?;
     }
-    let config = Config {
-        generation,
-        ..compiled.config
-    };
+    let mut config = compiled.config;
+    config.generation = generation;
     for i in 0..instances.len() {
         if let Err(e) = set_config(instances[i], config) {
             // Put back the instances already switched (best effort: the

@@ -459,7 +459,7 @@ fn aggregate_one(
     // the log.
     let released: Vec<&SourceKey> = limited.difference(&snapshot.limited).collect();
     for key in released.iter().take(RELEASED_LOGGED_PER_TICK) {
-        info!(iface = %instance.iface, source = %crate::display::source(key), "source released");
+        info!(iface = %instance.iface, source = %key, "source released");
     }
     if released.len() > RELEASED_LOGGED_PER_TICK {
         info!(
@@ -633,7 +633,7 @@ fn top(
             };
             sources.push(TopSource {
                 interface: instance.iface.clone(),
-                source: crate::display::source(&rate.key),
+                source: rate.key.to_string(),
                 pps: rate.offered.packets,
                 bps: rate.offered.bytes * 8,
                 dropped: rate.dropped_total.packets,
