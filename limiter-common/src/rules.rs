@@ -65,11 +65,19 @@ pub const fn rules_base(generation: u32) -> u32 {
     half(generation) as u32 * MAX_RULES
 }
 
-/// What a rule does with matching traffic.
+/// What a rule does with matching traffic. Userspace reads and writes it
+/// by name (`limit`, `allow`, `deny`) in files, on the command line and on
+/// the control socket.
 #[repr(u8)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(
+    feature = "user",
+    derive(serde::Serialize, serde::Deserialize, clap::ValueEnum),
+    serde(rename_all = "lowercase")
+)]
 pub enum Action {
     /// Admit up to the rule's limits, drop the rest.
+    #[default]
     Limit = 0,
     /// Never limit (still counted).
     Allow = 1,
@@ -86,6 +94,15 @@ impl Action {
             1 => Some(Action::Allow),
             2 => Some(Action::Deny),
             _ => None,
+        }
+    }
+
+    /// The lowercase name, as configuration and output spell it.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Action::Limit => "limit",
+            Action::Allow => "allow",
+            Action::Deny => "deny",
         }
     }
 }
@@ -517,6 +534,20 @@ mod tests {
         assert_eq!((half(0), half(1), half(u32::MAX)), (0, 1, 1));
     }
 
+    #[cfg(feature = "user")]
+    #[test]
+    fn actions_go_by_their_lowercase_names() {
+        use clap::ValueEnum;
+        for action in [Action::Limit, Action::Allow, Action::Deny] {
+            let json = serde_json::to_string(&action).expect("serialises");
+            assert_eq!(json, std::format!("\"{}\"", action.name()));
+            assert_eq!(serde_json::from_str::<Action>(&json).ok(), Some(action));
+            assert_eq!(Action::from_str(action.name(), false), Ok(action));
+            let value = action.to_possible_value().expect("a possible value");
+            assert_eq!(value.get_name(), action.name());
+        }
+    }
+
     #[test]
     fn encoded_bytes_read_back_typed() {
         let mut rule = Rule::new(Action::Deny, true);
@@ -550,6 +581,7 @@ mod tests {
         for action in [Action::Limit, Action::Allow, Action::Deny] {
             assert_eq!(Action::from_u8(action as u8), Some(action));
         }
+        assert_eq!(Action::Deny.name(), "deny");
     }
 
     #[test]
