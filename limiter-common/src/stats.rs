@@ -95,6 +95,12 @@ impl Outcome {
     }
 }
 
+#[cfg(feature = "user")]
+mod user {
+    // SAFETY: #[repr(C)], two u64: every bit pattern is valid, no padding.
+    unsafe impl aya::Pod for super::Counter {}
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -13,7 +13,6 @@
 pub mod cli;
 pub mod config;
 pub mod daemon;
-pub mod display;
 pub mod fault;
 pub mod kernel;
 pub mod lock;

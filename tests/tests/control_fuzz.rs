@@ -24,12 +24,13 @@ use std::{
 };
 
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
+use limiter_common::Action;
 use limiter_tests::{
     daemon::{binary, Daemon, Files},
     lab::{limit_config, Lab, RX_IF},
 };
 use limiter_user::{
-    config::{ActionName, Config, FileConfig, PortsSpec, ProtocolSpec, RuleSection},
+    config::{Config, FileConfig, PortsSpec, ProtocolSpec, RuleSection},
     daemon::apply_rule_edit,
     proto::{
         parse_request, Reply, Request, RequestLine, Response, ResponseLine, RuleEdit,
@@ -441,10 +442,7 @@ impl Lines {
         for _ in 0..self.rng.usize(0..4) {
             match self.rng.u8(0..11) {
                 0 => rule.cidr = (self.rng.u8(0..5) > 0).then(|| self.cidr()),
-                1 => {
-                    rule.action =
-                        self.pick(&[ActionName::Limit, ActionName::Allow, ActionName::Deny])
-                }
+                1 => rule.action = self.pick(&[Action::Limit, Action::Allow, Action::Deny]),
                 2 => {
                     rule.protocol = match self.rng.u8(0..3) {
                         0 => None,

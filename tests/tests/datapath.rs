@@ -407,3 +407,64 @@ fn the_verifier_walks_well_under_its_limit() {
         "the verifier walked {verified} instructions (budget {BUDGET} of its 1,000,000)"
     );
 }
+
+/// The map table in `limiter_common::maps` describes the loaded program:
+/// every map it defines and no other, with the kernel's own figures for
+/// type, key and value sizes and capacity (`max_sources` for the
+/// per-source maps). The kernel crate checks names and sizes when it
+/// builds; this checks what the kernel made of them.
+#[test]
+fn the_loaded_maps_are_the_table() {
+    use aya::maps::{Map, MapData, MapType};
+    use limiter_common::maps::{MapKind, ALL};
+    let max_sources = 1_000;
+    // The object as the kernel creates its maps, before the product's
+    // loader takes them into typed handles.
+    let mut loader = aya::EbpfLoader::new();
+    for spec in ALL.iter().filter(|spec| spec.sized_by_max_sources) {
+        loader.map_max_entries(spec.name, max_sources);
+    }
+    let ebpf = loader
+        .load(limiter_user::kernel::EBPF_OBJECT)
+        .expect("load the object (root and BPF needed)");
+    let mut loaded: Vec<&str> = ebpf.maps().map(|(name, _)| name).collect();
+    loaded.sort_unstable();
+    let mut table: Vec<&str> = ALL.iter().map(|spec| spec.name).collect();
+    table.sort_unstable();
+    assert_eq!(loaded, table);
+    for (name, map) in ebpf.maps() {
+        let spec = ALL
+            .iter()
+            .find(|spec| spec.name == name)
+            .expect("in the table");
+        let data: &MapData = match map {
+            Map::Array(data)
+            | Map::PerCpuArray(data)
+            | Map::LpmTrie(data)
+            | Map::LruHashMap(data)
+            | Map::PerCpuLruHashMap(data)
+            | Map::RingBuf(data) => data,
+            _ => panic!("{name}: a map type the table has no kind for"),
+        };
+        let info = data.info().expect("map info");
+        let kind = match info.map_type().expect("a known map type") {
+            MapType::Array => MapKind::Array,
+            MapType::PerCpuArray => MapKind::PerCpuArray,
+            MapType::LpmTrie => MapKind::LpmTrie,
+            MapType::LruHash => MapKind::LruHash,
+            MapType::LruPerCpuHash => MapKind::LruPerCpuHash,
+            MapType::RingBuf => MapKind::RingBuf,
+            other => panic!("{name}: unexpected map type {other:?}"),
+        };
+        let max_entries = if spec.sized_by_max_sources {
+            max_sources
+        } else {
+            spec.max_entries
+        };
+        assert_eq!(
+            (kind, info.key_size(), info.value_size(), info.max_entries()),
+            (spec.kind, spec.key_size, spec.value_size, max_entries),
+            "{name}"
+        );
+    }
+}

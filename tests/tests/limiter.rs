@@ -643,7 +643,7 @@ fn one_event_per_episode_of_refusals_and_a_bounded_rate() {
     assert_eq!(events.len(), 1, "seven refusals, one episode: {events:?}");
     assert_eq!(events[0].key, SourceKey::v4([192, 0, 2, 40]));
     assert_eq!(events[0].rule, 256, "the default rule of generation 1");
-    assert_eq!(events[0].dry_run, 0);
+    assert!(!events[0].dry_run());
 
     // A spoofed flood of 200 denied sources from one CPU: at most 64
     // events per CPU and second (two seconds if the flood straddles a

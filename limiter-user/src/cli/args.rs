@@ -6,6 +6,7 @@ use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use clap::{Args, Parser, Subcommand};
 use ipnet::IpNet;
+use limiter_common::Action;
 
 use super::{top::SortBy, units, Output};
 use crate::config::{AttachMode, PortsSpec, ProtocolSpec, DEFAULT_PIN_DIR, DEFAULT_SOCKET};
@@ -217,19 +218,11 @@ pub struct MatchArgs {
     pub syn: bool,
 }
 
-/// A rule's action.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum ActionArg {
-    Limit,
-    Allow,
-    Deny,
-}
-
 /// A rule's action and limits.
 #[derive(Args, Clone, Debug)]
 pub struct LimitArgs {
     #[arg(long, value_enum, default_value = "limit")]
-    pub action: ActionArg,
+    pub action: Action,
     /// Packets per second: 500, 10k, 2.5M.
     #[arg(long, value_parser = units::count)]
     pub pps: Option<u64>,
@@ -257,7 +250,7 @@ impl LimitArgs {
     /// No limits (a rule named only by prefix and match, for `rule rm`).
     pub fn none() -> Self {
         Self {
-            action: ActionArg::Limit,
+            action: Action::Limit,
             pps: None,
             bps: None,
             burst: 0,

@@ -8,11 +8,11 @@ use std::path::Path;
 use ipnet::IpNet;
 
 use super::{
-    args::{ActionArg, DefaultCommand, EditArgs, LimitArgs, MatchArgs, RuleArgs, RuleCommand},
+    args::{DefaultCommand, EditArgs, LimitArgs, MatchArgs, RuleArgs, RuleCommand},
     client, Output,
 };
 use crate::{
-    config::{ActionName, PortsSpec, ProtocolSpec, RuleSection},
+    config::{PortsSpec, ProtocolSpec, RuleSection},
     proto::{Reply, Request, RuleEdit},
     rules::rule_name,
 };
@@ -21,11 +21,7 @@ use crate::{
 pub fn section(cidr: Option<IpNet>, m: &MatchArgs, l: &LimitArgs) -> RuleSection {
     RuleSection {
         cidr,
-        action: match l.action {
-            ActionArg::Limit => ActionName::Limit,
-            ActionArg::Allow => ActionName::Allow,
-            ActionArg::Deny => ActionName::Deny,
-        },
+        action: l.action,
         protocol: m.protocol.clone(),
         ports: m.ports.clone(),
         tcp_syn: m.syn,
@@ -123,7 +119,7 @@ fn line(name: &str, r: &RuleSection) -> String {
     if r.tcp_syn {
         matches.push("syn".into());
     }
-    let action = format!("{:?}", r.action).to_lowercase();
+    let action = r.action.name();
     let mut limits = Vec::new();
     if let Some(pps) = r.pps {
         limits.push(format!("{pps} pps"));

@@ -173,7 +173,7 @@ pub struct RuleSection {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cidr: Option<IpNet>,
     /// `limit`, `allow` or `deny`.
-    pub action: ActionName,
+    pub action: Action,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub protocol: Option<ProtocolSpec>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -205,7 +205,7 @@ impl Default for RuleSection {
     fn default() -> Self {
         Self {
             cidr: None,
-            action: ActionName::Limit,
+            action: Action::Limit,
             protocol: None,
             ports: None,
             tcp_syn: false,
@@ -216,26 +216,6 @@ impl Default for RuleSection {
             window: Duration::from_secs(1),
             block: None,
             dry_run: None,
-        }
-    }
-}
-
-/// A rule action as written in the file.
-#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
-pub enum ActionName {
-    #[default]
-    Limit,
-    Allow,
-    Deny,
-}
-
-impl From<ActionName> for Action {
-    fn from(name: ActionName) -> Self {
-        match name {
-            ActionName::Limit => Action::Limit,
-            ActionName::Allow => Action::Allow,
-            ActionName::Deny => Action::Deny,
         }
     }
 }

@@ -5,9 +5,11 @@
 use std::time::Duration;
 
 use super::{
-    parse_ports, ActionName, Config, ConfigError, FileConfig, PortsSpec, ProtocolSpec, RuleSection,
+    parse_ports, Config, ConfigError, FileConfig, PortsSpec, ProtocolSpec, RuleSection,
     DEFAULT_PPS, MAX_SOURCES,
 };
+use limiter_common::Action;
+
 use crate::rules::{compile, rule_name, Limits, Match, RuleError, RuleSet, RuleSpec};
 
 fn field(field: impl Into<String>, message: impl Into<String>) -> ConfigError {
@@ -154,7 +156,7 @@ fn rule_spec(section: &RuleSection, name: &str, is_default: bool) -> Result<Rule
     let dry_run = section.dry_run.unwrap_or(is_default);
     let mut pps = section.pps;
     if is_default
-        && section.action == ActionName::Limit
+        && section.action == Action::Limit
         && pps.is_none()
         && section.bytes_per_second.is_none()
     {
@@ -167,7 +169,7 @@ fn rule_spec(section: &RuleSection, name: &str, is_default: bool) -> Result<Rule
             ports,
             tcp_syn: section.tcp_syn,
         },
-        action: section.action.into(),
+        action: section.action,
         limits: Limits {
             pps,
             bytes_per_second: section.bytes_per_second,

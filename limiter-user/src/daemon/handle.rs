@@ -109,7 +109,7 @@ impl Daemon {
                 };
                 sources.push(TopSource {
                     interface: iface.instance.iface.clone(),
-                    source: crate::display::source(&rate.key),
+                    source: rate.key.to_string(),
                     pps: rate.offered.packets,
                     bps: rate.offered.bytes * 8,
                     dropped: rate.dropped_total.packets,

@@ -217,7 +217,7 @@ impl Daemon {
 fn log_released(iface: &str, before: &BTreeSet<SourceKey>, now: &BTreeSet<SourceKey>) {
     let released: Vec<&SourceKey> = before.difference(now).collect();
     for key in released.iter().take(RELEASED_LOGGED_PER_TICK) {
-        info!(iface, source = %crate::display::source(key), "source released");
+        info!(iface, source = %key, "source released");
     }
     if released.len() > RELEASED_LOGGED_PER_TICK {
         info!(

@@ -8,7 +8,7 @@ use aya::{
     programs::{ProgramError, Xdp},
     Ebpf, EbpfLoader,
 };
-use limiter_common::{names, DEFAULT_MAX_SOURCES};
+use limiter_common::{maps, names, DEFAULT_MAX_SOURCES};
 
 use super::{Maps, MapsError};
 
@@ -43,7 +43,8 @@ pub enum LoadError {
 /// Knobs applied before the object is loaded.
 #[derive(Clone, Debug)]
 pub struct LoadOptions {
-    /// Capacity of the per-source state maps (`SOURCES` and `WINDOWS`).
+    /// Capacity of the per-source state maps (those the table in
+    /// `limiter_common::maps` says are sized by it).
     pub max_sources: u32,
     /// Maps taken from a pin instead of created, by name (a map not pinned
     /// at its path yet is created and pinned there): how the daemon adopts
@@ -72,9 +73,9 @@ pub struct Program {
 /// nothing is attached yet.
 pub fn load(options: &LoadOptions) -> Result<Program, LoadError> {
     let mut loader = EbpfLoader::new();
-    loader
-        .map_max_entries(names::SOURCES, options.max_sources)
-        .map_max_entries(names::WINDOWS, options.max_sources);
+    for spec in maps::ALL.iter().filter(|spec| spec.sized_by_max_sources) {
+        loader.map_max_entries(spec.name, options.max_sources);
+    }
     for (name, path) in &options.pins {
         loader.map_pin_path(name, path.as_path());
     }

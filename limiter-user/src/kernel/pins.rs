@@ -9,16 +9,11 @@
 use std::{
     fs,
     io::ErrorKind,
-    mem::size_of,
     path::{Path, PathBuf},
 };
 
 use aya::maps::{MapData, MapInfo};
-use limiter_common::{
-    names,
-    rules::{PrefixKeyV4, PrefixKeyV6, FRAME_CLASSES, RULE_SLOTS},
-    Config, Counter, Outcome, Rule, RuleRefs, SourceKey, SourceTraffic, WindowState,
-};
+use limiter_common::{maps::PINNED, names};
 use tracing::{info, warn};
 
 use super::sys;
@@ -44,49 +39,6 @@ pub enum PinError {
     #[error("{0}")]
     Lock(#[from] lock::LockError),
 }
-
-/// The state maps that are pinned, with their expected key and value sizes
-/// (a pinned map of another layout is not adopted).
-fn pinned_maps(max_sources: u32) -> [(&'static str, u32, u32, Option<u32>); 8] {
-    let s = |n: usize| n as u32;
-    [
-        (
-            names::SOURCES,
-            s(size_of::<SourceKey>()),
-            s(size_of::<SourceTraffic>()),
-            Some(max_sources),
-        ),
-        (
-            names::WINDOWS,
-            s(size_of::<SourceKey>()),
-            s(size_of::<WindowState>()),
-            Some(max_sources),
-        ),
-        (
-            names::STATS,
-            4,
-            s(size_of::<Counter>()),
-            Some(Outcome::COUNT),
-        ),
-        (names::CONFIG, 4, s(size_of::<Config>()), Some(1)),
-        (names::RULES, 4, s(size_of::<Rule>()), Some(RULE_SLOTS)),
-        (names::RULE_DROPS, 4, 8, Some(RULE_SLOTS)),
-        (
-            names::PREFIXES_V4,
-            s(4 + size_of::<PrefixKeyV4>()),
-            s(size_of::<RuleRefs>()),
-            None,
-        ),
-        (
-            names::PREFIXES_V6,
-            s(4 + size_of::<PrefixKeyV6>()),
-            s(size_of::<RuleRefs>()),
-            None,
-        ),
-    ]
-}
-
-const _: () = assert!(size_of::<RuleRefs>() == 4 * FRAME_CLASSES);
 
 /// The directory of `iface`'s pins.
 pub fn iface_dir(pin_dir: &Path, iface: &str) -> PathBuf {
@@ -170,26 +122,29 @@ pub fn drop_incompatible_pins(iface_dir: &Path, max_sources: u32) {
 /// Where each pinned map of this layout lives in `maps_dir`, for
 /// [`LoadOptions::pins`](super::LoadOptions::pins).
 pub fn map_pins(maps_dir: &Path) -> Vec<(&'static str, PathBuf)> {
-    pinned_maps(0)
+    PINNED
         .iter()
-        .map(|(name, ..)| (*name, maps_dir.join(name)))
+        .map(|spec| (spec.name, maps_dir.join(spec.name)))
         .collect()
 }
 
-/// Removes pinned maps whose key, value or capacity differs.
+/// Removes pinned maps whose key, value or capacity differs from the table
+/// (`limiter_common::maps`).
 fn drop_mismatched_sizes(maps_dir: &Path, max_sources: u32) {
-    for (name, key_size, value_size, max_entries) in pinned_maps(max_sources) {
-        let path = maps_dir.join(name);
+    for spec in PINNED {
+        let path = maps_dir.join(spec.name);
         if !path.exists() {
             continue;
         }
         let compatible = MapInfo::from_pin(&path).is_ok_and(|info| {
-            info.key_size() == key_size
-                && info.value_size() == value_size
-                && max_entries.is_none_or(|m| info.max_entries() == m)
+            info.key_size() == spec.key_size
+                && info.value_size() == spec.value_size
+                && spec
+                    .expected_max_entries(max_sources)
+                    .is_none_or(|m| info.max_entries() == m)
         });
         if !compatible {
-            warn!(map = name, path = %path.display(), "pinned map has another layout or size; starting it afresh");
+            warn!(map = spec.name, path = %path.display(), "pinned map has another layout or size; starting it afresh");
             let _ = fs::remove_file(&path);
         }
     }

@@ -23,7 +23,7 @@ use aya::{
 use limiter_common::{
     names,
     rules::{
-        prefix_key_v4, prefix_key_v6, rules_base, PrefixKeyV4, PrefixKeyV6, MAX_RULES,
+        half, prefix_key_v4, prefix_key_v6, rules_base, PrefixKeyV4, PrefixKeyV6, MAX_RULES,
         PREFIX_HALF_BITS,
     },
     Config, RuleRefs,
@@ -69,10 +69,8 @@ pub fn push_all(instances: &mut [&mut Maps], set: &RuleSet) -> Result<u32, PushE
     for (maps, live) in instances.iter_mut().zip(&live) {
         prepare(maps, &compiled, generation, live.generation, cpus)?;
     }
-    let config = Config {
-        generation,
-        ..compiled.config
-    };
+    let mut config = compiled.config;
+    config.generation = generation;
     for i in 0..instances.len() {
         if let Err(e) = set_config(instances[i], config) {
             // Put back the instances already switched (best effort: the
@@ -155,7 +153,7 @@ fn write_trie<K: Pod + PartialEq + AsRef<[u8]>>(
     generation: u32,
     entries: &[(u8, K, RuleRefs)],
 ) -> Result<(), MapsError> {
-    let half = (generation % 2) as u8;
+    let half = half(generation);
     let key = |len: u8, data: K| Key::new(PREFIX_HALF_BITS + u32::from(len), data);
     for (prefix_len, data, refs) in entries {
         trie.insert(&key(*prefix_len, *data), refs, 0)

@@ -78,16 +78,8 @@ pub fn compile(set: &RuleSet, base: u32, cpus: u32) -> Result<Compiled, RuleErro
         rules.push(rule);
     }
 
-    let mut config = Config {
-        generation: 0,
-        dry_run: u8::from(set.dry_run),
-        class_count: classes.len() as u8,
-        v4_prefix_len: set.v4_prefix_len,
-        v6_prefix_len: set.v6_prefix_len,
-        v4_mask: prefix_mask(set.v4_prefix_len),
-        v6_mask: prefix_mask(set.v6_prefix_len),
-        classes: [TrafficClass::default(); MAX_CLASSES],
-    };
+    let mut config = Config::new(set.dry_run, set.v4_prefix_len, set.v6_prefix_len);
+    config.class_count = classes.len() as u8;
     for (slot, class) in config.classes.iter_mut().zip(&classes) {
         *slot = class.class();
     }
@@ -143,7 +135,7 @@ fn fingerprint(index: usize, spec: &RuleSpec, rule: &Rule, global_dry_run: bool)
         rule.bucket_ns,
         rule.block_ns,
         u64::from(rule.buckets),
-        u64::from(rule.action),
+        u64::from(spec.action as u8),
         u64::from(spec.dry_run || global_dry_run),
     ] {
         hash.write_u64(value);
@@ -259,19 +251,13 @@ fn compile_rule(spec: &RuleSpec, name: &str, buckets: u32, cpus: u32) -> Result<
     } else {
         1
     };
-    Ok(Rule {
-        allowance_packets,
-        allowance_bytes,
-        bucket_ns: window_ns / u64::from(buckets),
-        // Bounded by MAX_BLOCK above, so the nanoseconds fit.
-        block_ns: limits.block.map_or(0, |b| b.as_nanos() as u64),
-        block_tag: 0,
-        fingerprint: 0,
-        buckets,
-        lease_packets,
-        action: spec.action as u8,
-        dry_run: u8::from(spec.dry_run),
-        budget: 0,
-        _pad: [0; 5],
-    })
+    let mut rule = Rule::new(spec.action, spec.dry_run);
+    rule.allowance_packets = allowance_packets;
+    rule.allowance_bytes = allowance_bytes;
+    rule.bucket_ns = window_ns / u64::from(buckets);
+    // Bounded by MAX_BLOCK above, so the nanoseconds fit.
+    rule.block_ns = limits.block.map_or(0, |b| b.as_nanos() as u64);
+    rule.buckets = buckets;
+    rule.lease_packets = lease_packets;
+    Ok(rule)
 }

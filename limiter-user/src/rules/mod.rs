@@ -30,7 +30,6 @@ use std::{hash::Hasher, net::IpAddr, time::Duration};
 
 use ipnet::IpNet;
 use limiter_common::{
-    prefix_mask,
     rules::{
         Transport, FRAME_CLASSES, MAX_CLASSES, MAX_RULES, RESOLVED_CLASSES, TCP_FLAG_ACK,
         TCP_FLAG_SYN, UNKNOWN_PROTOCOL_CLASS, UNRESOLVED_BASE,
@@ -82,13 +81,7 @@ impl Match {
     /// The kernel's form of this match.
     pub fn class(&self) -> TrafficClass {
         let (port_min, port_max) = self.ports.unwrap_or((0, u16::MAX));
-        TrafficClass {
-            protocol: self.protocol.unwrap_or(0),
-            tcp_syn_only: u8::from(self.tcp_syn),
-            _pad: [0; 2],
-            port_min,
-            port_max,
-        }
+        TrafficClass::new(self.protocol.unwrap_or(0), port_min, port_max, self.tcp_syn)
     }
 }
 

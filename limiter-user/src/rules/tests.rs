@@ -1,6 +1,8 @@
 //! Unit tests of the rule compiler: classes, tries, allowances and leases,
 //! overlap resolution and refusals, fingerprints.
 
+use limiter_common::prefix_mask;
+
 use super::*;
 
 fn net(s: &str) -> IpNet {

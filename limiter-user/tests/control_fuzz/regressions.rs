@@ -1,7 +1,8 @@
 //! Answers pinned by hand, and what the properties found.
 
+use limiter_common::Action;
 use limiter_user::{
-    config::{ActionName, Config, RuleSection},
+    config::{Config, RuleSection},
     daemon::apply_rule_edit,
     proto::{parse_request, RuleEdit},
 };
@@ -53,7 +54,7 @@ fn regressions() {
     // accepted, and `--save` (or `to_toml`) then panicked the daemon.
     let huge = RuleSection {
         cidr: Some("203.0.113.0/24".parse().expect("a prefix")),
-        action: ActionName::Allow,
+        action: Action::Allow,
         pps: Some(1 << 63),
         ..RuleSection::default()
     };
@@ -64,7 +65,7 @@ fn regressions() {
     );
     // A limit rule with a byte rate only ignores burst_packets just as well.
     let bursty = RuleSection {
-        action: ActionName::Limit,
+        action: Action::Limit,
         bytes_per_second: Some(1_000_000),
         burst_packets: u64::MAX,
         ..file.rules[0].clone()

@@ -7,8 +7,9 @@ use std::{
 };
 
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
+use limiter_common::Action;
 use limiter_user::{
-    config::{ActionName, PortsSpec, ProtocolSpec, RuleSection},
+    config::{PortsSpec, ProtocolSpec, RuleSection},
     proto::{Request, RequestLine, RuleEdit, PROTOCOL_VERSION},
 };
 use proptest::{option, prelude::*, sample::select};
@@ -110,8 +111,8 @@ pub(crate) fn duration() -> impl Strategy<Value = Duration> {
     ]
 }
 
-pub(crate) fn action() -> impl Strategy<Value = ActionName> {
-    select(vec![ActionName::Limit, ActionName::Allow, ActionName::Deny])
+pub(crate) fn action() -> impl Strategy<Value = Action> {
+    select(vec![Action::Limit, Action::Allow, Action::Deny])
 }
 
 /// Any rule at all: mostly invalid.
@@ -180,7 +181,7 @@ pub(crate) fn plausible_rule() -> BoxedStrategy<RuleSection> {
 pub(crate) type Fields = (
     (
         Option<IpNet>,
-        ActionName,
+        Action,
         Option<ProtocolSpec>,
         Option<PortsSpec>,
         bool,
