@@ -10,7 +10,7 @@ use std::process::Command;
 
 use anyhow::bail;
 
-use crate::{run, setup::EBPF_TOOLCHAIN};
+use crate::run;
 
 pub fn run(cargo_test_args: &[String]) -> anyhow::Result<()> {
     if !is_root() {
@@ -24,22 +24,10 @@ pub fn run(cargo_test_args: &[String]) -> anyhow::Result<()> {
     };
     run::status(cargo().args(["fmt", "--all", "--check"]))?;
     run::status(cargo().args(["clippy", "--all-targets", "--", "-D", "warnings"]))?;
+    // The kernel crate on its real target, with the toolchain, flags and
+    // feature allowance of the build that embeds it.
     run::status(
-        Command::new("rustup")
-            .current_dir(&root)
-            .args(["run", EBPF_TOOLCHAIN, "cargo", "clippy", "--release"])
-            .args([
-                "--package",
-                "limiter-ebpf",
-                "--target",
-                "bpfel-unknown-none",
-            ])
-            .args(["--target-dir", "target/ebpf", "--", "-D", "warnings"])
-            // The same feature allowance and flags as limiter-user/build.rs.
-            .env("RUSTC_BOOTSTRAP", "aya_ebpf,limiter_ebpf")
-            .env("CARGO_ENCODED_RUSTFLAGS", "-Ctarget-cpu=v3")
-            .env_remove("RUSTUP_TOOLCHAIN")
-            .env_remove("RUSTC"),
+        limiter_ebpf_build::cargo(&root, "clippy", &["limiter-ebpf"]).args(["--", "-D", "warnings"]),
     )?;
     // Host unit tests first, then the kernel and netns tests, so the run
     // closes on the tests that exercise the real kernel.
@@ -49,6 +37,8 @@ pub fn run(cargo_test_args: &[String]) -> anyhow::Result<()> {
                 "test",
                 "-p",
                 "limiter-common",
+                "-p",
+                "limiter-ebpf-build",
                 "-p",
                 "limiter-user",
                 "-p",
