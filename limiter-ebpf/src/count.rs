@@ -5,8 +5,7 @@
 
 use aya_ebpf::{maps::LruPerCpuHashMap, programs::XdpContext};
 use limiter_common::{Counter, SourceKey};
-
-use crate::parse;
+use limiter_ebpf::parse;
 
 /// `bpf_map_update_elem` flag: create only.
 const BPF_NOEXIST: u64 = 1;

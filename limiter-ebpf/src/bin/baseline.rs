@@ -5,12 +5,6 @@
 #![no_std]
 #![no_main]
 
-// The baseline parses like the limiter but matches no rules, so the
-// transport fields go unread.
-#[allow(dead_code)]
-#[path = "../parse.rs"]
-mod parse;
-
 #[path = "../count.rs"]
 mod count;
 

@@ -15,11 +15,6 @@
 #![no_std]
 #![no_main]
 
-// Only the source key of the parse is used here.
-#[allow(dead_code)]
-#[path = "../parse.rs"]
-mod parse;
-
 #[path = "../count.rs"]
 mod count;
 
