@@ -9,7 +9,7 @@
 fn main() {
     limiter_ebpf_build::embed(
         "limiter-ebpf",
-        &["limiter-ebpf", "limiter-baseline", "limiter-bench-traffic"],
+        &["limiter-ebpf"],
         &[
             "limiter-ebpf/src",
             "limiter-ebpf/Cargo.toml",

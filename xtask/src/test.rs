@@ -1,6 +1,6 @@
 //! `cargo xtask test`: the whole suite, in the order that fails fastest:
-//! formatting, clippy on the userspace crates and on the kernel crate (for
-//! its real target), then every test (host unit tests, kernel tests through
+//! formatting, clippy on the userspace crates and on the kernel crates (for
+//! their real target), then every test (host unit tests, kernel tests through
 //! BPF_PROG_TEST_RUN, netns tests with real traffic).
 //!
 //! Kernel and netns tests need root; the suite refuses to run without it
@@ -24,10 +24,12 @@ pub fn run(cargo_test_args: &[String]) -> anyhow::Result<()> {
     };
     run::status(cargo().args(["fmt", "--all", "--check"]))?;
     run::status(cargo().args(["clippy", "--all-targets", "--", "-D", "warnings"]))?;
-    // The kernel crate on its real target, with the toolchain, flags and
-    // feature allowance of the build that embeds it.
+    // The kernel crates (the product's and the benchmark's) on their real
+    // target, with the toolchain, flags and feature allowance of the
+    // builds that embed them.
     run::status(
-        limiter_ebpf_build::cargo(&root, "clippy", &["limiter-ebpf"]).args(["--", "-D", "warnings"]),
+        limiter_ebpf_build::cargo(&root, "clippy", &["limiter-ebpf", "limiter-bench-ebpf"])
+            .args(["--", "-D", "warnings"]),
     )?;
     // Host unit tests first, then the kernel and netns tests, so the run
     // closes on the tests that exercise the real kernel.

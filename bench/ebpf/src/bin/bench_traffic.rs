@@ -15,9 +15,6 @@
 #![no_std]
 #![no_main]
 
-#[path = "../count.rs"]
-mod count;
-
 use aya_ebpf::{
     bindings::xdp_action,
     helpers::bpf_ktime_get_ns,
@@ -25,6 +22,7 @@ use aya_ebpf::{
     maps::{Array, LruPerCpuHashMap, PerCpuArray},
     programs::{SkBuffContext, XdpContext},
 };
+use limiter_bench_ebpf::count;
 use limiter_common::{
     traffic::{
         pace, pick, sink_slot, write_frame, GenConfig, GenState, FRAME_LEN, SINK_SLOTS, STAMP_LEN,
