@@ -14,7 +14,6 @@ pub mod keys;
 pub mod rules;
 pub mod state;
 pub mod stats;
-pub mod traffic;
 pub mod window;
 
 pub use event::LimitEvent;
@@ -74,6 +73,4 @@ mod pod {
     unsafe impl aya::Pod for super::Rule {}
     unsafe impl aya::Pod for super::RuleRefs {}
     unsafe impl aya::Pod for super::LimitEvent {}
-    unsafe impl aya::Pod for super::traffic::GenConfig {}
-    unsafe impl aya::Pod for super::traffic::GenState {}
 }

@@ -40,6 +40,8 @@ pub fn run(cargo_test_args: &[String]) -> anyhow::Result<()> {
                 "-p",
                 "limiter-common",
                 "-p",
+                "limiter-bench-common",
+                "-p",
                 "limiter-ebpf-build",
                 "-p",
                 "limiter-user",

@@ -246,7 +246,7 @@ fn describe(mix: &Mix) -> String {
     parts.push(format!("{:.0}% of sources IPv6", mix.ipv6_share * 100.0));
     parts.push(format!(
         "{}-byte UDP frames",
-        limiter_common::traffic::FRAME_LEN
+        limiter_bench_common::traffic::FRAME_LEN
     ));
     parts.join(", ")
 }

@@ -4,7 +4,7 @@
 
 use std::fmt;
 
-use limiter_common::traffic::names;
+use limiter_bench_common::traffic::names;
 
 use crate::{
     daemon::{Daemon, Files},

@@ -16,7 +16,7 @@ use aya::{
     },
     Ebpf, EbpfLoader,
 };
-use limiter_common::traffic::{
+use limiter_bench_common::traffic::{
     names, GenConfig, GenState, CLASSES, FRAME_LEN, MAX_HEAVY, MAX_LIGHT, SHARE_ONE,
     SINK_HEAVY_BASE, SINK_LIGHT, SINK_RANDOM, SINK_SLOTS, SINK_UNKNOWN,
 };
