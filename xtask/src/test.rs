@@ -56,6 +56,13 @@ pub fn run(cargo_test_args: &[String]) -> anyhow::Result<()> {
         cargo()
             .args(["test", "-p", "limiter-tests"])
             .args(cargo_test_args),
+    )?;
+    // The end-to-end lab's smoke test (real traffic through the real
+    // daemon, and every benchmark scenario's filter installed).
+    run::status(
+        cargo()
+            .args(["test", "-p", "limiter-bench"])
+            .args(cargo_test_args),
     )
 }
 

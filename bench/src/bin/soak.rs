@@ -36,15 +36,13 @@ use std::{
 };
 
 use clap::Parser;
-use limiter_common::stats::Outcome;
-use limiter_tests::{
-    daemon::{parse_series, process_state, Daemon, Files},
-    e2e::{
-        lab::{Lab, RX_IF, RX_V4, SINK_PORT, TX_IF},
-        scenario::start_limiter,
-        traffic::{Mix, Priority, Programs, Rate},
-    },
+use limiter_bench::e2e::{
+    lab::{Lab, RX_IF, RX_V4, SINK_PORT, TX_IF},
+    scenario::start_limiter,
+    traffic::{Mix, Priority, Programs, Rate},
 };
+use limiter_common::stats::Outcome;
+use limiter_tests::daemon::{parse_series, process_state, Daemon, Files};
 use nix::sys::signal::Signal;
 use serde_json::json;
 
