@@ -23,7 +23,6 @@ pub mod maps;
 pub mod rules;
 pub mod state;
 pub mod stats;
-pub mod traffic;
 pub mod window;
 
 pub use event::LimitEvent;
@@ -32,15 +31,3 @@ pub use maps::{names, DEFAULT_MAX_SOURCES, MAP_LAYOUT_VERSION};
 pub use rules::{Action, Config, Rule, RuleRefs, TrafficClass};
 pub use state::{SourceTraffic, WindowState};
 pub use stats::{Counter, Outcome};
-
-/// `aya::Pod` for the benchmark traffic generator's types (`traffic`);
-/// every other type's user-only impls live in its own module's `user`
-/// submodule.
-#[cfg(feature = "user")]
-mod user {
-    // SAFETY (both): #[repr(C)] structs of integers and byte arrays with
-    // explicit padding fields: every bit pattern is valid and there are no
-    // uninitialised bytes.
-    unsafe impl aya::Pod for super::traffic::GenConfig {}
-    unsafe impl aya::Pod for super::traffic::GenState {}
-}

@@ -43,10 +43,10 @@ use limiter_common::{
     window::{self, Admission, WindowCache, WindowParams, PACKETS, RING},
     Action, AddressFamily, Config, LimitEvent, Outcome, Rule, SourceKey, SourceTraffic,
 };
+use limiter_ebpf::parse::Packet;
 
 use crate::{
     maps::{self, CONFIG, PREFIXES_V4, PREFIXES_V6, RULES, SOURCES, WINDOWS, WINDOW_SEED},
-    parse::Packet,
     shared::SharedWindow,
 };
 

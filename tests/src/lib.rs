@@ -9,14 +9,14 @@
 //! - [`model`]: a reference model of the documented parse and rule
 //!   semantics; [`fuzz`]: random and mutated frames checked against it
 //!   through the kernel.
-//! - [`e2e`]: the end-to-end benchmark's lab, generator, scenarios and
-//!   report (`cargo xtask bench e2e` and its smoke test).
+//!
+//! The benchmarks, the demo and the soak (`limiter-bench`) build on this
+//! harness too.
 //!
 //! Everything here needs root and a BPF-capable kernel, and panics with
 //! context when it lacks them: tests never skip.
 
 pub mod daemon;
-pub mod e2e;
 pub mod fuzz;
 pub mod lab;
 pub mod model;

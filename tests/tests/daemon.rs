@@ -298,7 +298,7 @@ fn an_interface_with_someone_elses_program_is_left_alone() {
     let lab = Lab::three_senders();
     let files = Files::new();
     let mut other = aya::EbpfLoader::new()
-        .load(limiter_user::kernel::object::BASELINE_OBJECT)
+        .load(limiter_bench_objects::BASELINE_OBJECT)
         .expect("load another program");
     let program: &mut Xdp = other
         .program_mut("xdp_baseline")
@@ -388,7 +388,7 @@ fn a_pinned_map_of_another_layout_is_recreated_and_detach_removes_everything() {
     let maps_dir = limiter_user::kernel::pins::maps_dir(&files.pin_dir.join(RX_IF));
     std::fs::create_dir_all(&maps_dir).expect("bpffs dir");
     let mut other = aya::EbpfLoader::new()
-        .load(limiter_user::kernel::object::BASELINE_OBJECT)
+        .load(limiter_bench_objects::BASELINE_OBJECT)
         .expect("load a map of another layout");
     let foreign = other.take_map("BASELINE_SOURCES").expect("map");
     match foreign {

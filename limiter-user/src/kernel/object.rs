@@ -16,17 +16,6 @@ use super::{Maps, MapsError};
 pub static EBPF_OBJECT: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/limiter-ebpf.o"));
 
-/// A reference program for benchmarks (`limiter-ebpf/src/bin/baseline.rs`):
-/// the same parsing plus one per-CPU LRU counter. Never attached.
-pub static BASELINE_OBJECT: &[u8] =
-    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/limiter-baseline.o"));
-
-/// The end-to-end benchmark's programs (`limiter-ebpf/src/bin/bench_traffic.rs`):
-/// a live-frames traffic generator, a drop-everything XDP floor and a
-/// counting socket filter. Never attached by the daemon.
-pub static BENCH_TRAFFIC_OBJECT: &[u8] =
-    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/limiter-bench-traffic.o"));
-
 /// Errors from loading the program into the kernel.
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {

@@ -36,15 +36,13 @@ use std::{
 };
 
 use clap::Parser;
-use limiter_common::stats::Outcome;
-use limiter_tests::{
-    daemon::{parse_series, process_state, Daemon, Files},
-    e2e::{
-        lab::{Lab, RX_IF, RX_V4, SINK_PORT, TX_IF},
-        scenario::start_limiter,
-        traffic::{Mix, Priority, Programs, Rate},
-    },
+use limiter_bench::e2e::{
+    lab::{Lab, RX_IF, RX_V4, SINK_PORT, TX_IF},
+    scenario::start_limiter,
+    traffic::{Mix, Priority, Programs, Rate},
 };
+use limiter_common::stats::Outcome;
+use limiter_tests::daemon::{parse_series, process_state, Daemon, Files};
 use nix::sys::signal::Signal;
 use serde_json::json;
 
@@ -91,7 +89,7 @@ const UDP_PORTS: [u16; 3] = [SINK_PORT, 9001, 53];
 const SYN_PORTS: [u16; 3] = [22, 80, 443];
 /// The sender's own address: the SYNs come from its stack.
 const TX_V4: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 2);
-/// The heavy sources' prefix (`limiter_common::traffic::source_v4`) and
+/// The heavy sources' prefix (`limiter_bench_common::traffic::source_v4`) and
 /// the rates the rotation gives its rule, all below a heavy source's.
 const HEAVY_PREFIX: &str = "10.2.0.0/16";
 const HEAVY_PPS: [u32; 3] = [800, 500, 1500];

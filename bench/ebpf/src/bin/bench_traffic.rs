@@ -3,7 +3,7 @@
 //!
 //! - `xdp_generate`: the traffic generator. Run through BPF_PROG_TEST_RUN
 //!   with `BPF_F_TEST_XDP_LIVE_FRAMES` on the sending veth, it writes a
-//!   whole frame per run (source picked per `limiter_common::traffic`) and
+//!   whole frame per run (source picked per `limiter_bench_common::traffic`) and
 //!   returns XDP_TX, which transmits it to the receiving peer.
 //! - `xdp_drop_all`: drops every frame, the cost floor of any XDP filter.
 //! - `xdp_count_drop`: parses like the limiter, bumps one per-CPU LRU
@@ -15,14 +15,6 @@
 #![no_std]
 #![no_main]
 
-// Only the source key of the parse is used here.
-#[allow(dead_code)]
-#[path = "../parse.rs"]
-mod parse;
-
-#[path = "../count.rs"]
-mod count;
-
 use aya_ebpf::{
     bindings::xdp_action,
     helpers::bpf_ktime_get_ns,
@@ -30,12 +22,12 @@ use aya_ebpf::{
     maps::{Array, LruPerCpuHashMap, PerCpuArray},
     programs::{SkBuffContext, XdpContext},
 };
-use limiter_common::{
-    traffic::{
-        pace, pick, sink_slot, write_frame, GenConfig, GenState, FRAME_LEN, SINK_SLOTS, STAMP_LEN,
-    },
-    Counter, SourceKey, DEFAULT_MAX_SOURCES,
+use limiter_bench_common::traffic::{
+    pace, pick, sink_slot, write_frame, GenConfig, GenState, FRAME_LEN, SINK_SLOTS, SINK_UNKNOWN,
+    STAMP_LEN,
 };
+use limiter_bench_ebpf::count;
+use limiter_common::{Counter, SourceKey, DEFAULT_MAX_SOURCES};
 
 #[map(name = "GEN_CONFIG")]
 static GEN_CONFIG: Array<GenConfig> = Array::with_max_entries(1, 0);
@@ -97,7 +89,7 @@ pub fn xdp_count_drop(ctx: XdpContext) -> u32 {
 pub fn e2e_sink(ctx: SkBuffContext) -> i64 {
     let slot = match ctx.load::<[u8; STAMP_LEN]>(8) {
         Ok(stamp) => sink_slot(&stamp),
-        Err(_) => limiter_common::traffic::SINK_UNKNOWN,
+        Err(_) => SINK_UNKNOWN,
     };
     if let Some(count) = SINK.get_ptr_mut(slot) {
         // SAFETY: this CPU's slot of a per-CPU array value.

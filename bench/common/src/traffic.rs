@@ -1,8 +1,9 @@
 //! Traffic of the end-to-end benchmark (`cargo xtask bench e2e`), shared by
-//! its kernel programs (`limiter-ebpf/src/bin/bench_traffic.rs`) and the
-//! userspace driver: the generator's configuration, how it picks a source
-//! for each frame, the frame it writes, and the stamp in the payload that
-//! the receiving sink counts by. Nothing here is part of the limiter.
+//! its kernel programs (`bench/ebpf/src/bin/bench_traffic.rs`) and the
+//! userspace driver (`e2e/traffic.rs`): the generator's configuration, how
+//! it picks a source for each frame, the frame it writes, and the stamp in
+//! the payload that the receiving sink counts by. Nothing here is part of
+//! the limiter.
 //!
 //! Each frame is a UDP datagram of [`FRAME_LEN`] bytes from one of three
 //! classes: *light* sources (many, each under the limit), *heavy* sources

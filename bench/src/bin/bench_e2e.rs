@@ -17,7 +17,7 @@ use std::{
 };
 
 use clap::Parser;
-use limiter_tests::e2e::{
+use limiter_bench::e2e::{
     lab::Lab,
     measure::{run_once, Timing},
     report::{self, Cell, Load, Mode, Setup},
@@ -209,7 +209,7 @@ fn main() {
              tables sized {} entries",
             LIMIT.pps,
             LIMIT.burst,
-            limiter_tests::e2e::scenario::TABLE_SIZE
+            limiter_bench::e2e::scenario::TABLE_SIZE
         ),
         timing: format!(
             "{} runs per cell, each after 1.2 s without traffic and waiting for an idle machine, {:.1} s warm-up then {:.0} s measured; \
@@ -246,7 +246,7 @@ fn describe(mix: &Mix) -> String {
     parts.push(format!("{:.0}% of sources IPv6", mix.ipv6_share * 100.0));
     parts.push(format!(
         "{}-byte UDP frames",
-        limiter_common::traffic::FRAME_LEN
+        limiter_bench_common::traffic::FRAME_LEN
     ));
     parts.join(", ")
 }

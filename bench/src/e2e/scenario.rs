@@ -4,14 +4,12 @@
 
 use std::fmt;
 
-use limiter_common::traffic::names;
+use limiter_bench_common::traffic::names;
+use limiter_tests::daemon::{Daemon, Files};
 
-use crate::{
-    daemon::{Daemon, Files},
-    e2e::{
-        lab::{self, Lab, RX_IF},
-        traffic::Programs,
-    },
+use crate::e2e::{
+    lab::{self, Lab, RX_IF},
+    traffic::Programs,
 };
 
 /// The per-source limit every filter enforces.

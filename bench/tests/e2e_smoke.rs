@@ -10,7 +10,7 @@ use std::{
     time::Duration,
 };
 
-use limiter_tests::e2e::{
+use limiter_bench::e2e::{
     lab::{Lab, RX_CPU, RX_IF},
     measure::{run_once, Timing},
     scenario::{Installed, Limit, Scenario},

@@ -1,12 +1,12 @@
 //! One per-CPU counter per source: the cheapest per-source state at XDP.
 //! Shared by the reference programs of the benchmarks (`bin/baseline.rs`
 //! for `bench xdp`, `xdp_count_drop` in `bin/bench_traffic.rs` for
-//! `bench e2e`); the limiter itself never uses it.
+//! `bench e2e`); the limiter itself never uses it. Frames are parsed with
+//! the limiter's own parser (`limiter_ebpf::parse`).
 
 use aya_ebpf::{maps::LruPerCpuHashMap, programs::XdpContext};
 use limiter_common::{Counter, SourceKey};
-
-use crate::parse;
+use limiter_ebpf::parse;
 
 /// `bpf_map_update_elem` flag: create only.
 const BPF_NOEXIST: u64 = 1;

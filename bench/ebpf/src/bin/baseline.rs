@@ -1,18 +1,9 @@
 //! Reference program for `cargo xtask bench xdp`: the cost floor of a
 //! per-source counter at XDP. It parses exactly like the limiter (the same
-//! `parse.rs`) and bumps one per-CPU LRU counter per source, nothing else.
-//! The daemon never attaches it.
+//! parser, `limiter_ebpf::parse`) and bumps one per-CPU LRU counter per
+//! source, nothing else. The daemon never attaches it.
 #![no_std]
 #![no_main]
-
-// The baseline parses like the limiter but matches no rules, so the
-// transport fields go unread.
-#[allow(dead_code)]
-#[path = "../parse.rs"]
-mod parse;
-
-#[path = "../count.rs"]
-mod count;
 
 use aya_ebpf::{
     bindings::xdp_action,
@@ -20,6 +11,7 @@ use aya_ebpf::{
     maps::LruPerCpuHashMap,
     programs::XdpContext,
 };
+use limiter_bench_ebpf::count;
 use limiter_common::{Counter, SourceKey, DEFAULT_MAX_SOURCES};
 
 #[map(name = "BASELINE_SOURCES")]

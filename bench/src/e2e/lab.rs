@@ -16,9 +16,8 @@ use std::{
     sync::Mutex,
 };
 
+use limiter_tests::netns::{NetNs, Veth};
 use nix::{sched::CpuSet, unistd::Pid};
-
-use crate::netns::{NetNs, Veth};
 
 /// The generator's CPU and the receive kthread's CPU.
 pub const GEN_CPU: usize = 0;

@@ -10,10 +10,11 @@ use aya::{
     Ebpf, EbpfLoader,
 };
 use ipnet::IpNet;
+use limiter_bench_objects::BASELINE_OBJECT;
 use limiter_common::Action;
 use limiter_tests::{packets, testrun::pin_current_thread};
 use limiter_user::{
-    kernel::{self, object::BASELINE_OBJECT, push, LoadOptions, Program},
+    kernel::{self, push, LoadOptions, Program},
     rules::{RuleSet, RuleSpec},
 };
 

@@ -1,6 +1,6 @@
 //! The benchmark's kernel programs driven from userspace: the live-frames
 //! generator on the sending veth, the counting sink on the receiving socket
-//! and the drop-everything floor (`limiter-ebpf/src/bin/bench_traffic.rs`).
+//! and the drop-everything floor (`bench/ebpf/src/bin/bench_traffic.rs`).
 
 use std::{
     net::UdpSocket,
@@ -16,11 +16,11 @@ use aya::{
     },
     Ebpf, EbpfLoader,
 };
-use limiter_common::traffic::{
+use limiter_bench_common::traffic::{
     names, GenConfig, GenState, CLASSES, FRAME_LEN, MAX_HEAVY, MAX_LIGHT, SHARE_ONE,
     SINK_HEAVY_BASE, SINK_LIGHT, SINK_RANDOM, SINK_SLOTS, SINK_UNKNOWN,
 };
-use limiter_user::kernel::object::BENCH_TRAFFIC_OBJECT;
+use limiter_bench_objects::BENCH_TRAFFIC_OBJECT;
 
 use super::{
     lab::{self, Lab, RX_V4, RX_V6, SINK_PORT},
