@@ -8,7 +8,7 @@ use super::{
     parse_ports, Config, ConfigError, FileConfig, PortsSpec, ProtocolSpec, RuleSection,
     DEFAULT_PPS, MAX_SOURCES,
 };
-use limiter_common::Action;
+use limiter_common::{Action, AddressFamily};
 
 use crate::rules::{compile, rule_name, Limits, Match, RuleError, RuleSet, RuleSpec};
 
@@ -81,10 +81,9 @@ impl FileConfig {
         compile(&set, 0, 1).map_err(|e| match e {
             // A global knob is named as the file spells it.
             RuleError::KeyPrefix { family, .. } => field(
-                if family == "IPv4" {
-                    "limits.ipv4_prefix"
-                } else {
-                    "limits.ipv6_prefix"
+                match family {
+                    AddressFamily::V4 => "limits.ipv4_prefix",
+                    AddressFamily::V6 => "limits.ipv6_prefix",
                 },
                 e.to_string(),
             ),

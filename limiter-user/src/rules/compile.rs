@@ -13,14 +13,14 @@ pub fn compile(set: &RuleSet, base: u32, cpus: u32) -> Result<Compiled, RuleErro
     }
     if set.v4_prefix_len > 32 {
         return Err(RuleError::KeyPrefix {
-            family: "IPv4",
+            family: AddressFamily::V4,
             len: set.v4_prefix_len,
             max: 32,
         });
     }
     if set.v6_prefix_len > 128 {
         return Err(RuleError::KeyPrefix {
-            family: "IPv6",
+            family: AddressFamily::V6,
             len: set.v6_prefix_len,
             max: 128,
         });

@@ -35,7 +35,7 @@ use limiter_common::{
         TCP_FLAG_SYN, UNKNOWN_PROTOCOL_CLASS, UNRESOLVED_BASE,
     },
     window::{MAX_BUCKETS_PER_WINDOW, MAX_BYTES, MAX_PACKETS, UNLIMITED},
-    Action, Config, Rule, RuleRefs, TrafficClass,
+    Action, AddressFamily, Config, Rule, RuleRefs, TrafficClass,
 };
 
 mod compile;
@@ -274,9 +274,12 @@ pub enum RuleError {
     TooManyRules,
     #[error("buckets_per_window {0} is outside 1..={MAX_BUCKETS_PER_WINDOW}")]
     Buckets(u32),
-    #[error("{family} key prefix length {len} is longer than {max}")]
+    #[error(
+        "{} key prefix length {len} is longer than {max}",
+        match family { AddressFamily::V4 => "IPv4", AddressFamily::V6 => "IPv6" }
+    )]
     KeyPrefix {
-        family: &'static str,
+        family: AddressFamily,
         len: u8,
         max: u8,
     },
