@@ -69,17 +69,9 @@ fn outcome_of(harness: &mut Harness, frame: &[u8]) -> Outcome {
         .map(|o| harness.outcome_total(*o).packets)
         .collect();
     harness.run_on_cpu(0, frame);
-    let verdicts = [
-        Outcome::Passed,
-        Outcome::DroppedLimit,
-        Outcome::DroppedDeny,
-        Outcome::Allowed,
-        Outcome::DryRunWouldDrop,
-        Outcome::NonIp,
-        Outcome::Malformed,
-    ];
-    let changed: Vec<Outcome> = verdicts
-        .into_iter()
+    let changed: Vec<Outcome> = Outcome::VERDICTS
+        .iter()
+        .copied()
         .filter(|o| harness.outcome_total(*o).packets != before[*o as usize])
         .collect();
     assert_eq!(changed.len(), 1, "one verdict per frame: {changed:?}");
