@@ -23,3 +23,8 @@ pub mod model;
 pub mod netns;
 pub mod packets;
 pub mod testrun;
+
+/// A prefix from its text, for the rules tests build (a typo panics).
+pub fn net(text: &str) -> ipnet::IpNet {
+    text.parse().expect("valid CIDR")
+}

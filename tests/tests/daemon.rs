@@ -8,7 +8,7 @@ use std::{
     time::Duration,
 };
 
-use aya::programs::{Xdp, XdpMode};
+use aya::programs::XdpMode;
 use limiter_tests::{
     daemon::{binary, process_state, Daemon, Files},
     lab::{limit_config, Lab, HEAVY, MARKER, MEDIUM, RX_IF},
@@ -297,15 +297,8 @@ fn bad_interfaces_files_and_arguments_get_one_clear_error() {
 fn an_interface_with_someone_elses_program_is_left_alone() {
     let lab = Lab::three_senders();
     let files = Files::new();
-    let mut other = aya::EbpfLoader::new()
-        .load(limiter_bench_objects::BASELINE_OBJECT)
-        .expect("load another program");
-    let program: &mut Xdp = other
-        .program_mut("xdp_baseline")
-        .expect("program")
-        .try_into()
-        .expect("XDP");
-    program.load().expect("verify");
+    let mut other = limiter_bench_objects::load_baseline();
+    let program = limiter_bench_objects::baseline_program(&mut other);
     lab.rx.enter(|| {
         program
             .attach(RX_IF, XdpMode::Driver)

@@ -16,10 +16,9 @@ use std::{
 };
 
 use aya::maps::{HashMap, MapData, PerCpuHashMap};
-use ipnet::IpNet;
 use limiter_common::{names, Action, Counter, Outcome, SourceKey, SourceTraffic, WindowState};
 use limiter_tests::{
-    packets,
+    net, packets,
     testrun::{Harness, XDP_DROP, XDP_PASS},
 };
 use limiter_user::{
@@ -52,10 +51,6 @@ impl Drop for PinDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
-}
-
-fn net(s: &str) -> IpNet {
-    s.parse().expect("valid CIDR")
 }
 
 fn frame(source: [u8; 4]) -> Vec<u8> {

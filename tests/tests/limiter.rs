@@ -9,10 +9,9 @@ use std::{
     time::Duration,
 };
 
-use ipnet::IpNet;
 use limiter_common::{Action, Outcome, SourceKey};
 use limiter_tests::{
-    packets,
+    net, packets,
     testrun::{self, frames, online_cpus, paced, Harness, Pacing, Start},
 };
 use limiter_user::{
@@ -22,10 +21,6 @@ use limiter_user::{
 
 const DST4: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 1);
 const DST6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0xffff, 0, 0, 0, 0, 1);
-
-fn net(s: &str) -> IpNet {
-    s.parse().expect("valid CIDR")
-}
 
 /// A rule set whose default rule limits every source to `pps` per second
 /// (1 s window, no burst).

@@ -6,9 +6,9 @@
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 
-use ipnet::IpNet;
 use limiter_common::{Action, Outcome};
 use limiter_tests::{
+    net,
     packets::{self, Ext},
     testrun::{Harness, XDP_DROP, XDP_PASS},
 };
@@ -16,10 +16,6 @@ use limiter_user::rules::{Match, RuleSet, RuleSpec, PROTO_TCP, PROTO_UDP};
 
 const DST4: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 1);
 const DST6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0xffff, 0, 0, 0, 0, 1);
-
-fn net(s: &str) -> IpNet {
-    s.parse().expect("valid CIDR")
-}
 
 fn matching(protocol: u8, ports: Option<(u16, u16)>) -> Match {
     Match {
