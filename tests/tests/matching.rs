@@ -9,13 +9,10 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 use limiter_common::{Action, Outcome};
 use limiter_tests::{
     net,
-    packets::{self, Ext},
+    packets::{self, Ext, DST4, DST6},
     testrun::{Harness, XDP_DROP, XDP_PASS},
 };
 use limiter_user::rules::{Match, RuleSet, RuleSpec, PROTO_TCP, PROTO_UDP};
-
-const DST4: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 1);
-const DST6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0xffff, 0, 0, 0, 0, 1);
 
 fn matching(protocol: u8, ports: Option<(u16, u16)>) -> Match {
     Match {
