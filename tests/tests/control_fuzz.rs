@@ -19,14 +19,13 @@ use std::{
     net::{Ipv4Addr, Ipv6Addr},
     os::unix::net::UnixStream,
     path::Path,
-    process::Command,
     time::{Duration, Instant},
 };
 
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use limiter_common::Action;
 use limiter_tests::{
-    daemon::{binary, Daemon, Files},
+    daemon::{Daemon, Files},
     lab::{limit_config, Lab, RX_IF},
 };
 use limiter_user::{
@@ -789,17 +788,8 @@ fn the_control_socket_answers_every_line_clearly_and_changes_nothing() {
         text_before,
         "the file changed"
     );
-    let out = Command::new(binary())
-        .args(["status", "--output", "json", "--socket"])
-        .arg(&socket)
-        .output()
-        .expect("run the CLI");
-    assert!(
-        out.status.success(),
-        "status: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let status: Value = serde_json::from_slice(&out.stdout).expect("JSON status");
+    let status: Value =
+        serde_json::from_str(&files.cli_ok(&["status", "--output", "json"])).expect("JSON status");
     assert_eq!(status["generation"], before.generation);
     assert_eq!(status["dry_run"], false);
 
