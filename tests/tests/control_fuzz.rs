@@ -19,6 +19,7 @@ use std::{
     net::{Ipv4Addr, Ipv6Addr},
     os::unix::net::UnixStream,
     path::Path,
+    sync::LazyLock,
     time::{Duration, Instant},
 };
 
@@ -33,7 +34,7 @@ use limiter_user::{
     daemon::apply_rule_edit,
     proto::{
         parse_request, Reply, Request, RequestLine, Response, ResponseLine, RuleEdit,
-        MAX_REQUEST_BYTES, PROTOCOL_VERSION,
+        MAX_REQUEST_BYTES, PROTOCOL_VERSION, REQUEST_KEYS,
     },
 };
 use serde_json::Value;
@@ -268,29 +269,10 @@ const PREFIXES: &[&str] = &[
     "::/0",
 ];
 
-const KEYS: &[&str] = &[
-    "version",
-    "command",
-    "limit",
-    "dry_run",
-    "save",
-    "edit",
-    "op",
-    "rule",
-    "cidr",
-    "action",
-    "protocol",
-    "ports",
-    "tcp_syn",
-    "pps",
-    "bytes_per_second",
-    "burst_packets",
-    "burst_bytes",
-    "window",
-    "block",
-    "Version",
-    "",
-];
+/// Keys of the protocol (`cidr` and `dry_run` twice: a request's and a
+/// rule's) and two near misses.
+static KEYS: LazyLock<Vec<&str>> =
+    LazyLock::new(|| [REQUEST_KEYS, RuleSection::KEYS, &["Version", ""]].concat());
 
 /// JSON values of every type and at the edges of every range.
 const VALUES: &[&str] = &[
@@ -532,7 +514,7 @@ impl Lines {
         }
         let pointer = pointers[self.rng.usize(..pointers.len())].clone();
         let replacement = self.value();
-        let key = self.pick(KEYS).to_string();
+        let key = self.pick(&KEYS).to_string();
         let op = self.rng.u8(0..5);
         let which = self.rng.usize(..);
         let Some(map) = value.pointer_mut(&pointer).and_then(Value::as_object_mut) else {
