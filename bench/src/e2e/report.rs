@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 
 use super::{
     measure::Run,
-    plot::{self, Series},
+    plot::{self, Chart, Series},
     scenario::{Expectation, Scenario},
 };
 
@@ -444,14 +444,13 @@ pub fn write_docs(doc: &Path, img_dir: &Path, setup: &Setup, cells: &[Cell]) -> 
             (|r| r.cpu_ns_per_packet, 1.0),
         );
         let name = format!("e2e-cost-{}.png", mode.name());
-        plot::line_chart(
-            &img_dir.join(&name),
-            &format!("Receiver CPU per packet, {} traffic", mode.name()),
-            "offered load (Mpps)",
-            "receiver ns per packet (log)",
-            true,
-            &series,
-        )?;
+        let chart = Chart {
+            path: &img_dir.join(&name),
+            title: &format!("Receiver CPU per packet, {} traffic", mode.name()),
+            x_desc: "offered load (Mpps)",
+            y_desc: "receiver ns per packet (log)",
+        };
+        plot::line_chart(&chart, true, &series)?;
         images.push((
             name,
             format!("Offered load vs receiver CPU per packet ({})", mode.name()),
@@ -471,13 +470,13 @@ pub fn write_docs(doc: &Path, img_dir: &Path, setup: &Setup, cells: &[Cell]) -> 
             (|r| r.passed_pps, 1e3),
         );
         let name = format!("e2e-admitted-{}.png", mode.name());
-        plot::admitted_chart(
-            &img_dir.join(&name),
-            &format!("Passed vs expected, {} traffic (every load)", mode.name()),
-            "expected to pass (kpps)",
-            "passed (kpps)",
-            &admitted,
-        )?;
+        let chart = Chart {
+            path: &img_dir.join(&name),
+            title: &format!("Passed vs expected, {} traffic (every load)", mode.name()),
+            x_desc: "expected to pass (kpps)",
+            y_desc: "passed (kpps)",
+        };
+        plot::admitted_chart(&chart, &admitted)?;
         images.push((name, format!("Passed vs expected ({})", mode.name())));
     }
     writeln!(md)?;
