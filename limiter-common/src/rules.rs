@@ -586,31 +586,21 @@ mod tests {
 
     #[test]
     fn without_state_a_limit_fails_closed_and_allow_and_deny_still_apply() {
-        let rule = Rule::new;
-        assert_eq!(
-            rule(Action::Limit, false).stateless_outcome(false),
-            Outcome::DroppedLimit
-        );
-        assert_eq!(
-            rule(Action::Limit, false).stateless_outcome(true),
-            Outcome::DryRunWouldDrop
-        );
-        assert_eq!(
-            rule(Action::Limit, true).stateless_outcome(false),
-            Outcome::DryRunWouldDrop
-        );
-        assert_eq!(
-            rule(Action::Deny, false).stateless_outcome(false),
-            Outcome::DroppedDeny
-        );
-        assert_eq!(
-            rule(Action::Allow, false).stateless_outcome(false),
-            Outcome::Allowed
-        );
-        assert_eq!(
-            rule(Action::Allow, true).stateless_outcome(true),
-            Outcome::Allowed
-        );
+        // (action, the rule's dry-run, global dry-run, outcome)
+        for (action, dry_run, global_dry_run, outcome) in [
+            (Action::Limit, false, false, Outcome::DroppedLimit),
+            (Action::Limit, false, true, Outcome::DryRunWouldDrop),
+            (Action::Limit, true, false, Outcome::DryRunWouldDrop),
+            (Action::Deny, false, false, Outcome::DroppedDeny),
+            (Action::Allow, false, false, Outcome::Allowed),
+            (Action::Allow, true, true, Outcome::Allowed),
+        ] {
+            assert_eq!(
+                Rule::new(action, dry_run).stateless_outcome(global_dry_run),
+                outcome,
+                "{action:?}, dry-run {dry_run}, global dry-run {global_dry_run}"
+            );
+        }
     }
 
     #[test]

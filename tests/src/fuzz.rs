@@ -13,12 +13,12 @@ use std::{
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
 };
 
-use ipnet::IpNet;
 use limiter_common::{prefix_mask, Action, Counter, Outcome, SourceKey};
 use limiter_user::rules::{Match, RuleSet, RuleSpec};
 
 use crate::{
     model::{self, Parsed},
+    net,
     testrun::{Harness, XDP_DROP, XDP_PASS},
 };
 
@@ -29,10 +29,6 @@ const GROUP: usize = 1000;
 /// chunk, so per-source counters are checked without evictions.
 const CHUNK: usize = 100_000;
 const MAX_SOURCES: u32 = 1 << 17;
-
-fn net(s: &str) -> IpNet {
-    s.parse().expect("valid CIDR")
-}
 
 /// Protocol, port range and SYN of a rule.
 type Matching = (Option<u8>, Option<(u16, u16)>, bool);

@@ -23,3 +23,27 @@ pub mod model;
 pub mod netns;
 pub mod packets;
 pub mod testrun;
+
+/// Calls `poll` every `every` until it returns something, for at most
+/// `limit`: what it returned, or `None` if it never did in time.
+pub fn wait_until<T>(
+    limit: std::time::Duration,
+    every: std::time::Duration,
+    mut poll: impl FnMut() -> Option<T>,
+) -> Option<T> {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        if let Some(value) = poll() {
+            return Some(value);
+        }
+        if std::time::Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(every);
+    }
+}
+
+/// A prefix from its text, for the rules tests build (a typo panics).
+pub fn net(text: &str) -> ipnet::IpNet {
+    text.parse().expect("valid CIDR")
+}

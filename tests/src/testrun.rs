@@ -10,7 +10,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use aya::programs::{TestRun, TestRunOptions, Xdp};
+use aya::programs::{ProgramError, TestRun, TestRunOptions, TestRunResult, Xdp};
 use limiter_common::{Counter, Outcome, SourceKey, SourceTraffic};
 use limiter_user::{
     kernel::{self, push, read, LoadOptions, Maps, Program},
@@ -100,11 +100,7 @@ impl Harness {
             scope
                 .spawn(|| {
                     pin_current_thread(cpu);
-                    let mut opts = TestRunOptions::new();
-                    opts.data_in = Some(frame);
-                    opts.repeat = repeat;
-                    let result = program
-                        .test_run(opts)
+                    let result = test_run(program, frame, repeat)
                         .unwrap_or_else(|e| panic!("BPF_PROG_TEST_RUN on CPU {cpu}: {e}"));
                     (result.return_value, result.duration.as_nanos() as u64)
                 })
@@ -124,10 +120,7 @@ impl Harness {
                     frames
                         .iter()
                         .map(|frame| {
-                            let mut opts = TestRunOptions::new();
-                            opts.data_in = Some(frame);
-                            program
-                                .test_run(opts)
+                            test_run(program, frame, 1)
                                 .unwrap_or_else(|e| {
                                     panic!("BPF_PROG_TEST_RUN of {} bytes: {e}", frame.len())
                                 })
@@ -262,10 +255,7 @@ pub fn paced(
                     if now >= start.instant + duration {
                         return out;
                     }
-                    let mut opts = TestRunOptions::new();
-                    opts.data_in = Some(frame);
-                    let verdict = program
-                        .test_run(opts)
+                    let verdict = test_run(program, frame, 1)
                         .unwrap_or_else(|e| panic!("BPF_PROG_TEST_RUN on CPU {cpu}: {e}"))
                         .return_value;
                     out.offered += 1;
@@ -285,6 +275,15 @@ pub fn paced(
             .join()
             .expect("sender thread panicked")
     })
+}
+
+/// One `BPF_PROG_TEST_RUN` of `program` on `frame`, run `repeat` times in
+/// the kernel, on the calling thread's CPU.
+pub fn test_run(program: &Xdp, frame: &[u8], repeat: u32) -> Result<TestRunResult, ProgramError> {
+    let mut opts = TestRunOptions::new();
+    opts.data_in = Some(frame);
+    opts.repeat = repeat;
+    program.test_run(opts)
 }
 
 /// `packets` frames of `len` bytes each.

@@ -31,16 +31,6 @@ fn sum(scrape: &BTreeMap<String, f64>, name: &str, labels: &[&str]) -> f64 {
         .sum()
 }
 
-fn cli(files: &Files, args: &[&str]) -> String {
-    let out = files.cli(args);
-    assert!(
-        out.status.success(),
-        "xdp-limiter {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 #[test]
 fn every_total_is_monotonic_and_rule_drops_add_up_across_reloads_modes_and_sweeps() {
     // 100 spoofed sources for 64 slots: sweeps see evictions.
@@ -111,14 +101,14 @@ fn every_total_is_monotonic_and_rule_drops_add_up_across_reloads_modes_and_sweep
         // The rules gauge says how many rules are in force, whatever
         // generations came before.
         let status: Value =
-            serde_json::from_str(&cli(&files, &["status", "--output", "json"])).expect("JSON");
+            serde_json::from_str(&files.cli_ok(&["status", "--output", "json"])).expect("JSON");
         assert_eq!(
             sum(&now, "xdp_limiter_rules", &[&iface]),
             status["rules"].as_f64().expect("a count"),
             "round {round}: xdp_limiter_rules"
         );
         previous = now;
-        cli(&files, action);
+        files.cli_ok(action);
     }
     assert!(
         sum(&previous, "xdp_limiter_source_evictions_total", &[&iface]) > 0.0,
@@ -141,8 +131,8 @@ fn two_interfaces_run_one_generation_and_name_their_rules() {
         &files,
         &["-i", RX_IF, "-c", config_path, "--keep-attached"],
     );
-    cli(&files, &["reload"]);
-    cli(&files, &["reload"]);
+    files.cli_ok(&["reload"]);
+    files.cli_ok(&["reload"]);
     assert!(old.stop().success());
 
     let daemon = Daemon::start(
@@ -151,7 +141,7 @@ fn two_interfaces_run_one_generation_and_name_their_rules() {
         &["-i", RX_IF, "-i", RX2_IF, "-c", config_path],
     );
     let status: Value =
-        serde_json::from_str(&cli(&files, &["status", "--output", "json"])).expect("JSON");
+        serde_json::from_str(&files.cli_ok(&["status", "--output", "json"])).expect("JSON");
     assert_eq!(status["interfaces"].as_array().map(Vec::len), Some(2));
     let receivers = [
         (
@@ -207,8 +197,9 @@ fn two_interfaces_run_one_generation_and_name_their_rules() {
             assert!(got.get(heavy).is_none_or(|n| *n <= 20), "{heavy}: {got:?}");
         }
         daemon.next_pass();
-        let top: Value = serde_json::from_str(&cli(&files, &["top", "--once", "--output", "json"]))
-            .expect("JSON");
+        let top: Value =
+            serde_json::from_str(&files.cli_ok(&["top", "--once", "--output", "json"]))
+                .expect("JSON");
         let mut limited = true;
         for (_, _, heavy, _, iface) in &receivers {
             let row = top

@@ -5,14 +5,12 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 
 use limiter_common::{Counter, Outcome, SourceKey};
 use limiter_tests::{
-    packets::{self, ip_offset, tagged, TPID_8021AD, TPID_8021Q},
+    packets::{self, ip_offset, tagged, DST4, DST6, TPID_8021AD, TPID_8021Q},
     testrun::{frames, online_cpus, Harness, XDP_PASS},
 };
 
 const SRC4: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 10);
-const DST4: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 1);
 const SRC6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 1, 2, 3, 4, 5, 6);
-const DST6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0xffff, 0, 0, 0, 0, 1);
 
 /// Runs `frame` `n` times on CPU 0, asserting every verdict is PASS.
 fn pass_n(harness: &mut Harness, frame: &[u8], n: u64) {

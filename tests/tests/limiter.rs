@@ -9,23 +9,16 @@ use std::{
     time::Duration,
 };
 
-use ipnet::IpNet;
 use limiter_common::{Action, Outcome, SourceKey};
 use limiter_tests::{
-    packets,
+    net,
+    packets::{self, DST4, DST6},
     testrun::{self, frames, online_cpus, paced, Harness, Pacing, Start},
 };
 use limiter_user::{
     kernel::read,
     rules::{Match, RuleSet, RuleSpec, PROTO_TCP, PROTO_UDP},
 };
-
-const DST4: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 1);
-const DST6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0xffff, 0, 0, 0, 0, 1);
-
-fn net(s: &str) -> IpNet {
-    s.parse().expect("valid CIDR")
-}
 
 /// A rule set whose default rule limits every source to `pps` per second
 /// (1 s window, no burst).

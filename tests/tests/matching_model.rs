@@ -34,6 +34,7 @@ use limiter_common::{
 };
 use limiter_tests::{
     model::{self, Parsed},
+    net,
     packets::{self, Ext},
     testrun::{Harness, XDP_DROP, XDP_PASS},
 };
@@ -82,10 +83,6 @@ const PORTS: [(u16, u16); 6] = [
     (1024, 65535),
     (0, 65535),
 ];
-
-fn net(s: &str) -> IpNet {
-    s.parse().expect("valid CIDR")
-}
 
 fn addr(s: &str) -> IpAddr {
     s.parse().expect("valid address")

@@ -14,6 +14,25 @@
 pub static BASELINE_OBJECT: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/limiter-baseline.o"));
 
+/// [`BASELINE_OBJECT`] loaded, its program verified but not attached.
+pub fn load_baseline() -> aya::Ebpf {
+    let mut ebpf = aya::EbpfLoader::new()
+        .load(BASELINE_OBJECT)
+        .expect("load the baseline object");
+    baseline_program(&mut ebpf)
+        .load()
+        .expect("verify the baseline program");
+    ebpf
+}
+
+/// The baseline's XDP program in `ebpf`.
+pub fn baseline_program(ebpf: &mut aya::Ebpf) -> &mut aya::programs::Xdp {
+    ebpf.program_mut("xdp_baseline")
+        .expect("the baseline program")
+        .try_into()
+        .expect("an XDP program")
+}
+
 /// The end-to-end benchmark's programs
 /// (`bench/ebpf/src/bin/bench_traffic.rs`): a live-frames traffic
 /// generator, the drop-everything and count-and-drop XDP floors and a

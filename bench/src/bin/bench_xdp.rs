@@ -5,14 +5,13 @@
 
 use std::net::Ipv4Addr;
 
-use aya::{
-    programs::{TestRun, TestRunOptions, Xdp},
-    Ebpf, EbpfLoader,
-};
-use ipnet::IpNet;
-use limiter_bench_objects::BASELINE_OBJECT;
+use aya::programs::Xdp;
+use limiter_bench_objects::{baseline_program, load_baseline};
 use limiter_common::Action;
-use limiter_tests::{packets, testrun::pin_current_thread};
+use limiter_tests::{
+    net, packets,
+    testrun::{pin_current_thread, test_run},
+};
 use limiter_user::{
     kernel::{self, push, LoadOptions, Program},
     rules::{RuleSet, RuleSpec},
@@ -22,10 +21,6 @@ const REPEAT: u32 = 1_000_000;
 const ROUNDS: usize = 9;
 const NEW_SOURCES: u32 = 100_000;
 const CPU: usize = 0;
-
-fn net(s: &str) -> IpNet {
-    s.parse().expect("valid CIDR")
-}
 
 fn udp(src: [u8; 4]) -> Vec<u8> {
     packets::udp_v4(
@@ -38,10 +33,7 @@ fn udp(src: [u8; 4]) -> Vec<u8> {
 
 /// The kernel-reported ns per run of one round of `REPEAT` runs.
 fn round(program: &Xdp, frame: &[u8], expect: u32) -> f64 {
-    let mut opts = TestRunOptions::new();
-    opts.data_in = Some(frame);
-    opts.repeat = REPEAT;
-    let result = program.test_run(opts).expect("BPF_PROG_TEST_RUN");
+    let result = test_run(program, frame, REPEAT).expect("BPF_PROG_TEST_RUN");
     assert_eq!(result.return_value, expect, "unexpected verdict");
     result.duration.as_nanos() as f64
 }
@@ -62,10 +54,7 @@ fn one_each(program: &Xdp, frames: &[Vec<u8>]) -> f64 {
     let total: u128 = frames
         .iter()
         .map(|frame| {
-            let mut opts = TestRunOptions::new();
-            opts.data_in = Some(frame);
-            program
-                .test_run(opts)
+            test_run(program, frame, 1)
                 .expect("BPF_PROG_TEST_RUN")
                 .duration
                 .as_nanos()
@@ -77,19 +66,6 @@ fn one_each(program: &Xdp, frames: &[Vec<u8>]) -> f64 {
 fn median(values: &mut [f64]) -> f64 {
     values.sort_by(|a, b| a.total_cmp(b));
     values[values.len() / 2]
-}
-
-fn baseline() -> Ebpf {
-    let mut ebpf = EbpfLoader::new()
-        .load(BASELINE_OBJECT)
-        .expect("load baseline");
-    let program: &mut Xdp = ebpf
-        .program_mut("xdp_baseline")
-        .expect("baseline program")
-        .try_into()
-        .expect("XDP");
-    program.load().expect("verify baseline");
-    ebpf
 }
 
 fn limiter() -> Program {
@@ -115,13 +91,9 @@ struct Case {
 
 fn main() {
     pin_current_thread(CPU);
-    let base = baseline();
+    let mut base = load_baseline();
     let mut lim = limiter();
-    let base_prog: &Xdp = base
-        .program("xdp_baseline")
-        .expect("baseline")
-        .try_into()
-        .expect("XDP");
+    let base_prog: &Xdp = baseline_program(&mut base);
     let lim_prog = lim.xdp();
 
     let under = udp([203, 0, 113, 1]);
@@ -138,12 +110,8 @@ fn main() {
     // Warm up: create the known sources and push `over` past its limit.
     for frame in [&under, &under_shared, &over, &allowed] {
         for _ in 0..3 {
-            let mut opts = TestRunOptions::new();
-            opts.data_in = Some(frame);
-            lim_prog.test_run(opts).expect("warm up");
-            let mut opts = TestRunOptions::new();
-            opts.data_in = Some(frame);
-            base_prog.test_run(opts).expect("warm up");
+            test_run(lim_prog, frame, 1).expect("warm up");
+            test_run(base_prog, frame, 1).expect("warm up");
         }
     }
 

@@ -295,14 +295,10 @@ fn outcomes(scrape: &BTreeMap<String, f64>) -> BTreeMap<&'static str, u64> {
         .collect()
 }
 
-/// The outcomes that are verdicts: every frame counts under exactly one of
-/// them (docs/metrics.md); the ones from `new_source` on are events.
-fn verdicts() -> &'static [Outcome] {
-    &Outcome::ALL[..Outcome::NewSource as usize]
-}
-
+/// Frames judged: the sum of the verdicts, under exactly one of which
+/// every frame counts (docs/metrics.md).
 fn judged(outcomes: &BTreeMap<&'static str, u64>) -> u64 {
-    verdicts().iter().map(|o| outcomes[o.name()]).sum()
+    Outcome::VERDICTS.iter().map(|o| outcomes[o.name()]).sum()
 }
 
 /// Is `series` a counter (never decreases)?

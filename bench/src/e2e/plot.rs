@@ -21,6 +21,14 @@ use plotters::coord::ranged1d::{AsRangedCoord, ValueFormatter};
 use plotters::element::DashedPathElement;
 use plotters::prelude::*;
 
+/// Where a chart goes, its title and its axis descriptions.
+pub struct Chart<'a> {
+    pub path: &'a Path,
+    pub title: &'a str,
+    pub x_desc: &'a str,
+    pub y_desc: &'a str,
+}
+
 /// One line of a chart: a label and points (x, y median, y min, y max).
 pub struct Series {
     pub label: String,
@@ -50,14 +58,7 @@ const CAP: i32 = 4;
 /// x and y axis descriptions given; both axes start at 0; y uses a log
 /// scale when `log_y` is true (then starts at the smallest positive min / 1.5).
 /// 900x540 pixels, white background, distinct colours per series (up to 8).
-pub fn line_chart(
-    path: &Path,
-    title: &str,
-    x_desc: &str,
-    y_desc: &str,
-    log_y: bool,
-    series: &[Series],
-) -> anyhow::Result<()> {
+pub fn line_chart(spec: &Chart, log_y: bool, series: &[Series]) -> anyhow::Result<()> {
     ensure_font()?;
     let points = || series.iter().flat_map(|s| s.points.iter());
     let x_max = upper(points().map(|p| p.0), 1.05);
@@ -74,30 +75,11 @@ pub fn line_chart(
         }
         let y_min = if low.is_nan() { 1.0 } else { low / 1.5 };
         let y_max = upper(points().flat_map(|p| [p.1, p.3]), 1.5).max(y_min * 10.0);
-        draw(
-            path,
-            title,
-            x_desc,
-            y_desc,
-            0.0..x_max,
-            (y_min..y_max).log_scale(),
-            y_min,
-            series,
-            Kind::Lines,
-        )
+        let y_range = (y_min..y_max).log_scale();
+        draw(spec, series, Kind::Lines, 0.0..x_max, y_range, y_min)
     } else {
         let y_max = upper(points().flat_map(|p| [p.1, p.3]), 1.1);
-        draw(
-            path,
-            title,
-            x_desc,
-            y_desc,
-            0.0..x_max,
-            0.0..y_max,
-            0.0,
-            series,
-            Kind::Lines,
-        )
+        draw(spec, series, Kind::Lines, 0.0..x_max, 0.0..y_max, 0.0)
     }
 }
 
@@ -105,13 +87,7 @@ pub fn line_chart(
 /// points (expected, admitted median, admitted min, admitted max) drawn as
 /// markers with range bars; plus a dashed grey y = x diagonal labelled
 /// "expected"; both axes linear from 0 to the largest value * 1.05.
-pub fn admitted_chart(
-    path: &Path,
-    title: &str,
-    x_desc: &str,
-    y_desc: &str,
-    series: &[Series],
-) -> anyhow::Result<()> {
+pub fn admitted_chart(spec: &Chart, series: &[Series]) -> anyhow::Result<()> {
     ensure_font()?;
     // One limit for both axes keeps the diagonal at 45 degrees in data terms.
     let max = upper(
@@ -121,17 +97,7 @@ pub fn admitted_chart(
             .flat_map(|p| [p.0, p.1, p.3]),
         1.05,
     );
-    draw(
-        path,
-        title,
-        x_desc,
-        y_desc,
-        0.0..max,
-        0.0..max,
-        0.0,
-        series,
-        Kind::Admitted,
-    )
+    draw(spec, series, Kind::Admitted, 0.0..max, 0.0..max, 0.0)
 }
 
 /// What [`draw`] puts on the chart besides the markers and range bars.
@@ -146,34 +112,30 @@ enum Kind {
 /// Draws either chart. Generic over the y coordinate so that the linear and
 /// the log axis share one code path; `y_floor` is where values the y axis
 /// cannot show (<= 0 on a log axis) are clamped to.
-#[allow(clippy::too_many_arguments)]
 fn draw<Y>(
-    path: &Path,
-    title: &str,
-    x_desc: &str,
-    y_desc: &str,
+    spec: &Chart,
+    series: &[Series],
+    kind: Kind,
     x_range: Range<f64>,
     y_range: Y,
     y_floor: f64,
-    series: &[Series],
-    kind: Kind,
 ) -> anyhow::Result<()>
 where
     Y: AsRangedCoord<Value = f64>,
     Y::CoordDescType: ValueFormatter<f64>,
 {
-    let root = BitMapBackend::new(path, SIZE).into_drawing_area();
+    let root = BitMapBackend::new(spec.path, SIZE).into_drawing_area();
     root.fill(&WHITE)?;
     let mut chart = ChartBuilder::on(&root)
-        .caption(title, ("sans-serif", 24))
+        .caption(spec.title, ("sans-serif", 24))
         .margin(12)
         .x_label_area_size(48)
         .y_label_area_size(72)
         .build_cartesian_2d(x_range.clone(), y_range)?;
     chart
         .configure_mesh()
-        .x_desc(x_desc)
-        .y_desc(y_desc)
+        .x_desc(spec.x_desc)
+        .y_desc(spec.y_desc)
         .axis_desc_style(("sans-serif", 16))
         .label_style(("sans-serif", 13))
         .x_label_formatter(&tick)
@@ -244,7 +206,7 @@ where
         .border_style(BLACK)
         .draw()?;
     root.present()
-        .with_context(|| format!("writing chart {}", path.display()))?;
+        .with_context(|| format!("writing chart {}", spec.path.display()))?;
     Ok(())
 }
 
@@ -328,23 +290,16 @@ mod tests {
         ];
         let lines = dir.join("lines.png");
         let admitted = dir.join("admitted.png");
-        line_chart(
-            &lines,
-            "Latency",
-            "offered pps",
-            "latency (us)",
-            true,
-            &series,
-        )
-        .unwrap();
-        admitted_chart(
-            &admitted,
-            "Admitted",
-            "expected pps",
-            "admitted pps",
-            &series,
-        )
-        .unwrap();
+        let spec = |path, title, x_desc, y_desc| Chart {
+            path,
+            title,
+            x_desc,
+            y_desc,
+        };
+        let latency = spec(&lines, "Latency", "offered pps", "latency (us)");
+        line_chart(&latency, true, &series).unwrap();
+        let passed = spec(&admitted, "Admitted", "expected pps", "admitted pps");
+        admitted_chart(&passed, &series).unwrap();
         for file in [&lines, &admitted] {
             let bytes = std::fs::read(file).unwrap();
             assert_eq!(bytes[..8], PNG_SIGNATURE, "{} is not a PNG", file.display());

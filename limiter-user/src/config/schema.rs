@@ -228,6 +228,23 @@ impl FileConfig {
 }
 
 impl RuleSection {
+    /// Every key of a rule, in the file's `[default]` and `[[rules]]` and
+    /// in a request's `rule`: what tests and fuzzers build rules from.
+    pub const KEYS: &'static [&'static str] = &[
+        "cidr",
+        "action",
+        "protocol",
+        "ports",
+        "tcp_syn",
+        "pps",
+        "bytes_per_second",
+        "burst_packets",
+        "burst_bytes",
+        "window",
+        "block",
+        "dry_run",
+    ];
+
     /// Whether `other` names the same rule: same prefix and match.
     /// However the protocol is spelled (`"UDP"`, `"udp"`, `17`).
     pub fn same_rule(&self, other: &RuleSection) -> bool {

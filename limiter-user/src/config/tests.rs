@@ -192,3 +192,32 @@ fn ports_parse() {
     assert_eq!(parse_ports("x"), None);
     assert_eq!(parse_ports("1-"), None);
 }
+
+/// A rule with every optional field set, so that each key is written.
+pub(crate) fn rule_with_every_key() -> RuleSection {
+    RuleSection {
+        cidr: Some("192.0.2.0/24".parse().unwrap()),
+        protocol: Some(ProtocolSpec::Number(PROTO_UDP)),
+        ports: Some(PortsSpec::Port(53)),
+        pps: Some(10),
+        bytes_per_second: Some(10_000),
+        block: Some(Duration::from_secs(30)),
+        dry_run: Some(true),
+        ..RuleSection::default()
+    }
+}
+
+#[test]
+fn rule_keys_are_the_keys_a_rule_has() {
+    let value = serde_json::to_value(rule_with_every_key()).unwrap();
+    let mut keys: Vec<&str> = value
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    let mut want = RuleSection::KEYS.to_vec();
+    keys.sort_unstable();
+    want.sort_unstable();
+    assert_eq!(keys, want);
+}

@@ -27,6 +27,13 @@ pub fn apply_rule_edit(
             |c| format!("the rule for {c}"),
         )
     };
+    // Where the rule that `rule` names is, or the answer (with `hint`).
+    let existing = |file: &FileConfig, rule: &RuleSection, hint: &str| {
+        file.rules
+            .iter()
+            .position(|r| r.same_rule(rule))
+            .ok_or_else(|| format!("{} with that match does not exist{hint}", describe(rule)))
+    };
     if let RuleEdit::Set { rule } | RuleEdit::Remove { rule } = &edit {
         // Only the default rule has no cidr, and these cannot name it: say
         // what is missing rather than that no such rule exists.
@@ -52,23 +59,13 @@ pub fn apply_rule_edit(
             what
         }
         RuleEdit::Set { rule } => {
-            let Some(slot) = file.rules.iter_mut().find(|r| r.same_rule(&rule)) else {
-                return Err(format!(
-                    "{} with that match does not exist; use `rule add`",
-                    describe(&rule)
-                ));
-            };
+            let index = existing(&file, &rule, "; use `rule add`")?;
             let what = format!("replaced {}", describe(&rule));
-            *slot = rule;
+            file.rules[index] = rule;
             what
         }
         RuleEdit::Remove { rule } => {
-            let Some(index) = file.rules.iter().position(|r| r.same_rule(&rule)) else {
-                return Err(format!(
-                    "{} with that match does not exist",
-                    describe(&rule)
-                ));
-            };
+            let index = existing(&file, &rule, "")?;
             file.rules.remove(index);
             format!("removed {}", describe(&rule))
         }

@@ -76,17 +76,14 @@ fn longest_prefix_wins_and_classes_fall_back_to_shorter_prefixes() {
     assert_eq!(c.rules[2].budget, 0);
 }
 
-fn with(
-    cidr: &str,
-    protocol: Option<u8>,
-    ports: Option<(u16, u16)>,
-    syn: bool,
-    action: Action,
-) -> RuleSpec {
+/// A rule for every source (`0.0.0.0/0`) with a match; 100 pps if it
+/// limits.
+fn with(protocol: Option<u8>, ports: Option<(u16, u16)>, syn: bool, action: Action) -> RuleSpec {
+    let any = net("0.0.0.0/0");
     let mut r = if action == Action::Limit {
-        RuleSpec::limit(net(cidr), 100)
+        RuleSpec::limit(any, 100)
     } else {
-        RuleSpec::with_action(net(cidr), action)
+        RuleSpec::with_action(any, action)
     };
     r.matches = Match {
         protocol,
@@ -98,14 +95,8 @@ fn with(
 
 #[test]
 fn the_contained_match_wins_whatever_the_order() {
-    let tcp = with("0.0.0.0/0", Some(PROTO_TCP), None, false, Action::Limit);
-    let ssh = with(
-        "0.0.0.0/0",
-        Some(PROTO_TCP),
-        Some((22, 22)),
-        false,
-        Action::Deny,
-    );
+    let tcp = with(Some(PROTO_TCP), None, false, Action::Limit);
+    let ssh = with(Some(PROTO_TCP), Some((22, 22)), false, Action::Deny);
     for rules in [
         vec![tcp.clone(), ssh.clone()],
         vec![ssh.clone(), tcp.clone()],
@@ -125,14 +116,8 @@ fn the_contained_match_wins_whatever_the_order() {
 
 #[test]
 fn overlaps_at_one_prefix_are_rejected_unless_a_rule_covers_the_overlap() {
-    let syn = with("0.0.0.0/0", Some(PROTO_TCP), None, true, Action::Limit);
-    let ssh = with(
-        "0.0.0.0/0",
-        Some(PROTO_TCP),
-        Some((22, 22)),
-        false,
-        Action::Deny,
-    );
+    let syn = with(Some(PROTO_TCP), None, true, Action::Limit);
+    let ssh = with(Some(PROTO_TCP), Some((22, 22)), false, Action::Deny);
     let err = compile(&set(vec![syn.clone(), ssh.clone()]), 0, 2).unwrap_err();
     assert!(
         matches!(&err, RuleError::Overlap(o) if o.rule == "rules[0]" && o.other == "rules[1]"),
@@ -145,29 +130,11 @@ fn overlaps_at_one_prefix_are_rejected_unless_a_rule_covers_the_overlap() {
     ssh10.cidr = net("10.0.0.0/8");
     compile(&set(vec![syn.clone(), ssh10]), 0, 2).unwrap();
     // A rule for the overlap resolves it.
-    let both = with(
-        "0.0.0.0/0",
-        Some(PROTO_TCP),
-        Some((22, 22)),
-        true,
-        Action::Deny,
-    );
+    let both = with(Some(PROTO_TCP), Some((22, 22)), true, Action::Deny);
     compile(&set(vec![syn, ssh, both]), 0, 2).unwrap();
     // Partial port ranges overlap as well.
-    let low = with(
-        "0.0.0.0/0",
-        Some(PROTO_UDP),
-        Some((0, 1023)),
-        false,
-        Action::Limit,
-    );
-    let mid = with(
-        "0.0.0.0/0",
-        Some(PROTO_UDP),
-        Some((500, 2000)),
-        false,
-        Action::Limit,
-    );
+    let low = with(Some(PROTO_UDP), Some((0, 1023)), false, Action::Limit);
+    let mid = with(Some(PROTO_UDP), Some((500, 2000)), false, Action::Limit);
     assert!(matches!(
         compile(&set(vec![low, mid]), 0, 2),
         Err(RuleError::Overlap(_))
@@ -185,20 +152,8 @@ fn unresolved_frames_get_the_strictest_rule_they_could_fall_under() {
         let unknown = refs.rules[usize::from(UNKNOWN_PROTOCOL_CLASS)];
         (refs.rules[usize::from(class)], unknown)
     };
-    let web = with(
-        "0.0.0.0/0",
-        Some(PROTO_TCP),
-        Some((443, 443)),
-        false,
-        Action::Allow,
-    );
-    let mut slow = with(
-        "0.0.0.0/0",
-        Some(PROTO_TCP),
-        Some((8000, 8999)),
-        false,
-        Action::Limit,
-    );
+    let web = with(Some(PROTO_TCP), Some((443, 443)), false, Action::Allow);
+    let mut slow = with(Some(PROTO_TCP), Some((8000, 8999)), false, Action::Limit);
     slow.limits.pps = Some(10);
     assert_eq!(
         unresolved_rule(vec![web.clone(), slow.clone()]),
@@ -206,13 +161,7 @@ fn unresolved_frames_get_the_strictest_rule_they_could_fall_under() {
         "10 pps beats 1000 pps and allow"
     );
     // An enforced deny beats everything; a dry-run one only allow.
-    let mut deny = with(
-        "0.0.0.0/0",
-        Some(PROTO_TCP),
-        Some((22, 22)),
-        false,
-        Action::Deny,
-    );
+    let mut deny = with(Some(PROTO_TCP), Some((22, 22)), false, Action::Deny);
     assert_eq!(
         unresolved_rule(vec![web.clone(), slow.clone(), deny.clone()]),
         (3, 3)
@@ -257,96 +206,79 @@ fn fingerprints_follow_what_a_rule_is_and_does() {
 
 #[test]
 fn invalid_rules_are_rejected_with_the_rule_named() {
-    let mut bad = RuleSpec::limit(net("192.0.2.0/24"), 10);
-    bad.limits.window = Duration::from_secs(61);
+    let ten_pps = || RuleSpec::limit(net("192.0.2.0/24"), 10);
+    // The error of a valid rule (`ten_pps`) after `change`.
+    let refusal = |change: fn(&mut RuleSpec)| {
+        let mut rule = ten_pps();
+        change(&mut rule);
+        compile(&set(vec![rule]), 0, 2).unwrap_err()
+    };
     assert!(
-        matches!(compile(&set(vec![bad]), 0, 2), Err(RuleError::Window { rule, .. }) if rule == "rules[0]")
+        matches!(refusal(|r| r.limits.window = Duration::from_secs(61)), RuleError::Window { rule, .. } if rule == "rules[0]")
     );
-
-    let mut bad = RuleSpec::limit(net("192.0.2.0/24"), 10);
-    bad.matches.ports = Some((100, 10));
     assert!(matches!(
-        compile(&set(vec![bad]), 0, 2),
-        Err(RuleError::PortsReversed { .. })
+        refusal(|r| r.matches.ports = Some((100, 10))),
+        RuleError::PortsReversed { .. }
     ));
-
-    let mut bad = RuleSpec::limit(net("192.0.2.0/24"), 10);
-    bad.matches.ports = Some((1, 10));
-    bad.matches.protocol = Some(PROTO_ICMP);
     assert!(matches!(
-        compile(&set(vec![bad]), 0, 2),
-        Err(RuleError::PortsNeedTcpOrUdp { .. })
+        refusal(|r| {
+            r.matches.ports = Some((1, 10));
+            r.matches.protocol = Some(PROTO_ICMP);
+        }),
+        RuleError::PortsNeedTcpOrUdp { .. }
     ));
-
-    let mut bad = RuleSpec::limit(net("192.0.2.0/24"), 0);
-    bad.limits.pps = Some(0);
     assert!(matches!(
-        compile(&set(vec![bad]), 0, 2),
-        Err(RuleError::Zero { .. })
+        refusal(|r| r.limits.pps = Some(0)),
+        RuleError::Zero { .. }
     ));
-
-    let mut bad = RuleSpec::limit(net("192.0.2.0/24"), 10);
-    bad.limits.pps = None;
     assert!(matches!(
-        compile(&set(vec![bad]), 0, 2),
-        Err(RuleError::NoLimit { .. })
+        refusal(|r| r.limits.pps = None),
+        RuleError::NoLimit { .. }
     ));
-
-    let bad = RuleSpec::limit(net("192.0.2.0/24"), u64::MAX / 2);
     assert!(matches!(
-        compile(&set(vec![bad]), 0, 2),
-        Err(RuleError::TooLarge { .. })
+        refusal(|r| r.limits.pps = Some(u64::MAX / 2)),
+        RuleError::TooLarge { .. }
     ));
-
-    let bad = RuleSpec::limit(net("2001:db8::/96"), 10);
     assert!(matches!(
-        compile(&set(vec![bad]), 0, 2),
-        Err(RuleError::PrefixTooLong { key_len: 64, .. })
+        refusal(|r| r.cidr = net("2001:db8::/96")),
+        RuleError::PrefixTooLong { key_len: 64, .. }
     ));
-
-    let a = RuleSpec::limit(net("192.0.2.0/24"), 10);
     assert!(matches!(
-        compile(&set(vec![a.clone(), a]), 0, 2),
+        compile(&set(vec![ten_pps(), ten_pps()]), 0, 2),
         Err(RuleError::Duplicate { .. })
     ));
-
-    let host_bits = RuleSpec::limit(net("10.0.0.1/8"), 10);
-    let err = compile(&set(vec![host_bits]), 0, 2).unwrap_err();
     assert_eq!(
-        err.to_string(),
+        refusal(|r| r.cidr = net("10.0.0.1/8")).to_string(),
         "rules[0].cidr: 10.0.0.1/8 has host bits set (did you mean 10.0.0.0/8?)"
     );
-
-    let mut zero = RuleSpec::limit(net("192.0.2.0/24"), 10);
-    zero.matches.protocol = Some(0);
-    assert!(compile(&set(vec![zero]), 0, 2)
-        .unwrap_err()
+    assert!(refusal(|r| r.matches.protocol = Some(0))
         .to_string()
         .starts_with("rules[0].protocol: 0 is not a protocol"));
 
-    let mut long = RuleSpec::limit(net("192.0.2.0/24"), 10);
-    long.limits.block = Some(Duration::from_secs(25 * 3600));
-    assert!(compile(&set(vec![long]), 0, 2)
-        .unwrap_err()
-        .to_string()
-        .starts_with("rules[0].block: 90000s is longer than the maximum 24h"));
-    let mut day = RuleSpec::limit(net("192.0.2.0/24"), 10);
+    assert!(
+        refusal(|r| r.limits.block = Some(Duration::from_secs(25 * 3600)))
+            .to_string()
+            .starts_with("rules[0].block: 90000s is longer than the maximum 24h")
+    );
+    let mut day = ten_pps();
     day.limits.block = Some(MAX_BLOCK);
     assert_eq!(
         compile(&set(vec![day]), 0, 2).unwrap().rules[1].block_ns,
         86_400_000_000_000
     );
 
-    let mut tiny = RuleSpec::limit(net("192.0.2.0/24"), 10);
-    tiny.limits.bytes_per_second = Some(1000);
-    tiny.limits.burst_bytes = 500;
-    let err = compile(&set(vec![tiny.clone()]), 0, 2).unwrap_err();
+    let err = refusal(|r| {
+        r.limits.bytes_per_second = Some(1000);
+        r.limits.burst_bytes = 500;
+    });
     assert!(
         err.to_string().starts_with(
             "rules[0].bytes_per_second: 1500 bytes per window cannot admit one full-size frame"
         ),
         "{err}"
     );
+    let mut tiny = ten_pps();
+    tiny.limits.bytes_per_second = Some(1000);
     tiny.limits.burst_bytes = 518;
     compile(&set(vec![tiny]), 0, 2).unwrap();
 

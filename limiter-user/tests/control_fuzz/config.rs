@@ -5,7 +5,10 @@
 use std::path::Path;
 
 use limiter_common::rules::rules_base;
-use limiter_user::{config::Config, rules::compile};
+use limiter_user::{
+    config::{Config, RuleSection},
+    rules::compile,
+};
 use proptest::{collection::vec, prelude::*, sample::select};
 
 use super::config;
@@ -41,20 +44,6 @@ pub(crate) const LIMITS_KEYS: &[&str] = &[
     "ipv4_prefix",
     "ipv6_prefix",
     "buckets_per_window",
-];
-pub(crate) const RULE_KEYS: &[&str] = &[
-    "cidr",
-    "action",
-    "protocol",
-    "ports",
-    "tcp_syn",
-    "pps",
-    "bytes_per_second",
-    "burst_packets",
-    "burst_bytes",
-    "window",
-    "block",
-    "dry_run",
 ];
 
 pub(crate) fn shipped_text() -> String {
@@ -129,7 +118,7 @@ impl Doc {
         match self.tables[t].section {
             "daemon" => DAEMON_KEYS,
             "limits" => LIMITS_KEYS,
-            _ => RULE_KEYS,
+            _ => RuleSection::KEYS,
         }
     }
 

@@ -2,6 +2,7 @@
 //! duplicated, renamed or inserted; values of the wrong type, huge,
 //! negative, NaN-like or nested past the recursion limit; junk appended.
 
+use limiter_user::{config::RuleSection, proto::REQUEST_KEYS};
 use proptest::{prelude::*, sample::select};
 use serde_json::Value;
 
@@ -127,35 +128,16 @@ impl Json {
     }
 }
 
-/// Keys of the protocol, near misses and oddities.
-pub(crate) const KEYS: &[&str] = &[
-    "version",
-    "command",
-    "limit",
-    "dry_run",
-    "save",
-    "edit",
-    "op",
-    "rule",
-    "cidr",
-    "action",
-    "protocol",
-    "ports",
-    "tcp_syn",
-    "pps",
-    "bytes_per_second",
-    "burst_packets",
-    "burst_bytes",
-    "window",
-    "block",
-    "kind",
-    "Version",
-    "COMMAND",
-    "dry-run",
-    "",
-    "version ",
-    "\u{0}",
+/// Near misses of the protocol's keys, and oddities.
+const ODD_KEYS: &[&str] = &[
+    "kind", "Version", "COMMAND", "dry-run", "", "version ", "\u{0}",
 ];
+
+/// Keys of the protocol (`cidr` and `dry_run` twice: a request's and a
+/// rule's), near misses and oddities.
+pub(crate) fn keys() -> Vec<&'static str> {
+    [REQUEST_KEYS, RuleSection::KEYS, ODD_KEYS].concat()
+}
 
 /// Values of every type, at the edges, NaN-like, and invalid JSON.
 pub(crate) const VALUES: &[&str] = &[
@@ -245,7 +227,7 @@ pub(crate) fn json_value() -> BoxedStrategy<Json> {
 
 pub(crate) fn key() -> impl Strategy<Value = String> {
     prop_oneof![
-        4 => select(KEYS).prop_map(String::from),
+        4 => select(keys()).prop_map(String::from),
         1 => "\\PC{0,8}",
     ]
 }
