@@ -1,7 +1,9 @@
 //! `SourceKey`: the key under which per-source state is kept, and the
 //! prefix masking that makes every address inside one prefix share a key.
+//! Its family byte is private: [`SourceKey::family`] and
+//! [`SourceKey::address_family`] read it.
 
-/// Address family tag stored in [`SourceKey::family`].
+/// Address family tag stored in a [`SourceKey`].
 #[repr(u8)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AddressFamily {
@@ -20,13 +22,13 @@ pub enum AddressFamily {
 pub struct SourceKey {
     pub addr: [u8; 16],
     /// An [`AddressFamily`] value.
-    pub family: u8,
+    family: u8,
     /// Number of leading address bits that are significant.
     pub prefix_len: u8,
     /// Traffic class index (see `rules::TrafficClass`); 0 when none matched.
     pub class: u8,
     /// Explicit padding; always zero.
-    pub _pad: u8,
+    _pad: u8,
 }
 
 impl SourceKey {
@@ -59,7 +61,19 @@ impl SourceKey {
         }
     }
 
+    /// The address family as the program judges it: IPv4, or IPv6 for
+    /// anything else (a corrupt key included; see [`Self::address_family`]).
+    #[inline(always)]
+    pub const fn family(&self) -> AddressFamily {
+        if self.family == AddressFamily::V4 as u8 {
+            AddressFamily::V4
+        } else {
+            AddressFamily::V6
+        }
+    }
+
     /// The address family, or `None` for a corrupt key.
+    #[inline(always)]
     pub const fn address_family(&self) -> Option<AddressFamily> {
         match self.family {
             4 => Some(AddressFamily::V4),
@@ -84,12 +98,12 @@ impl SourceKey {
     /// The key's address (its prefix's first address): IPv4 for an IPv4
     /// key, IPv6 otherwise.
     pub fn ip(&self) -> core::net::IpAddr {
-        match self.address_family() {
-            Some(AddressFamily::V4) => {
+        match self.family() {
+            AddressFamily::V4 => {
                 core::net::Ipv4Addr::new(self.addr[0], self.addr[1], self.addr[2], self.addr[3])
                     .into()
             }
-            _ => core::net::Ipv6Addr::from(self.addr).into(),
+            AddressFamily::V6 => core::net::Ipv6Addr::from(self.addr).into(),
         }
     }
 
@@ -98,6 +112,48 @@ impl SourceKey {
     pub const fn with_class(mut self, class: u8) -> Self {
         self.class = class;
         self
+    }
+}
+
+#[cfg(feature = "user")]
+mod user {
+    //! What only userspace needs of a key: map access, conversion from an
+    //! address, and the human form used in logs and output.
+
+    use core::{fmt, net::IpAddr};
+
+    use super::SourceKey;
+
+    // SAFETY: #[repr(C)], byte fields only (explicit padding): every bit
+    // pattern is valid and there are no uninitialised bytes.
+    unsafe impl aya::Pod for SourceKey {}
+
+    /// The key of a whole address (/32 or /128), class 0.
+    impl From<IpAddr> for SourceKey {
+        fn from(addr: IpAddr) -> Self {
+            match addr {
+                IpAddr::V4(v4) => SourceKey::v4(v4.octets()),
+                IpAddr::V6(v6) => SourceKey::v6(v6.octets()),
+            }
+        }
+    }
+
+    /// `192.0.2.1` for a whole address, `2001:db8::/64` for a prefix, with
+    /// ` class N` for a frame class other than 0.
+    impl fmt::Display for SourceKey {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            let addr = self.ip();
+            let full = if addr.is_ipv4() { 32 } else { 128 };
+            if self.prefix_len == full {
+                write!(f, "{addr}")?;
+            } else {
+                write!(f, "{addr}/{}", self.prefix_len)?;
+            }
+            if self.class != 0 {
+                write!(f, " class {}", self.class)?;
+            }
+            Ok(())
+        }
     }
 }
 
@@ -146,7 +202,42 @@ mod tests {
         let key = SourceKey::v6(octets);
         assert_eq!(key.addr, octets);
         assert_eq!(key.address_family(), Some(AddressFamily::V6));
+        assert_eq!(key.family(), AddressFamily::V6);
         assert_eq!(key.prefix_len, 128);
+    }
+
+    #[test]
+    fn a_corrupt_family_is_judged_as_ipv6() {
+        let mut key = SourceKey::v4([10, 0, 0, 1]);
+        assert_eq!(key.family(), AddressFamily::V4);
+        key.family = 0;
+        assert_eq!(key.address_family(), None);
+        assert_eq!(key.family(), AddressFamily::V6);
+    }
+
+    #[cfg(feature = "user")]
+    #[test]
+    fn sources_print_as_addresses_or_prefixes() {
+        use std::string::ToString;
+        assert_eq!(SourceKey::v4([192, 0, 2, 1]).to_string(), "192.0.2.1");
+        let v6 = SourceKey::v6([0x20, 1, 0xd, 0xb8, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0]);
+        let mask = prefix_mask(64);
+        assert_eq!(v6.masked(64, &mask).to_string(), "2001:db8:0:1::/64");
+        assert_eq!(
+            SourceKey::v4([10, 0, 0, 0]).with_class(2).to_string(),
+            "10.0.0.0 class 2"
+        );
+    }
+
+    #[cfg(feature = "user")]
+    #[test]
+    fn an_address_is_a_whole_key() {
+        use core::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+        let v4: SourceKey = IpAddr::from(Ipv4Addr::new(192, 0, 2, 1)).into();
+        assert_eq!(v4, SourceKey::v4([192, 0, 2, 1]));
+        let octets = [0x20, 1, 0xd, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 9];
+        let v6: SourceKey = IpAddr::from(Ipv6Addr::from(octets)).into();
+        assert_eq!(v6, SourceKey::v6(octets));
     }
 
     #[test]

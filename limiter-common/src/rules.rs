@@ -16,8 +16,13 @@
 //! matches it might satisfy; one whose protocol is unknown (an IPv6 header
 //! chain too long or cut short) gets [`UNKNOWN_PROTOCOL_CLASS`]. Userspace
 //! maps those to the strictest rule that could apply.
+//!
+//! The bytes that encode an [`Action`] or a flag (`Rule`'s action and
+//! dry-run, `TrafficClass::tcp_syn_only`, `Config`'s dry-run) are private:
+//! constructors and accessors take and give typed values. Which half of
+//! `RULES` and of the tries a generation writes is [`half`]'s alone.
 
-use crate::Outcome;
+use crate::{prefix_mask, Outcome};
 
 /// Distinct matches rules may use (each is one bit of a frame's class).
 pub const MAX_CLASSES: usize = 4;
@@ -45,18 +50,34 @@ pub const IPPROTO_UDP: u8 = 17;
 pub const TCP_FLAG_SYN: u8 = 0x02;
 pub const TCP_FLAG_ACK: u8 = 0x10;
 
+/// Which half (0 or 1) of `RULES` and of the tries' keys generation
+/// `generation` uses: consecutive generations alternate, so a push writes
+/// the half that is not live.
+#[inline(always)]
+pub const fn half(generation: u32) -> u8 {
+    (generation % 2) as u8
+}
+
 /// The `RULES` index where generation `generation`'s rules start: its
 /// half of the array.
 #[inline(always)]
 pub const fn rules_base(generation: u32) -> u32 {
-    (generation % 2) * MAX_RULES
+    half(generation) as u32 * MAX_RULES
 }
 
-/// What a rule does with matching traffic.
+/// What a rule does with matching traffic. Userspace reads and writes it
+/// by name (`limit`, `allow`, `deny`) in files, on the command line and on
+/// the control socket.
 #[repr(u8)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(
+    feature = "user",
+    derive(serde::Serialize, serde::Deserialize, clap::ValueEnum),
+    serde(rename_all = "lowercase")
+)]
 pub enum Action {
     /// Admit up to the rule's limits, drop the rest.
+    #[default]
     Limit = 0,
     /// Never limit (still counted).
     Allow = 1,
@@ -65,12 +86,23 @@ pub enum Action {
 }
 
 impl Action {
+    /// The action a byte encodes (a map value may hold any byte).
+    #[inline(always)]
     pub const fn from_u8(value: u8) -> Option<Action> {
         match value {
             0 => Some(Action::Limit),
             1 => Some(Action::Allow),
             2 => Some(Action::Deny),
             _ => None,
+        }
+    }
+
+    /// The lowercase name, as configuration and output spell it.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Action::Limit => "limit",
+            Action::Allow => "allow",
+            Action::Deny => "deny",
         }
     }
 }
@@ -100,18 +132,59 @@ pub struct Rule {
     pub buckets: u32,
     /// Frames a CPU may lease from the shared window at once (1: none).
     pub lease_packets: u32,
-    /// An [`Action`] value.
-    pub action: u8,
-    /// Non-zero: count would-be drops, drop nothing.
-    pub dry_run: u8,
+    /// An [`Action`] value ([`Rule::action`]).
+    action: u8,
+    /// Non-zero: count would-be drops, drop nothing ([`Rule::dry_run`]).
+    dry_run: u8,
     /// The class byte of the window key this rule counts in: every frame
     /// class of a source that resolves to this rule shares one budget
     /// (`0` for a rule without a match, `1 + index` of its match).
     pub budget: u8,
-    pub _pad: [u8; 5],
+    _pad: [u8; 5],
 }
 
 impl Rule {
+    /// A rule doing `action` (only counting when `dry_run`), with every
+    /// number 0: the caller sets the limits.
+    pub const fn new(action: Action, dry_run: bool) -> Self {
+        Self {
+            allowance_packets: 0,
+            allowance_bytes: 0,
+            bucket_ns: 0,
+            block_ns: 0,
+            block_tag: 0,
+            fingerprint: 0,
+            buckets: 0,
+            lease_packets: 0,
+            action: action as u8,
+            dry_run: dry_run as u8,
+            budget: 0,
+            _pad: [0; 5],
+        }
+    }
+
+    /// What the rule does; `None` for a byte no [`Action`] encodes (a
+    /// corrupt map value: the program passes such frames).
+    #[inline(always)]
+    pub const fn action(&self) -> Option<Action> {
+        Action::from_u8(self.action)
+    }
+
+    pub fn set_action(&mut self, action: Action) {
+        self.action = action as u8;
+    }
+
+    /// Whether the rule itself is in dry-run (see [`Rule::is_dry_run`]
+    /// for what applies).
+    #[inline(always)]
+    pub const fn dry_run(&self) -> bool {
+        self.dry_run != 0
+    }
+
+    pub fn set_dry_run(&mut self, dry_run: bool) {
+        self.dry_run = dry_run as u8;
+    }
+
     /// Whether the rule only counts what it would drop (its own dry-run
     /// or the global one).
     #[inline(always)]
@@ -125,7 +198,7 @@ impl Rule {
     /// it (would-drop in dry-run). Never a silent pass.
     #[inline(always)]
     pub const fn stateless_outcome(&self, global_dry_run: bool) -> Outcome {
-        let refused = match Action::from_u8(self.action) {
+        let refused = match self.action() {
             Some(Action::Allow) => return Outcome::Allowed,
             Some(Action::Deny) => Outcome::DroppedDeny,
             Some(Action::Limit) => Outcome::DroppedLimit,
@@ -145,9 +218,10 @@ impl Rule {
 pub struct TrafficClass {
     /// IP protocol number; 0 matches any.
     pub protocol: u8,
-    /// Non-zero: only TCP segments with SYN set and ACK clear.
-    pub tcp_syn_only: u8,
-    pub _pad: [u8; 2],
+    /// Non-zero: only TCP segments with SYN set and ACK clear
+    /// ([`TrafficClass::tcp_syn_only`]).
+    tcp_syn_only: u8,
+    _pad: [u8; 2],
     /// Destination port range (inclusive). `0 ..= 65535` matches any
     /// packet; a narrower range matches only TCP and UDP.
     pub port_min: u16,
@@ -155,6 +229,24 @@ pub struct TrafficClass {
 }
 
 impl TrafficClass {
+    /// Frames of `protocol` (0: any) to a destination port in
+    /// `port_min ..= port_max`, only TCP SYN segments if `tcp_syn_only`.
+    pub const fn new(protocol: u8, port_min: u16, port_max: u16, tcp_syn_only: bool) -> Self {
+        Self {
+            protocol,
+            tcp_syn_only: tcp_syn_only as u8,
+            _pad: [0; 2],
+            port_min,
+            port_max,
+        }
+    }
+
+    /// Whether only TCP segments with SYN set and ACK clear match.
+    #[inline(always)]
+    pub const fn tcp_syn_only(&self) -> bool {
+        self.tcp_syn_only != 0
+    }
+
     #[inline(always)]
     const fn any_port(&self) -> bool {
         self.port_min == 0 && self.port_max == u16::MAX
@@ -214,8 +306,8 @@ pub struct Config {
     /// Bumped by userspace on every rule change; 0 = no rules loaded (the
     /// program only counts).
     pub generation: u32,
-    /// Non-zero: global dry-run, nothing is dropped.
-    pub dry_run: u8,
+    /// Non-zero: global dry-run, nothing is dropped ([`Config::dry_run`]).
+    dry_run: u8,
     /// Number of valid entries in `classes`.
     pub class_count: u8,
     /// IPv4 sources are keyed by this prefix length (default 32).
@@ -231,6 +323,32 @@ pub struct Config {
 }
 
 impl Config {
+    /// Generation 0 (no rules loaded) without matches, in global dry-run
+    /// if `dry_run`, keying sources by these prefix lengths (and their
+    /// masks).
+    pub const fn new(dry_run: bool, v4_prefix_len: u8, v6_prefix_len: u8) -> Self {
+        Self {
+            generation: 0,
+            dry_run: dry_run as u8,
+            class_count: 0,
+            v4_prefix_len,
+            v6_prefix_len,
+            v4_mask: prefix_mask(v4_prefix_len),
+            v6_mask: prefix_mask(v6_prefix_len),
+            classes: [TrafficClass::new(0, 0, 0, false); MAX_CLASSES],
+        }
+    }
+
+    /// Whether dry-run is on globally: nothing is dropped.
+    #[inline(always)]
+    pub const fn dry_run(&self) -> bool {
+        self.dry_run != 0
+    }
+
+    pub fn set_dry_run(&mut self, dry_run: bool) {
+        self.dry_run = dry_run as u8;
+    }
+
     /// The class (`0 .. FRAME_CLASSES`) of a frame: the set of matches it
     /// satisfies, or for a frame not fully read, the set it might satisfy.
     #[inline(always)]
@@ -298,14 +416,14 @@ pub const PREFIX_HALF_BITS: u32 = 8;
 /// The trie key data of an IPv4 address in generation `generation`'s half.
 #[inline(always)]
 pub const fn prefix_key_v4(generation: u32, addr: [u8; 4]) -> PrefixKeyV4 {
-    [(generation % 2) as u8, addr[0], addr[1], addr[2], addr[3]]
+    [half(generation), addr[0], addr[1], addr[2], addr[3]]
 }
 
 /// The trie key data of an IPv6 address in generation `generation`'s half.
 #[inline(always)]
 pub fn prefix_key_v6(generation: u32, addr: &[u8; 16]) -> PrefixKeyV6 {
     let mut key = [0u8; 17];
-    key[0] = (generation % 2) as u8;
+    key[0] = half(generation);
     let mut i = 0;
     while i < 16 {
         key[i + 1] = addr[i];
@@ -314,18 +432,22 @@ pub fn prefix_key_v6(generation: u32, addr: &[u8; 16]) -> PrefixKeyV6 {
     key
 }
 
+#[cfg(feature = "user")]
+mod user {
+    // SAFETY (all): #[repr(C)] structs of integers and byte arrays with
+    // explicit padding fields (the size tests below): every bit pattern is
+    // valid and there are no uninitialised bytes.
+    unsafe impl aya::Pod for super::Config {}
+    unsafe impl aya::Pod for super::Rule {}
+    unsafe impl aya::Pod for super::RuleRefs {}
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn class(protocol: u8, ports: (u16, u16), syn: bool) -> TrafficClass {
-        TrafficClass {
-            protocol,
-            tcp_syn_only: syn as u8,
-            _pad: [0; 2],
-            port_min: ports.0,
-            port_max: ports.1,
-        }
+        TrafficClass::new(protocol, ports.0, ports.1, syn)
     }
 
     #[test]
@@ -409,39 +531,76 @@ mod tests {
         assert_eq!(&v6[1..], &[0xff; 16]);
         assert_eq!(rules_base(1), MAX_RULES);
         assert_eq!(rules_base(2), 0);
+        assert_eq!((half(0), half(1), half(u32::MAX)), (0, 1, 1));
+    }
+
+    #[cfg(feature = "user")]
+    #[test]
+    fn actions_go_by_their_lowercase_names() {
+        use clap::ValueEnum;
+        for action in [Action::Limit, Action::Allow, Action::Deny] {
+            let json = serde_json::to_string(&action).expect("serialises");
+            assert_eq!(json, std::format!("\"{}\"", action.name()));
+            assert_eq!(serde_json::from_str::<Action>(&json).ok(), Some(action));
+            assert_eq!(Action::from_str(action.name(), false), Ok(action));
+            let value = action.to_possible_value().expect("a possible value");
+            assert_eq!(value.get_name(), action.name());
+        }
+    }
+
+    #[test]
+    fn encoded_bytes_read_back_typed() {
+        let mut rule = Rule::new(Action::Deny, true);
+        assert_eq!(rule.action(), Some(Action::Deny));
+        assert!(rule.dry_run() && rule.is_dry_run(false));
+        rule.set_action(Action::Allow);
+        rule.set_dry_run(false);
+        assert_eq!(rule.action(), Some(Action::Allow));
+        assert!(!rule.is_dry_run(false) && rule.is_dry_run(true));
+        assert_eq!(Rule::default().action(), Some(Action::Limit));
+        rule.action = 7;
+        assert_eq!(rule.action(), None, "a corrupt byte is no action");
+        assert!(class(IPPROTO_TCP, (0, u16::MAX), true).tcp_syn_only());
+        assert!(!TrafficClass::default().tcp_syn_only());
+        let mut config = Config::new(false, 24, 48);
+        assert_eq!(config.v4_mask, prefix_mask(24));
+        assert_eq!(config.v6_mask, prefix_mask(48));
+        assert_eq!(
+            config,
+            Config {
+                v4_prefix_len: 24,
+                v6_prefix_len: 48,
+                v4_mask: prefix_mask(24),
+                v6_mask: prefix_mask(48),
+                ..Config::default()
+            }
+        );
+        assert!(!config.dry_run());
+        config.set_dry_run(true);
+        assert!(config.dry_run());
+        for action in [Action::Limit, Action::Allow, Action::Deny] {
+            assert_eq!(Action::from_u8(action as u8), Some(action));
+        }
+        assert_eq!(Action::Deny.name(), "deny");
     }
 
     #[test]
     fn without_state_a_limit_fails_closed_and_allow_and_deny_still_apply() {
-        let rule = |action: Action, dry_run: bool| Rule {
-            action: action as u8,
-            dry_run: u8::from(dry_run),
-            ..Rule::default()
-        };
-        assert_eq!(
-            rule(Action::Limit, false).stateless_outcome(false),
-            Outcome::DroppedLimit
-        );
-        assert_eq!(
-            rule(Action::Limit, false).stateless_outcome(true),
-            Outcome::DryRunWouldDrop
-        );
-        assert_eq!(
-            rule(Action::Limit, true).stateless_outcome(false),
-            Outcome::DryRunWouldDrop
-        );
-        assert_eq!(
-            rule(Action::Deny, false).stateless_outcome(false),
-            Outcome::DroppedDeny
-        );
-        assert_eq!(
-            rule(Action::Allow, false).stateless_outcome(false),
-            Outcome::Allowed
-        );
-        assert_eq!(
-            rule(Action::Allow, true).stateless_outcome(true),
-            Outcome::Allowed
-        );
+        // (action, the rule's dry-run, global dry-run, outcome)
+        for (action, dry_run, global_dry_run, outcome) in [
+            (Action::Limit, false, false, Outcome::DroppedLimit),
+            (Action::Limit, false, true, Outcome::DryRunWouldDrop),
+            (Action::Limit, true, false, Outcome::DryRunWouldDrop),
+            (Action::Deny, false, false, Outcome::DroppedDeny),
+            (Action::Allow, false, false, Outcome::Allowed),
+            (Action::Allow, true, true, Outcome::Allowed),
+        ] {
+            assert_eq!(
+                Rule::new(action, dry_run).stateless_outcome(global_dry_run),
+                outcome,
+                "{action:?}, dry-run {dry_run}, global dry-run {global_dry_run}"
+            );
+        }
     }
 
     #[test]

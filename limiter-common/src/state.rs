@@ -147,6 +147,15 @@ impl WindowState {
     }
 }
 
+#[cfg(feature = "user")]
+mod user {
+    // SAFETY (both): #[repr(C)] structs of integers with no padding (the
+    // size tests below): every bit pattern is valid and there are no
+    // uninitialised bytes.
+    unsafe impl aya::Pod for super::SourceTraffic {}
+    unsafe impl aya::Pod for super::WindowState {}
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -78,6 +78,10 @@ impl Outcome {
         Outcome::EventDropped,
     ];
 
+    /// The verdicts, `Passed` through `Malformed`: every frame counts under
+    /// exactly one of them. The outcomes after them count events.
+    pub const VERDICTS: &'static [Outcome] = Self::ALL.split_at(Outcome::NewSource as usize).0;
+
     /// Stable snake_case name, used in logs and metrics labels.
     pub const fn name(self) -> &'static str {
         match self {
@@ -95,6 +99,12 @@ impl Outcome {
     }
 }
 
+#[cfg(feature = "user")]
+mod user {
+    // SAFETY: #[repr(C)], two u64: every bit pattern is valid, no padding.
+    unsafe impl aya::Pod for super::Counter {}
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -104,6 +114,7 @@ mod tests {
         for (i, outcome) in Outcome::ALL.iter().enumerate() {
             assert_eq!(*outcome as usize, i, "{}", outcome.name());
         }
+        assert_eq!(Outcome::VERDICTS.last(), Some(&Outcome::Malformed));
     }
 
     #[test]

@@ -43,10 +43,10 @@ use limiter_common::{
     window::{self, Admission, WindowCache, WindowParams, PACKETS, RING},
     Action, AddressFamily, Config, LimitEvent, Outcome, Rule, SourceKey, SourceTraffic,
 };
+use limiter_ebpf::parse::Packet;
 
 use crate::{
     maps::{self, CONFIG, PREFIXES_V4, PREFIXES_V6, RULES, SOURCES, WINDOWS, WINDOW_SEED},
-    parse::Packet,
     shared::SharedWindow,
 };
 
@@ -110,13 +110,8 @@ pub fn judge(packet: &Packet, len: u64) -> Verdict {
             || traffic.last_refused_ns == 0
         {
             // A new episode of refusals: tell the daemon.
-            let event = LimitEvent {
-                key,
-                rule: traffic.rule,
-                at_ns: now,
-                dry_run: u8::from(verdict.outcome == Outcome::DryRunWouldDrop),
-                _pad: [0; 7],
-            };
+            let dry_run = verdict.outcome == Outcome::DryRunWouldDrop;
+            let event = LimitEvent::new(key, traffic.rule, now, dry_run);
             maps::send_event(&event, now / 1_000_000_000);
         }
         traffic.last_refused_ns = now;
@@ -128,7 +123,7 @@ pub fn judge(packet: &Packet, len: u64) -> Verdict {
 /// and its traffic class.
 #[inline(always)]
 fn source_key(config: &Config, packet: &Packet) -> SourceKey {
-    let (prefix_len, mask) = if packet.source.family == AddressFamily::V4 as u8 {
+    let (prefix_len, mask) = if packet.source.family() == AddressFamily::V4 {
         (config.v4_prefix_len, &config.v4_mask)
     } else {
         (config.v6_prefix_len, &config.v6_mask)
@@ -190,8 +185,8 @@ fn decide(
     let Some(rule) = RULES.get(traffic.rule) else {
         return pass(Outcome::Passed);
     };
-    let dry_run = config.dry_run != 0 || rule.dry_run != 0;
-    match Action::from_u8(rule.action) {
+    let dry_run = rule.is_dry_run(config.dry_run());
+    match rule.action() {
         Some(Action::Allow) => pass(Outcome::Allowed),
         Some(Action::Deny) => refuse(dry_run, Outcome::DroppedDeny),
         Some(Action::Limit) => {
@@ -359,7 +354,7 @@ fn create_window(
 #[inline(always)]
 fn resolve(key: &SourceKey, generation: u32) -> u32 {
     let bits = PREFIX_HALF_BITS + u32::from(key.prefix_len);
-    let refs = if key.family == AddressFamily::V4 as u8 {
+    let refs = if key.family() == AddressFamily::V4 {
         let addr = [key.addr[0], key.addr[1], key.addr[2], key.addr[3]];
         PREFIXES_V4.get(Key::new(bits, prefix_key_v4(generation, addr)))
     } else {
@@ -376,7 +371,7 @@ fn stateless(config: &Config, key: &SourceKey) -> Verdict {
     let Some(rule) = RULES.get(resolve(key, config.generation)) else {
         return pass(Outcome::Passed);
     };
-    match rule.stateless_outcome(config.dry_run != 0) {
+    match rule.stateless_outcome(config.dry_run()) {
         outcome @ (Outcome::DroppedDeny | Outcome::DroppedLimit) => Verdict {
             action: XDP_DROP,
             outcome,

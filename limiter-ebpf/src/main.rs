@@ -1,8 +1,9 @@
 //! The xdp-limiter XDP program.
 //!
-//! Entry point `xdp_limiter` delegates to `try_limit`: parse the frame,
-//! judge it (`limit.rs`), count the outcome. Non-IP and malformed frames
-//! pass untouched and are counted as such.
+//! Entry point `xdp_limiter` delegates to `try_limit`: parse the frame
+//! (`parse.rs`, the crate's library), judge it (`limit.rs`), count the
+//! outcome. Non-IP and malformed frames pass untouched and are counted as
+//! such.
 #![no_std]
 #![no_main]
 // BPF compare-and-swap is only reachable through the atomic intrinsics:
@@ -12,13 +13,11 @@
 
 mod limit;
 mod maps;
-mod parse;
 mod shared;
 
 use aya_ebpf::{bindings::xdp_action, macros::xdp, programs::XdpContext};
 use limiter_common::Outcome;
-
-use crate::parse::ParseError;
+use limiter_ebpf::parse::{self, ParseError};
 
 #[xdp]
 pub fn xdp_limiter(ctx: XdpContext) -> u32 {

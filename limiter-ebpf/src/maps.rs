@@ -1,64 +1,81 @@
 //! Every map of the XDP program, in one place.
 //!
-//! Sizes here are defaults: userspace resizes the per-source maps before
-//! loading (`EbpfLoader::map_max_entries`), so capacity comes from
+//! Each is an entry of the table in `limiter_common::maps` (`spec` here):
+//! its capacity comes from the table, and a const assertion after each
+//! static fails the build unless the literal `#[map(name = ...)]` needs,
+//! the key type and the value type match the table's name and sizes.
+//! Capacities are defaults: userspace resizes the per-source maps before
+//! loading (`EbpfLoader::map_max_entries`), so theirs comes from
 //! configuration.
 
 use aya_ebpf::{
     macros::map,
-    maps::{Array, LpmTrie, LruHashMap, LruPerCpuHashMap, PerCpuArray, RingBuf},
+    maps::{lpm_trie::Key, Array, LpmTrie, LruHashMap, LruPerCpuHashMap, PerCpuArray, RingBuf},
 };
 use limiter_common::{
     event::EVENTS_PER_CPU_PER_SECOND,
-    rules::{PrefixKeyV4, PrefixKeyV6, RULE_SLOTS},
+    maps as spec,
+    rules::{PrefixKeyV4, PrefixKeyV6},
     Config, Counter, LimitEvent, Outcome, Rule, RuleRefs, SourceKey, SourceTraffic, WindowState,
-    DEFAULT_MAX_SOURCES,
 };
 
 /// Offered traffic per source, one slot per CPU so counting never shares a
 /// cache line. LRU: when full, the least recently seen source is evicted.
 #[map(name = "SOURCES")]
 pub static SOURCES: LruPerCpuHashMap<SourceKey, SourceTraffic> =
-    LruPerCpuHashMap::with_max_entries(DEFAULT_MAX_SOURCES, 0);
+    LruPerCpuHashMap::with_max_entries(spec::SOURCES.max_entries, 0);
+const _: () = spec::SOURCES.check::<SourceKey, SourceTraffic>("SOURCES");
 
 /// Admission window per source, shared by all CPUs (written only when a
 /// frame is admitted). LRU like `SOURCES`.
 #[map(name = "WINDOWS")]
 pub static WINDOWS: LruHashMap<SourceKey, WindowState> =
-    LruHashMap::with_max_entries(DEFAULT_MAX_SOURCES, 0);
+    LruHashMap::with_max_entries(spec::WINDOWS.max_entries, 0);
+const _: () = spec::WINDOWS.check::<SourceKey, WindowState>("WINDOWS");
 
 /// Scratch for a new `WINDOWS` value (too large for the BPF stack): all
 /// zero between uses, seeded, inserted and zeroed again (`limit.rs`).
 #[map(name = "WINDOW_SEED")]
-pub static WINDOW_SEED: PerCpuArray<WindowState> = PerCpuArray::with_max_entries(1, 0);
+pub static WINDOW_SEED: PerCpuArray<WindowState> =
+    PerCpuArray::with_max_entries(spec::WINDOW_SEED.max_entries, 0);
+const _: () = spec::WINDOW_SEED.check::<u32, WindowState>("WINDOW_SEED");
 
 /// Global per-CPU counters indexed by `Outcome`.
 #[map(name = "STATS")]
-pub static STATS: PerCpuArray<Counter> = PerCpuArray::with_max_entries(Outcome::COUNT, 0);
+pub static STATS: PerCpuArray<Counter> = PerCpuArray::with_max_entries(spec::STATS.max_entries, 0);
+const _: () = spec::STATS.check::<u32, Counter>("STATS");
 
 /// The global configuration (one entry).
 #[map(name = "CONFIG")]
-pub static CONFIG: Array<Config> = Array::with_max_entries(1, 0);
+pub static CONFIG: Array<Config> = Array::with_max_entries(spec::CONFIG.max_entries, 0);
+const _: () = spec::CONFIG.check::<u32, Config>("CONFIG");
 
 /// Compiled rules: two halves, so a rule change writes the half no source
 /// resolves into before the generation bump makes it live.
 #[map(name = "RULES")]
-pub static RULES: Array<Rule> = Array::with_max_entries(RULE_SLOTS, 0);
+pub static RULES: Array<Rule> = Array::with_max_entries(spec::RULES.max_entries, 0);
+const _: () = spec::RULES.check::<u32, Rule>("RULES");
 
 /// IPv4 rule prefixes of both generations, keyed by the generation's half
 /// then the prefix (the live half always holds 0.0.0.0/0 once rules are
 /// loaded).
 #[map(name = "PREFIXES_V4")]
-pub static PREFIXES_V4: LpmTrie<PrefixKeyV4, RuleRefs> = LpmTrie::with_max_entries(4096, 0);
+pub static PREFIXES_V4: LpmTrie<PrefixKeyV4, RuleRefs> =
+    LpmTrie::with_max_entries(spec::PREFIXES_V4.max_entries, 0);
+const _: () = spec::PREFIXES_V4.check::<Key<PrefixKeyV4>, RuleRefs>("PREFIXES_V4");
 
 /// IPv6 rule prefixes of both generations (the live half always holds
 /// ::/0 once rules are loaded).
 #[map(name = "PREFIXES_V6")]
-pub static PREFIXES_V6: LpmTrie<PrefixKeyV6, RuleRefs> = LpmTrie::with_max_entries(4096, 0);
+pub static PREFIXES_V6: LpmTrie<PrefixKeyV6, RuleRefs> =
+    LpmTrie::with_max_entries(spec::PREFIXES_V6.max_entries, 0);
+const _: () = spec::PREFIXES_V6.check::<Key<PrefixKeyV6>, RuleRefs>("PREFIXES_V6");
 
 /// Frames dropped (or would-be dropped) per `RULES` index, per CPU.
 #[map(name = "RULE_DROPS")]
-pub static RULE_DROPS: PerCpuArray<u64> = PerCpuArray::with_max_entries(RULE_SLOTS, 0);
+pub static RULE_DROPS: PerCpuArray<u64> =
+    PerCpuArray::with_max_entries(spec::RULE_DROPS.max_entries, 0);
+const _: () = spec::RULE_DROPS.check::<u32, u64>("RULE_DROPS");
 
 /// Counts one refused frame against rule `index`.
 #[inline(always)]
@@ -71,11 +88,14 @@ pub fn count_rule_drop(index: u32) {
 
 /// "Source limited" events for the daemon's log.
 #[map(name = "EVENTS")]
-pub static EVENTS: RingBuf = RingBuf::with_byte_size(64 * 1024, 0);
+pub static EVENTS: RingBuf = RingBuf::with_byte_size(spec::EVENTS.max_entries, 0);
+const _: () = spec::EVENTS.check_name("EVENTS");
 
 /// Per CPU: `[second, events sent in it]`, the events' rate limit.
 #[map(name = "EVENT_BUDGET")]
-pub static EVENT_BUDGET: PerCpuArray<[u64; 2]> = PerCpuArray::with_max_entries(1, 0);
+pub static EVENT_BUDGET: PerCpuArray<[u64; 2]> =
+    PerCpuArray::with_max_entries(spec::EVENT_BUDGET.max_entries, 0);
+const _: () = spec::EVENT_BUDGET.check::<u32, [u64; 2]>("EVENT_BUDGET");
 
 /// Sends `event` unless this CPU already sent its share this second or
 /// the ring is full (then counts `event_dropped`).

@@ -1,18 +1,20 @@
-//! xdp-limiter userspace: the embedded XDP object, loading it into the
-//! kernel, compiling and pushing rules, reading its maps back, and the
-//! daemon that ties them together.
+//! xdp-limiter userspace, as a library the `xdp-limiter` binary
+//! (src/main.rs) and the integration tests build on.
 //!
-//! The `xdp-limiter` binary (src/main.rs) and the integration tests both
-//! build on this library.
+//! - `config`: the TOML file's form and its validation;
+//! - `rules`: operator rules compiled into what the kernel reads;
+//! - `kernel`: loading, maps, pins, attaching, pushing, reading back;
+//! - `daemon`: `xdp-limiter run` (state, loop, aggregation, metrics,
+//!   events, control socket);
+//! - `proto`: the control protocol between daemon and CLI;
+//! - `cli`: the command line (`args`) and one file per command;
+//! - `lock`, `fault`: cross-process locks and start-up fault injection.
 
-pub mod batch;
 pub mod cli;
-pub mod counters;
+pub mod config;
 pub mod daemon;
-pub mod display;
-pub mod object;
+pub mod fault;
+pub mod kernel;
+pub mod lock;
 pub mod proto;
-pub mod push;
 pub mod rules;
-
-pub use object::{load, LoadError, LoadOptions, EBPF_OBJECT};

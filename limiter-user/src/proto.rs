@@ -5,14 +5,18 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::daemon::config::RuleSection;
+use crate::{config::RuleSection, kernel::Attachment};
 
 /// Bumped on any incompatible change of the messages below.
 pub const PROTOCOL_VERSION: u32 = 1;
-/// Where the daemon listens unless configured otherwise.
-pub const DEFAULT_SOCKET: &str = "/run/xdp-limiter.sock";
 /// Largest request line the daemon reads.
 pub const MAX_REQUEST_BYTES: usize = 64 * 1024;
+
+/// Every key of a request line outside its `rule` (whose keys are
+/// [`RuleSection::KEYS`]): what tests and fuzzers build requests from.
+pub const REQUEST_KEYS: &[&str] = &[
+    "version", "command", "limit", "dry_run", "save", "edit", "op", "rule", "cidr",
+];
 
 /// A request, as sent: `{"version":1,"command":"status"}`.
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
@@ -111,8 +115,8 @@ pub struct Status {
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
 pub struct InterfaceStatus {
     pub name: String,
-    /// "native", "generic" or "adopted".
-    pub mode: String,
+    /// How the program is attached: `native`, `generic` or `adopted`.
+    pub mode: Attachment,
     pub program_id: u32,
     pub tracked_sources: u64,
     pub capacity: u32,
@@ -249,5 +253,53 @@ mod tests {
             let err = parse_request(line).expect_err(line);
             assert!(err.contains(expect), "{line}: {err}");
         }
+    }
+
+    #[test]
+    fn request_keys_are_the_keys_requests_have() {
+        fn keys(value: &serde_json::Value, out: &mut Vec<String>) {
+            for (key, value) in value.as_object().into_iter().flatten() {
+                out.push(key.clone());
+                if key != "rule" {
+                    keys(value, out);
+                }
+            }
+        }
+        let rule = RuleSection::default();
+        let edits = [
+            RuleEdit::Add { rule: rule.clone() },
+            RuleEdit::Set { rule: rule.clone() },
+            RuleEdit::Remove { rule: rule.clone() },
+            RuleEdit::Default { rule },
+        ];
+        let requests = [
+            Request::Status,
+            Request::Top { limit: 1 },
+            Request::Mode {
+                dry_run: true,
+                save: true,
+            },
+            Request::Reload,
+            Request::RuleList,
+            Request::Detach,
+            Request::Unblock {
+                cidr: "192.0.2.0/24".parse().unwrap(),
+            },
+        ]
+        .into_iter()
+        .chain(edits.map(|edit| Request::Rules { edit, save: true }));
+        let mut seen = Vec::new();
+        for request in requests {
+            let line = RequestLine {
+                version: PROTOCOL_VERSION,
+                request,
+            };
+            keys(&serde_json::to_value(line).unwrap(), &mut seen);
+        }
+        seen.sort_unstable();
+        seen.dedup();
+        let mut want = REQUEST_KEYS.to_vec();
+        want.sort_unstable();
+        assert_eq!(seen, want);
     }
 }

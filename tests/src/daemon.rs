@@ -18,7 +18,10 @@ use std::os::unix::process::CommandExt;
 
 use nix::{sys::signal::Signal, unistd::Pid};
 
-use crate::netns::NetNs;
+use crate::{
+    netns::{run_ok, NetNs},
+    wait_until,
+};
 
 static NEXT: AtomicUsize = AtomicUsize::new(0);
 
@@ -39,23 +42,14 @@ pub fn binary() -> PathBuf {
             }
             let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
             let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-            let out = Command::new(cargo)
-                .current_dir(&root)
-                .args([
-                    "build",
-                    "--quiet",
-                    "-p",
-                    "limiter-user",
-                    "--bin",
-                    "xdp-limiter",
-                ])
-                .output()
-                .expect("run cargo build");
-            assert!(
-                out.status.success(),
-                "building xdp-limiter failed:\n{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
+            run_ok(Command::new(cargo).current_dir(&root).args([
+                "build",
+                "--quiet",
+                "-p",
+                "limiter-user",
+                "--bin",
+                "xdp-limiter",
+            ]));
             root.join("target/debug/xdp-limiter")
         })
         .clone()
@@ -105,6 +99,18 @@ impl Files {
             .arg(self.socket())
             .output()
             .expect("run the CLI")
+    }
+
+    /// [`Files::cli`] that must succeed: its standard output.
+    #[track_caller]
+    pub fn cli_ok(&self, args: &[&str]) -> String {
+        let out = self.cli(args);
+        assert!(
+            out.status.success(),
+            "xdp-limiter {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
     }
 }
 
@@ -236,8 +242,7 @@ impl Daemon {
             log,
             netns: ns.name().to_string(),
         };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
+        let ready = wait_until(Duration::from_secs(20), Duration::from_millis(50), || {
             if let Some(status) = daemon
                 .child
                 .as_mut()
@@ -248,16 +253,15 @@ impl Daemon {
                     daemon.log()
                 );
             }
-            if daemon.log().contains("control socket ready") && daemon.try_metrics().is_some() {
-                return daemon;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "xdp-limiter never served metrics:\n{}",
-                daemon.log()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+            (daemon.log().contains("control socket ready") && daemon.try_metrics().is_some())
+                .then_some(())
+        });
+        assert!(
+            ready.is_some(),
+            "xdp-limiter never served metrics:\n{}",
+            daemon.log()
+        );
+        daemon
     }
 
     /// Runs `xdp-limiter run <args>` expecting it to fail at start-up;
@@ -299,15 +303,14 @@ impl Daemon {
             log,
             netns: ns.name().to_string(),
         };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while process_state(daemon.pid().as_raw() as u32) != 'T' {
-            assert!(
-                Instant::now() < deadline,
-                "xdp-limiter never stopped at {step}:\n{}",
-                daemon.log()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let stopped = wait_until(Duration::from_secs(20), Duration::from_millis(20), || {
+            (process_state(daemon.pid().as_raw() as u32) == 'T').then_some(())
+        });
+        assert!(
+            stopped.is_some(),
+            "xdp-limiter never stopped at {step}:\n{}",
+            daemon.log()
+        );
         daemon
     }
 
@@ -317,15 +320,10 @@ impl Daemon {
 
     /// Waits (bounded) until the log contains `needle`.
     pub fn wait_log(&self, needle: &str) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !self.log().contains(needle) {
-            assert!(
-                Instant::now() < deadline,
-                "log never said {needle:?}:\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let said = wait_until(Duration::from_secs(10), Duration::from_millis(20), || {
+            self.log().contains(needle).then_some(())
+        });
+        assert!(said.is_some(), "log never said {needle:?}:\n{}", self.log());
     }
 
     /// Thread ids of the daemon (e.g. to pin them).
@@ -446,18 +444,10 @@ impl Daemon {
 
     /// Waits (bounded) until `series` satisfies `ok`; returns its value.
     pub fn wait_metric(&self, series: &str, ok: impl Fn(f64) -> bool) -> f64 {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            if let Some(value) = self.metric(series).filter(|v| ok(*v)) {
-                return value;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{series} never got there; last scrape:\n{}",
-                self.metrics()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        wait_until(Duration::from_secs(10), Duration::from_millis(50), || {
+            self.metric(series).filter(|v| ok(*v))
+        })
+        .unwrap_or_else(|| panic!("{series} never got there; last scrape:\n{}", self.metrics()))
     }
 
     /// Waits for a complete aggregation pass that started after this call:

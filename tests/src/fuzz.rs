@@ -13,12 +13,12 @@ use std::{
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
 };
 
-use ipnet::IpNet;
 use limiter_common::{prefix_mask, Action, Counter, Outcome, SourceKey};
 use limiter_user::rules::{Match, RuleSet, RuleSpec};
 
 use crate::{
     model::{self, Parsed},
+    net,
     testrun::{Harness, XDP_DROP, XDP_PASS},
 };
 
@@ -29,10 +29,6 @@ const GROUP: usize = 1000;
 /// chunk, so per-source counters are checked without evictions.
 const CHUNK: usize = 100_000;
 const MAX_SOURCES: u32 = 1 << 17;
-
-fn net(s: &str) -> IpNet {
-    s.parse().expect("valid CIDR")
-}
 
 /// Protocol, port range and SYN of a rule.
 type Matching = (Option<u8>, Option<(u16, u16)>, bool);
@@ -340,8 +336,9 @@ pub fn run(count: usize, seed: u64) -> Result<Summary, String> {
     let mut done = 0;
     while done < count {
         let chunk = CHUNK.min(count - done);
-        let mut harness = Harness::load_with(&limiter_user::LoadOptions {
+        let mut harness = Harness::load_with(&limiter_user::kernel::LoadOptions {
             max_sources: MAX_SOURCES,
+            ..Default::default()
         });
         harness.push(&set);
         let mut per_key: BTreeMap<SourceKey, Counter> = BTreeMap::new();
@@ -400,7 +397,7 @@ pub fn run(count: usize, seed: u64) -> Result<Summary, String> {
         let mut counted: BTreeMap<SourceKey, Counter> = BTreeMap::new();
         for (key, per_cpu) in harness.sources() {
             let key = key.with_class(0);
-            let total = limiter_user::counters::total(&per_cpu);
+            let total = limiter_user::kernel::read::total(&per_cpu);
             let entry = counted.entry(key).or_default();
             *entry = entry.merged(total);
         }

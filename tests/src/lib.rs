@@ -9,17 +9,41 @@
 //! - [`model`]: a reference model of the documented parse and rule
 //!   semantics; [`fuzz`]: random and mutated frames checked against it
 //!   through the kernel.
-//! - [`e2e`]: the end-to-end benchmark's lab, generator, scenarios and
-//!   report (`cargo xtask bench e2e` and its smoke test).
+//!
+//! The benchmarks, the demo and the soak (`limiter-bench`) build on this
+//! harness too.
 //!
 //! Everything here needs root and a BPF-capable kernel, and panics with
 //! context when it lacks them: tests never skip.
 
 pub mod daemon;
-pub mod e2e;
 pub mod fuzz;
 pub mod lab;
 pub mod model;
 pub mod netns;
 pub mod packets;
 pub mod testrun;
+
+/// Calls `poll` every `every` until it returns something, for at most
+/// `limit`: what it returned, or `None` if it never did in time.
+pub fn wait_until<T>(
+    limit: std::time::Duration,
+    every: std::time::Duration,
+    mut poll: impl FnMut() -> Option<T>,
+) -> Option<T> {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        if let Some(value) = poll() {
+            return Some(value);
+        }
+        if std::time::Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(every);
+    }
+}
+
+/// A prefix from its text, for the rules tests build (a typo panics).
+pub fn net(text: &str) -> ipnet::IpNet {
+    text.parse().expect("valid CIDR")
+}

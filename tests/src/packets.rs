@@ -13,6 +13,9 @@ pub const ETH_LEN: usize = 14;
 pub const TPID_8021Q: u16 = 0x8100;
 /// 802.1ad service (outer QinQ) tag.
 pub const TPID_8021AD: u16 = 0x88A8;
+/// Where the kernel tests' frames go (no rule looks at it).
+pub const DST4: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 1);
+pub const DST6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0xffff, 0, 0, 0, 0, 1);
 
 fn v4(src: Ipv4Addr, dst: Ipv4Addr) -> etherparse::PacketBuilderStep<etherparse::IpHeaders> {
     PacketBuilder::ethernet2(SRC_MAC, DST_MAC).ipv4(src.octets(), dst.octets(), 64)

@@ -10,12 +10,12 @@ use std::{
     time::{Duration, Instant},
 };
 
-use aya::{
-    programs::{TestRun, TestRunOptions, Xdp},
-    Ebpf,
-};
+use aya::programs::{ProgramError, TestRun, TestRunOptions, TestRunResult, Xdp};
 use limiter_common::{Counter, Outcome, SourceKey, SourceTraffic};
-use limiter_user::{counters, object::xdp_program, rules::RuleSet, LoadOptions};
+use limiter_user::{
+    kernel::{self, push, read, LoadOptions, Maps, Program},
+    rules::RuleSet,
+};
 use nix::{sched::CpuSet, unistd::Pid};
 
 pub const XDP_ABORTED: u32 = 0;
@@ -24,7 +24,7 @@ pub const XDP_PASS: u32 = 2;
 
 /// A loaded copy of the limiter program.
 pub struct Harness {
-    ebpf: Ebpf,
+    program: Program,
 }
 
 impl Harness {
@@ -34,40 +34,41 @@ impl Harness {
     }
 
     pub fn load_with(options: &LoadOptions) -> Self {
-        let ebpf = limiter_user::load(options)
+        let program = kernel::load(options)
             .unwrap_or_else(|e| panic!("loading the XDP program (needs root and BPF): {e}"));
-        Self { ebpf }
+        Self { program }
     }
 
     /// Loads the program with the maps named in `pinned` taken from their
     /// pins instead of created (as the daemon adopts its pinned maps): a
     /// test can substitute a map of another type or size.
-    pub fn load_adopting(pinned: &[(&str, &std::path::Path)]) -> Self {
-        let mut loader = aya::EbpfLoader::new();
-        for (name, path) in pinned {
-            loader.map_pin_path(name, *path);
-        }
-        let mut ebpf = loader
-            .load(limiter_user::EBPF_OBJECT)
-            .unwrap_or_else(|e| panic!("loading the XDP object: {e}"));
-        xdp_program(&mut ebpf)
-            .expect("program present")
-            .load()
-            .unwrap_or_else(|e| panic!("loading the XDP program: {e}"));
-        Self { ebpf }
+    pub fn load_adopting(pinned: &[(&'static str, &std::path::Path)]) -> Self {
+        Self::load_with(&LoadOptions {
+            pins: pinned
+                .iter()
+                .map(|(name, path)| (*name, path.to_path_buf()))
+                .collect(),
+            ..LoadOptions::default()
+        })
     }
 
-    pub fn ebpf(&self) -> &Ebpf {
-        &self.ebpf
+    /// The program's maps.
+    pub fn maps(&self) -> &Maps {
+        &self.program.maps
     }
 
-    pub fn ebpf_mut(&mut self) -> &mut Ebpf {
-        &mut self.ebpf
+    pub fn maps_mut(&mut self) -> &mut Maps {
+        &mut self.program.maps
     }
 
     /// The XDP program, for running from several threads at once.
     pub fn program(&mut self) -> &Xdp {
-        xdp_program(&mut self.ebpf).expect("program present")
+        self.program.xdp()
+    }
+
+    /// The XDP program, to attach.
+    pub fn program_mut(&mut self) -> &mut Xdp {
+        self.program.xdp()
     }
 
     /// Runs `frame` `n` times on `cpu`; returns how many were passed and
@@ -94,16 +95,12 @@ impl Harness {
     /// As [`run_on_cpu`](Self::run_on_cpu), `repeat` times in one syscall;
     /// returns the verdict and the kernel's average nanoseconds per run.
     pub fn run_repeated_on_cpu(&mut self, cpu: usize, frame: &[u8], repeat: u32) -> (u32, u64) {
-        let program = xdp_program(&mut self.ebpf).expect("program present");
+        let program = self.program.xdp();
         thread::scope(|scope| {
             scope
                 .spawn(|| {
                     pin_current_thread(cpu);
-                    let mut opts = TestRunOptions::new();
-                    opts.data_in = Some(frame);
-                    opts.repeat = repeat;
-                    let result = program
-                        .test_run(opts)
+                    let result = test_run(program, frame, repeat)
                         .unwrap_or_else(|e| panic!("BPF_PROG_TEST_RUN on CPU {cpu}: {e}"));
                     (result.return_value, result.duration.as_nanos() as u64)
                 })
@@ -115,7 +112,7 @@ impl Harness {
     /// Runs every frame of `frames` once, in order, from one thread pinned
     /// to `cpu`; their verdicts.
     pub fn run_all(&mut self, cpu: usize, frames: &[Vec<u8>]) -> Vec<u32> {
-        let program = xdp_program(&mut self.ebpf).expect("program present");
+        let program = self.program.xdp();
         thread::scope(|scope| {
             scope
                 .spawn(|| {
@@ -123,10 +120,7 @@ impl Harness {
                     frames
                         .iter()
                         .map(|frame| {
-                            let mut opts = TestRunOptions::new();
-                            opts.data_in = Some(frame);
-                            program
-                                .test_run(opts)
+                            test_run(program, frame, 1)
                                 .unwrap_or_else(|e| {
                                     panic!("BPF_PROG_TEST_RUN of {} bytes: {e}", frame.len())
                                 })
@@ -154,18 +148,18 @@ impl Harness {
 
     /// Every tracked source with its per-CPU `SourceTraffic`.
     pub fn traffic(&self) -> BTreeMap<SourceKey, Vec<SourceTraffic>> {
-        counters::sources(&self.ebpf).expect("reading SOURCES")
+        read::sources(self.maps()).expect("reading SOURCES")
     }
 
     /// Validates and pushes a rule set; returns the new generation.
     pub fn push(&mut self, set: &RuleSet) -> u32 {
-        limiter_user::push::push(&mut self.ebpf, set).unwrap_or_else(|e| panic!("push: {e}"))
+        push::push(self.maps_mut(), set).unwrap_or_else(|e| panic!("push: {e}"))
     }
 
     /// The counter of `outcome` summed over CPUs.
     pub fn outcome_total(&self, outcome: Outcome) -> Counter {
-        let all = counters::outcomes(&self.ebpf).expect("reading STATS");
-        counters::total(&all[outcome.name()])
+        let all = read::outcomes(self.maps()).expect("reading STATS");
+        read::total(&all[outcome.name()])
     }
 
     /// Asserts that the outcome counters (summed over CPUs) are exactly
@@ -261,10 +255,7 @@ pub fn paced(
                     if now >= start.instant + duration {
                         return out;
                     }
-                    let mut opts = TestRunOptions::new();
-                    opts.data_in = Some(frame);
-                    let verdict = program
-                        .test_run(opts)
+                    let verdict = test_run(program, frame, 1)
                         .unwrap_or_else(|e| panic!("BPF_PROG_TEST_RUN on CPU {cpu}: {e}"))
                         .return_value;
                     out.offered += 1;
@@ -284,6 +275,15 @@ pub fn paced(
             .join()
             .expect("sender thread panicked")
     })
+}
+
+/// One `BPF_PROG_TEST_RUN` of `program` on `frame`, run `repeat` times in
+/// the kernel, on the calling thread's CPU.
+pub fn test_run(program: &Xdp, frame: &[u8], repeat: u32) -> Result<TestRunResult, ProgramError> {
+    let mut opts = TestRunOptions::new();
+    opts.data_in = Some(frame);
+    opts.repeat = repeat;
+    program.test_run(opts)
 }
 
 /// `packets` frames of `len` bytes each.

@@ -1,36 +1,56 @@
 //! Batched map reads and writes (`BPF_MAP_*_BATCH`) against real maps.
 
-use limiter_common::{names, Counter, SourceKey, SourceTraffic};
-use limiter_tests::testrun::Harness;
-use limiter_user::batch::{for_each_per_cpu, hash_map_fd, update_per_cpu, BATCH};
+use std::os::fd::BorrowedFd;
 
-#[test]
-fn a_per_cpu_map_reads_back_exactly_what_was_written_in_batches() {
-    let harness = Harness::load_with(&limiter_user::LoadOptions {
-        max_sources: 20_000,
+use limiter_common::{Counter, SourceKey, SourceTraffic};
+use limiter_tests::testrun::Harness;
+use limiter_user::kernel::{
+    batch::{fd as map_fd, for_each_per_cpu, update_per_cpu, BATCH},
+    LoadOptions,
+};
+
+/// The program with room for `max_sources` sources, and the number of
+/// possible CPUs (the length of a per-CPU value).
+fn loaded(max_sources: u32) -> (Harness, usize) {
+    let harness = Harness::load_with(&LoadOptions {
+        max_sources,
+        ..LoadOptions::default()
     });
-    let cpus = aya::util::nr_cpus().expect("nr_cpus");
-    let map = harness.ebpf().map(names::SOURCES).expect("SOURCES");
-    let fd = hash_map_fd(map).expect("a hash map");
-    // More than two batches, with a partial last one.
-    let n = 2 * BATCH as u32 + 123;
-    let entries: Vec<(SourceKey, Vec<SourceTraffic>)> = (0..n)
+    (harness, aya::util::nr_cpus().expect("nr_cpus"))
+}
+
+/// Writes sources `0..n` (10.0.0.0 and up) in batches, source `i` with
+/// `traffic(i, cpu)` on each CPU; what it wrote.
+fn fill(
+    fd: BorrowedFd,
+    cpus: usize,
+    n: u32,
+    traffic: impl Fn(u32, u64) -> SourceTraffic,
+) -> Vec<(SourceKey, Vec<SourceTraffic>)> {
+    let entries: Vec<_> = (0..n)
         .map(|i| {
             let key = SourceKey::v4((0x0a00_0000 + i).to_be_bytes());
-            let per_cpu = (0..cpus as u64)
-                .map(|cpu| SourceTraffic {
-                    second: 7,
-                    total: Counter {
-                        packets: u64::from(i) * 10 + cpu,
-                        bytes: u64::from(i),
-                    },
-                    ..SourceTraffic::default()
-                })
-                .collect();
-            (key, per_cpu)
+            (key, (0..cpus as u64).map(|cpu| traffic(i, cpu)).collect())
         })
         .collect();
     update_per_cpu(fd, cpus, &entries).expect("batch update");
+    entries
+}
+
+#[test]
+fn a_per_cpu_map_reads_back_exactly_what_was_written_in_batches() {
+    let (harness, cpus) = loaded(20_000);
+    let fd = map_fd(harness.maps().sources_data());
+    // More than two batches, with a partial last one.
+    let n = 2 * BATCH as u32 + 123;
+    let entries = fill(fd, cpus, n, |i, cpu| SourceTraffic {
+        second: 7,
+        total: Counter {
+            packets: u64::from(i) * 10 + cpu,
+            bytes: u64::from(i),
+        },
+        ..SourceTraffic::default()
+    });
 
     let mut seen = std::collections::BTreeMap::new();
     let count = for_each_per_cpu::<SourceKey, SourceTraffic>(fd, cpus, |key, per_cpu| {
@@ -51,7 +71,7 @@ fn a_per_cpu_map_reads_back_exactly_what_was_written_in_batches() {
 fn an_empty_map_reads_as_empty() {
     let harness = Harness::load();
     let cpus = aya::util::nr_cpus().expect("nr_cpus");
-    let fd = hash_map_fd(harness.ebpf().map(names::SOURCES).expect("SOURCES")).expect("hash map");
+    let fd = map_fd(harness.maps().sources_data());
     let count = for_each_per_cpu::<SourceKey, SourceTraffic>(fd, cpus, |_, _| panic!("no entries"))
         .expect("batch lookup");
     assert_eq!(count, 0);
@@ -60,34 +80,22 @@ fn an_empty_map_reads_as_empty() {
 #[test]
 fn a_sweep_spread_over_ticks_sees_every_source_once() {
     use limiter_user::daemon::aggregate::{pass, Sweep};
-    let harness = Harness::load_with(&limiter_user::LoadOptions {
-        max_sources: 40_000,
-    });
-    let cpus = aya::util::nr_cpus().expect("nr_cpus");
-    let fd = hash_map_fd(harness.ebpf().map(names::SOURCES).expect("SOURCES")).expect("hash map");
+    let (harness, cpus) = loaded(40_000);
+    let fd = map_fd(harness.maps().sources_data());
     let n = 5 * BATCH as u32 + 77;
-    let entries: Vec<(SourceKey, Vec<SourceTraffic>)> = (0..n)
-        .map(|i| {
-            let traffic = SourceTraffic {
-                dropped: Counter {
-                    packets: u64::from(i),
-                    bytes: 0,
-                },
-                ..SourceTraffic::default()
-            };
-            (
-                SourceKey::v4((0x0a00_0000 + i).to_be_bytes()),
-                vec![traffic; cpus],
-            )
-        })
-        .collect();
-    update_per_cpu(fd, cpus, &entries).expect("fill");
+    fill(fd, cpus, n, |i, _| SourceTraffic {
+        dropped: Counter {
+            packets: u64::from(i),
+            bytes: 0,
+        },
+        ..SourceTraffic::default()
+    });
 
     // Slices of one batch: the sweep takes several ticks.
     let mut sweep = Sweep::default();
     let mut ticks = 0;
     let last = loop {
-        let snapshot = pass(harness.ebpf(), 3, &mut sweep, BATCH).expect("tick");
+        let snapshot = pass(harness.maps(), 3, &mut sweep, BATCH).expect("tick");
         ticks += 1;
         if sweep.last_sweep_ticks > 0 {
             break snapshot;
@@ -110,6 +118,6 @@ fn a_sweep_spread_over_ticks_sees_every_source_once() {
     );
     assert_eq!(last.top.len(), 3);
     // The next tick starts a new sweep but still shows the complete one.
-    let next = pass(harness.ebpf(), 3, &mut sweep, BATCH).expect("tick");
+    let next = pass(harness.maps(), 3, &mut sweep, BATCH).expect("tick");
     assert_eq!(next.tracked_sources, u64::from(n));
 }

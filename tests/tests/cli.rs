@@ -5,13 +5,14 @@
 use std::{
     io::{BufRead, BufReader, Write},
     os::unix::net::UnixStream,
-    process::{Command, Output},
+    process::Command,
     time::{Duration, Instant},
 };
 
 use limiter_tests::{
     daemon::{binary, Daemon, Files},
     lab::{limit_config, Lab, HEAVY, MARKER, MEDIUM, RX_IF},
+    netns::run_ok,
 };
 use serde_json::Value;
 
@@ -36,25 +37,29 @@ fn setup() -> Setup {
     Setup { lab, files, daemon }
 }
 
-/// `xdp-limiter <args> --socket <the daemon's>`.
-fn cli(files: &Files, args: &[&str]) -> Output {
-    files.cli(args)
-}
-
+/// `xdp-limiter <args> --socket <the daemon's>` that must fail with exit
+/// status `code`: its standard error.
 #[track_caller]
-fn ok(out: &Output) -> String {
-    assert!(
-        out.status.success(),
-        "CLI failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+fn failing(files: &Files, args: &[&str], code: i32) -> String {
+    let out = files.cli(args);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(code), "{args:?}: {stderr}");
+    stderr
 }
 
 fn json(files: &Files, args: &[&str]) -> Value {
     let mut args = args.to_vec();
     args.extend(["--output", "json"]);
-    serde_json::from_str(&ok(&cli(files, &args))).expect("JSON output")
+    serde_json::from_str(&files.cli_ok(&args)).expect("JSON output")
+}
+
+/// Whether the daemon's rules include one for `cidr`.
+fn rule_live(files: &Files, cidr: &str) -> bool {
+    json(files, &["rule", "ls"])["rules"]
+        .as_array()
+        .expect("rules")
+        .iter()
+        .any(|r| r["cidr"] == cidr)
 }
 
 /// Polls `status` until `ok(status)` (bounded).
@@ -96,7 +101,7 @@ fn status_and_top_report_the_live_daemon_field_by_field() {
     );
     assert_eq!(iface["capacity"], 65536);
     assert!(iface["passed_pps"].is_number() && iface["dropped_pps"].is_number());
-    let text = ok(&cli(&s.files, &["status"]));
+    let text = s.files.cli_ok(&["status"]);
     assert!(text.contains("enforce, 2 rules (generation 1)"), "{text}");
     assert!(text.contains(RX_IF) && text.contains("3/65536"), "{text}");
 
@@ -139,7 +144,7 @@ fn status_and_top_report_the_live_daemon_field_by_field() {
     assert_eq!(medium["state"], "ok");
     let one = json(&s.files, &["top", "--once", "--limit", "1"]);
     assert_eq!(one.as_array().map(Vec::len), Some(1));
-    let text = ok(&cli(&s.files, &["top", "--once"]));
+    let text = s.files.cli_ok(&["top", "--once"]);
     assert!(
         text.starts_with("source") && text.contains(&HEAVY.to_string()),
         "{text}"
@@ -153,12 +158,15 @@ fn mode_and_reload_change_enforcement_live() {
     let got = s.lab.exchange(&receiver, PORT, &[(HEAVY, 25)], MARKER);
     assert_eq!(got.get(&HEAVY), Some(&20));
 
-    assert!(ok(&cli(&s.files, &["mode", "dry-run"])).contains("mode dry-run"));
+    assert!(s
+        .files
+        .cli_ok(&["mode", "dry-run"])
+        .contains("mode dry-run"));
     assert_eq!(json(&s.files, &["status"])["dry_run"], true);
     let got = s.lab.exchange(&receiver, PORT, &[(HEAVY, 10)], MARKER);
     assert_eq!(got.get(&HEAVY), Some(&10), "dry-run drops nothing: {got:?}");
 
-    let out = ok(&cli(&s.files, &["mode", "enforce", "--save"]));
+    let out = s.files.cli_ok(&["mode", "enforce", "--save"]);
     assert!(
         out.contains("mode enforce") && out.contains("saved to"),
         "{out}"
@@ -169,7 +177,7 @@ fn mode_and_reload_change_enforcement_live() {
     assert_eq!(got.get(&HEAVY), None, "enforcing again: {got:?}");
 
     s.files.write_config(&limit_config(5)); // 50 per window
-    assert!(ok(&cli(&s.files, &["reload"])).contains("reloaded"));
+    assert!(s.files.cli_ok(&["reload"]).contains("reloaded"));
     assert_eq!(
         json(&s.files, &["rule", "ls"])["default"]["pps"],
         5,
@@ -179,9 +187,7 @@ fn mode_and_reload_change_enforcement_live() {
     assert_eq!(got.get(&HEAVY), Some(&30), "{got:?}");
 
     s.files.write_config("[default]\npps = -1\n");
-    let out = cli(&s.files, &["reload"]);
-    assert_eq!(out.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("reload failed"));
+    assert!(failing(&s.files, &["reload"], 1).contains("reload failed"));
     s.daemon.wait_log("configuration rejected");
     let got = s.lab.exchange(&receiver, PORT, &[(HEAVY, 5)], MARKER);
     assert_eq!(got.get(&HEAVY), None, "the running limits stay: {got:?}");
@@ -256,9 +262,7 @@ fn bad_requests_and_callers_get_clear_errors_and_change_nothing() {
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
     assert!(stderr.contains("xdp-limiter is not running"), "{stderr}");
 
-    let out = cli(&s.files, &["mode", "turbo"]);
-    assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("invalid value 'turbo'"));
+    assert!(failing(&s.files, &["mode", "turbo"], 2).contains("invalid value 'turbo'"));
 }
 
 #[test]
@@ -274,10 +278,9 @@ fn rule_add_limits_a_live_source_and_rule_rm_releases_it() {
 
     // 1 pps over 10 s: 10 per window, and 15 were already admitted.
     let medium = format!("{MEDIUM}/32");
-    let out = ok(&cli(
-        &s.files,
-        &["rule", "add", &medium, "--pps", "1", "--window", "10s"],
-    ));
+    let out = s
+        .files
+        .cli_ok(&["rule", "add", &medium, "--pps", "1", "--window", "10s"]);
     assert!(
         out.contains(&format!("added the rule for {medium}; rule generation 2")),
         "{out}"
@@ -293,13 +296,13 @@ fn rule_add_limits_a_live_source_and_rule_rm_releases_it() {
     assert_eq!(list[1]["window"], "10s");
     assert_eq!(list[1]["action"], "limit");
     assert_eq!(rules["default"]["pps"], 2);
-    let text = ok(&cli(&s.files, &["rule", "ls"]));
+    let text = s.files.cli_ok(&["rule", "ls"]);
     assert!(
         text.contains("rules[1]") && text.contains("1 pps, window 10s"),
         "{text}"
     );
 
-    let out = ok(&cli(&s.files, &["rule", "rm", &medium]));
+    let out = s.files.cli_ok(&["rule", "rm", &medium]);
     assert!(out.contains("removed the rule for"), "{out}");
     let got = s.lab.exchange(&receiver, PORT, &[(MEDIUM, 10)], MARKER);
     assert_eq!(
@@ -312,29 +315,16 @@ fn rule_add_limits_a_live_source_and_rule_rm_releases_it() {
 #[test]
 fn rule_changes_with_save_survive_in_the_file_and_default_set_works() {
     let s = setup();
-    let out = ok(&cli(
-        &s.files,
-        &[
-            "rule",
-            "add",
-            "198.51.100.0/24",
-            "--proto",
-            "udp",
-            "--ports",
-            "53",
-            "--pps",
-            "10k",
-            "--bps",
-            "5Mbit",
-            "--burst",
-            "1k",
-            "--block",
-            "30s",
-            "--save",
-        ],
-    ));
+    // The rule's prefix and match: what `rule set` finds it by.
+    let dns = ["198.51.100.0/24", "--proto", "udp", "--ports", "53"];
+    let limits = [
+        "--pps", "10k", "--bps", "5Mbit", "--burst", "1k", "--block", "30s", "--save",
+    ];
+    let out = s
+        .files
+        .cli_ok(&[&["rule", "add"][..], &dns, &limits].concat());
     assert!(out.contains("saved to"), "{out}");
-    let saved = limiter_user::daemon::config::Config::load(&s.files.config()).expect("valid file");
+    let saved = limiter_user::config::Config::load(&s.files.config()).expect("valid file");
     let rule = saved.rules.rules.last().expect("saved rule");
     assert_eq!(rule.cidr.to_string(), "198.51.100.0/24");
     assert_eq!(rule.limits.pps, Some(10_000));
@@ -343,26 +333,14 @@ fn rule_changes_with_save_survive_in_the_file_and_default_set_works() {
     assert_eq!(rule.limits.block, Some(Duration::from_secs(30)));
     assert_eq!(rule.matches.ports, Some((53, 53)));
 
-    let out = ok(&cli(
-        &s.files,
-        &[
-            "rule",
-            "set",
-            "198.51.100.0/24",
-            "--proto",
-            "udp",
-            "--ports",
-            "53",
-            "--pps",
-            "20",
-        ],
-    ));
+    let out = s
+        .files
+        .cli_ok(&[&["rule", "set"][..], &dns, &["--pps", "20"]].concat());
     assert!(out.contains("replaced the rule"), "{out}");
     assert_eq!(json(&s.files, &["rule", "ls"])["rules"][1]["pps"], 20);
-    let out = ok(&cli(
-        &s.files,
-        &["default", "set", "--pps", "3", "--window", "10s"],
-    ));
+    let out = s
+        .files
+        .cli_ok(&["default", "set", "--pps", "3", "--window", "10s"]);
     assert!(out.contains("replaced the default rule"), "{out}");
     let rules = json(&s.files, &["rule", "ls"]);
     assert_eq!(rules["default"]["pps"], 3);
@@ -383,13 +361,7 @@ fn invalid_rule_changes_are_rejected_and_leave_rules_unchanged() {
         vec!["rule", "add", "10.0.0.0/8", "--proto", "tcpp", "--pps", "5"],
         vec!["rule", "add", "10.0.0.0/8", "--ports", "http", "--pps", "5"],
     ] {
-        let out = cli(&s.files, &args);
-        assert_eq!(
-            out.status.code(),
-            Some(2),
-            "{args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        failing(&s.files, &args, 2);
     }
     // Refused by the daemon's validation: exit 1 with the reason.
     for (args, expect) in [
@@ -436,9 +408,7 @@ fn invalid_rule_changes_are_rejected_and_leave_rules_unchanged() {
             "use `rule add`",
         ),
     ] {
-        let out = cli(&s.files, &args);
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        let stderr = failing(&s.files, &args, 1);
         assert!(stderr.contains(expect), "{args:?}: {stderr}");
     }
     assert_eq!(json(&s.files, &["rule", "ls"]), before, "rules unchanged");
@@ -451,17 +421,14 @@ fn invalid_rule_changes_are_rejected_and_leave_rules_unchanged() {
 
 #[test]
 fn completions_and_the_man_page_come_from_the_clap_definition() {
-    let out = Command::new(binary())
-        .args(["completions", "bash"])
-        .output()
-        .expect("run");
-    let script = ok(&out);
+    let out = run_ok(Command::new(binary()).args(["completions", "bash"]));
+    let script = String::from_utf8_lossy(&out.stdout);
     assert!(
         script.contains("xdp-limiter") && script.contains("rule"),
         "{script}"
     );
-    let out = Command::new(binary()).args(["man"]).output().expect("run");
-    let page = ok(&out);
+    let out = run_ok(Command::new(binary()).arg("man"));
+    let page = String::from_utf8_lossy(&out.stdout);
     assert!(
         page.contains(".TH xdp-limiter") && page.contains("status"),
         "{page}"
@@ -528,10 +495,9 @@ fn live_top_refreshes_sorts_on_keys_and_quits_on_q() {
 #[test]
 fn detach_stops_a_running_daemon_and_removes_protection() {
     let s = setup();
-    let out = ok(&cli(
-        &s.files,
-        &["detach", "--pin-dir", s.files.pin_dir.to_str().unwrap()],
-    ));
+    let out = s
+        .files
+        .cli_ok(&["detach", "--pin-dir", s.files.pin_dir.to_str().unwrap()]);
     assert!(
         out.contains(&format!("detached {RX_IF} and stopped the daemon")),
         "{out}"
@@ -565,22 +531,16 @@ fn rule_edits_match_however_rules_are_spelled_and_save_never_loses_a_file_edit()
         &["-i", RX_IF, "-c", config.to_str().unwrap()],
     );
     // A protocol written "UDP" or 17 in the file is `--proto udp` here.
-    ok(&cli(
-        &files,
-        &[
-            "rule",
-            "rm",
-            "198.51.100.0/24",
-            "--proto",
-            "udp",
-            "--ports",
-            "53",
-        ],
-    ));
-    ok(&cli(
-        &files,
-        &["rule", "rm", "203.0.113.0/24", "--proto", "udp"],
-    ));
+    files.cli_ok(&[
+        "rule",
+        "rm",
+        "198.51.100.0/24",
+        "--proto",
+        "udp",
+        "--ports",
+        "53",
+    ]);
+    files.cli_ok(&["rule", "rm", "203.0.113.0/24", "--proto", "udp"]);
     assert_eq!(
         json(&files, &["rule", "ls"])["rules"]
             .as_array()
@@ -589,13 +549,10 @@ fn rule_edits_match_however_rules_are_spelled_and_save_never_loses_a_file_edit()
         "only the marker's rule is left"
     );
     // Host bits are an error, not a second rule for the same prefix.
-    let out = cli(&files, &["rule", "add", "10.0.0.1/8", "--pps", "5"]);
-    assert_eq!(out.status.code(), Some(1));
+    let stderr = failing(&files, &["rule", "add", "10.0.0.1/8", "--pps", "5"], 1);
     assert!(
-        String::from_utf8_lossy(&out.stderr)
-            .contains("10.0.0.1/8 has host bits set (did you mean 10.0.0.0/8?)"),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+        stderr.contains("10.0.0.1/8 has host bits set (did you mean 10.0.0.0/8?)"),
+        "{stderr}"
     );
     // An edit of the file not yet reloaded is not overwritten by --save.
     let edited = format!(
@@ -603,12 +560,11 @@ fn rule_edits_match_however_rules_are_spelled_and_save_never_loses_a_file_edit()
         std::fs::read_to_string(&config).expect("read")
     );
     std::fs::write(&config, &edited).expect("edit the file");
-    let out = cli(
+    let stderr = failing(
         &files,
         &["rule", "add", "10.1.0.0/16", "--pps", "5", "--save"],
+        1,
     );
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("changed on disk"), "{stderr}");
     assert_eq!(
         std::fs::read_to_string(&config).expect("read"),
@@ -616,19 +572,12 @@ fn rule_edits_match_however_rules_are_spelled_and_save_never_loses_a_file_edit()
         "the hand edit is kept"
     );
     assert!(
-        json(&files, &["rule", "ls"])["rules"]
-            .as_array()
-            .expect("rules")
-            .iter()
-            .any(|r| r["cidr"] == "10.1.0.0/16"),
+        rule_live(&files, "10.1.0.0/16"),
         "the change itself is live"
     );
     // Once reloaded, saving works again (and keeps the hand edit).
-    ok(&cli(&files, &["reload"]));
-    ok(&cli(
-        &files,
-        &["rule", "add", "10.2.0.0/16", "--pps", "5", "--save"],
-    ));
+    files.cli_ok(&["reload"]);
+    files.cli_ok(&["rule", "add", "10.2.0.0/16", "--pps", "5", "--save"]);
     let saved = std::fs::read_to_string(&config).expect("read");
     assert!(
         saved.contains("192.0.2.128/25") && saved.contains("10.2.0.0/16"),
@@ -642,7 +591,7 @@ struct SmallFs(std::path::PathBuf);
 impl SmallFs {
     fn mount(at: std::path::PathBuf, size: &str) -> Self {
         std::fs::create_dir_all(&at).expect("mount point");
-        limiter_tests::netns::run_ok(
+        run_ok(
             Command::new("mount")
                 .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
                 .arg(&at),
@@ -651,7 +600,7 @@ impl SmallFs {
     }
 
     fn remount(&self, options: &str) {
-        limiter_tests::netns::run_ok(
+        run_ok(
             Command::new("mount")
                 .args(["-o", &format!("remount,{options}")])
                 .arg(&self.0),
@@ -678,25 +627,18 @@ fn save_to_a_full_or_read_only_directory_fails_clearly_and_keeps_the_file() {
         &["-i", RX_IF, "-c", config.to_str().unwrap()],
     );
     let original = std::fs::read_to_string(&config).expect("read");
-    let live = |cidr: &str| {
-        json(&files, &["rule", "ls"])["rules"]
-            .as_array()
-            .expect("rules")
-            .iter()
-            .any(|r| r["cidr"] == cidr)
-    };
+    let live = |cidr: &str| rule_live(&files, cidr);
 
     // A full disk: the new file cannot be written.
     let filler = fs.0.join("filler");
     let mut junk = std::fs::File::create(&filler).expect("filler");
     while std::io::Write::write_all(&mut junk, &[0u8; 4096]).is_ok() {}
     drop(junk);
-    let out = cli(
+    let stderr = failing(
         &files,
         &["rule", "add", "10.1.0.0/16", "--pps", "5", "--save"],
+        1,
     );
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(
         stderr.contains("(live), but saving") && stderr.contains("No space left"),
         "{stderr}"
@@ -715,22 +657,18 @@ fn save_to_a_full_or_read_only_directory_fails_clearly_and_keeps_the_file() {
 
     // A read-only directory (as ProtectSystem=full makes /etc).
     fs.remount("ro");
-    let out = cli(
+    let stderr = failing(
         &files,
         &["rule", "add", "10.2.0.0/16", "--pps", "5", "--save"],
+        1,
     );
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("Read-only file system"), "{stderr}");
     assert!(live("10.2.0.0/16"));
     assert_eq!(std::fs::read_to_string(&config).expect("read"), original);
 
     // Writable again: saved, with both earlier live changes.
     fs.remount("rw");
-    ok(&cli(
-        &files,
-        &["rule", "add", "10.3.0.0/16", "--pps", "5", "--save"],
-    ));
+    files.cli_ok(&["rule", "add", "10.3.0.0/16", "--pps", "5", "--save"]);
     let saved = std::fs::read_to_string(&config).expect("read");
     for cidr in ["10.1.0.0/16", "10.2.0.0/16", "10.3.0.0/16"] {
         assert!(saved.contains(cidr), "{cidr} in:\n{saved}");
@@ -773,7 +711,7 @@ fn unblock_lifts_a_penalty_and_top_shows_it() {
         std::thread::sleep(Duration::from_millis(50));
     }
 
-    let out = ok(&cli(&files, &["unblock", "192.0.2.0/24"]));
+    let out = files.cli_ok(&["unblock", "192.0.2.0/24"]);
     assert!(out.contains("unblocked 1 source in 192.0.2.0/24"), "{out}");
     assert_ne!(
         top_row(&files, &HEAVY.to_string()).expect("still in top")["state"],
@@ -786,8 +724,7 @@ fn unblock_lifts_a_penalty_and_top_shows_it() {
     let got = lab.exchange(&receiver, PORT, &[(HEAVY, 1)], MARKER);
     assert_eq!(got.get(&HEAVY), Some(&1), "admitted again: {got:?}");
 
-    let out = ok(&cli(&files, &["unblock", "203.0.113.0/24"]));
+    let out = files.cli_ok(&["unblock", "203.0.113.0/24"]);
     assert!(out.contains("unblocked 0 sources"), "{out}");
-    let out = cli(&files, &["unblock", "not-a-cidr"]);
-    assert_eq!(out.status.code(), Some(2));
+    failing(&files, &["unblock", "not-a-cidr"], 2);
 }

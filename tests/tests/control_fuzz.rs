@@ -19,23 +19,22 @@ use std::{
     net::{Ipv4Addr, Ipv6Addr},
     os::unix::net::UnixStream,
     path::Path,
-    process::Command,
+    sync::LazyLock,
     time::{Duration, Instant},
 };
 
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
+use limiter_common::Action;
 use limiter_tests::{
-    daemon::{binary, Daemon, Files},
+    daemon::{Daemon, Files},
     lab::{limit_config, Lab, RX_IF},
 };
 use limiter_user::{
-    daemon::{
-        apply_rule_edit,
-        config::{ActionName, Config, FileConfig, PortsSpec, ProtocolSpec, RuleSection},
-    },
+    config::{Config, FileConfig, PortsSpec, ProtocolSpec, RuleSection},
+    daemon::apply_rule_edit,
     proto::{
         parse_request, Reply, Request, RequestLine, Response, ResponseLine, RuleEdit,
-        MAX_REQUEST_BYTES, PROTOCOL_VERSION,
+        MAX_REQUEST_BYTES, PROTOCOL_VERSION, REQUEST_KEYS,
     },
 };
 use serde_json::Value;
@@ -145,7 +144,7 @@ struct State {
     dry_run: bool,
     rules: usize,
     /// Name, attach mode and program id of each interface.
-    interfaces: Vec<(String, String, u32)>,
+    interfaces: Vec<(String, limiter_user::kernel::Attachment, u32)>,
     /// The `rule-list` reply.
     rule_list: Reply,
 }
@@ -168,7 +167,7 @@ impl State {
             interfaces: status
                 .interfaces
                 .iter()
-                .map(|i| (i.name.clone(), i.mode.clone(), i.program_id))
+                .map(|i| (i.name.clone(), i.mode, i.program_id))
                 .collect(),
             rule_list,
         }
@@ -270,29 +269,10 @@ const PREFIXES: &[&str] = &[
     "::/0",
 ];
 
-const KEYS: &[&str] = &[
-    "version",
-    "command",
-    "limit",
-    "dry_run",
-    "save",
-    "edit",
-    "op",
-    "rule",
-    "cidr",
-    "action",
-    "protocol",
-    "ports",
-    "tcp_syn",
-    "pps",
-    "bytes_per_second",
-    "burst_packets",
-    "burst_bytes",
-    "window",
-    "block",
-    "Version",
-    "",
-];
+/// Keys of the protocol (`cidr` and `dry_run` twice: a request's and a
+/// rule's) and two near misses.
+static KEYS: LazyLock<Vec<&str>> =
+    LazyLock::new(|| [REQUEST_KEYS, RuleSection::KEYS, &["Version", ""]].concat());
 
 /// JSON values of every type and at the edges of every range.
 const VALUES: &[&str] = &[
@@ -443,10 +423,7 @@ impl Lines {
         for _ in 0..self.rng.usize(0..4) {
             match self.rng.u8(0..11) {
                 0 => rule.cidr = (self.rng.u8(0..5) > 0).then(|| self.cidr()),
-                1 => {
-                    rule.action =
-                        self.pick(&[ActionName::Limit, ActionName::Allow, ActionName::Deny])
-                }
+                1 => rule.action = self.pick(&[Action::Limit, Action::Allow, Action::Deny]),
                 2 => {
                     rule.protocol = match self.rng.u8(0..3) {
                         0 => None,
@@ -537,7 +514,7 @@ impl Lines {
         }
         let pointer = pointers[self.rng.usize(..pointers.len())].clone();
         let replacement = self.value();
-        let key = self.pick(KEYS).to_string();
+        let key = self.pick(&KEYS).to_string();
         let op = self.rng.u8(0..5);
         let which = self.rng.usize(..);
         let Some(map) = value.pointer_mut(&pointer).and_then(Value::as_object_mut) else {
@@ -793,17 +770,8 @@ fn the_control_socket_answers_every_line_clearly_and_changes_nothing() {
         text_before,
         "the file changed"
     );
-    let out = Command::new(binary())
-        .args(["status", "--output", "json", "--socket"])
-        .arg(&socket)
-        .output()
-        .expect("run the CLI");
-    assert!(
-        out.status.success(),
-        "status: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let status: Value = serde_json::from_slice(&out.stdout).expect("JSON status");
+    let status: Value =
+        serde_json::from_str(&files.cli_ok(&["status", "--output", "json"])).expect("JSON status");
     assert_eq!(status["generation"], before.generation);
     assert_eq!(status["dry_run"], false);
 

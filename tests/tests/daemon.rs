@@ -3,12 +3,13 @@
 //! adoption and in-place replacement, live reload, and clear errors.
 
 use std::{
+    net::UdpSocket,
     process::Command,
     sync::atomic::{AtomicBool, Ordering},
     time::Duration,
 };
 
-use aya::programs::{Xdp, XdpMode};
+use aya::programs::XdpMode;
 use limiter_tests::{
     daemon::{binary, process_state, Daemon, Files},
     lab::{limit_config, Lab, HEAVY, MARKER, MEDIUM, RX_IF},
@@ -28,16 +29,69 @@ fn start(lab: &Lab, files: &Files, extra: &[&str]) -> Daemon {
     Daemon::start(&lab.rx, files, &args)
 }
 
-#[test]
-fn the_daemon_enforces_limits_and_metrics_match_what_the_receiver_saw() {
+/// The lab most tests use: its three senders, a daemon configuration
+/// allowing every source 20 frames per window (`limit_config(2)`), and a
+/// receiver on `PORT`.
+fn limited_lab() -> (Lab, Files, UdpSocket) {
     let lab = Lab::three_senders();
     let files = Files::new();
     files.write_config(&limit_config(2));
+    let receiver = lab.receiver(PORT);
+    (lab, files, receiver)
+}
+
+/// How many of `sent` frames from `HEAVY` got through (after a marker).
+fn heavy_through(lab: &Lab, receiver: &UdpSocket, sent: usize) -> usize {
+    let got = lab.exchange(receiver, PORT, &[(HEAVY, sent)], MARKER);
+    got.get(&HEAVY).copied().unwrap_or(0)
+}
+
+/// Starts a daemon with `--keep-attached`, sees it let 20 of 25 frames
+/// from `HEAVY` through and stops it, leaving its protection attached and
+/// pinned: the program it left attached.
+fn start_and_keep_attached(lab: &Lab, files: &Files, receiver: &UdpSocket) -> u32 {
+    let daemon = start(lab, files, &["--keep-attached"]);
+    assert_eq!(heavy_through(lab, receiver, 25), 20);
+    assert!(daemon.stop().success());
+    lab.attached_program().expect("kept attached")
+}
+
+/// Starts a daemon that stops itself at start-up `step`, and SIGKILLs it
+/// there.
+fn kill_at(lab: &Lab, files: &Files, step: &str) {
+    let config = files.config();
+    let args = ["-i", RX_IF, "-c", config.to_str().expect("utf-8")];
+    Daemon::start_stopped_at(&lab.rx, files, &args, step).kill();
+}
+
+/// Stops `daemon` (SIGTERM): a clean exit, the program detached and the
+/// pins removed.
+#[track_caller]
+fn stop_cleanly(lab: &Lab, files: &Files, daemon: Daemon) {
+    let status = daemon.stop();
+    assert!(status.success(), "clean shutdown: {status}");
+    assert_eq!(lab.attached_program(), None, "detached on shutdown");
+    assert!(!files.pin_dir.join(RX_IF).exists(), "pins removed");
+}
+
+/// Starts a daemon, sees it let 20 of `sent` frames from `HEAVY` through
+/// and SIGKILLs it, leaving its protection pinned: the program it left
+/// attached.
+fn start_and_sigkill(lab: &Lab, files: &Files, receiver: &UdpSocket, sent: usize) -> u32 {
+    let daemon = start(lab, files, &[]);
+    assert_eq!(heavy_through(lab, receiver, sent), 20);
+    let program = lab.attached_program().expect("attached");
+    daemon.kill();
+    program
+}
+
+#[test]
+fn the_daemon_enforces_limits_and_metrics_match_what_the_receiver_saw() {
+    let (lab, files, receiver) = limited_lab();
     let daemon = start(&lab, &files, &[]);
     assert!(daemon.log().contains("mode=\"native\""), "{}", daemon.log());
     assert!(lab.attached_program().is_some());
 
-    let receiver = lab.receiver(PORT);
     let got = lab.exchange(&receiver, PORT, &[(HEAVY, 100), (MEDIUM, 15)], MARKER);
     assert_eq!(
         got.get(&HEAVY),
@@ -91,29 +145,18 @@ fn the_daemon_enforces_limits_and_metrics_match_what_the_receiver_saw() {
         Some(80.0 * 106.0)
     );
 
-    let status = daemon.stop();
-    assert!(status.success(), "clean shutdown: {status}");
-    assert_eq!(lab.attached_program(), None, "detached on shutdown");
-    assert!(!files.pin_dir.join(RX_IF).exists(), "pins removed");
+    stop_cleanly(&lab, &files, daemon);
 }
 
 #[test]
 fn after_sigkill_protection_continues_and_a_new_daemon_adopts_pins_and_counters() {
-    let lab = Lab::three_senders();
-    let files = Files::new();
-    files.write_config(&limit_config(2));
-    let receiver = lab.receiver(PORT);
-    let first = start(&lab, &files, &[]);
-    let got = lab.exchange(&receiver, PORT, &[(HEAVY, 30)], MARKER);
-    assert_eq!(got.get(&HEAVY), Some(&20));
-    let program = lab.attached_program().expect("attached");
-    first.kill();
+    let (lab, files, receiver) = limited_lab();
+    let program = start_and_sigkill(&lab, &files, &receiver, 30);
 
-    let got = lab.exchange(&receiver, PORT, &[(HEAVY, 10)], MARKER);
     assert_eq!(
-        got.get(&HEAVY),
-        None,
-        "still enforced with no daemon: {got:?}"
+        heavy_through(&lab, &receiver, 10),
+        0,
+        "still enforced with no daemon"
     );
     assert_eq!(
         lab.attached_program(),
@@ -128,8 +171,7 @@ fn after_sigkill_protection_continues_and_a_new_daemon_adopts_pins_and_counters(
         replaced, program,
         "the new daemon's program replaced the old one"
     );
-    let got = lab.exchange(&receiver, PORT, &[(HEAVY, 5)], MARKER);
-    assert_eq!(got.get(&HEAVY), None, "the window survived: {got:?}");
+    assert_eq!(heavy_through(&lab, &receiver, 5), 0, "the window survived");
     // 10 + 10 + 5 drops: the counters continued across daemons.
     second.wait_metric(&series("xdp_limiter_packets_total", "dropped_limit"), |v| {
         v == 25.0
@@ -138,13 +180,9 @@ fn after_sigkill_protection_continues_and_a_new_daemon_adopts_pins_and_counters(
 
 #[test]
 fn an_upgrade_in_place_lets_no_over_limit_frame_through() {
-    let lab = Lab::three_senders();
-    let files = Files::new();
-    files.write_config(&limit_config(2));
-    let receiver = lab.receiver(PORT);
+    let (lab, files, receiver) = limited_lab();
     let old = start(&lab, &files, &["--keep-attached"]);
-    let got = lab.exchange(&receiver, PORT, &[(HEAVY, 25)], MARKER);
-    assert_eq!(got.get(&HEAVY), Some(&20));
+    assert_eq!(heavy_through(&lab, &receiver, 25), 20);
     let old_program = lab.attached_program().expect("attached");
 
     // Flood from the over-limit source while the old daemon stops (keeping
@@ -189,21 +227,16 @@ fn an_upgrade_in_place_lets_no_over_limit_frame_through() {
 
 #[test]
 fn sighup_changes_limits_live_and_a_broken_file_keeps_the_running_ones() {
-    let lab = Lab::three_senders();
-    let files = Files::new();
-    files.write_config(&limit_config(2));
-    let receiver = lab.receiver(PORT);
+    let (lab, files, receiver) = limited_lab();
     let daemon = start(&lab, &files, &[]);
-    let got = lab.exchange(&receiver, PORT, &[(HEAVY, 30)], MARKER);
-    assert_eq!(got.get(&HEAVY), Some(&20));
+    assert_eq!(heavy_through(&lab, &receiver, 30), 20);
 
     files.write_config(&limit_config(5)); // allowance 50
     daemon.signal(Signal::SIGHUP);
     daemon.wait_log("configuration reloaded");
-    let got = lab.exchange(&receiver, PORT, &[(HEAVY, 40)], MARKER);
     assert_eq!(
-        got.get(&HEAVY),
-        Some(&30),
+        heavy_through(&lab, &receiver, 40),
+        30,
         "50 in the window now, 20 already used"
     );
 
@@ -219,11 +252,10 @@ fn sighup_changes_limits_live_and_a_broken_file_keeps_the_running_ones() {
         rejection.contains("pps") && rejection.contains("lots"),
         "names field and value: {rejection}"
     );
-    let got = lab.exchange(&receiver, PORT, &[(HEAVY, 10)], MARKER);
     assert_eq!(
-        got.get(&HEAVY),
-        None,
-        "the running limit (50) stays in force: {got:?}"
+        heavy_through(&lab, &receiver, 10),
+        0,
+        "the running limit (50) stays in force"
     );
 }
 
@@ -297,15 +329,8 @@ fn bad_interfaces_files_and_arguments_get_one_clear_error() {
 fn an_interface_with_someone_elses_program_is_left_alone() {
     let lab = Lab::three_senders();
     let files = Files::new();
-    let mut other = aya::EbpfLoader::new()
-        .load(limiter_user::object::BASELINE_OBJECT)
-        .expect("load another program");
-    let program: &mut Xdp = other
-        .program_mut("xdp_baseline")
-        .expect("program")
-        .try_into()
-        .expect("XDP");
-    program.load().expect("verify");
+    let mut other = limiter_bench_objects::load_baseline();
+    let program = limiter_bench_objects::baseline_program(&mut other);
     lab.rx.enter(|| {
         program
             .attach(RX_IF, XdpMode::Driver)
@@ -380,29 +405,25 @@ fn a_missing_bpffs_is_mounted() {
 
 #[test]
 fn a_pinned_map_of_another_layout_is_recreated_and_detach_removes_everything() {
-    let lab = Lab::three_senders();
-    let files = Files::new();
-    files.write_config(&limit_config(2));
+    let (lab, files, receiver) = limited_lab();
     // A map pinned where SOURCES goes, with another value size (as an
     // older version with another layout would have left it).
-    let maps_dir = limiter_user::daemon::load::maps_dir(&files.pin_dir.join(RX_IF));
+    let maps_dir = limiter_user::kernel::pins::maps_dir(&files.pin_dir.join(RX_IF));
     std::fs::create_dir_all(&maps_dir).expect("bpffs dir");
     let mut other = aya::EbpfLoader::new()
-        .load(limiter_user::object::BASELINE_OBJECT)
+        .load(limiter_bench_objects::BASELINE_OBJECT)
         .expect("load a map of another layout");
     let foreign = other.take_map("BASELINE_SOURCES").expect("map");
     match foreign {
         aya::maps::Map::PerCpuLruHashMap(data) => data.pin(maps_dir.join("SOURCES")).expect("pin"),
         other => panic!("unexpected map type {other:?}"),
     }
-    let receiver = lab.receiver(PORT);
     let daemon = start(&lab, &files, &["--keep-attached"]);
     daemon.wait_log("pinned map has another layout or size; starting it afresh");
-    let got = lab.exchange(&receiver, PORT, &[(HEAVY, 25)], MARKER);
     assert_eq!(
-        got.get(&HEAVY),
-        Some(&20),
-        "enforcing with the recreated map: {got:?}"
+        heavy_through(&lab, &receiver, 25),
+        20,
+        "enforcing with the recreated map"
     );
     assert!(daemon.stop().success());
     assert!(
@@ -410,61 +431,38 @@ fn a_pinned_map_of_another_layout_is_recreated_and_detach_removes_everything() {
         "--keep-attached left it attached"
     );
 
-    let out = Command::new(binary())
-        .args(["detach", "--iface", RX_IF, "--pin-dir"])
-        .arg(&files.pin_dir)
-        .arg("--socket")
-        .arg(files.socket())
-        .output()
-        .expect("run detach");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout).trim(),
-        format!("{RX_IF}: detached")
-    );
+    let pin_dir = files.pin_dir.to_str().expect("utf-8");
+    let out = files.cli_ok(&["detach", "--iface", RX_IF, "--pin-dir", pin_dir]);
+    assert_eq!(out.trim(), format!("{RX_IF}: detached"));
     assert_eq!(lab.attached_program(), None, "detach removed the program");
     assert!(!files.pin_dir.join(RX_IF).exists(), "and the pins");
 }
 
 #[test]
 fn pinned_maps_of_another_layout_version_are_not_adopted() {
-    let lab = Lab::three_senders();
-    let files = Files::new();
-    files.write_config(&limit_config(2));
-    let receiver = lab.receiver(PORT);
-    let first = start(&lab, &files, &["--keep-attached"]);
-    let got = lab.exchange(&receiver, PORT, &[(HEAVY, 25)], MARKER);
-    assert_eq!(got.get(&HEAVY), Some(&20));
-    assert!(first.stop().success());
+    let (lab, files, receiver) = limited_lab();
+    start_and_keep_attached(&lab, &files, &receiver);
     // Pretend an older version left them: same sizes, other layout version.
     let iface_dir = files.pin_dir.join(RX_IF);
-    let current = limiter_user::daemon::load::maps_dir(&iface_dir);
+    let current = limiter_user::kernel::pins::maps_dir(&iface_dir);
     let older = iface_dir.join("maps-v0");
     std::fs::rename(&current, &older).expect("rename the pinned maps' directory");
 
     let second = start(&lab, &files, &[]);
     second.wait_log("pinned maps of another layout version; starting afresh");
     assert!(!older.exists(), "the old maps are gone");
-    let got = lab.exchange(&receiver, PORT, &[(HEAVY, 25)], MARKER);
-    assert_eq!(got.get(&HEAVY), Some(&20), "fresh windows: {got:?}");
+    assert_eq!(heavy_through(&lab, &receiver, 25), 20, "fresh windows");
 }
 
 /// Whether `iface`'s pins (its link and maps) are in place.
 fn pinned(files: &Files) -> bool {
     let dir = files.pin_dir.join(RX_IF);
-    dir.join("link").exists() && limiter_user::daemon::load::maps_dir(&dir).exists()
+    dir.join("link").exists() && limiter_user::kernel::pins::maps_dir(&dir).exists()
 }
 
 #[test]
 fn a_second_daemon_is_refused_before_it_touches_anything() {
-    let lab = Lab::three_senders();
-    let files = Files::new();
-    files.write_config(&limit_config(2));
-    let receiver = lab.receiver(PORT);
+    let (lab, files, receiver) = limited_lab();
     let first = start(&lab, &files, &[]);
     let program = lab.attached_program().expect("attached");
     let mut heavy_passed = 0;
@@ -473,37 +471,25 @@ fn a_second_daemon_is_refused_before_it_touches_anything() {
     let elsewhere = files.dir.join("second.sock");
     let elsewhere = elsewhere.to_str().expect("utf-8");
     let other_pins = format!("{}-other", files.pin_dir.display());
+    let same_everything = vec!["-i", RX_IF, "-c", config];
+    // Its own socket and metrics port: only the pins are shared.
+    let same_pins = [
+        &same_everything[..],
+        &[
+            "--control-socket",
+            elsewhere,
+            "--metrics-addr",
+            "127.0.0.1:9471",
+        ],
+    ]
+    .concat();
+    // Its own pins too: only the interface is shared.
+    let same_interface = [&same_pins[..], &["--pin-dir", &other_pins]].concat();
     for (what, args) in [
         // Exactly the reproduction: same pins, interface, socket and port.
-        ("the same everything", vec!["-i", RX_IF, "-c", config]),
-        (
-            "the same pin directory",
-            vec![
-                "-i",
-                RX_IF,
-                "-c",
-                config,
-                "--control-socket",
-                elsewhere,
-                "--metrics-addr",
-                "127.0.0.1:9471",
-            ],
-        ),
-        (
-            "the same interface",
-            vec![
-                "-i",
-                RX_IF,
-                "-c",
-                config,
-                "--control-socket",
-                elsewhere,
-                "--metrics-addr",
-                "127.0.0.1:9471",
-                "--pin-dir",
-                &other_pins,
-            ],
-        ),
+        ("the same everything", same_everything),
+        ("the same pin directory", same_pins),
+        ("the same interface", same_interface),
     ] {
         let (status, log) = Daemon::start_failing(&lab.rx, &files, &args);
         assert_eq!(status.code(), Some(1), "{what}: {log}");
@@ -522,8 +508,7 @@ fn a_second_daemon_is_refused_before_it_touches_anything() {
             "{what}: the first daemon's program stays attached"
         );
         assert!(pinned(&files), "{what}: its pins stay");
-        let got = lab.exchange(&receiver, PORT, &[(HEAVY, 25)], MARKER);
-        heavy_passed += got.get(&HEAVY).copied().unwrap_or(0);
+        heavy_passed += heavy_through(&lab, &receiver, 25);
         assert_eq!(
             heavy_passed, 20,
             "{what}: still enforcing the 20 per window"
@@ -539,15 +524,8 @@ fn a_second_daemon_is_refused_before_it_touches_anything() {
 
 #[test]
 fn a_start_that_fails_after_a_sigkill_leaves_the_pinned_protection_alone() {
-    let lab = Lab::three_senders();
-    let files = Files::new();
-    files.write_config(&limit_config(2));
-    let receiver = lab.receiver(PORT);
-    let first = start(&lab, &files, &[]);
-    let got = lab.exchange(&receiver, PORT, &[(HEAVY, 25)], MARKER);
-    assert_eq!(got.get(&HEAVY), Some(&20));
-    let program = lab.attached_program().expect("attached");
-    first.kill();
+    let (lab, files, receiver) = limited_lab();
+    let program = start_and_sigkill(&lab, &files, &receiver, 25);
 
     // Someone else holds the metrics port: the start fails, and must not
     // take the protection the killed daemon left pinned with it.
@@ -567,8 +545,7 @@ fn a_start_that_fails_after_a_sigkill_leaves_the_pinned_protection_alone() {
     );
     assert_eq!(lab.attached_program(), Some(program), "still attached");
     assert!(pinned(&files), "still pinned");
-    let got = lab.exchange(&receiver, PORT, &[(HEAVY, 5)], MARKER);
-    assert_eq!(got.get(&HEAVY), None, "still enforcing: {got:?}");
+    assert_eq!(heavy_through(&lab, &receiver, 5), 0, "still enforcing");
 
     drop(squatter);
     let second = start(&lab, &files, &[]);
@@ -669,12 +646,6 @@ fn two_daemons_starting_at_once_mount_bpffs_once() {
     );
 }
 
-/// How many of `sent` frames from `HEAVY` got through (after a marker).
-fn heavy_through(lab: &Lab, receiver: &std::net::UdpSocket, sent: usize) -> usize {
-    let got = lab.exchange(receiver, PORT, &[(HEAVY, sent)], MARKER);
-    got.get(&HEAVY).copied().unwrap_or(0)
-}
-
 /// SIGKILL at each start-up step: the interface is never left attached
 /// with nothing enforced, a program that protected it before stays, and
 /// the next start works.
@@ -682,13 +653,8 @@ fn heavy_through(lab: &Lab, receiver: &std::net::UdpSocket, sent: usize) -> usiz
 fn a_start_killed_at_any_step_leaves_protection_whole_and_the_next_start_works() {
     for step in ["loaded", "push", "attach"] {
         // Nothing pinned before.
-        let lab = Lab::three_senders();
-        let files = Files::new();
-        files.write_config(&limit_config(2));
-        let receiver = lab.receiver(PORT);
-        let config = files.config();
-        let args = ["-i", RX_IF, "-c", config.to_str().expect("utf-8")];
-        Daemon::start_stopped_at(&lab.rx, &files, &args, step).kill();
+        let (lab, files, receiver) = limited_lab();
+        kill_at(&lab, &files, step);
         if lab.attached_program().is_some() {
             assert!(
                 heavy_through(&lab, &receiver, 25) <= 20,
@@ -703,17 +669,9 @@ fn a_start_killed_at_any_step_leaves_protection_whole_and_the_next_start_works()
         drop(fresh);
 
         // A daemon left its protection pinned; a new start dies midway.
-        let lab = Lab::three_senders();
-        let files = Files::new();
-        files.write_config(&limit_config(2));
-        let receiver = lab.receiver(PORT);
-        let old = start(&lab, &files, &["--keep-attached"]);
-        assert_eq!(heavy_through(&lab, &receiver, 25), 20);
-        assert!(old.stop().success());
-        let program = lab.attached_program().expect("kept attached");
-        let config = files.config();
-        let args = ["-i", RX_IF, "-c", config.to_str().expect("utf-8")];
-        Daemon::start_stopped_at(&lab.rx, &files, &args, step).kill();
+        let (lab, files, receiver) = limited_lab();
+        let program = start_and_keep_attached(&lab, &files, &receiver);
+        kill_at(&lab, &files, step);
         assert_eq!(
             lab.attached_program(),
             Some(program),
@@ -738,10 +696,7 @@ fn a_start_killed_at_any_step_leaves_protection_whole_and_the_next_start_works()
 
 #[test]
 fn a_running_daemon_re_attaches_to_a_re_created_interface() {
-    let lab = Lab::three_senders();
-    let files = Files::new();
-    files.write_config(&limit_config(2));
-    let receiver = lab.receiver(PORT);
+    let (lab, files, receiver) = limited_lab();
     let daemon = start(&lab, &files, &[]);
     assert_eq!(heavy_through(&lab, &receiver, 25), 20);
     lab.recreate_link();
@@ -759,19 +714,13 @@ fn a_running_daemon_re_attaches_to_a_re_created_interface() {
         0,
         "enforcing again, with the window it had"
     );
-    assert!(daemon.stop().success());
-    assert_eq!(lab.attached_program(), None, "detached on shutdown");
+    stop_cleanly(&lab, &files, daemon);
 }
 
 #[test]
 fn a_daemon_adopting_the_pins_of_a_re_created_interface_attaches_afresh() {
-    let lab = Lab::three_senders();
-    let files = Files::new();
-    files.write_config(&limit_config(2));
-    let receiver = lab.receiver(PORT);
-    let old = start(&lab, &files, &["--keep-attached"]);
-    assert_eq!(heavy_through(&lab, &receiver, 25), 20);
-    assert!(old.stop().success());
+    let (lab, files, receiver) = limited_lab();
+    start_and_keep_attached(&lab, &files, &receiver);
     lab.recreate_link();
     assert_eq!(
         lab.attached_program(),
@@ -822,23 +771,12 @@ fn two_thousand_idle_metrics_connections_starve_nothing() {
     });
     assert!(idle.len() >= 1000, "{} connections held", idle.len());
 
-    let cli = |args: &[&str]| files.cli(args);
-    let status = cli(&["status"]);
-    assert!(
-        status.status.success(),
-        "status: {}",
-        String::from_utf8_lossy(&status.stderr)
-    );
+    files.cli_ok(&["status"]);
     assert!(
         daemon.metrics().contains("xdp_limiter_packets_total"),
         "a scrape is served"
     );
-    let reload = cli(&["reload"]);
-    assert!(
-        reload.status.success(),
-        "reload: {}",
-        String::from_utf8_lossy(&reload.stderr)
-    );
+    files.cli_ok(&["reload"]);
 
     // Idle connections cost nothing: under 5% of a CPU over two seconds.
     let (cpu_before, since) = (daemon.cpu_time(), std::time::Instant::now());
@@ -914,4 +852,29 @@ fn a_byte_limit_below_the_interface_mtu_is_refused_at_start() {
         error.contains("default.bytes_per_second") && error.contains("MTU of lo"),
         "{error}"
     );
+}
+
+/// Detaching takes the program off the interface before it returns, even
+/// while something else holds a reference to its link (bpftool, a
+/// concurrent `xdp-limiter detach` reading the pin, the kernel's own
+/// deferred free of an unlinked bpffs pin): the link is detached, not only
+/// unpinned. Unpinning alone left the program attached as long as any
+/// reference lived, so `detach`'s answer could come while the interface
+/// was still filtered (seen on a loaded machine).
+#[test]
+fn a_detach_takes_the_program_off_whoever_holds_its_link() {
+    use aya::programs::links::{FdLink, PinnedLink};
+    use limiter_user::{config::AttachMode, kernel::attach};
+    let lab = Lab::three_senders();
+    let files = Files::new();
+    let held = lab.rx.enter(|| {
+        let mut instance = attach::load(RX_IF, &files.pin_dir, 1024).expect("load");
+        instance.attach(AttachMode::Native).expect("attach");
+        let pin = files.pin_dir.join(RX_IF).join("link");
+        let held = FdLink::from(PinnedLink::from_pin(&pin).expect("the pinned link"));
+        instance.detach().expect("detach");
+        held
+    });
+    assert_eq!(lab.attached_program(), None, "still attached after detach");
+    drop(held);
 }

@@ -5,14 +5,12 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 
 use limiter_common::{Counter, Outcome, SourceKey};
 use limiter_tests::{
-    packets::{self, ip_offset, tagged, TPID_8021AD, TPID_8021Q},
+    packets::{self, ip_offset, tagged, DST4, DST6, TPID_8021AD, TPID_8021Q},
     testrun::{frames, online_cpus, Harness, XDP_PASS},
 };
 
 const SRC4: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 10);
-const DST4: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 1);
 const SRC6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 1, 2, 3, 4, 5, 6);
-const DST6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0xffff, 0, 0, 0, 0, 1);
 
 /// Runs `frame` `n` times on CPU 0, asserting every verdict is PASS.
 fn pass_n(harness: &mut Harness, frame: &[u8], n: u64) {
@@ -28,7 +26,7 @@ fn assert_only_source(harness: &Harness, key: SourceKey, want: Counter) {
     let sources = harness.sources();
     assert_eq!(sources.len(), 1, "tracked sources: {:?}", sources.keys());
     let per_cpu = sources.get(&key).expect("the frame's source is tracked");
-    assert_eq!(limiter_user::counters::total(per_cpu), want);
+    assert_eq!(limiter_user::kernel::read::total(per_cpu), want);
 }
 
 /// A counted IP frame: per-source counter, `passed`, and one `new_source`.
@@ -177,7 +175,11 @@ fn frames_cut_in_the_ip_header_are_malformed_and_after_it_are_counted() {
         let sources = harness.sources();
         assert_eq!(sources.len(), 1, "{name}: one source");
         let per_cpu = sources.values().next().expect("one");
-        assert_eq!(limiter_user::counters::total(per_cpu), counted, "{name}");
+        assert_eq!(
+            limiter_user::kernel::read::total(per_cpu),
+            counted,
+            "{name}"
+        );
         let first = (header_end..full.len()).next().map_or(0, |c| c as u64);
         harness.assert_outcomes(&[
             (Outcome::Malformed, malformed),
@@ -301,7 +303,7 @@ fn distinct_sources_get_distinct_counters() {
     pass_n(&mut harness, &c, 1);
     let sources = harness.sources();
     assert_eq!(sources.len(), 3);
-    let total = |key: SourceKey| limiter_user::counters::total(&sources[&key]);
+    let total = |key: SourceKey| limiter_user::kernel::read::total(&sources[&key]);
     assert_eq!(total(SourceKey::v4([192, 0, 2, 1])), frames(3, a.len()));
     assert_eq!(total(SourceKey::v4([192, 0, 2, 2])), frames(2, b.len()));
     assert_eq!(total(SourceKey::v6(SRC6.octets())), frames(1, c.len()));
@@ -336,7 +338,7 @@ fn per_cpu_slots_hold_each_cpus_packets_and_sum_exactly() {
         "other CPUs untouched: {per_cpu:?}"
     );
     assert_eq!(
-        limiter_user::counters::total(&per_cpu),
+        limiter_user::kernel::read::total(&per_cpu),
         frames(15, frame.len())
     );
     harness.assert_outcomes(&[
@@ -347,7 +349,10 @@ fn per_cpu_slots_hold_each_cpus_packets_and_sum_exactly() {
 
 #[test]
 fn a_full_map_evicts_the_least_recent_source_and_counts_every_packet() {
-    let mut harness = Harness::load_with(&limiter_user::LoadOptions { max_sources: 64 });
+    let mut harness = Harness::load_with(&limiter_user::kernel::LoadOptions {
+        max_sources: 64,
+        ..Default::default()
+    });
     let n = 1000u32;
     let frame_len = packets::udp_v4(SRC4, DST4, 53, 0).len();
     for i in 0..n {
@@ -388,7 +393,7 @@ fn a_full_map_evicts_the_least_recent_source_and_counts_every_packet() {
 fn the_verifier_walks_well_under_its_limit() {
     const BUDGET: u32 = 600_000;
     let mut harness = Harness::load();
-    let program = limiter_user::object::xdp_program(harness.ebpf_mut()).expect("program");
+    let program = harness.program_mut();
     let verified = program
         .info()
         .expect("program info")
@@ -399,4 +404,65 @@ fn the_verifier_walks_well_under_its_limit() {
         verified < BUDGET,
         "the verifier walked {verified} instructions (budget {BUDGET} of its 1,000,000)"
     );
+}
+
+/// The map table in `limiter_common::maps` describes the loaded program:
+/// every map it defines and no other, with the kernel's own figures for
+/// type, key and value sizes and capacity (`max_sources` for the
+/// per-source maps). The kernel crate checks names and sizes when it
+/// builds; this checks what the kernel made of them.
+#[test]
+fn the_loaded_maps_are_the_table() {
+    use aya::maps::{Map, MapData, MapType};
+    use limiter_common::maps::{MapKind, ALL};
+    let max_sources = 1_000;
+    // The object as the kernel creates its maps, before the product's
+    // loader takes them into typed handles.
+    let mut loader = aya::EbpfLoader::new();
+    for spec in ALL.iter().filter(|spec| spec.sized_by_max_sources) {
+        loader.map_max_entries(spec.name, max_sources);
+    }
+    let ebpf = loader
+        .load(limiter_user::kernel::EBPF_OBJECT)
+        .expect("load the object (root and BPF needed)");
+    let mut loaded: Vec<&str> = ebpf.maps().map(|(name, _)| name).collect();
+    loaded.sort_unstable();
+    let mut table: Vec<&str> = ALL.iter().map(|spec| spec.name).collect();
+    table.sort_unstable();
+    assert_eq!(loaded, table);
+    for (name, map) in ebpf.maps() {
+        let spec = ALL
+            .iter()
+            .find(|spec| spec.name == name)
+            .expect("in the table");
+        let data: &MapData = match map {
+            Map::Array(data)
+            | Map::PerCpuArray(data)
+            | Map::LpmTrie(data)
+            | Map::LruHashMap(data)
+            | Map::PerCpuLruHashMap(data)
+            | Map::RingBuf(data) => data,
+            _ => panic!("{name}: a map type the table has no kind for"),
+        };
+        let info = data.info().expect("map info");
+        let kind = match info.map_type().expect("a known map type") {
+            MapType::Array => MapKind::Array,
+            MapType::PerCpuArray => MapKind::PerCpuArray,
+            MapType::LpmTrie => MapKind::LpmTrie,
+            MapType::LruHash => MapKind::LruHash,
+            MapType::LruPerCpuHash => MapKind::LruPerCpuHash,
+            MapType::RingBuf => MapKind::RingBuf,
+            other => panic!("{name}: unexpected map type {other:?}"),
+        };
+        let max_entries = if spec.sized_by_max_sources {
+            max_sources
+        } else {
+            spec.max_entries
+        };
+        assert_eq!(
+            (kind, info.key_size(), info.value_size(), info.max_entries()),
+            (spec.kind, spec.key_size, spec.value_size, max_entries),
+            "{name}"
+        );
+    }
 }

@@ -16,14 +16,14 @@ use std::{
 };
 
 use aya::maps::{HashMap, MapData, PerCpuHashMap};
-use ipnet::IpNet;
 use limiter_common::{names, Action, Counter, Outcome, SourceKey, SourceTraffic, WindowState};
 use limiter_tests::{
-    packets,
+    net,
+    packets::{self, DST4},
     testrun::{Harness, XDP_DROP, XDP_PASS},
 };
 use limiter_user::{
-    daemon::load::ensure_bpffs,
+    kernel::pins::ensure_bpffs,
     rules::{RuleSet, RuleSpec},
 };
 
@@ -54,17 +54,8 @@ impl Drop for PinDir {
     }
 }
 
-fn net(s: &str) -> IpNet {
-    s.parse().expect("valid CIDR")
-}
-
 fn frame(source: [u8; 4]) -> Vec<u8> {
-    packets::udp_v4(
-        Ipv4Addr::from(source),
-        Ipv4Addr::new(198, 51, 100, 1),
-        5000,
-        10,
-    )
+    packets::udp_v4(Ipv4Addr::from(source), DST4, 5000, 10)
 }
 
 /// The change of every outcome counter over running `frame` once, and

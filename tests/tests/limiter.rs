@@ -9,23 +9,16 @@ use std::{
     time::Duration,
 };
 
-use ipnet::IpNet;
 use limiter_common::{Action, Outcome, SourceKey};
 use limiter_tests::{
-    packets,
+    net,
+    packets::{self, DST4, DST6},
     testrun::{self, frames, online_cpus, paced, Harness, Pacing, Start},
 };
 use limiter_user::{
-    counters,
+    kernel::read,
     rules::{Match, RuleSet, RuleSpec, PROTO_TCP, PROTO_UDP},
 };
-
-const DST4: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 1);
-const DST6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0xffff, 0, 0, 0, 0, 1);
-
-fn net(s: &str) -> IpNet {
-    s.parse().expect("valid CIDR")
-}
 
 /// A rule set whose default rule limits every source to `pps` per second
 /// (1 s window, no burst).
@@ -191,13 +184,13 @@ fn limit_admits_the_allowance_then_drops() {
     ]);
     let traffic = harness.traffic();
     let limited = &traffic[&SourceKey::v4([192, 0, 2, 1])];
-    assert_eq!(counters::offered(limited), frames(12, frame.len()));
-    assert_eq!(counters::dropped(limited), frames(7, frame.len()));
+    assert_eq!(read::offered(limited), frames(12, frame.len()));
+    assert_eq!(read::dropped(limited), frames(7, frame.len()));
 }
 
 /// Sources that hold a shared window.
 fn windowed(harness: &Harness) -> Vec<SourceKey> {
-    counters::windows(harness.ebpf())
+    read::windows(harness.maps())
         .expect("read WINDOWS")
         .into_keys()
         .collect()
@@ -286,7 +279,7 @@ fn allow_rules_are_never_limited_but_counted() {
     ]);
     let traffic = harness.traffic();
     assert_eq!(
-        counters::offered(&traffic[&SourceKey::v4([192, 0, 2, 7])]).packets,
+        read::offered(&traffic[&SourceKey::v4([192, 0, 2, 7])]).packets,
         20
     );
 }
@@ -368,7 +361,7 @@ fn a_penalty_keeps_dropping_after_the_window_has_room_again() {
     // ...but not under a penalty of an hour (no race: it is far off).
     assert_eq!(harness.offer(0, &blocked, 1), (0, 1), "still blocked");
     // A penalty ends when the kernel says it does (its blocked_until).
-    let windows = counters::windows(harness.ebpf()).expect("read WINDOWS");
+    let windows = read::windows(harness.maps()).expect("read WINDOWS");
     let until = windows[&SourceKey::v4([203, 0, 113, 5])].blocked_until_ns;
     assert!(until > 0, "a penalty was armed");
     wait_past(Duration::from_nanos(until), Duration::ZERO);
@@ -415,7 +408,7 @@ fn protocol_and_port_rules_get_their_own_budget() {
         (10, 0),
         "ACKs: default budget"
     );
-    let keys: Vec<u8> = counters::windows(harness.ebpf())
+    let keys: Vec<u8> = read::windows(harness.maps())
         .expect("read WINDOWS")
         .keys()
         .map(|key| key.class)
@@ -453,11 +446,11 @@ fn a_rule_change_takes_effect_on_the_next_frame_and_keeps_counters() {
     );
     let traffic = harness.traffic();
     assert_eq!(
-        counters::offered(&traffic[&SourceKey::v4([192, 0, 2, 10])]).packets,
+        read::offered(&traffic[&SourceKey::v4([192, 0, 2, 10])]).packets,
         58
     );
     assert_eq!(
-        counters::offered(&traffic[&SourceKey::v4([192, 0, 2, 11])]).packets,
+        read::offered(&traffic[&SourceKey::v4([192, 0, 2, 11])]).packets,
         7
     );
 }
@@ -467,9 +460,10 @@ fn an_invalid_rule_set_is_rejected_and_the_live_one_stays() {
     let mut harness = harness_with(&default_limit(5));
     let mut bad = default_limit(5);
     bad.default.limits.window = Duration::from_secs(120);
-    let err = limiter_user::push::push(harness.ebpf_mut(), &bad).expect_err("window too long");
+    let err =
+        limiter_user::kernel::push::push(harness.maps_mut(), &bad).expect_err("window too long");
     assert!(err.to_string().contains("default.window"), "{err}");
-    let config = limiter_user::push::current_config(harness.ebpf()).expect("read CONFIG");
+    let config = harness.maps().live_config().expect("read CONFIG");
     assert_eq!(config.generation, 1, "nothing was pushed");
     assert_eq!(harness.offer(0, &udp([192, 0, 2, 12]), 7), (5, 2));
 }
@@ -499,7 +493,10 @@ fn ipv6_sources_in_one_64_share_a_budget() {
 
 #[test]
 fn a_full_state_map_evicts_old_sources_and_keeps_limiting_the_active_one() {
-    let mut harness = Harness::load_with(&limiter_user::LoadOptions { max_sources: 64 });
+    let mut harness = Harness::load_with(&limiter_user::kernel::LoadOptions {
+        max_sources: 64,
+        ..Default::default()
+    });
     harness.push(&default_limit(5));
     let heavy = udp([192, 0, 2, 200]);
     let (mut heavy_passed, mut heavy_dropped) = (0, 0);
@@ -531,7 +528,7 @@ fn a_full_state_map_evicts_old_sources_and_keeps_limiting_the_active_one() {
     );
     let live = harness.traffic().len() as u64;
     assert!(live <= 64);
-    let evicted = counters::evictions(created, live, 0);
+    let evicted = read::evictions(created, live, 0);
     assert!(
         evicted >= u64::from(spoofed) + 1 - 64,
         "evictions {evicted}"
@@ -553,7 +550,10 @@ fn a_full_state_map_evicts_old_sources_and_keeps_limiting_the_active_one() {
 /// must come back exhausted, not with a fresh allowance.
 #[test]
 fn a_limited_source_whose_window_is_evicted_comes_back_exhausted() {
-    let mut harness = Harness::load_with(&limiter_user::LoadOptions { max_sources: 64 });
+    let mut harness = Harness::load_with(&limiter_user::kernel::LoadOptions {
+        max_sources: 64,
+        ..Default::default()
+    });
     let mut set = default_limit(1);
     set.default.limits.window = Duration::from_secs(10); // 10 per 10 s, 1 s buckets
     harness.push(&set);
@@ -570,7 +570,7 @@ fn a_limited_source_whose_window_is_evicted_comes_back_exhausted() {
         i += 1;
         if i % 20 == 0 {
             let windowed = |h: &Harness| {
-                let windows = counters::windows(h.ebpf()).expect("read WINDOWS");
+                let windows = read::windows(h.maps()).expect("read WINDOWS");
                 assert!(windows.len() <= 64);
                 windows.contains_key(&heavy_key)
             };
@@ -617,11 +617,7 @@ fn ipv4_sources_can_be_keyed_by_a_shorter_prefix() {
 
 /// The limit events waiting in the ring buffer.
 fn drain_events(harness: &mut Harness) -> Vec<limiter_common::LimitEvent> {
-    let map = harness
-        .ebpf_mut()
-        .map_mut(limiter_common::names::EVENTS)
-        .expect("EVENTS");
-    let mut ring = aya::maps::RingBuf::try_from(map).expect("a ring buffer");
+    let ring = harness.maps_mut().events.as_mut().expect("EVENTS");
     let mut events = Vec::new();
     while let Some(item) = ring.next() {
         events.push(limiter_user::daemon::events::parse(&item).expect("an event"));
@@ -640,7 +636,7 @@ fn one_event_per_episode_of_refusals_and_a_bounded_rate() {
     assert_eq!(events.len(), 1, "seven refusals, one episode: {events:?}");
     assert_eq!(events[0].key, SourceKey::v4([192, 0, 2, 40]));
     assert_eq!(events[0].rule, 256, "the default rule of generation 1");
-    assert_eq!(events[0].dry_run, 0);
+    assert!(!events[0].dry_run());
 
     // A spoofed flood of 200 denied sources from one CPU: at most 64
     // events per CPU and second (two seconds if the flood straddles a
@@ -685,7 +681,7 @@ fn a_penalty_is_not_armed_in_dry_run() {
         let frame = udp([192, 0, 2, 60]);
         assert_eq!(harness.offer(0, &frame, 8), (8, 0), "dry-run drops nothing");
         let trial_end = testrun::coarse_now();
-        let windows = counters::windows(harness.ebpf()).expect("read WINDOWS");
+        let windows = read::windows(harness.maps()).expect("read WINDOWS");
         let window = windows[&SourceKey::v4([192, 0, 2, 60])];
         assert_eq!(
             window.blocked_until_ns, 0,
@@ -767,15 +763,14 @@ fn a_mode_change_lifts_penalties() {
 
 #[test]
 fn a_push_that_fails_on_one_instance_changes_none() {
-    use aya::maps::{lpm_trie::Key, LpmTrie};
-    use limiter_common::{names, rules::PrefixKeyV4, RuleRefs};
+    use aya::maps::lpm_trie::Key;
+    use limiter_common::RuleRefs;
     let mut a = harness_with(&default_limit(5));
     let mut b = harness_with(&default_limit(5));
     // Fill b's IPv4 trie with entries of the next generation's half, so
     // the next push cannot write its prefixes there.
     {
-        let map = b.ebpf_mut().map_mut(names::PREFIXES_V4).expect("trie");
-        let mut trie = LpmTrie::<_, PrefixKeyV4, RuleRefs>::try_from(map).expect("LPM trie");
+        let trie = &mut b.maps_mut().prefixes_v4;
         for i in 0u32.. {
             let [_, x, y, z] = i.to_be_bytes();
             if trie
@@ -788,11 +783,11 @@ fn a_push_that_fails_on_one_instance_changes_none() {
     }
     let mut next = default_limit(50);
     next.rules.push(RuleSpec::limit(net("192.0.2.0/24"), 50));
-    let err = limiter_user::push::push_all(&mut [a.ebpf_mut(), b.ebpf_mut()], &next)
+    let err = limiter_user::kernel::push::push_all(&mut [a.maps_mut(), b.maps_mut()], &next)
         .expect_err("b's trie is full");
     assert!(err.to_string().contains("PREFIXES_V4"), "{err}");
     for (name, harness) in [("a", &a), ("b", &b)] {
-        let config = limiter_user::push::current_config(harness.ebpf()).expect("CONFIG");
+        let config = harness.maps().live_config().expect("CONFIG");
         assert_eq!(config.generation, 1, "{name}: still the first generation");
     }
     assert_eq!(
@@ -804,7 +799,7 @@ fn a_push_that_fails_on_one_instance_changes_none() {
 
 /// The packet words of `key`'s window that hold frames (non-zero).
 fn busy_slots(harness: &Harness, key: &SourceKey) -> Vec<u64> {
-    let windows = counters::windows(harness.ebpf()).expect("read WINDOWS");
+    let windows = read::windows(harness.maps()).expect("read WINDOWS");
     windows[key]
         .slots
         .iter()
@@ -815,7 +810,7 @@ fn busy_slots(harness: &Harness, key: &SourceKey) -> Vec<u64> {
 
 /// Frames admitted in `key`'s window in the current bucket.
 fn current_bucket_packets(harness: &Harness, key: &SourceKey) -> u64 {
-    let windows = counters::windows(harness.ebpf()).expect("read WINDOWS");
+    let windows = read::windows(harness.maps()).expect("read WINDOWS");
     let window = windows[key];
     let bucket = testrun::coarse_now().as_nanos() as u64 / window.bucket_ns;
     let word =
@@ -835,16 +830,10 @@ fn at_bucket_start(bucket: Duration) {
 #[test]
 fn leases_admit_the_rest_of_a_bucket_without_touching_the_window() {
     let mut harness = harness_with(&default_limit(1_000_000));
-    let rule = {
-        let map = harness
-            .ebpf()
-            .map(limiter_common::names::RULES)
-            .expect("RULES");
-        let rules = aya::maps::Array::<_, limiter_common::Rule>::try_from(map).expect("array");
-        rules
-            .get(&limiter_common::rules::rules_base(1), 0)
-            .expect("the default rule")
-    };
+    let rule = harness
+        .maps()
+        .rule(limiter_common::rules::rules_base(1))
+        .expect("the default rule");
     let lease = u64::from(rule.lease_packets);
     assert!(lease > 1, "1M pps leases more than one frame: {lease}");
     let frame = udp([192, 0, 2, 120]);
@@ -875,7 +864,7 @@ fn leases_admit_the_rest_of_a_bucket_without_touching_the_window() {
         "a new lease"
     );
     assert_eq!(
-        counters::offered(&harness.traffic()[&key]).packets,
+        read::offered(&harness.traffic()[&key]).packets,
         2 + lease,
         "every frame offered is counted"
     );
@@ -902,7 +891,7 @@ fn a_change_of_bucket_width_clears_a_sources_window() {
     wider.default.limits.window = Duration::from_secs(2); // 200 ms buckets
     harness.push(&wider);
     assert_eq!(harness.offer(0, &frame, 1), (1, 0));
-    let windows = counters::windows(harness.ebpf()).expect("read WINDOWS");
+    let windows = read::windows(harness.maps()).expect("read WINDOWS");
     assert_eq!(
         windows[&key].bucket_ns, 200_000_000,
         "tagged with the new width"

@@ -6,20 +6,13 @@
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 
-use ipnet::IpNet;
 use limiter_common::{Action, Outcome};
 use limiter_tests::{
-    packets::{self, Ext},
+    net,
+    packets::{self, Ext, DST4, DST6},
     testrun::{Harness, XDP_DROP, XDP_PASS},
 };
 use limiter_user::rules::{Match, RuleSet, RuleSpec, PROTO_TCP, PROTO_UDP};
-
-const DST4: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 1);
-const DST6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0xffff, 0, 0, 0, 0, 1);
-
-fn net(s: &str) -> IpNet {
-    s.parse().expect("valid CIDR")
-}
 
 fn matching(protocol: u8, ports: Option<(u16, u16)>) -> Match {
     Match {
@@ -29,14 +22,30 @@ fn matching(protocol: u8, ports: Option<(u16, u16)>) -> Match {
     }
 }
 
-fn rule(cidr: &str, m: Match, action: Action, pps: u64) -> RuleSpec {
-    let mut spec = if action == Action::Limit {
-        RuleSpec::limit(net(cidr), pps)
-    } else {
-        RuleSpec::with_action(net(cidr), action)
-    };
-    spec.matches = m;
-    spec
+/// A `limit` rule at `pps` for `cidr` and `m`.
+fn limit_rule(cidr: &str, m: Match, pps: u64) -> RuleSpec {
+    RuleSpec {
+        matches: m,
+        ..RuleSpec::limit(net(cidr), pps)
+    }
+}
+
+/// An `allow` or `deny` rule for `cidr` and `m`.
+fn action_rule(cidr: &str, m: Match, action: Action) -> RuleSpec {
+    RuleSpec {
+        matches: m,
+        ..RuleSpec::with_action(net(cidr), action)
+    }
+}
+
+/// A `deny` rule for TCP to port 22 from `cidr`.
+fn ssh_deny(cidr: &str) -> RuleSpec {
+    action_rule(cidr, matching(PROTO_TCP, Some((22, 22))), Action::Deny)
+}
+
+/// Two rules in both orders: what the kernel does may not depend on it.
+fn both_orders(a: RuleSpec, b: RuleSpec) -> [Vec<RuleSpec>; 2] {
+    [vec![a.clone(), b.clone()], vec![b, a]]
 }
 
 fn harness(rules: Vec<RuleSpec>) -> Harness {
@@ -69,17 +78,9 @@ fn outcome_of(harness: &mut Harness, frame: &[u8]) -> Outcome {
         .map(|o| harness.outcome_total(*o).packets)
         .collect();
     harness.run_on_cpu(0, frame);
-    let verdicts = [
-        Outcome::Passed,
-        Outcome::DroppedLimit,
-        Outcome::DroppedDeny,
-        Outcome::Allowed,
-        Outcome::DryRunWouldDrop,
-        Outcome::NonIp,
-        Outcome::Malformed,
-    ];
-    let changed: Vec<Outcome> = verdicts
-        .into_iter()
+    let changed: Vec<Outcome> = Outcome::VERDICTS
+        .iter()
+        .copied()
         .filter(|o| harness.outcome_total(*o).packets != before[*o as usize])
         .collect();
     assert_eq!(changed.len(), 1, "one verdict per frame: {changed:?}");
@@ -88,22 +89,8 @@ fn outcome_of(harness: &mut Harness, frame: &[u8]) -> Outcome {
 
 #[test]
 fn a_port_deny_is_not_shadowed_by_a_broader_match_of_the_same_prefix() {
-    let tcp_limit = rule(
-        "0.0.0.0/0",
-        matching(PROTO_TCP, None),
-        Action::Limit,
-        10_000,
-    );
-    let ssh_deny = rule(
-        "0.0.0.0/0",
-        matching(PROTO_TCP, Some((22, 22))),
-        Action::Deny,
-        0,
-    );
-    for rules in [
-        vec![tcp_limit.clone(), ssh_deny.clone()],
-        vec![ssh_deny, tcp_limit],
-    ] {
+    let tcp_limit = limit_rule("0.0.0.0/0", matching(PROTO_TCP, None), 10_000);
+    for rules in both_orders(tcp_limit, ssh_deny("0.0.0.0/0")) {
         let mut harness = harness(rules);
         assert_eq!(
             outcome_of(&mut harness, &tcp([192, 0, 2, 1], 22)),
@@ -120,22 +107,17 @@ fn a_port_deny_is_not_shadowed_by_a_broader_match_of_the_same_prefix() {
 
 #[test]
 fn overlapping_matches_resolve_the_same_in_any_rule_order() {
-    let dns_allow = rule(
+    let dns_allow = action_rule(
         "10.0.0.0/8",
         matching(PROTO_UDP, Some((53, 53))),
         Action::Allow,
-        0,
     );
-    let low_deny = rule(
+    let low_deny = action_rule(
         "0.0.0.0/0",
         matching(PROTO_UDP, Some((0, 1023))),
         Action::Deny,
-        0,
     );
-    for rules in [
-        vec![dns_allow.clone(), low_deny.clone()],
-        vec![low_deny, dns_allow],
-    ] {
+    for rules in both_orders(dns_allow, low_deny) {
         let mut harness = harness(rules);
         assert_eq!(
             outcome_of(&mut harness, &udp([10, 1, 1, 1], 53)),
@@ -161,17 +143,8 @@ fn overlapping_matches_resolve_the_same_in_any_rule_order() {
 fn frame_classes_judged_by_one_rule_share_its_budget() {
     // TCP/22 from outside 10/8 falls under the TCP rule, as other TCP does:
     // one budget of 5, not one per class, whatever the rule order.
-    let tcp_limit = rule("0.0.0.0/0", matching(PROTO_TCP, None), Action::Limit, 5);
-    let ssh_deny = rule(
-        "10.0.0.0/8",
-        matching(PROTO_TCP, Some((22, 22))),
-        Action::Deny,
-        0,
-    );
-    for rules in [
-        vec![tcp_limit.clone(), ssh_deny.clone()],
-        vec![ssh_deny, tcp_limit],
-    ] {
+    let tcp_limit = limit_rule("0.0.0.0/0", matching(PROTO_TCP, None), 5);
+    for rules in both_orders(tcp_limit, ssh_deny("10.0.0.0/8")) {
         let mut harness = harness(rules);
         let ssh = tcp([192, 0, 2, 7], 22);
         let web = tcp([192, 0, 2, 7], 80);
@@ -187,10 +160,9 @@ fn frame_classes_judged_by_one_rule_share_its_budget() {
 #[test]
 fn tiny_first_fragments_are_keyed_and_limited() {
     let mut set = RuleSet::with_default(RuleSpec::limit(net("0.0.0.0/0"), 5));
-    set.rules.push(rule(
+    set.rules.push(limit_rule(
         "0.0.0.0/0",
         matching(PROTO_UDP, Some((53, 53))),
-        Action::Limit,
         100,
     ));
     let mut harness = Harness::load();
@@ -214,40 +186,32 @@ fn tiny_first_fragments_are_keyed_and_limited() {
 
 #[test]
 fn non_first_fragments_fall_under_a_deny_port_rule() {
-    let mut harness = harness(vec![rule(
+    let mut harness = harness(vec![action_rule(
         "0.0.0.0/0",
         matching(PROTO_UDP, Some((53, 53))),
         Action::Deny,
-        0,
     )]);
-    let fragment = packets::ipv4_raw(
-        Ipv4Addr::new(192, 0, 2, 9),
-        DST4,
-        PROTO_UDP,
-        185,
-        false,
-        &[0u8; 64],
-    );
-    assert_eq!(harness.run_on_cpu(0, &fragment), XDP_DROP);
+    // A non-first fragment (offset 185 * 8 bytes) of `protocol`.
+    let fragment = |protocol| {
+        packets::ipv4_raw(
+            Ipv4Addr::new(192, 0, 2, 9),
+            DST4,
+            protocol,
+            185,
+            false,
+            &[0u8; 64],
+        )
+    };
+    assert_eq!(harness.run_on_cpu(0, &fragment(PROTO_UDP)), XDP_DROP);
     // TCP fragments could not be DNS: the default rule.
-    let tcp_fragment = packets::ipv4_raw(
-        Ipv4Addr::new(192, 0, 2, 9),
-        DST4,
-        PROTO_TCP,
-        185,
-        false,
-        &[0u8; 64],
+    assert_eq!(
+        outcome_of(&mut harness, &fragment(PROTO_TCP)),
+        Outcome::Passed
     );
-    assert_eq!(outcome_of(&mut harness, &tcp_fragment), Outcome::Passed);
 }
 
 fn ssh_deny_harness() -> Harness {
-    harness(vec![rule(
-        "::/0",
-        matching(PROTO_TCP, Some((22, 22))),
-        Action::Deny,
-        0,
-    )])
+    harness(vec![ssh_deny("::/0")])
 }
 
 fn ssh_v6(chain: &[Ext]) -> Vec<u8> {
@@ -314,12 +278,7 @@ fn a_chain_longer_than_the_walk_is_judged_by_the_strictest_rule() {
 
 #[test]
 fn ipv4_ah_is_walked_to_the_port() {
-    let mut harness = harness(vec![rule(
-        "0.0.0.0/0",
-        matching(PROTO_TCP, Some((22, 22))),
-        Action::Deny,
-        0,
-    )]);
+    let mut harness = harness(vec![ssh_deny("0.0.0.0/0")]);
     let mut ah = vec![PROTO_TCP, 4, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1];
     ah.extend_from_slice(&[0; 12]); // (4 + 2) * 4 = 24 bytes of AH
     ah.extend(packets::tcp_header(22, 0x02));

@@ -26,20 +26,20 @@ use std::{
     time::Duration,
 };
 
-use aya::maps::{MapData, PerCpuHashMap};
 use ipnet::IpNet;
 use limiter_common::{
-    names, prefix_mask,
+    prefix_mask,
     rules::{rules_base, FRAME_CLASSES, MAX_CLASSES},
     Action, Outcome, SourceKey, SourceTraffic,
 };
 use limiter_tests::{
     model::{self, Parsed},
+    net,
     packets::{self, Ext},
     testrun::{Harness, XDP_DROP, XDP_PASS},
 };
 use limiter_user::{
-    push::{self, PushError},
+    kernel::push::{self, PushError},
     rules::{rule_name, Limits, Match, RuleError, RuleSet, RuleSpec},
 };
 
@@ -83,10 +83,6 @@ const PORTS: [(u16, u16); 6] = [
     (1024, 65535),
     (0, 65535),
 ];
-
-fn net(s: &str) -> IpNet {
-    s.parse().expect("valid CIDR")
-}
 
 fn addr(s: &str) -> IpAddr {
     s.parse().expect("valid address")
@@ -303,10 +299,7 @@ fn random_frame(rng: &mut fastrand::Rng, source: IpAddr, rules: &[model::Rule]) 
 
 /// The per-CPU `SOURCES` entries of every frame class of `key`'s source.
 fn entries(harness: &Harness, key: SourceKey) -> Vec<Option<Vec<SourceTraffic>>> {
-    let sources = PerCpuHashMap::<&MapData, SourceKey, SourceTraffic>::try_from(
-        harness.ebpf().map(names::SOURCES).expect("SOURCES"),
-    )
-    .expect("SOURCES is a per-CPU hash");
+    let sources = &harness.maps().sources;
     (0..FRAME_CLASSES as u8)
         .map(|class| {
             sources
@@ -382,7 +375,7 @@ fn the_kernel_judges_every_frame_by_the_rule_the_documented_semantics_pick() {
     for n in 0..SETS {
         let (set, rules) = random_set(&mut rng);
         let ambiguity = model_ambiguity(&rules);
-        let generation = match (push::push(harness.ebpf_mut(), &set), &ambiguity) {
+        let generation = match (push::push(harness.maps_mut(), &set), &ambiguity) {
             (Ok(generation), None) => generation,
             (Err(PushError::Rules(RuleError::Overlap(overlap))), Some(_)) => {
                 // The two rules named share a prefix and neither match

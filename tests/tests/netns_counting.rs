@@ -10,7 +10,7 @@ use limiter_tests::{
     lab::{Lab, RX_ADDR, RX_IF},
     testrun::{frames, Harness},
 };
-use limiter_user::{counters, object::xdp_program};
+use limiter_user::kernel::read;
 
 const TX_A: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 2);
 const TX_B: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 3);
@@ -70,7 +70,7 @@ fn udp_exchange(lab: &Lab, source: Ipv4Addr, count: usize) {
 fn real_pings_and_datagrams_are_counted_exactly_per_source() {
     let lab = Lab::new(&[TX_A, TX_B]);
     let mut harness = Harness::load();
-    let program = xdp_program(harness.ebpf_mut()).expect("program present");
+    let program = harness.program_mut();
     let _link = lab.rx.enter(|| {
         program
             .attach(RX_IF, XdpMode::Driver)
@@ -88,11 +88,11 @@ fn real_pings_and_datagrams_are_counted_exactly_per_source() {
     ping(&lab, TX_B, 3);
     udp_exchange(&lab, TX_B, 11);
 
-    let sources = counters::sources(harness.ebpf()).expect("read SOURCES");
+    let sources = read::sources(harness.maps()).expect("read SOURCES");
     let total = |addr: Ipv4Addr| {
         sources
             .get(&SourceKey::v4(addr.octets()))
-            .map(|per_cpu| counters::offered(per_cpu))
+            .map(|per_cpu| read::offered(per_cpu))
             .unwrap_or_else(|| panic!("{addr} is not tracked: {:?}", sources.keys()))
     };
     let expect = |pings, datagrams| frames(pings, PING_FRAME).merged(frames(datagrams, UDP_FRAME));

@@ -1,5 +1,5 @@
 //! `cargo xtask bench ...`: each benchmark is a release binary of the
-//! `limiter-tests` crate, run pinned and printing a table plus one JSON
+//! `limiter-bench` crate, run pinned and printing a table plus one JSON
 //! line per case.
 
 use std::process::Command;
@@ -39,7 +39,7 @@ pub fn run(which: Which) -> anyhow::Result<()> {
         Command::new("cargo")
             .current_dir(&root)
             .args(["build", "--quiet", "--release"])
-            .args(["-p", "limiter-user", "-p", "limiter-tests"])
+            .args(["-p", "limiter-user", "-p", "limiter-bench"])
             .args(["--bin", "xdp-limiter", "--bin", bin]),
     )?;
     run::status(

@@ -17,7 +17,7 @@ pub fn run() -> anyhow::Result<()> {
                 "-p",
                 "limiter-user",
                 "-p",
-                "limiter-tests",
+                "limiter-bench",
             ])
             .args(["--bin", "xdp-limiter", "--bin", "demo"]),
     )?;

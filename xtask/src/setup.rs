@@ -35,8 +35,9 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "iptables",
     "fonts-dejavu-core",
 ];
-/// The rustup toolchain name the eBPF build uses.
-pub const EBPF_TOOLCHAIN: &str = "debian";
+/// The rustup toolchain name the eBPF build uses (defined with the rest of
+/// that build in `limiter-ebpf-build`).
+const EBPF_TOOLCHAIN: &str = limiter_ebpf_build::TOOLCHAIN;
 const BPF_LINKER_VERSION: &str = "0.13.0";
 const LIB_DIR: &str = "/usr/lib/x86_64-linux-gnu";
 

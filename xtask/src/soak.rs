@@ -1,6 +1,6 @@
 //! `cargo xtask soak --minutes N`: builds the daemon and the soak driver
 //! (release) and runs the driver against that daemon; see
-//! `tests/src/bin/soak.rs`. Not part of `cargo xtask test`: it runs for as
+//! `bench/src/bin/soak.rs`. Not part of `cargo xtask test`: it runs for as
 //! long as it is told to.
 
 use std::process::Command;
@@ -13,7 +13,7 @@ pub fn run(minutes: f64) -> anyhow::Result<()> {
         Command::new("cargo")
             .current_dir(&root)
             .args(["build", "--quiet", "--release"])
-            .args(["-p", "limiter-user", "-p", "limiter-tests"])
+            .args(["-p", "limiter-user", "-p", "limiter-bench"])
             .args(["--bin", "xdp-limiter", "--bin", "soak"]),
     )?;
     run::status(

@@ -1,6 +1,6 @@
 //! `cargo xtask test`: the whole suite, in the order that fails fastest:
-//! formatting, clippy on the userspace crates and on the kernel crate (for
-//! its real target), then every test (host unit tests, kernel tests through
+//! formatting, clippy on the userspace crates and on the kernel crates (for
+//! their real target), then every test (host unit tests, kernel tests through
 //! BPF_PROG_TEST_RUN, netns tests with real traffic).
 //!
 //! Kernel and netns tests need root; the suite refuses to run without it
@@ -10,7 +10,7 @@ use std::process::Command;
 
 use anyhow::bail;
 
-use crate::{run, setup::EBPF_TOOLCHAIN};
+use crate::run;
 
 pub fn run(cargo_test_args: &[String]) -> anyhow::Result<()> {
     if !is_root() {
@@ -24,22 +24,12 @@ pub fn run(cargo_test_args: &[String]) -> anyhow::Result<()> {
     };
     run::status(cargo().args(["fmt", "--all", "--check"]))?;
     run::status(cargo().args(["clippy", "--all-targets", "--", "-D", "warnings"]))?;
+    // The kernel crates (the product's and the benchmark's) on their real
+    // target, with the toolchain, flags and feature allowance of the
+    // builds that embed them.
     run::status(
-        Command::new("rustup")
-            .current_dir(&root)
-            .args(["run", EBPF_TOOLCHAIN, "cargo", "clippy", "--release"])
-            .args([
-                "--package",
-                "limiter-ebpf",
-                "--target",
-                "bpfel-unknown-none",
-            ])
-            .args(["--target-dir", "target/ebpf", "--", "-D", "warnings"])
-            // The same feature allowance and flags as limiter-user/build.rs.
-            .env("RUSTC_BOOTSTRAP", "aya_ebpf,limiter_ebpf")
-            .env("CARGO_ENCODED_RUSTFLAGS", "-Ctarget-cpu=v3")
-            .env_remove("RUSTUP_TOOLCHAIN")
-            .env_remove("RUSTC"),
+        limiter_ebpf_build::cargo(&root, "clippy", &["limiter-ebpf", "limiter-bench-ebpf"])
+            .args(["--", "-D", "warnings"]),
     )?;
     // Host unit tests first, then the kernel and netns tests, so the run
     // closes on the tests that exercise the real kernel.
@@ -49,6 +39,10 @@ pub fn run(cargo_test_args: &[String]) -> anyhow::Result<()> {
                 "test",
                 "-p",
                 "limiter-common",
+                "-p",
+                "limiter-bench-common",
+                "-p",
+                "limiter-ebpf-build",
                 "-p",
                 "limiter-user",
                 "-p",
@@ -61,6 +55,13 @@ pub fn run(cargo_test_args: &[String]) -> anyhow::Result<()> {
     run::status(
         cargo()
             .args(["test", "-p", "limiter-tests"])
+            .args(cargo_test_args),
+    )?;
+    // The end-to-end lab's smoke test (real traffic through the real
+    // daemon, and every benchmark scenario's filter installed).
+    run::status(
+        cargo()
+            .args(["test", "-p", "limiter-bench"])
             .args(cargo_test_args),
     )
 }

@@ -1,4 +1,5 @@
-//! One request, one reply over the control socket.
+//! One request, one reply over the control socket; and the one way a
+//! change's answer is printed.
 
 use std::{
     io::{BufRead, BufReader, ErrorKind, Write},
@@ -67,5 +68,17 @@ pub fn request(socket: &Path, request: Request) -> Result<Reply, ClientError> {
     match response.response {
         Response::Ok(reply) => Ok(reply),
         Response::Error(message) => Err(ClientError::Refused(message)),
+    }
+}
+
+/// Sends a request that changes something and prints the daemon's
+/// account of the change (`Reply::Done`).
+pub fn done(socket: &Path, request: Request) -> anyhow::Result<()> {
+    match self::request(socket, request)? {
+        Reply::Done { message } => {
+            println!("{message}");
+            Ok(())
+        }
+        _ => anyhow::bail!("the daemon answered with something unexpected"),
     }
 }

@@ -1,10 +1,17 @@
-//! The run-time CLI: each subcommand sends one request over the daemon's
-//! control socket and prints the reply, as text for people or JSON for
+//! The command line: `args` is the clap tree; each command has its own
+//! file. The run-time commands send one request over the daemon's control
+//! socket (`client`) and print the reply, as text for people or JSON for
 //! scripts (`--output json`).
 
+pub mod args;
+pub mod check;
 pub mod client;
+pub mod completions;
+pub mod detach;
 pub mod mode;
+pub mod reload;
 pub mod rule;
+pub mod run;
 pub mod status;
 pub mod top;
 pub mod unblock;

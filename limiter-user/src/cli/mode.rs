@@ -1,40 +1,17 @@
-//! `xdp-limiter mode dry-run|enforce` and `xdp-limiter reload`.
+//! `xdp-limiter mode dry-run|enforce [--save]`: the global mode, live.
 
-use std::path::Path;
+use super::{
+    args::{Mode, ModeArgs},
+    client,
+};
+use crate::proto::Request;
 
-use clap::ValueEnum;
-
-use super::client;
-use crate::proto::{Reply, Request};
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum Mode {
-    /// Count what would be dropped, drop nothing.
-    DryRun,
-    /// Drop what is over its limit.
-    Enforce,
-}
-
-pub fn set(socket: &Path, mode: Mode, save: bool) -> anyhow::Result<()> {
-    done(client::request(
-        socket,
+pub fn run(args: &ModeArgs) -> anyhow::Result<()> {
+    client::done(
+        &args.socket.path,
         Request::Mode {
-            dry_run: mode == Mode::DryRun,
-            save,
+            dry_run: args.mode == Mode::DryRun,
+            save: args.save,
         },
-    )?)
-}
-
-pub fn reload(socket: &Path) -> anyhow::Result<()> {
-    done(client::request(socket, Request::Reload)?)
-}
-
-fn done(reply: Reply) -> anyhow::Result<()> {
-    match reply {
-        Reply::Done { message } => {
-            println!("{message}");
-            Ok(())
-        }
-        _ => anyhow::bail!("the daemon answered with something unexpected"),
-    }
+    )
 }

@@ -3,109 +3,25 @@
 //! counters stay), and with `--save` written back to its configuration
 //! file so they survive a restart.
 
-use std::{path::Path, time::Duration};
+use std::path::Path;
 
-use clap::{Args, ValueEnum};
 use ipnet::IpNet;
 
-use super::{client, units, Output};
-use crate::{
-    daemon::config::{parse_ports, ActionName, PortsSpec, ProtocolSpec, RuleSection},
-    proto::{Reply, Request, RuleEdit},
+use super::{
+    args::{DefaultCommand, EditArgs, LimitArgs, MatchArgs, RuleArgs, RuleCommand},
+    client, Output,
 };
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum ActionArg {
-    Limit,
-    Allow,
-    Deny,
-}
-
-/// What a rule matches besides its prefix.
-#[derive(Args, Clone, Debug)]
-pub struct MatchArgs {
-    /// IP protocol: tcp, udp, icmp, icmpv6 or a number.
-    #[arg(long = "proto", value_parser = protocol)]
-    pub protocol: Option<ProtocolSpec>,
-    /// Destination port or range: 53, 1000-2000 (TCP/UDP).
-    #[arg(long, value_parser = ports)]
-    pub ports: Option<PortsSpec>,
-    /// Only TCP SYN segments (connection attempts).
-    #[arg(long)]
-    pub syn: bool,
-}
-
-/// A rule's action and limits.
-#[derive(Args, Clone, Debug)]
-pub struct LimitArgs {
-    #[arg(long, value_enum, default_value = "limit")]
-    pub action: ActionArg,
-    /// Packets per second: 500, 10k, 2.5M.
-    #[arg(long, value_parser = units::count)]
-    pub pps: Option<u64>,
-    /// Bits per second: 800kbit, 5Mbit, 1Gbit.
-    #[arg(long, value_parser = units::bits_per_second_as_bytes)]
-    pub bps: Option<u64>,
-    /// Extra packets per window: 100, 1k.
-    #[arg(long, value_parser = units::count, default_value = "0")]
-    pub burst: u64,
-    /// Extra bytes per window: 1500, 64k.
-    #[arg(long, value_parser = units::count, default_value = "0")]
-    pub burst_bytes: u64,
-    /// Sliding window, 1s to 60s.
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "1s")]
-    pub window: Duration,
-    /// Once over the limit, drop the source for this long: 30s, 5m.
-    #[arg(long, value_parser = humantime::parse_duration)]
-    pub block: Option<Duration>,
-    /// Count would-be drops, drop nothing.
-    #[arg(long)]
-    pub dry_run: bool,
-}
-
-impl LimitArgs {
-    /// No limits (a rule named only by prefix and match, for `rule rm`).
-    pub fn none() -> Self {
-        Self {
-            action: ActionArg::Limit,
-            pps: None,
-            bps: None,
-            burst: 0,
-            burst_bytes: 0,
-            window: Duration::from_secs(1),
-            block: None,
-            dry_run: false,
-        }
-    }
-}
-
-fn protocol(text: &str) -> Result<ProtocolSpec, String> {
-    if let Ok(number) = text.parse::<u8>() {
-        return Ok(ProtocolSpec::Number(number));
-    }
-    match text.to_ascii_lowercase().as_str() {
-        "tcp" | "udp" | "icmp" | "icmpv6" => Ok(ProtocolSpec::Name(text.to_ascii_lowercase())),
-        _ => Err(format!(
-            "unknown protocol {text:?} (tcp, udp, icmp, icmpv6 or a number)"
-        )),
-    }
-}
-
-fn ports(text: &str) -> Result<PortsSpec, String> {
-    parse_ports(text)
-        .map(|_| PortsSpec::Text(text.to_string()))
-        .ok_or_else(|| format!("{text:?} is not a port or a range like 1000-2000"))
-}
+use crate::{
+    config::{PortsSpec, ProtocolSpec, RuleSection},
+    proto::{Reply, Request, RuleEdit},
+    rules::rule_name,
+};
 
 /// The file form of a rule from the command line.
 pub fn section(cidr: Option<IpNet>, m: &MatchArgs, l: &LimitArgs) -> RuleSection {
     RuleSection {
         cidr,
-        action: match l.action {
-            ActionArg::Limit => ActionName::Limit,
-            ActionArg::Allow => ActionName::Allow,
-            ActionArg::Deny => ActionName::Deny,
-        },
+        action: l.action,
         protocol: m.protocol.clone(),
         ports: m.ports.clone(),
         tcp_syn: m.syn,
@@ -119,15 +35,44 @@ pub fn section(cidr: Option<IpNet>, m: &MatchArgs, l: &LimitArgs) -> RuleSection
     }
 }
 
-/// Sends an edit and prints the daemon's answer.
-pub fn edit(socket: &Path, edit: RuleEdit, save: bool) -> anyhow::Result<()> {
-    match client::request(socket, Request::Rules { edit, save })? {
-        Reply::Done { message } => {
-            println!("{message}");
-            Ok(())
+/// `rule add|set|rm|ls`.
+pub fn run(command: RuleCommand) -> anyhow::Result<()> {
+    let send = |args: RuleArgs, make: fn(RuleSection) -> RuleEdit| {
+        let rule = section(Some(args.cidr), &args.matches, &args.limits);
+        edit(&args.common, make(rule))
+    };
+    match command {
+        RuleCommand::Add(args) => send(args, |rule| RuleEdit::Add { rule }),
+        RuleCommand::Set(args) => send(args, |rule| RuleEdit::Set { rule }),
+        RuleCommand::Rm {
+            cidr,
+            matches,
+            common,
+        } => {
+            let rule = section(Some(cidr), &matches, &LimitArgs::none());
+            edit(&common, RuleEdit::Remove { rule })
         }
-        _ => anyhow::bail!("the daemon answered with something unexpected"),
+        RuleCommand::Ls(args) => list(&args.socket.path, args.output),
     }
+}
+
+/// `default set`: the default rule matches every frame, so it has no
+/// prefix and no match.
+pub fn default(command: DefaultCommand) -> anyhow::Result<()> {
+    let DefaultCommand::Set { limits, common } = command;
+    let rule = section(None, &MatchArgs::default(), &limits);
+    edit(&common, RuleEdit::Default { rule })
+}
+
+/// Sends an edit and prints the daemon's answer.
+fn edit(common: &EditArgs, edit: RuleEdit) -> anyhow::Result<()> {
+    client::done(
+        &common.socket.path,
+        Request::Rules {
+            edit,
+            save: common.save,
+        },
+    )
 }
 
 /// `rule ls`.
@@ -147,9 +92,9 @@ pub fn list(socket: &Path, output: Output) -> anyhow::Result<()> {
                 "{:<10} {:<20} {:<18} {:<7} limits",
                 "rule", "cidr", "match", "action"
             );
-            println!("{}", line("default", &default));
+            println!("{}", line(&rule_name(0), &default));
             for (i, rule) in rules.iter().enumerate() {
-                println!("{}", line(&format!("rules[{i}]"), rule));
+                println!("{}", line(&rule_name(i + 1), rule));
             }
         }
     }
@@ -174,7 +119,7 @@ fn line(name: &str, r: &RuleSection) -> String {
     if r.tcp_syn {
         matches.push("syn".into());
     }
-    let action = format!("{:?}", r.action).to_lowercase();
+    let action = r.action.name();
     let mut limits = Vec::new();
     if let Some(pps) = r.pps {
         limits.push(format!("{pps} pps"));

@@ -2,19 +2,9 @@
 //! source inside a prefix, now. The sources keep their windows: one still
 //! over its limit is limited, not blocked, until its window has room.
 
-use std::path::Path;
+use super::{args::UnblockArgs, client};
+use crate::proto::Request;
 
-use ipnet::IpNet;
-
-use super::client;
-use crate::proto::{Reply, Request};
-
-pub fn run(socket: &Path, cidr: IpNet) -> anyhow::Result<()> {
-    match client::request(socket, Request::Unblock { cidr })? {
-        Reply::Done { message } => {
-            println!("{message}");
-            Ok(())
-        }
-        _ => anyhow::bail!("the daemon answered `unblock` with something unexpected"),
-    }
+pub fn run(args: &UnblockArgs) -> anyhow::Result<()> {
+    client::done(&args.socket.path, Request::Unblock { cidr: args.cidr })
 }

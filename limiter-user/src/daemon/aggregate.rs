@@ -8,15 +8,12 @@ use std::{
     time::Duration,
 };
 
-use aya::{
-    maps::{MapData, PerCpuArray},
-    Ebpf,
-};
 use limiter_common::{names, Counter, Outcome, SourceKey, SourceTraffic};
 
-use crate::{
-    batch::Resume,
-    counters::{self, CountersError},
+use crate::kernel::{
+    self,
+    batch::{self, Resume},
+    possible_cpus, read, Maps, MapsError,
 };
 
 /// A source's rates over the last complete second, summed across CPUs.
@@ -46,13 +43,6 @@ pub struct Snapshot {
     /// Sources evicted so far, as of the last complete sweep (never less
     /// than an earlier sweep said).
     pub evictions: u64,
-}
-
-/// The kernel's clock for the limiter (`bpf_ktime_get_coarse_ns`).
-pub fn kernel_now() -> Duration {
-    let ts = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC_COARSE)
-        .expect("CLOCK_MONOTONIC_COARSE is always available");
-    Duration::new(ts.tv_sec() as u64, ts.tv_nsec() as u32)
 }
 
 /// The running totals of a sweep over the per-source map.
@@ -133,34 +123,29 @@ pub struct Sweep {
 /// One tick: the outcome totals, and the next slice of the sweep (at most
 /// about `budget` sources, rounded up to whole batches).
 pub fn pass(
-    ebpf: &Ebpf,
+    maps: &Maps,
     top_k: usize,
     sweep: &mut Sweep,
     budget: usize,
-) -> Result<Snapshot, CountersError> {
-    let now = kernel_now();
-    let outcomes = counters::outcomes(ebpf)?;
-    let outcomes: Vec<Counter> = Outcome::ALL
-        .iter()
-        .map(|o| counters::total(&outcomes[o.name()]))
-        .collect();
+) -> Result<Snapshot, MapsError> {
+    let now = kernel::now();
+    let outcomes = read::outcome_totals(maps)?;
     if matches!(sweep.resume, Resume::Start) {
         sweep.created_at_start = outcomes[Outcome::NewSource as usize].packets;
     }
-    let map = ebpf
-        .map(names::SOURCES)
-        .ok_or(CountersError::MissingMap(names::SOURCES))?;
-    let fd = crate::batch::hash_map_fd(map).ok_or(CountersError::MissingMap(names::SOURCES))?;
-    let cpus = aya::util::nr_cpus().map_err(|(_, e)| CountersError::Io(e))?;
+    let cpus = possible_cpus()?;
     let current = &mut sweep.current;
-    let (_, next) = crate::batch::read_per_cpu::<SourceKey, SourceTraffic>(
-        fd,
+    let (_, next) = batch::read_per_cpu::<SourceKey, SourceTraffic>(
+        batch::fd(maps.sources_data()),
         cpus,
         sweep.resume,
         budget,
         |key, per_cpu| current.add(key, per_cpu, now, top_k),
     )
-    .map_err(CountersError::Io)?;
+    .map_err(|source| MapsError::Batch {
+        map: names::SOURCES,
+        source,
+    })?;
     sweep.ticks += 1;
     match next {
         Some(resume) => sweep.resume = resume,
@@ -169,10 +154,9 @@ pub fn pass(
             // there (and seen) or was evicted; sources created during the
             // sweep and seen make this an underestimate, never an over.
             let seen = sweep.current.tracked;
-            sweep.evictions =
-                sweep
-                    .evictions
-                    .max(counters::evictions(sweep.created_at_start, seen, 0));
+            sweep.evictions = sweep
+                .evictions
+                .max(read::evictions(sweep.created_at_start, seen, 0));
             sweep.complete = Some(std::mem::take(&mut sweep.current));
             sweep.resume = Resume::Start;
             sweep.last_sweep_ticks = sweep.ticks;
@@ -189,23 +173,7 @@ pub fn pass(
         tracked_sources: view.tracked,
         limited: view.limited.clone(),
         top,
-        rule_drops: rule_drops(ebpf)?,
+        rule_drops: read::rule_drops(maps)?,
         evictions: sweep.evictions,
     })
-}
-
-/// Dropped (or would-drop) frames per `RULES` index, summed over CPUs.
-pub fn rule_drops(ebpf: &Ebpf) -> Result<Vec<u64>, CountersError> {
-    let map = ebpf
-        .map(names::RULE_DROPS)
-        .ok_or(CountersError::MissingMap(names::RULE_DROPS))?;
-    let map_err = |source| CountersError::Map {
-        map: names::RULE_DROPS,
-        source,
-    };
-    let drops = PerCpuArray::<&MapData, u64>::try_from(map).map_err(map_err)?;
-    drops
-        .iter()
-        .map(|values| values.map(|v| v.iter().sum()).map_err(map_err))
-        .collect()
 }

@@ -75,9 +75,9 @@ fn log(iface: &str, event: &LimitEvent, names: &RuleNames) {
         .unwrap_or_else(|| format!("#{}", event.rule));
     info!(
         iface,
-        source = %crate::display::source(&event.key),
+        source = %event.key,
         rule,
-        dry_run = event.dry_run != 0,
+        dry_run = event.dry_run(),
         "source limited"
     );
 }

@@ -41,12 +41,22 @@ pub struct Metrics {
     last: HashMap<String, u64>,
 }
 
-fn counter(name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
-    IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric")
+/// `metric`, registered with `registry` (so none can be left out).
+fn registered<M: Collector + Clone + 'static>(registry: &Registry, metric: M) -> M {
+    registry
+        .register(Box::new(metric.clone()))
+        .expect("unique metric");
+    metric
 }
 
-fn gauge(name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
-    IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric")
+fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    let metric = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
+    registered(registry, metric)
+}
+
+fn gauge(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+    let metric = IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric");
+    registered(registry, metric)
 }
 
 impl Metrics {
@@ -54,114 +64,110 @@ impl Metrics {
         let registry = Registry::new();
         let m = Self {
             packets: counter(
+                &registry,
                 "xdp_limiter_packets_total",
                 "Frames seen at XDP, by interface and outcome.",
                 &["interface", "outcome"],
             ),
             bytes: counter(
+                &registry,
                 "xdp_limiter_bytes_total",
                 "Bytes of frames seen at XDP (Ethernet header included), by interface and outcome.",
                 &["interface", "outcome"],
             ),
             rule_drops: counter(
+                &registry,
                 "xdp_limiter_rule_dropped_packets_total",
                 "Frames dropped (or would-be dropped in dry-run) per rule.",
                 &["interface", "rule"],
             ),
             evictions: counter(
+                &registry,
                 "xdp_limiter_source_evictions_total",
                 "Sources evicted from the state map to make room for new ones.",
                 &["interface"],
             ),
             tracked: gauge(
+                &registry,
                 "xdp_limiter_tracked_sources",
                 "Sources currently holding state.",
                 &["interface"],
             ),
             capacity: gauge(
+                &registry,
                 "xdp_limiter_source_capacity",
                 "Capacity of the per-source state map.",
                 &["interface"],
             ),
             limited: gauge(
+                &registry,
                 "xdp_limiter_limited_sources",
                 "Sources currently refused (over their limit or blocked).",
                 &["interface"],
             ),
             rules: gauge(
+                &registry,
                 "xdp_limiter_rules",
                 "Rules in force, the default rule included.",
                 &["interface"],
             ),
             reattachments: counter(
+                &registry,
                 "xdp_limiter_reattachments_total",
                 "Times the program was attached again because its interface was deleted and re-created.",
                 &["interface"],
             ),
             attached: gauge(
+                &registry,
                 "xdp_limiter_interface_attached",
                 "1 while the program is attached to the interface of that name, 0 while it is gone.",
                 &["interface"],
             ),
             run_seconds: counter(
+                &registry,
                 "xdp_limiter_program_run_time_nanoseconds_total",
                 "Time spent in the XDP program (needs kernel.bpf_stats_enabled=1).",
                 &["interface"],
             ),
             runs: counter(
+                &registry,
                 "xdp_limiter_program_runs_total",
                 "Runs of the XDP program (needs kernel.bpf_stats_enabled=1).",
                 &["interface"],
             ),
-            ns_per_run: GaugeVec::new(
-                Opts::new(
-                    "xdp_limiter_program_run_time_per_packet_seconds",
-                    "Average XDP program time per frame over the last pass (needs kernel.bpf_stats_enabled=1).",
-                ),
-                &["interface"],
-            )
-            .expect("valid metric"),
-            aggregation: Histogram::with_opts(
-                HistogramOpts::new(
-                    "xdp_limiter_aggregation_duration_seconds",
-                    "Duration of one aggregation pass over all interfaces.",
+            ns_per_run: registered(
+                &registry,
+                GaugeVec::new(
+                    Opts::new(
+                        "xdp_limiter_program_run_time_per_packet_seconds",
+                        "Average XDP program time per frame over the last pass (needs kernel.bpf_stats_enabled=1).",
+                    ),
+                    &["interface"],
                 )
-                .buckets(vec![0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5]),
-            )
-            .expect("valid metric"),
+                .expect("valid metric"),
+            ),
+            aggregation: registered(
+                &registry,
+                Histogram::with_opts(
+                    HistogramOpts::new(
+                        "xdp_limiter_aggregation_duration_seconds",
+                        "Duration of one aggregation pass over all interfaces.",
+                    )
+                    .buckets(vec![0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5]),
+                )
+                .expect("valid metric"),
+            ),
             last: HashMap::new(),
             registry,
         };
-        let build_info = IntGaugeVec::new(
-            Opts::new(
-                "xdp_limiter_build_info",
-                "Version of the running xdp-limiter.",
-            ),
+        gauge(
+            &m.registry,
+            "xdp_limiter_build_info",
+            "Version of the running xdp-limiter.",
             &["version"],
         )
-        .expect("valid metric");
-        build_info
-            .with_label_values(&[env!("CARGO_PKG_VERSION")])
-            .set(1);
-        for collector in [
-            Box::new(m.packets.clone()) as Box<dyn prometheus::core::Collector>,
-            Box::new(m.bytes.clone()),
-            Box::new(m.rule_drops.clone()),
-            Box::new(m.evictions.clone()),
-            Box::new(m.tracked.clone()),
-            Box::new(m.capacity.clone()),
-            Box::new(m.limited.clone()),
-            Box::new(m.rules.clone()),
-            Box::new(m.reattachments.clone()),
-            Box::new(m.attached.clone()),
-            Box::new(m.run_seconds.clone()),
-            Box::new(m.runs.clone()),
-            Box::new(m.ns_per_run.clone()),
-            Box::new(m.aggregation.clone()),
-            Box::new(build_info),
-        ] {
-            m.registry.register(collector).expect("unique metric");
-        }
+        .with_label_values(&[env!("CARGO_PKG_VERSION")])
+        .set(1);
         m
     }
 
@@ -212,12 +218,15 @@ impl Metrics {
         });
     }
 
-    /// Updates the metrics of `iface` from a pass.
+    /// Updates the metrics of `iface` from a pass: `rules` are in force,
+    /// `rule_names` name the indices of the live generation and the one
+    /// before it (drops counted under either go to their rule).
     pub fn record(
         &mut self,
         iface: &str,
         snapshot: &Snapshot,
         capacity: u32,
+        rules: usize,
         rule_names: &[(u32, String)],
         program_stats: Option<(u64, u64)>,
     ) {
@@ -239,9 +248,7 @@ impl Metrics {
         self.limited
             .with_label_values(&[iface])
             .set(snapshot.limited.len() as i64);
-        self.rules
-            .with_label_values(&[iface])
-            .set(rule_names.len() as i64);
+        self.rules.with_label_values(&[iface]).set(rules as i64);
         if let Some((run_ns, runs)) = program_stats {
             let key = format!("ns_per_run{iface}");
             let last_runs = self.last.get(&format!("{key}/runs")).copied().unwrap_or(0);

@@ -1,0 +1,271 @@
+//! `cargo xtask bench e2e`: the end-to-end benchmark. The same traffic
+//! (a live-frames generator in one namespace) hits a receiver in another
+//! namespace guarded by each scenario in turn: no filter, xdp-limiter,
+//! nftables in the input and the ingress hook, iptables hashlimit and an
+//! XDP drop-everything floor. Each cell (scenario x traffic mode x load) is
+//! run several times; it prints a line and a JSON line per cell, and
+//! regenerates the results section and plots of docs/benchmarks.md.
+//!
+//! SIGINT/SIGTERM stop it between steps; every namespace, rule, daemon and
+//! pin it made goes as it unwinds.
+
+use std::{
+    path::PathBuf,
+    process::Command,
+    sync::{atomic::AtomicBool, Arc},
+    time::{Duration, Instant},
+};
+
+use clap::Parser;
+use limiter_bench::e2e::{
+    lab::Lab,
+    measure::{run_once, Timing},
+    report::{self, Cell, Load, Mode, Setup},
+    scenario::{Limit, Scenario},
+    traffic::{Mix, Programs, Rate},
+};
+
+#[derive(Parser)]
+#[command(about = "End-to-end benchmark: xdp-limiter against nftables, iptables and an XDP floor")]
+struct Args {
+    /// Runs per cell (median and range are reported).
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    /// Seconds of traffic before each measurement. Half a window past a
+    /// whole number of windows: a sliding window lets a flooding source's
+    /// allowance through again as its first burst leaves the window, once
+    /// a window, and the measurement's edges must not cut such a burst.
+    #[arg(long, default_value_t = 1.5)]
+    warmup: f64,
+    /// Seconds measured per run: a whole number of the limit's 1 s window,
+    /// so that both edges fall half a window past the flood's start.
+    #[arg(long, default_value_t = 2.0)]
+    measure: f64,
+    /// The "below saturation" load of the mixed flood, frames per second.
+    #[arg(long, default_value_t = 500_000)]
+    below_pps: u64,
+    /// The "below saturation" load of the random-source flood: lower,
+    /// since every filter that keeps per-source state saturates sooner
+    /// there, and the light sources' share is only exact without ring loss.
+    #[arg(long, default_value_t = 100_000)]
+    below_random_pps: u64,
+    /// Only these scenarios (comma separated); docs are then not written.
+    #[arg(long, value_delimiter = ',')]
+    scenarios: Vec<String>,
+    /// Only these traffic modes (mixed, random); docs are then not written.
+    #[arg(long, value_delimiter = ',')]
+    modes: Vec<String>,
+    /// Do not rewrite docs/benchmarks.md and its plots.
+    #[arg(long)]
+    no_docs: bool,
+}
+
+/// The traffic of the two modes: 20,000 light sources (each far under the
+/// limit even unpaced), a quarter of the sources IPv6; the mixed flood adds
+/// 16 heavy sources sending 99% of the frames, the random flood sends 95%
+/// of its frames from random addresses (the light sources' 5% make their
+/// kept share measurable to 0.01%).
+const MIXED: Mix = Mix {
+    light_sources: 20_000,
+    heavy_sources: 16,
+    heavy_share: 0.99,
+    random_share: 0.0,
+    ipv6_share: 0.25,
+};
+const RANDOM: Mix = Mix {
+    light_sources: 20_000,
+    heavy_sources: 0,
+    heavy_share: 0.0,
+    random_share: 0.95,
+    ipv6_share: 0.25,
+};
+const LIMIT: Limit = Limit {
+    pps: 1000,
+    burst: 1000,
+};
+
+fn main() {
+    let args = Args::parse();
+    let scenarios: Vec<Scenario> = if args.scenarios.is_empty() {
+        Scenario::ALL.to_vec()
+    } else {
+        args.scenarios
+            .iter()
+            .map(|name| {
+                Scenario::from_name(name).unwrap_or_else(|| {
+                    let known: Vec<_> = Scenario::ALL.iter().map(|s| s.name()).collect();
+                    eprintln!("unknown scenario {name:?}; known: {}", known.join(", "));
+                    std::process::exit(2)
+                })
+            })
+            .collect()
+    };
+    let interrupted = Arc::new(AtomicBool::new(false));
+    for signal in [
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGHUP,
+    ] {
+        signal_hook::flag::register(signal, Arc::clone(&interrupted))
+            .expect("install a signal handler");
+    }
+    let timing = Timing {
+        warmup: Duration::from_secs_f64(args.warmup),
+        measure: Duration::from_secs_f64(args.measure),
+        idle_max: Duration::from_secs(3),
+        // The limit's window is 1 s.
+        quiet: Duration::from_millis(1_200),
+    };
+    let started = Instant::now();
+    let mut cells = Vec::new();
+    'scenarios: for scenario in &scenarios {
+        let lab = Lab::new();
+        let mut programs = Programs::load(&lab, &MIXED);
+        let _installed = scenario.install(&lab, &mut programs, LIMIT);
+        for mode in [Mode::Mixed, Mode::Random] {
+            if !args.modes.is_empty() && !args.modes.iter().any(|m| m == mode.name()) {
+                continue;
+            }
+            let mix = match mode {
+                Mode::Mixed => MIXED,
+                Mode::Random => RANDOM,
+            };
+            let below = match mode {
+                Mode::Mixed => args.below_pps,
+                Mode::Random => args.below_random_pps,
+            };
+            programs.set_mix(&lab, &mix);
+            let mut saturation = None;
+            for load in [Load::Unpaced, Load::Below(below), Load::Saturation(0)] {
+                let load = match load {
+                    Load::Saturation(_) => Load::Saturation(saturation.unwrap_or(below)),
+                    other => other,
+                };
+                programs.set_rate(match load.target_pps() {
+                    Some(pps) => Rate::Fixed(pps),
+                    None => Rate::Unpaced,
+                });
+                let mut runs = Vec::new();
+                for _ in 0..args.runs {
+                    let expectation = scenario.expectation();
+                    let Some(run) = run_once(
+                        &lab,
+                        &programs,
+                        &mix,
+                        expectation,
+                        LIMIT,
+                        timing,
+                        &interrupted,
+                    ) else {
+                        eprintln!("interrupted: cleaning up");
+                        break 'scenarios;
+                    };
+                    runs.push(run);
+                }
+                let cell = Cell {
+                    scenario: *scenario,
+                    mode,
+                    load,
+                    runs,
+                };
+                if load == Load::Unpaced {
+                    saturation = Some(cell.stat(|r| r.received_pps).median as u64);
+                }
+                eprintln!("{}", cell.summary());
+                println!("{}", cell.json());
+                cells.push(cell);
+            }
+        }
+    }
+    let complete = cells.len() == Scenario::ALL.len() * 2 * 3;
+    eprintln!(
+        "{} cells in {:.0} s",
+        cells.len(),
+        started.elapsed().as_secs_f64()
+    );
+    for target in report::targets(&cells) {
+        eprintln!(
+            "target: {} -> {} ({})",
+            target.what,
+            target.measured,
+            match target.met {
+                Some(true) => "met",
+                Some(false) => "MISSED",
+                None => "not measured",
+            }
+        );
+    }
+    if args.no_docs || !complete {
+        return;
+    }
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let setup = Setup {
+        when: date(),
+        machine: machine(),
+        mix: describe(&MIXED),
+        random_mix: describe(&RANDOM),
+        limit: format!(
+            "{} pps per source (nftables and iptables: burst {}; xdp-limiter: a 1 s sliding window), \
+             tables sized {} entries",
+            LIMIT.pps,
+            LIMIT.burst,
+            limiter_bench::e2e::scenario::TABLE_SIZE
+        ),
+        timing: format!(
+            "{} runs per cell, each after 1.2 s without traffic and waiting for an idle machine, {:.1} s warm-up then {:.0} s measured; \
+             loads: unpaced, below saturation ({} pps mixed, {} pps random), and paced at the scenario's own \
+             unpaced throughput (saturation)",
+            args.runs,
+            args.warmup,
+            args.measure,
+            report::rate(args.below_pps as f64),
+            report::rate(args.below_random_pps as f64)
+        ),
+    };
+    let doc = root.join("docs/benchmarks.md");
+    report::write_docs(&doc, &root.join("docs/img"), &setup, &cells)
+        .unwrap_or_else(|e| panic!("writing {}: {e:#}", doc.display()));
+    eprintln!("wrote {} and its plots", doc.display());
+}
+
+fn describe(mix: &Mix) -> String {
+    let mut parts = vec![format!("{} light sources", mix.light_sources)];
+    if mix.heavy_sources > 0 {
+        parts.push(format!(
+            "{} heavy sources sending {:.0}% of the frames",
+            mix.heavy_sources,
+            mix.heavy_share * 100.0
+        ));
+    }
+    if mix.random_share > 0.0 {
+        parts.push(format!(
+            "{:.0}% of the frames from random addresses",
+            mix.random_share * 100.0
+        ));
+    }
+    parts.push(format!("{:.0}% of sources IPv6", mix.ipv6_share * 100.0));
+    parts.push(format!(
+        "{}-byte UDP frames",
+        limiter_bench_common::traffic::FRAME_LEN
+    ));
+    parts.join(", ")
+}
+
+fn date() -> String {
+    Command::new("date")
+        .arg("-u")
+        .arg("+%Y-%m-%d")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
+}
+
+fn machine() -> String {
+    let kernel = Command::new("uname")
+        .arg("-r")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    let cpus = aya::util::online_cpus().map(|c| c.len()).unwrap_or(0);
+    format!("{cpus} CPUs, kernel {kernel} (generator on CPU 0, receive thread on CPU 1)")
+}

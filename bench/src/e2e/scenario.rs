@@ -1,0 +1,229 @@
+//! The filters compared by the end-to-end benchmark, each installed in the
+//! lab's receiving namespace with the same per-source limit, and what each
+//! is expected to let through.
+
+use std::fmt;
+
+use limiter_bench_common::traffic::names;
+use limiter_tests::daemon::{Daemon, Files};
+
+use crate::e2e::{
+    lab::{self, Lab, RX_IF},
+    traffic::Programs,
+};
+
+/// The per-source limit every filter enforces.
+#[derive(Clone, Copy, Debug)]
+pub struct Limit {
+    /// Packets per second per source.
+    pub pps: u64,
+    /// Burst: the token buckets' depth (nftables, iptables). xdp-limiter's
+    /// sliding window allows `pps` per second with no extra burst; over a
+    /// measurement after warm-up both admit `pps` per second.
+    pub burst: u64,
+}
+
+/// Capacity of every tool's per-source table (nftables sets, hashlimit
+/// tables, xdp-limiter maps): far above the light and heavy sources, so
+/// only a random-source flood fills it.
+pub const TABLE_SIZE: u32 = 262_144;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Scenario {
+    /// Nothing installed: the cost of the stack and the socket alone.
+    NoFilter,
+    /// The `xdp-limiter` daemon in enforce mode (native XDP).
+    XdpLimiter,
+    /// nftables, a dynamic set updated with `limit rate over` in the inet
+    /// input hook.
+    NftInput,
+    /// The same nftables rules in the netdev ingress hook.
+    NftIngress,
+    /// iptables/ip6tables `hashlimit --hashlimit-mode srcip` in INPUT.
+    IptablesHashlimit,
+    /// An XDP program that drops everything: the floor.
+    XdpDropAll,
+    /// An XDP program that parses like xdp-limiter, counts per source and
+    /// drops everything: the floor of any per-source state at XDP.
+    XdpCountDrop,
+}
+
+impl Scenario {
+    pub const ALL: [Scenario; 7] = [
+        Scenario::NoFilter,
+        Scenario::XdpLimiter,
+        Scenario::NftInput,
+        Scenario::NftIngress,
+        Scenario::IptablesHashlimit,
+        Scenario::XdpDropAll,
+        Scenario::XdpCountDrop,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Scenario::NoFilter => "no-filter",
+            Scenario::XdpLimiter => "xdp-limiter",
+            Scenario::NftInput => "nft-input",
+            Scenario::NftIngress => "nft-ingress",
+            Scenario::IptablesHashlimit => "iptables-hashlimit",
+            Scenario::XdpDropAll => "xdp-drop-all",
+            Scenario::XdpCountDrop => "xdp-count-drop",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|s| s.name() == name)
+    }
+
+    /// What the scenario lets through.
+    pub fn expectation(self) -> Expectation {
+        match self {
+            Scenario::NoFilter => Expectation::Everything,
+            Scenario::XdpDropAll | Scenario::XdpCountDrop => Expectation::Nothing,
+            _ => Expectation::PerSourceLimit,
+        }
+    }
+
+    /// Installs the filter in `lab`'s receiving namespace. What it returns
+    /// keeps it installed; the namespace takes the rest when it goes.
+    pub fn install(self, lab: &Lab, programs: &mut Programs, limit: Limit) -> Installed {
+        match self {
+            Scenario::NoFilter => Installed::Nothing,
+            Scenario::XdpDropAll => {
+                programs.attach_floor(lab, names::DROP_ALL);
+                Installed::Nothing
+            }
+            Scenario::XdpCountDrop => {
+                programs.attach_floor(lab, names::COUNT_DROP);
+                Installed::Nothing
+            }
+            Scenario::NftInput => {
+                nft(
+                    lab,
+                    &nft_ruleset("inet", "type filter hook input priority filter", limit),
+                );
+                Installed::Nothing
+            }
+            Scenario::NftIngress => {
+                let hook = format!("type filter hook ingress device \"{RX_IF}\" priority filter");
+                nft(lab, &nft_ruleset("netdev", &hook, limit));
+                Installed::Nothing
+            }
+            Scenario::IptablesHashlimit => {
+                for (tool, name) in [("iptables", "xlt4"), ("ip6tables", "xlt6")] {
+                    let rule = hashlimit_rule(name, limit);
+                    lab.rx
+                        .run(tool, &rule.iter().map(String::as_str).collect::<Vec<_>>());
+                }
+                Installed::Nothing
+            }
+            Scenario::XdpLimiter => {
+                Installed::Daemon(Box::new(start_limiter(lab, &limiter_config(limit))))
+            }
+        }
+    }
+}
+
+impl fmt::Display for Scenario {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What passes a scenario.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Expectation {
+    Everything,
+    Nothing,
+    /// Each source up to the limit.
+    PerSourceLimit,
+}
+
+/// Keeps a scenario installed.
+pub enum Installed {
+    /// Rules and programs that live and die with the namespace.
+    Nothing,
+    /// The daemon (stopped on drop: it detaches) and its files and pins.
+    Daemon(Box<(Daemon, Files)>),
+}
+
+/// The real daemon guarding `lab`'s receiving veth under the configuration
+/// `config` (written to its own scratch files; its pins are its own too).
+pub fn start_limiter(lab: &Lab, config: &str) -> (Daemon, Files) {
+    let files = Files::new();
+    files.write_config(config);
+    let path = files.config();
+    let daemon = Daemon::start(&lab.rx, &files, &["-c", path.to_str().expect("UTF-8 path")]);
+    // Its aggregation ticks share the generator's CPU, never the
+    // receiver's.
+    for task in daemon.tasks() {
+        lab::pin(task, lab::GEN_CPU);
+    }
+    (daemon, files)
+}
+
+/// The nftables rules: one dynamic set per family, elements expire after
+/// 10 s of silence.
+fn nft_ruleset(family: &str, hook: &str, limit: Limit) -> String {
+    let Limit { pps, burst } = limit;
+    let (v4, v6) = match family {
+        "netdev" => ("meta protocol ip", "meta protocol ip6"),
+        _ => ("meta nfproto ipv4", "meta nfproto ipv6"),
+    };
+    format!(
+        "table {family} xlt {{\n\
+         \x20 set m4 {{ type ipv4_addr; size {TABLE_SIZE}; flags dynamic,timeout; timeout 10s; }}\n\
+         \x20 set m6 {{ type ipv6_addr; size {TABLE_SIZE}; flags dynamic,timeout; timeout 10s; }}\n\
+         \x20 chain guard {{\n\
+         \x20   {hook}; policy accept;\n\
+         \x20   {v4} update @m4 {{ ip saddr limit rate over {pps}/second burst {burst} packets }} drop\n\
+         \x20   {v6} update @m6 {{ ip6 saddr limit rate over {pps}/second burst {burst} packets }} drop\n\
+         \x20 }}\n\
+         }}\n"
+    )
+}
+
+fn nft(lab: &Lab, ruleset: &str) {
+    use std::io::Write;
+    let mut child = lab
+        .rx
+        .command("nft")
+        .args(["-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run nft");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(ruleset.as_bytes())
+        .expect("write the ruleset");
+    let out = child.wait_with_output().expect("wait for nft");
+    assert!(
+        out.status.success(),
+        "nft refused the ruleset ({}):\n{ruleset}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn hashlimit_rule(name: &str, limit: Limit) -> Vec<String> {
+    let rule = format!(
+        "-A INPUT -m hashlimit --hashlimit-mode srcip --hashlimit-above {}/sec \
+         --hashlimit-burst {} --hashlimit-name {name} --hashlimit-htable-size 65536 \
+         --hashlimit-htable-max {TABLE_SIZE} --hashlimit-htable-expire 10000 -j DROP",
+        limit.pps, limit.burst
+    );
+    rule.split_whitespace().map(String::from).collect()
+}
+
+/// The daemon's configuration: every source `pps` per 1 s sliding window,
+/// enforce mode, native XDP on the receiving veth.
+fn limiter_config(limit: Limit) -> String {
+    format!(
+        "[daemon]\ninterfaces = [\"{RX_IF}\"]\nmode = \"native\"\nmax_sources = {TABLE_SIZE}\n\n\
+         [default]\npps = {}\nwindow = \"1s\"\ndry_run = false\n",
+        limit.pps
+    )
+}

@@ -1,0 +1,17 @@
+//! xdp-limiter's benchmarks, demo and soak, apart from the product and
+//! from its tests:
+//!
+//! - [`e2e`]: the end-to-end benchmark's lab, live-frames generator,
+//!   scenarios, measurement and report (`cargo xtask bench e2e`, the soak,
+//!   and their smoke test `tests/e2e_smoke.rs`).
+//! - `src/bin/`: the drivers `cargo xtask` runs: `bench-xdp`,
+//!   `bench-aggregate`, `bench-e2e`, `demo` and `soak`.
+//!
+//! The eBPF programs they load are embedded by `limiter-bench-objects`;
+//! the harness they share with the integration tests (namespaces, labs,
+//! the daemon driver, test runs, packets) is `limiter-tests`.
+//!
+//! Everything here needs root and a BPF-capable kernel, and panics with
+//! context when it lacks them.
+
+pub mod e2e;

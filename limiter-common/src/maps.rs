@@ -1,0 +1,368 @@
+//! Every map of the XDP program in one table: its name, key and value
+//! sizes, default capacity, whether userspace sizes it by `max_sources`,
+//! and whether the daemon pins it.
+//!
+//! The table is the single statement of what the kernel defines and what
+//! userspace expects: the kernel crate checks each of its map statics
+//! against it at compile time (name, key and value sizes) and takes its
+//! capacity from it (`limiter-ebpf/src/maps.rs`); the daemon checks pinned
+//! maps against it before adopting them; [`names`] is derived from it. A
+//! change of a key or value layout must also bump [`MAP_LAYOUT_VERSION`]:
+//! sizes alone do not reveal a reordered field.
+
+use core::mem::size_of;
+
+use crate::{
+    rules::{PrefixKeyV4, PrefixKeyV6, RULE_SLOTS},
+    Config, Counter, Outcome, Rule, RuleRefs, SourceKey, SourceTraffic, WindowState,
+};
+
+/// Version of the map layouts (keys, values and their field order). Bump it
+/// on any change: a daemon never adopts pinned maps of another version,
+/// since sizes alone do not reveal a reordered field.
+pub const MAP_LAYOUT_VERSION: u32 = 3;
+
+/// Default capacity of the per-source state maps; userspace sets the real
+/// size (`max_sources`) before loading.
+pub const DEFAULT_MAX_SOURCES: u32 = 65_536;
+
+/// The BPF map type of a [`MapSpec`] (what the key size means depends on it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MapKind {
+    LruPerCpuHash,
+    LruHash,
+    Array,
+    PerCpuArray,
+    /// Keys are the 4-byte prefix length, then the key data.
+    LpmTrie,
+    /// No keys or values; the capacity is the ring's size in bytes.
+    RingBuf,
+}
+
+/// One map of the program, as the kernel defines it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MapSpec {
+    /// The map's name in the object (`#[map(name = ...)]`).
+    pub name: &'static str,
+    pub kind: MapKind,
+    /// Bytes of a key (an array's is its `u32` index).
+    pub key_size: u32,
+    /// Bytes of a value (of one CPU's value for per-CPU maps).
+    pub value_size: u32,
+    /// Capacity the object defines (bytes, for a ring buffer).
+    pub max_entries: u32,
+    /// Resized by userspace to `max_sources` before loading.
+    pub sized_by_max_sources: bool,
+    /// Pinned by the daemon under `maps-v<MAP_LAYOUT_VERSION>/`, so a
+    /// restarted daemon adopts it. The ring buffer and the per-CPU
+    /// scratch and budget maps hold nothing worth keeping.
+    pub pinned: bool,
+}
+
+impl MapSpec {
+    /// The capacity of this map once loaded for `max_sources` sources, as
+    /// a pinned map must have it to be adopted. `None` for the LPM tries:
+    /// a pinned trie is adopted whatever its capacity (as it always was):
+    /// its capacity does not change how its entries read, only how many
+    /// prefixes fit, and a push that does not fit fails as a whole.
+    pub const fn expected_max_entries(&self, max_sources: u32) -> Option<u32> {
+        match self.kind {
+            MapKind::LpmTrie => None,
+            _ if self.sized_by_max_sources => Some(max_sources),
+            _ => Some(self.max_entries),
+        }
+    }
+
+    /// A compile-time check of a map definition against this entry: fails
+    /// the build (a panic in const evaluation) unless `name` is this
+    /// entry's name. The kernel crate calls it with the literal its
+    /// `#[map(name = ...)]` attribute needs.
+    pub const fn check_name(&self, name: &str) {
+        assert!(same_str(self.name, name), "map name differs from the table");
+    }
+
+    /// As [`check_name`](Self::check_name), and that `K` and `V` (the
+    /// static's key and value types) have this entry's sizes.
+    pub const fn check<K, V>(&self, name: &str) {
+        self.check_name(name);
+        assert!(
+            size_of::<K>() == self.key_size as usize,
+            "key size differs from the table"
+        );
+        assert!(
+            size_of::<V>() == self.value_size as usize,
+            "value size differs from the table"
+        );
+    }
+}
+
+/// `a == b`, in const context.
+const fn same_str(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    if a.len() != b.len() {
+        return false;
+    }
+    let mut i = 0;
+    while i < a.len() {
+        if a[i] != b[i] {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
+
+const fn bytes<T>() -> u32 {
+    size_of::<T>() as u32
+}
+
+/// An array's key: its `u32` index.
+const INDEX: u32 = bytes::<u32>();
+
+/// Offered traffic per source, per CPU: `SourceKey` -> `SourceTraffic`.
+/// LRU: when full, the least recently seen source is evicted.
+pub const SOURCES: MapSpec = MapSpec {
+    name: "SOURCES",
+    kind: MapKind::LruPerCpuHash,
+    key_size: bytes::<SourceKey>(),
+    value_size: bytes::<SourceTraffic>(),
+    max_entries: DEFAULT_MAX_SOURCES,
+    sized_by_max_sources: true,
+    pinned: true,
+};
+
+/// Admission windows per source and rule budget, shared by all CPUs:
+/// `SourceKey` -> `WindowState`.
+pub const WINDOWS: MapSpec = MapSpec {
+    name: "WINDOWS",
+    kind: MapKind::LruHash,
+    key_size: bytes::<SourceKey>(),
+    value_size: bytes::<WindowState>(),
+    max_entries: DEFAULT_MAX_SOURCES,
+    sized_by_max_sources: true,
+    pinned: true,
+};
+
+/// Per-CPU scratch for building a new `WINDOWS` value off the stack.
+pub const WINDOW_SEED: MapSpec = MapSpec {
+    name: "WINDOW_SEED",
+    kind: MapKind::PerCpuArray,
+    key_size: INDEX,
+    value_size: bytes::<WindowState>(),
+    max_entries: 1,
+    sized_by_max_sources: false,
+    pinned: false,
+};
+
+/// Global per-CPU counters by `Outcome`.
+pub const STATS: MapSpec = MapSpec {
+    name: "STATS",
+    kind: MapKind::PerCpuArray,
+    key_size: INDEX,
+    value_size: bytes::<Counter>(),
+    max_entries: Outcome::COUNT,
+    sized_by_max_sources: false,
+    pinned: true,
+};
+
+/// The global `Config` (an array of one).
+pub const CONFIG: MapSpec = MapSpec {
+    name: "CONFIG",
+    kind: MapKind::Array,
+    key_size: INDEX,
+    value_size: bytes::<Config>(),
+    max_entries: 1,
+    sized_by_max_sources: false,
+    pinned: true,
+};
+
+/// Compiled `Rule`s, two generations' halves.
+pub const RULES: MapSpec = MapSpec {
+    name: "RULES",
+    kind: MapKind::Array,
+    key_size: INDEX,
+    value_size: bytes::<Rule>(),
+    max_entries: RULE_SLOTS,
+    sized_by_max_sources: false,
+    pinned: true,
+};
+
+/// Frames dropped (or would-be dropped) per `RULES` index, per CPU.
+pub const RULE_DROPS: MapSpec = MapSpec {
+    name: "RULE_DROPS",
+    kind: MapKind::PerCpuArray,
+    key_size: INDEX,
+    value_size: bytes::<u64>(),
+    max_entries: RULE_SLOTS,
+    sized_by_max_sources: false,
+    pinned: true,
+};
+
+/// IPv4 prefixes of both generations -> `RuleRefs` (keyed by
+/// `rules::PrefixKeyV4`).
+pub const PREFIXES_V4: MapSpec = MapSpec {
+    name: "PREFIXES_V4",
+    kind: MapKind::LpmTrie,
+    key_size: INDEX + bytes::<PrefixKeyV4>(),
+    value_size: bytes::<RuleRefs>(),
+    max_entries: 4096,
+    sized_by_max_sources: false,
+    pinned: true,
+};
+
+/// IPv6 prefixes of both generations -> `RuleRefs` (keyed by
+/// `rules::PrefixKeyV6`).
+pub const PREFIXES_V6: MapSpec = MapSpec {
+    name: "PREFIXES_V6",
+    kind: MapKind::LpmTrie,
+    key_size: INDEX + bytes::<PrefixKeyV6>(),
+    value_size: bytes::<RuleRefs>(),
+    max_entries: 4096,
+    sized_by_max_sources: false,
+    pinned: true,
+};
+
+/// Ring buffer of `LimitEvent`s (its capacity in bytes).
+pub const EVENTS: MapSpec = MapSpec {
+    name: "EVENTS",
+    kind: MapKind::RingBuf,
+    key_size: 0,
+    value_size: 0,
+    max_entries: 64 * 1024,
+    sized_by_max_sources: false,
+    pinned: false,
+};
+
+/// Per CPU: `[second, events sent in it]`, the events' rate limit.
+pub const EVENT_BUDGET: MapSpec = MapSpec {
+    name: "EVENT_BUDGET",
+    kind: MapKind::PerCpuArray,
+    key_size: INDEX,
+    value_size: bytes::<[u64; 2]>(),
+    max_entries: 1,
+    sized_by_max_sources: false,
+    pinned: false,
+};
+
+/// Every map of the program.
+pub const ALL: [MapSpec; 11] = [
+    SOURCES,
+    WINDOWS,
+    WINDOW_SEED,
+    STATS,
+    CONFIG,
+    RULES,
+    RULE_DROPS,
+    PREFIXES_V4,
+    PREFIXES_V6,
+    EVENTS,
+    EVENT_BUDGET,
+];
+
+/// The maps the daemon pins, in table order.
+pub const PINNED: [MapSpec; pinned_count()] = pinned();
+
+const fn pinned_count() -> usize {
+    let mut count = 0;
+    let mut i = 0;
+    while i < ALL.len() {
+        if ALL[i].pinned {
+            count += 1;
+        }
+        i += 1;
+    }
+    count
+}
+
+const fn pinned() -> [MapSpec; pinned_count()] {
+    let mut out = [ALL[0]; pinned_count()];
+    let mut n = 0;
+    let mut i = 0;
+    while i < ALL.len() {
+        if ALL[i].pinned {
+            out[n] = ALL[i];
+            n += 1;
+        }
+        i += 1;
+    }
+    out
+}
+
+/// Names of the maps and the program in the eBPF object, so that userspace
+/// looks up exactly what the kernel side defines (the maps' from the
+/// table).
+pub mod names {
+    /// The XDP entry point.
+    pub const PROGRAM: &str = "xdp_limiter";
+    pub const SOURCES: &str = super::SOURCES.name;
+    pub const WINDOWS: &str = super::WINDOWS.name;
+    pub const WINDOW_SEED: &str = super::WINDOW_SEED.name;
+    pub const STATS: &str = super::STATS.name;
+    pub const CONFIG: &str = super::CONFIG.name;
+    pub const RULES: &str = super::RULES.name;
+    pub const RULE_DROPS: &str = super::RULE_DROPS.name;
+    pub const PREFIXES_V4: &str = super::PREFIXES_V4.name;
+    pub const PREFIXES_V6: &str = super::PREFIXES_V6.name;
+    pub const EVENTS: &str = super::EVENTS.name;
+    pub const EVENT_BUDGET: &str = super::EVENT_BUDGET.name;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_unique() {
+        for (i, a) in ALL.iter().enumerate() {
+            for b in &ALL[i + 1..] {
+                assert_ne!(a.name, b.name);
+            }
+        }
+    }
+
+    #[test]
+    fn the_daemon_pins_the_state_and_rule_maps() {
+        let pinned: [&str; 8] = PINNED.map(|spec| spec.name);
+        assert_eq!(
+            pinned,
+            [
+                "SOURCES",
+                "WINDOWS",
+                "STATS",
+                "CONFIG",
+                "RULES",
+                "RULE_DROPS",
+                "PREFIXES_V4",
+                "PREFIXES_V6"
+            ]
+        );
+    }
+
+    #[test]
+    fn capacities_as_loaded() {
+        assert_eq!(SOURCES.expected_max_entries(1000), Some(1000));
+        assert_eq!(WINDOWS.expected_max_entries(1000), Some(1000));
+        assert_eq!(RULES.expected_max_entries(1000), Some(RULE_SLOTS));
+        assert_eq!(STATS.expected_max_entries(1000), Some(Outcome::COUNT));
+        assert_eq!(PREFIXES_V4.expected_max_entries(1000), None);
+    }
+
+    #[test]
+    fn sizes_of_the_layout() {
+        // The sizes a pinned map of this layout version has.
+        let sizes: [(&str, u32, u32); 8] = PINNED.map(|s| (s.name, s.key_size, s.value_size));
+        assert_eq!(
+            sizes,
+            [
+                ("SOURCES", 20, 184),
+                ("WINDOWS", 20, 280),
+                ("STATS", 4, 16),
+                ("CONFIG", 4, 72),
+                ("RULES", 4, 64),
+                ("RULE_DROPS", 4, 8),
+                ("PREFIXES_V4", 9, 132),
+                ("PREFIXES_V6", 21, 132),
+            ]
+        );
+    }
+}

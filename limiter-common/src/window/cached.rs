@@ -1,0 +1,291 @@
+//! The admission path the kernel runs: each CPU keeps a [`WindowCache`]
+//! of a source's older buckets for the bucket it is in, so a frame's
+//! estimate is two multiplications and the live current slot (no loop, no
+//! division), and a refused frame yields the time until which this CPU can
+//! refuse without looking (the hold). It decides as the reference path
+//! (`reference::try_admit`) does; the property tests compare the two.
+
+use super::{
+    fits, position,
+    ring::{give_back_bytes, reserve_bytes, OlderBuckets},
+    slots::{packets_bumped_by, slot_of},
+    Estimate, Position, SlotRead, SlotWrite, WindowParams, BYTES, CAS_ATTEMPTS, PACKETS, UNLIMITED,
+    WEIGHT_ONE, WEIGHT_SHIFT,
+};
+
+/// Shift of [`WindowCache::inv_bucket`]: `2^42 / B`, so that
+/// `(elapsed_ns * inv) >> 32` is the elapsed share in 1/1024 steps.
+const INV_SHIFT: u32 = 42;
+
+/// One CPU's precomputed view of a source's older buckets for the bucket
+/// it is in, so the per-frame estimate needs no loop and no division:
+/// `older + inside(e) * oldest_per_q + current`, with
+/// `inside(e) = 1024 - max(first, e)`. Refreshed on the first frame of each
+/// bucket (and whenever the bucket width changes). The older buckets no
+/// longer change once the current one has begun (a frame that raced the
+/// boundary on another CPU may still land in the previous bucket; such a
+/// frame is missing from this CPU's cache until the next bucket).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WindowCache {
+    /// The bucket this cache is for.
+    pub bucket: u64,
+    /// Its start (ns).
+    pub start_ns: u64,
+    /// The bucket width it was computed for; 0 = empty.
+    pub bucket_ns: u64,
+    /// `2^42 / bucket_ns`.
+    pub inv_bucket: u64,
+    /// Buckets `i-K+1 ..= i-1`, fixed point.
+    pub older_packets: u64,
+    pub older_bytes: u64,
+    /// The oldest bucket's count per 1/1024 of its span, fixed point.
+    pub oldest_packets_per_q: u64,
+    pub oldest_bytes_per_q: u64,
+    /// The oldest bucket's first offset (1/1024 of a bucket).
+    pub oldest_first: u64,
+}
+
+/// The outcome of [`try_admit_cached`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Admission {
+    /// Admitted, with `granted - 1` more frames leased to the caller for
+    /// the rest of this bucket (counted as admitted already).
+    Admitted { granted: u64 },
+    /// Refused; no frame can be admitted before `hold_until_ns`, so the
+    /// caller may refuse until then without looking at the window.
+    Refused { hold_until_ns: u64 },
+}
+
+impl WindowCache {
+    /// Whether this cache describes the bucket `now_ns` is in, for buckets
+    /// of `bucket_ns`.
+    #[inline(always)]
+    pub fn covers(&self, now_ns: u64, bucket_ns: u64) -> bool {
+        self.bucket_ns == bucket_ns
+            && bucket_ns != 0
+            && now_ns.wrapping_sub(self.start_ns) < bucket_ns
+    }
+
+    /// Reads the older buckets for the bucket of `now_ns`.
+    #[inline(always)]
+    pub fn refresh<S: SlotRead + ?Sized>(slots: &S, params: &WindowParams, now_ns: u64) -> Self {
+        let bucket_ns = if params.bucket_ns == 0 {
+            1
+        } else {
+            params.bucket_ns
+        };
+        let at = position(now_ns, bucket_ns);
+        let older = OlderBuckets::read(slots, at.bucket, params.buckets);
+        // The oldest bucket's traffic lies in [first, 1) of it: its count
+        // per 1/1024 of that span.
+        let span = WEIGHT_ONE - older.oldest_first;
+        WindowCache {
+            bucket: at.bucket,
+            start_ns: at.bucket * bucket_ns,
+            bucket_ns,
+            inv_bucket: (1u64 << INV_SHIFT) / bucket_ns,
+            older_packets: older.full_packets << WEIGHT_SHIFT,
+            older_bytes: older.full_bytes << WEIGHT_SHIFT,
+            oldest_packets_per_q: (older.oldest_packets << WEIGHT_SHIFT) / span,
+            oldest_bytes_per_q: (older.oldest_bytes << WEIGHT_SHIFT) / span,
+            oldest_first: older.oldest_first,
+        }
+    }
+
+    /// The elapsed share of the bucket at `now_ns` (1/1024 steps).
+    #[inline(always)]
+    pub fn elapsed(&self, now_ns: u64) -> u64 {
+        let elapsed = (now_ns
+            .wrapping_sub(self.start_ns)
+            .wrapping_mul(self.inv_bucket))
+            >> (INV_SHIFT - WEIGHT_SHIFT);
+        if elapsed > WEIGHT_ONE - 1 {
+            WEIGHT_ONE - 1
+        } else {
+            elapsed
+        }
+    }
+
+    /// The oldest bucket's still-inside share at `elapsed` (1/1024 steps).
+    #[inline(always)]
+    fn inside(&self, elapsed: u64) -> u64 {
+        let gone = if elapsed > self.oldest_first {
+            elapsed
+        } else {
+            self.oldest_first
+        };
+        WEIGHT_ONE - gone
+    }
+
+    /// The estimate at `elapsed`, with `current` the current bucket's
+    /// part ([`Estimate::current`]).
+    #[inline(always)]
+    pub fn estimate(&self, elapsed: u64, current: Estimate) -> Estimate {
+        let inside = self.inside(elapsed);
+        Estimate {
+            packets: self.older_packets + inside * self.oldest_packets_per_q + current.packets,
+            bytes: self.older_bytes + inside * self.oldest_bytes_per_q + current.bytes,
+        }
+    }
+
+    /// The earliest time in this bucket at which one more frame (of one
+    /// byte) could fit, given the current bucket's counts; the bucket's end
+    /// if none can. Rounded early, never late.
+    #[inline(always)]
+    pub fn free_at(&self, params: &WindowParams, current: Estimate) -> u64 {
+        let packets = needed_elapsed(
+            params.allowance_packets,
+            self.older_packets + current.packets,
+            self.oldest_packets_per_q,
+        );
+        let bytes = needed_elapsed(
+            params.allowance_bytes,
+            self.older_bytes + current.bytes,
+            self.oldest_bytes_per_q,
+        );
+        let elapsed = if packets > bytes { packets } else { bytes };
+        self.start_ns + ((elapsed * self.bucket_ns) >> WEIGHT_SHIFT)
+    }
+}
+
+/// The elapsed share at which `fixed + inside * per_q + 1 <= allowance`
+/// (fixed point); [`WEIGHT_ONE`] (the bucket's end) if never in it.
+#[inline(always)]
+fn needed_elapsed(allowance: u64, fixed: u64, per_q: u64) -> u64 {
+    if allowance == UNLIMITED {
+        return 0;
+    }
+    let limit = allowance << WEIGHT_SHIFT;
+    let need = fixed + WEIGHT_ONE;
+    if need > limit {
+        return WEIGHT_ONE;
+    }
+    if per_q == 0 {
+        return 0;
+    }
+    WEIGHT_ONE.saturating_sub((limit - need) / per_q)
+}
+
+/// `reference::try_admit` through a CPU's [`WindowCache`] (which must cover
+/// `now_ns`): the same decision, without the per-frame loop and divisions,
+/// and on refusal the time until which refusing needs no look.
+///
+/// With `lease > 1` (only without a byte limit), an admitted frame takes
+/// up to `lease` frames of allowance at once when they fit, so the caller
+/// admits the next `granted - 1` frames of this bucket without touching
+/// the shared window. Unused leased frames stay counted as admitted: that
+/// errs on the side of admitting less, by at most `lease` per CPU and
+/// bucket.
+#[inline(always)]
+pub fn try_admit_cached<S: SlotWrite + ?Sized>(
+    slots: &S,
+    cache: &WindowCache,
+    params: &WindowParams,
+    now_ns: u64,
+    len: u64,
+    lease: u64,
+) -> Admission {
+    let elapsed = cache.elapsed(now_ns);
+    let slot = slot_of(cache.bucket);
+    let count_bytes = params.allowance_bytes != UNLIMITED;
+    let at = Position {
+        bucket: cache.bucket,
+        elapsed,
+    };
+    let mut attempt = 0;
+    while attempt < CAS_ATTEMPTS {
+        attempt += 1;
+        let current = slots.load(slot, PACKETS);
+        let current_bytes = if count_bytes {
+            slots.load(slot, BYTES)
+        } else {
+            0
+        };
+        let current_only = Estimate::current(current, current_bytes, cache.bucket);
+        let est = cache.estimate(elapsed, current_only);
+        if !fits(est.packets, 1, params.allowance_packets)
+            || !fits(est.bytes, len, params.allowance_bytes)
+        {
+            let free = cache.free_at(params, current_only);
+            return Admission::Refused {
+                hold_until_ns: if free > now_ns { free } else { now_ns },
+            };
+        }
+        let granted =
+            if lease > 1 && !count_bytes && fits(est.packets, lease, params.allowance_packets) {
+                lease
+            } else {
+                1
+            };
+        if count_bytes && !reserve_bytes(slots, slot, cache.bucket, current_bytes, len) {
+            continue;
+        }
+        if slots.compare_exchange(
+            slot,
+            PACKETS,
+            current,
+            packets_bumped_by(current, at, granted),
+        ) {
+            return Admission::Admitted { granted };
+        }
+        if count_bytes {
+            give_back_bytes(slots, slot, cache.bucket, len);
+        }
+    }
+    Admission::Refused {
+        hold_until_ns: now_ns,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::window::{bytes_in, packets_in, try_admit, AtomicRing};
+
+    /// A ring whose byte words lose every compare-and-swap (another CPU
+    /// always got there first), and that counts what it holds.
+    struct ContendedBytes(AtomicRing);
+
+    impl SlotRead for ContendedBytes {
+        fn load(&self, slot: usize, field: usize) -> u64 {
+            self.0.load(slot, field)
+        }
+    }
+
+    impl SlotWrite for ContendedBytes {
+        fn compare_exchange(&self, slot: usize, field: usize, current: u64, new: u64) -> bool {
+            field != BYTES && self.0.compare_exchange(slot, field, current, new)
+        }
+
+        fn store(&self, slot: usize, field: usize, value: u64) {
+            self.0.store(slot, field, value)
+        }
+    }
+
+    #[test]
+    fn a_frame_whose_bytes_cannot_be_counted_is_refused_not_admitted_uncounted() {
+        let params = WindowParams {
+            bucket_ns: 100,
+            buckets: 10,
+            allowance_packets: 1000,
+            allowance_bytes: 100_000,
+        };
+        let ring = ContendedBytes(AtomicRing::default());
+        let now = 1_050;
+        let admitted = try_admit(&ring, &params, now, 60);
+        let cache = WindowCache::refresh(&ring, &params, now);
+        let cached = try_admit_cached(&ring, &cache, &params, now, 60, 1);
+        let at = position(now, params.bucket_ns);
+        let packets = packets_in(ring.load(slot_of(at.bucket), PACKETS), at.bucket);
+        let bytes = bytes_in(ring.load(slot_of(at.bucket), BYTES), at.bucket);
+        let admitted_frames =
+            u64::from(admitted) + u64::from(matches!(cached, Admission::Admitted { .. }));
+        assert_eq!(
+            bytes,
+            admitted_frames * 60,
+            "every admitted frame's bytes are counted ({admitted_frames} admitted, {packets} packets counted)"
+        );
+        assert_eq!(admitted_frames, 0, "the bytes could never be counted");
+    }
+}

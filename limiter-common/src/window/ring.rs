@@ -1,0 +1,302 @@
+//! Access to a window's ring of slots: the read and compare-and-swap
+//! traits the kernel's shared map value and the host's atomics implement,
+//! the one walk over the older buckets both admission paths make, byte
+//! reservations, and whole-window operations (the first word of a new
+//! window, clearing, marking exhausted).
+
+use super::{
+    position,
+    slots::{bytes_bumped, bytes_in, first_offset, pack_bytes, pack_packets, packets_in, slot_of},
+    WindowParams, BYTES, CAS_ATTEMPTS, MAX_BYTES, MAX_PACKETS, PACKETS, RING, UNLIMITED,
+};
+
+/// Read access to the ring's slot words.
+pub trait SlotRead {
+    /// The word of `field` ([`PACKETS`] or [`BYTES`]) in `slot` (< [`RING`]).
+    fn load(&self, slot: usize, field: usize) -> u64;
+}
+
+/// Atomic write access to the ring's slot words.
+pub trait SlotWrite: SlotRead {
+    /// Replaces `current` with `new`; false if the word was not `current`.
+    fn compare_exchange(&self, slot: usize, field: usize, current: u64, new: u64) -> bool;
+    /// Overwrites a word (used only to clear the ring).
+    fn store(&self, slot: usize, field: usize, value: u64);
+}
+
+/// The buckets before the current one, read once: the full ones (ages
+/// `1 .. K`, wholly inside the window) summed, and the oldest (age `K`,
+/// partly inside) on its own. Only the current bucket is still written, so
+/// both admission paths read this once, however often their
+/// compare-and-swap is retried (the cached path once per bucket).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OlderBuckets {
+    /// Packets and bytes of buckets `i-K+1 ..= i-1`.
+    pub full_packets: u64,
+    pub full_bytes: u64,
+    /// Packets and bytes of bucket `i-K`.
+    pub oldest_packets: u64,
+    pub oldest_bytes: u64,
+    /// The oldest bucket's first offset (1/1024 of a bucket).
+    pub oldest_first: u64,
+}
+
+impl OlderBuckets {
+    /// Reads the `buckets` buckets before `bucket`. The loop has a fixed
+    /// trip count (no exit that depends on `buckets`), which keeps the
+    /// kernel verifier's path count small.
+    #[inline(always)]
+    pub fn read<S: SlotRead + ?Sized>(slots: &S, bucket: u64, buckets: u32) -> Self {
+        let buckets = buckets as u64;
+        let mut older = OlderBuckets::default();
+        let mut age = 1u64;
+        while age < RING as u64 {
+            if age <= buckets {
+                let past = bucket.wrapping_sub(age);
+                let slot = slot_of(past);
+                let packet_word = slots.load(slot, PACKETS);
+                let packets = packets_in(packet_word, past);
+                let bytes = bytes_in(slots.load(slot, BYTES), past);
+                if age < buckets {
+                    older.full_packets += packets;
+                    older.full_bytes += bytes;
+                } else {
+                    older.oldest_packets = packets;
+                    older.oldest_bytes = bytes;
+                    older.oldest_first = first_offset(packet_word);
+                }
+            }
+            age += 1;
+        }
+        older
+    }
+}
+
+/// Counts `len` bytes into the current slot if its byte word is still
+/// `seen` (the word the estimate used); false if another CPU changed it.
+#[inline(always)]
+pub(super) fn reserve_bytes<S: SlotWrite + ?Sized>(
+    slots: &S,
+    slot: usize,
+    bucket: u64,
+    seen: u64,
+    len: u64,
+) -> bool {
+    slots.compare_exchange(slot, BYTES, seen, bytes_bumped(seen, bucket, len))
+}
+
+/// Takes back `len` bytes reserved for a frame that was then refused,
+/// unless the slot moved on to another bucket or the word keeps changing
+/// (then they stay counted: the safe side).
+#[inline(always)]
+pub(super) fn give_back_bytes<S: SlotWrite + ?Sized>(
+    slots: &S,
+    slot: usize,
+    bucket: u64,
+    len: u64,
+) {
+    let mut attempt = 0;
+    while attempt < CAS_ATTEMPTS {
+        let word = slots.load(slot, BYTES);
+        let count = bytes_in(word, bucket);
+        if count < len {
+            return;
+        }
+        if slots.compare_exchange(slot, BYTES, word, pack_bytes(bucket, count - len)) {
+            return;
+        }
+        attempt += 1;
+    }
+}
+
+/// The first packet word of a window created at `now_ns` that must count
+/// one frame admitted at `at_ns` without a window (a source's first frame,
+/// see `SourceTraffic::unwindowed_ns`), and its slot. The frame goes into
+/// its own bucket while that is the current one, so it ages exactly; into
+/// the current bucket if its own is older but may still be inside the
+/// window (it then counts a little longer than it should: the safe side);
+/// nowhere (word 0) once it has left the window, or if `at_ns` is 0 (no
+/// frame owed). Packets only: only packet-only limits admit without a
+/// window.
+#[inline(always)]
+pub fn owed_word(params: &WindowParams, at_ns: u64, now_ns: u64) -> (usize, u64) {
+    let now = position(now_ns, params.bucket_ns);
+    // A frame in bucket b counts until bucket b + K has passed.
+    let span = params.bucket_ns * (params.buckets as u64 + 1);
+    if at_ns == 0 || now_ns.saturating_sub(at_ns) >= span {
+        return (slot_of(now.bucket), 0);
+    }
+    let then = position(at_ns, params.bucket_ns);
+    let at = if then.bucket == now.bucket { then } else { now };
+    (slot_of(at.bucket), pack_packets(at.bucket, at.elapsed, 1))
+}
+
+/// Clears every slot (when a source's bucket width changes).
+#[inline(always)]
+pub fn clear<S: SlotWrite + ?Sized>(slots: &S) {
+    let mut slot = 0;
+    while slot < RING {
+        slots.store(slot, PACKETS, 0);
+        slots.store(slot, BYTES, 0);
+        slot += 1;
+    }
+}
+
+/// Marks the allowance as used up in the bucket of `now_ns`: a source that
+/// was over its limit and lost its window state (evicted under pressure)
+/// restarts refused for one window instead of with a fresh allowance.
+#[inline(always)]
+pub fn mark_exhausted<S: SlotWrite + ?Sized>(slots: &S, params: &WindowParams, now_ns: u64) {
+    let at = position(now_ns, params.bucket_ns);
+    let slot = slot_of(at.bucket);
+    let packets = if params.allowance_packets == UNLIMITED {
+        1
+    } else if params.allowance_packets > MAX_PACKETS {
+        MAX_PACKETS
+    } else if params.allowance_packets == 0 {
+        1
+    } else {
+        params.allowance_packets
+    };
+    slots.store(slot, PACKETS, pack_packets(at.bucket, at.elapsed, packets));
+    if params.allowance_bytes != UNLIMITED {
+        let bytes = if params.allowance_bytes > MAX_BYTES {
+            MAX_BYTES
+        } else {
+            params.allowance_bytes
+        };
+        slots.store(slot, BYTES, pack_bytes(at.bucket, bytes));
+    }
+}
+
+/// Host (and userspace) slots: one atomic word per field.
+#[cfg(target_has_atomic = "64")]
+pub type AtomicRing = [[core::sync::atomic::AtomicU64; 2]; RING];
+
+#[cfg(target_has_atomic = "64")]
+impl SlotRead for AtomicRing {
+    fn load(&self, slot: usize, field: usize) -> u64 {
+        self[slot][field].load(core::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+#[cfg(target_has_atomic = "64")]
+impl SlotWrite for AtomicRing {
+    fn compare_exchange(&self, slot: usize, field: usize, current: u64, new: u64) -> bool {
+        use core::sync::atomic::Ordering::{Relaxed, SeqCst};
+        self[slot][field]
+            .compare_exchange(current, new, SeqCst, Relaxed)
+            .is_ok()
+    }
+
+    fn store(&self, slot: usize, field: usize, value: u64) {
+        self[slot][field].store(value, core::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+/// A copy of the ring read back from the kernel.
+impl SlotRead for [[u64; 2]; RING] {
+    fn load(&self, slot: usize, field: usize) -> u64 {
+        self[slot][field]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::window::try_admit;
+
+    #[test]
+    fn an_exhausted_window_refuses_until_it_slides() {
+        let ring: [[core::sync::atomic::AtomicU64; 2]; RING] = Default::default();
+        let params = WindowParams {
+            bucket_ns: 100,
+            buckets: 10,
+            allowance_packets: 5,
+            allowance_bytes: UNLIMITED,
+        };
+        mark_exhausted(&ring, &params, 1_050);
+        assert!(!try_admit(&ring, &params, 1_060, 1));
+        assert!(
+            !try_admit(&ring, &params, 1_999, 1),
+            "still inside the window"
+        );
+        assert!(
+            try_admit(&ring, &params, 2_100, 1),
+            "slid out of the window"
+        );
+    }
+
+    /// A new ring holding what `owed_word` says.
+    fn seeded(params: &WindowParams, at_ns: u64, now_ns: u64) -> AtomicRing {
+        let ring: AtomicRing = Default::default();
+        let (slot, word) = owed_word(params, at_ns, now_ns);
+        ring.store(slot, PACKETS, word);
+        ring
+    }
+
+    #[test]
+    fn a_window_created_later_counts_the_frame_admitted_without_one() {
+        let params = WindowParams {
+            bucket_ns: 100,
+            buckets: 10,
+            allowance_packets: 5,
+            allowance_bytes: UNLIMITED,
+        };
+        // Same bucket: counted where it happened, first offset included.
+        let ring = seeded(&params, 1_010, 1_050);
+        let word = ring.load(slot_of(10), PACKETS);
+        assert_eq!(packets_in(word, 10), 1);
+        assert_eq!(first_offset(word), position(1_010, 100).elapsed);
+        for i in 0..4 {
+            assert!(try_admit(&ring, &params, 1_060, 1), "frame {i}");
+        }
+        assert!(
+            !try_admit(&ring, &params, 1_070, 1),
+            "the earlier frame used one of five"
+        );
+        assert!(
+            !try_admit(&ring, &params, 2_000, 1),
+            "and stays counted for the whole window"
+        );
+
+        // An older bucket still inside the window: counted now.
+        let ring = seeded(&params, 1_010, 1_550);
+        assert_eq!(packets_in(ring.load(slot_of(15), PACKETS), 15), 1);
+        assert_eq!(packets_in(ring.load(slot_of(10), PACKETS), 10), 0);
+
+        // Gone from the window, or nothing owed: an empty window.
+        for (at, now) in [(1_010, 1_010 + 100 * 11), (0, 1_050)] {
+            let ring = seeded(&params, at, now);
+            for i in 0..5 {
+                assert!(try_admit(&ring, &params, now + 10, 1), "frame {i}");
+            }
+            assert!(!try_admit(&ring, &params, now + 20, 1));
+        }
+    }
+
+    #[test]
+    fn the_walk_splits_the_full_buckets_from_the_oldest() {
+        let mut ring: [[u64; 2]; RING] = [[0; 2]; RING];
+        // K = 3 at bucket 20: full 18 and 19, oldest 17; 16 is outside.
+        ring[slot_of(17)] = [pack_packets(17, 300, 5), pack_bytes(17, 500)];
+        ring[slot_of(18)] = [pack_packets(18, 0, 7), pack_bytes(18, 700)];
+        ring[slot_of(19)] = [pack_packets(19, 9, 11), pack_bytes(19, 1100)];
+        ring[slot_of(16)] = [pack_packets(16, 0, 1000), pack_bytes(16, 1)];
+        assert_eq!(
+            OlderBuckets::read(&ring, 20, 3),
+            OlderBuckets {
+                full_packets: 18,
+                full_bytes: 1800,
+                oldest_packets: 5,
+                oldest_bytes: 500,
+                oldest_first: 300,
+            }
+        );
+        assert_eq!(
+            OlderBuckets::read(&ring, 20, 0),
+            OlderBuckets::default(),
+            "no older buckets"
+        );
+    }
+}

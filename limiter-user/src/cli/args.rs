@@ -1,0 +1,283 @@
+//! The command line: every command, subcommand and argument of
+//! `xdp-limiter`, as clap reads it. `main.rs` dispatches each command to
+//! its own file in this module.
+
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
+
+use clap::{Args, Parser, Subcommand};
+use ipnet::IpNet;
+use limiter_common::Action;
+
+use super::{top::SortBy, units, Output};
+use crate::config::{AttachMode, PortsSpec, ProtocolSpec, DEFAULT_PIN_DIR, DEFAULT_SOCKET};
+
+#[derive(Parser)]
+#[command(
+    name = "xdp-limiter",
+    version,
+    about = "Per-source packet rate limiter at XDP"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Protect interfaces: load, attach, enforce, export metrics.
+    Run(RunArgs),
+    /// Interfaces, program, rules, map fill and current rates.
+    Status(ReadArgs),
+    /// The heaviest sources of the daemon's last aggregation pass.
+    Top(TopArgs),
+    /// Global mode: dry-run (count, drop nothing) or enforce.
+    Mode(ModeArgs),
+    /// Lift the penalties of every source inside a prefix, now.
+    Unblock(UnblockArgs),
+    /// Make the daemon re-read its configuration file.
+    Reload(SocketArg),
+    /// Change the rules live: add, set, rm, ls.
+    Rule {
+        #[command(subcommand)]
+        action: RuleCommand,
+    },
+    /// Change the default rule live.
+    Default {
+        #[command(subcommand)]
+        action: DefaultCommand,
+    },
+    /// Print a shell completion script.
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (roff).
+    Man,
+    /// Stop protecting: a running daemon detaches and exits; without one,
+    /// remove what `run --keep-attached` left pinned.
+    Detach(DetachArgs),
+    /// Load the XDP program through the kernel verifier (attaches nothing).
+    Check {
+        /// Capacity of the per-source state maps.
+        #[arg(long, default_value_t = limiter_common::DEFAULT_MAX_SOURCES)]
+        max_sources: u32,
+    },
+}
+
+/// `run`.
+#[derive(Args)]
+pub struct RunArgs {
+    /// Interface to protect (repeatable; adds to daemon.interfaces).
+    #[arg(long = "iface", short = 'i')]
+    pub interfaces: Vec<String>,
+    /// TOML configuration file (default: built-in, dry-run).
+    #[arg(long, short = 'c')]
+    pub config: Option<PathBuf>,
+    /// Attach mode (default: daemon.mode, auto).
+    #[arg(long, value_enum)]
+    pub mode: Option<AttachMode>,
+    /// Leave the program attached when the daemon stops.
+    #[arg(long)]
+    pub keep_attached: bool,
+    /// Prometheus endpoint address (default: daemon.metrics_addr).
+    #[arg(long)]
+    pub metrics_addr: Option<SocketAddr>,
+    /// bpffs directory for pins (default: daemon.pin_dir).
+    #[arg(long)]
+    pub pin_dir: Option<PathBuf>,
+    /// Control socket (default: daemon.control_socket).
+    #[arg(long)]
+    pub control_socket: Option<PathBuf>,
+}
+
+/// Where the daemon's control socket is.
+#[derive(Args)]
+pub struct SocketArg {
+    /// The daemon's control socket.
+    #[arg(long = "socket", default_value = DEFAULT_SOCKET)]
+    pub path: PathBuf,
+}
+
+/// A command that reads from the daemon and prints.
+#[derive(Args)]
+pub struct ReadArgs {
+    #[command(flatten)]
+    pub socket: SocketArg,
+    #[arg(long, value_enum, default_value_t)]
+    pub output: Output,
+}
+
+/// `top`.
+#[derive(Args)]
+pub struct TopArgs {
+    #[command(flatten)]
+    pub read: ReadArgs,
+    /// Print one frame and exit (for scripts).
+    #[arg(long)]
+    pub once: bool,
+    /// Sources shown.
+    #[arg(long, default_value_t = 20)]
+    pub limit: usize,
+    /// Sort by.
+    #[arg(long, value_enum, default_value_t)]
+    pub sort: SortBy,
+}
+
+/// The global mode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Mode {
+    /// Count what would be dropped, drop nothing.
+    DryRun,
+    /// Drop what is over its limit.
+    Enforce,
+}
+
+/// `mode`.
+#[derive(Args)]
+pub struct ModeArgs {
+    #[arg(value_enum)]
+    pub mode: Mode,
+    /// Also write the mode to the daemon's configuration file.
+    #[arg(long)]
+    pub save: bool,
+    #[command(flatten)]
+    pub socket: SocketArg,
+}
+
+/// `unblock`.
+#[derive(Args)]
+pub struct UnblockArgs {
+    /// Sources inside this prefix (an address is a /32 or /128).
+    pub cidr: IpNet,
+    #[command(flatten)]
+    pub socket: SocketArg,
+}
+
+#[derive(Subcommand)]
+pub enum RuleCommand {
+    /// Add a rule for a prefix (and match).
+    Add(RuleArgs),
+    /// Replace the rule with the same prefix and match.
+    Set(RuleArgs),
+    /// Remove the rule with this prefix and match.
+    Rm {
+        cidr: IpNet,
+        #[command(flatten)]
+        matches: MatchArgs,
+        #[command(flatten)]
+        common: EditArgs,
+    },
+    /// List the rules in force.
+    Ls(ReadArgs),
+}
+
+#[derive(Subcommand)]
+pub enum DefaultCommand {
+    /// Replace the default rule.
+    Set {
+        #[command(flatten)]
+        limits: LimitArgs,
+        #[command(flatten)]
+        common: EditArgs,
+    },
+}
+
+/// A whole rule on the command line.
+#[derive(Args)]
+pub struct RuleArgs {
+    pub cidr: IpNet,
+    #[command(flatten)]
+    pub matches: MatchArgs,
+    #[command(flatten)]
+    pub limits: LimitArgs,
+    #[command(flatten)]
+    pub common: EditArgs,
+}
+
+/// Options of every rule change.
+#[derive(Args)]
+pub struct EditArgs {
+    /// Also write the change to the daemon's configuration file.
+    #[arg(long)]
+    pub save: bool,
+    #[command(flatten)]
+    pub socket: SocketArg,
+}
+
+/// What a rule matches besides its prefix.
+#[derive(Args, Clone, Debug, Default)]
+pub struct MatchArgs {
+    /// IP protocol: tcp, udp, icmp, icmpv6 or a number.
+    #[arg(long = "proto", value_parser = protocol)]
+    pub protocol: Option<ProtocolSpec>,
+    /// Destination port or range: 53, 1000-2000 (TCP/UDP).
+    #[arg(long, value_parser = ports)]
+    pub ports: Option<PortsSpec>,
+    /// Only TCP SYN segments (connection attempts).
+    #[arg(long)]
+    pub syn: bool,
+}
+
+/// A rule's action and limits.
+#[derive(Args, Clone, Debug)]
+pub struct LimitArgs {
+    #[arg(long, value_enum, default_value = "limit")]
+    pub action: Action,
+    /// Packets per second: 500, 10k, 2.5M.
+    #[arg(long, value_parser = units::count)]
+    pub pps: Option<u64>,
+    /// Bits per second: 800kbit, 5Mbit, 1Gbit.
+    #[arg(long, value_parser = units::bits_per_second_as_bytes)]
+    pub bps: Option<u64>,
+    /// Extra packets per window: 100, 1k.
+    #[arg(long, value_parser = units::count, default_value = "0")]
+    pub burst: u64,
+    /// Extra bytes per window: 1500, 64k.
+    #[arg(long, value_parser = units::count, default_value = "0")]
+    pub burst_bytes: u64,
+    /// Sliding window, 1s to 60s.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "1s")]
+    pub window: Duration,
+    /// Once over the limit, drop the source for this long: 30s, 5m.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub block: Option<Duration>,
+    /// Count would-be drops, drop nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+impl LimitArgs {
+    /// No limits (a rule named only by prefix and match, for `rule rm`).
+    pub fn none() -> Self {
+        Self {
+            action: Action::Limit,
+            pps: None,
+            bps: None,
+            burst: 0,
+            burst_bytes: 0,
+            window: Duration::from_secs(1),
+            block: None,
+            dry_run: false,
+        }
+    }
+}
+
+fn protocol(text: &str) -> Result<ProtocolSpec, String> {
+    text.parse()
+}
+
+fn ports(text: &str) -> Result<PortsSpec, String> {
+    text.parse()
+}
+
+/// `detach`.
+#[derive(Args)]
+pub struct DetachArgs {
+    /// Interface to release (default: every pinned interface).
+    #[arg(long = "iface", short = 'i')]
+    pub interfaces: Vec<String>,
+    #[arg(long, default_value = DEFAULT_PIN_DIR)]
+    pub pin_dir: PathBuf,
+    #[command(flatten)]
+    pub socket: SocketArg,
+}

@@ -1,0 +1,44 @@
+//! `xdp-limiter detach`: stop protecting. A running daemon is asked to
+//! detach (it detaches every interface and exits); without one, the pins
+//! that `run --keep-attached` left are removed, which detaches the
+//! program.
+
+use super::{
+    args::DetachArgs,
+    client::{self, ClientError},
+};
+use crate::{
+    kernel::pins,
+    proto::{Reply, Request},
+};
+
+pub fn run(args: &DetachArgs) -> anyhow::Result<()> {
+    // A running daemon owns the interfaces: ask it (it detaches them all).
+    match client::request(&args.socket.path, Request::Detach) {
+        Ok(Reply::Done { message }) => {
+            println!("{message}");
+            return Ok(());
+        }
+        Ok(_) => anyhow::bail!("the daemon answered `detach` with something unexpected"),
+        Err(ClientError::NotRunning(_)) => {}
+        Err(e) => return Err(e.into()),
+    }
+    let interfaces = if args.interfaces.is_empty() {
+        pins::pinned_interfaces(&args.pin_dir)
+    } else {
+        args.interfaces.clone()
+    };
+    if interfaces.is_empty() {
+        println!("nothing pinned under {}", args.pin_dir.display());
+        return Ok(());
+    }
+    for iface in interfaces {
+        let dir = pins::iface_dir(&args.pin_dir, &iface);
+        if !pins::is_pinned(&dir) {
+            anyhow::bail!("{iface}: nothing pinned under {}", dir.display());
+        }
+        pins::remove_pins(&dir)?;
+        println!("{iface}: detached");
+    }
+    Ok(())
+}

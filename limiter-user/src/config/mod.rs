@@ -1,0 +1,93 @@
+//! The daemon's TOML configuration: every field has a serde default, so no
+//! file at all means a sane built-in configuration (a default rule in
+//! dry-run, so a first run never drops an operator's traffic by surprise).
+//! Validation names the field and the value; a configuration that fails it
+//! is never applied.
+//!
+//! `schema` is the file's form (what serde reads and `--save` writes, and
+//! what the control protocol carries for rules); `validate` turns it into
+//! the typed [`Config`] the daemon runs. The daemon, the CLI and the wire
+//! protocol all import from here; this module imports none of them.
+
+mod schema;
+mod validate;
+
+use std::path::{Path, PathBuf};
+
+pub use schema::*;
+pub use validate::check_frame_sizes;
+
+use crate::rules::{RuleError, RuleSet};
+
+/// Default per-source packet rate of the built-in default rule.
+pub const DEFAULT_PPS: u64 = 1000;
+/// Largest `daemon.max_sources` (2^24): each source costs per-CPU state
+/// (see docs/configuration.md for the memory formula).
+pub const MAX_SOURCES: u32 = 1 << 24;
+/// Where state maps and links are pinned.
+pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/xdp-limiter";
+/// Where Prometheus scrapes.
+pub const DEFAULT_METRICS_ADDR: &str = "127.0.0.1:9470";
+/// Where the daemon's control socket listens unless configured otherwise.
+pub const DEFAULT_SOCKET: &str = "/run/xdp-limiter.sock";
+
+/// Why a configuration was rejected.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: {message}")]
+    Parse { path: String, message: String },
+    #[error("{field}: {message}")]
+    Field { field: String, message: String },
+    #[error("{0}")]
+    Rules(#[from] RuleError),
+}
+
+/// A validated configuration, with the file form it came from (what
+/// `--save` writes back).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Config {
+    pub daemon: DaemonSection,
+    pub rules: RuleSet,
+    pub file: FileConfig,
+    /// The file's text as the daemon last read or wrote it (`None`: no
+    /// file): `--save` refuses to overwrite a file that changed since.
+    pub text: Option<String>,
+}
+
+impl Config {
+    /// The built-in configuration (what no file means).
+    pub fn builtin() -> Self {
+        FileConfig::default()
+            .validate()
+            .expect("the built-in configuration is valid")
+    }
+
+    /// Reads and validates `path`.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let mut config = Self::parse(&text, &path.display().to_string())?;
+        config.text = Some(text);
+        Ok(config)
+    }
+
+    /// Parses and validates TOML `text` (`origin` names it in errors).
+    pub fn parse(text: &str, origin: &str) -> Result<Self, ConfigError> {
+        let file: FileConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: origin.to_string(),
+            message: e.to_string().trim_end().replace('\n', " "),
+        })?;
+        file.validate()
+    }
+}
+
+#[cfg(test)]
+mod tests;

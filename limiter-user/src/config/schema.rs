@@ -1,0 +1,273 @@
+//! The configuration file's form: the sections serde reads (every field
+//! with a default) and `--save` writes back. Rules travel in this form over
+//! the control socket too, so an edit is validated exactly as a file is.
+
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
+
+use ipnet::IpNet;
+use limiter_common::Action;
+use serde::{Deserialize, Serialize};
+
+use super::{DEFAULT_METRICS_ADDR, DEFAULT_PIN_DIR, DEFAULT_SOCKET};
+use crate::rules::{PROTO_ICMP, PROTO_ICMPV6, PROTO_TCP, PROTO_UDP};
+
+/// How to attach to an interface (the file's `daemon.mode`, and `run
+/// --mode`).
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum AttachMode {
+    /// Native (driver) mode, falling back to generic mode with a warning.
+    #[default]
+    Auto,
+    /// Native (driver) mode or fail.
+    Native,
+    /// Generic (skb) mode.
+    Generic,
+}
+
+/// The whole file.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct FileConfig {
+    pub daemon: DaemonSection,
+    pub limits: LimitsSection,
+    pub default: RuleSection,
+    pub rules: Vec<RuleSection>,
+}
+
+/// `[daemon]`: how the daemon runs. Changing these needs a restart.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct DaemonSection {
+    /// Interfaces to protect (`--iface` adds to these).
+    pub interfaces: Vec<String>,
+    pub mode: AttachMode,
+    /// bpffs directory for pinned maps and links.
+    pub pin_dir: PathBuf,
+    /// Prometheus endpoint.
+    pub metrics_addr: SocketAddr,
+    /// Capacity of each per-source map.
+    pub max_sources: u32,
+    /// Aggregation period.
+    #[serde(with = "humantime_serde")]
+    pub tick: Duration,
+    /// Heaviest sources kept per tick.
+    pub top_k: usize,
+    /// Sources read per tick at most: bounds the daemon's CPU per tick;
+    /// a larger map is swept over several ticks.
+    pub sources_per_tick: usize,
+    /// Leave the program attached (pinned) when the daemon stops.
+    pub keep_attached: bool,
+    /// Unix socket of the control API (root only, mode 0600).
+    pub control_socket: PathBuf,
+}
+
+impl Default for DaemonSection {
+    fn default() -> Self {
+        Self {
+            interfaces: Vec::new(),
+            mode: AttachMode::Auto,
+            pin_dir: PathBuf::from(DEFAULT_PIN_DIR),
+            metrics_addr: DEFAULT_METRICS_ADDR.parse().expect("valid address"),
+            max_sources: limiter_common::DEFAULT_MAX_SOURCES,
+            tick: Duration::from_secs(1),
+            top_k: 20,
+            sources_per_tick: 131_072,
+            keep_attached: false,
+            control_socket: PathBuf::from(DEFAULT_SOCKET),
+        }
+    }
+}
+
+/// `[limits]`: global knobs of enforcement.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct LimitsSection {
+    /// Global dry-run: count what would be dropped, drop nothing.
+    pub dry_run: bool,
+    /// IPv4 sources share state per prefix of this length.
+    pub ipv4_prefix: u8,
+    /// IPv6 sources share state per prefix of this length.
+    pub ipv6_prefix: u8,
+    /// Buckets per window (bucket width = window / buckets).
+    pub buckets_per_window: u32,
+}
+
+impl Default for LimitsSection {
+    fn default() -> Self {
+        Self {
+            dry_run: false,
+            ipv4_prefix: 32,
+            ipv6_prefix: 64,
+            buckets_per_window: limiter_common::window::DEFAULT_BUCKETS_PER_WINDOW,
+        }
+    }
+}
+
+/// A protocol by name or number.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(untagged)]
+pub enum ProtocolSpec {
+    Number(u8),
+    Name(String),
+}
+
+impl ProtocolSpec {
+    /// The protocol number; `None` for a name that is none of ours.
+    pub fn number(&self) -> Option<u8> {
+        match self {
+            ProtocolSpec::Number(n) => Some(*n),
+            ProtocolSpec::Name(name) => match name.to_ascii_lowercase().as_str() {
+                "tcp" => Some(PROTO_TCP),
+                "udp" => Some(PROTO_UDP),
+                "icmp" => Some(PROTO_ICMP),
+                "icmpv6" | "ipv6-icmp" => Some(PROTO_ICMPV6),
+                _ => None,
+            },
+        }
+    }
+}
+
+impl std::str::FromStr for ProtocolSpec {
+    type Err = String;
+
+    /// A number, or a name [`number`](Self::number) knows (any case).
+    fn from_str(text: &str) -> Result<Self, String> {
+        if let Ok(number) = text.parse::<u8>() {
+            return Ok(ProtocolSpec::Number(number));
+        }
+        let name = ProtocolSpec::Name(text.to_ascii_lowercase());
+        match name.number() {
+            Some(_) => Ok(name),
+            None => Err(format!(
+                "unknown protocol {text:?} (tcp, udp, icmp, icmpv6 or a number)"
+            )),
+        }
+    }
+}
+
+/// A destination port or inclusive range: `53`, `"53"` or `"1000-2000"`.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(untagged)]
+pub enum PortsSpec {
+    Port(u16),
+    Text(String),
+}
+
+impl std::str::FromStr for PortsSpec {
+    type Err = String;
+
+    /// `53` or `1000-2000`, kept as written.
+    fn from_str(text: &str) -> Result<Self, String> {
+        parse_ports(text)
+            .map(|_| PortsSpec::Text(text.to_string()))
+            .ok_or_else(|| format!("{text:?} is not a port or a range like 1000-2000"))
+    }
+}
+
+/// `[default]` and each `[[rules]]` entry.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct RuleSection {
+    /// Source prefix (`[[rules]]` only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cidr: Option<IpNet>,
+    /// `limit`, `allow` or `deny`.
+    pub action: Action,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub protocol: Option<ProtocolSpec>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ports: Option<PortsSpec>,
+    /// Only TCP SYN segments (SYN set, ACK clear).
+    pub tcp_syn: bool,
+    /// Packets per second.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pps: Option<u64>,
+    /// Bytes per second.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bytes_per_second: Option<u64>,
+    /// Extra packets allowed in one window.
+    pub burst_packets: u64,
+    /// Extra bytes allowed in one window.
+    pub burst_bytes: u64,
+    /// Sliding window, 1s to 60s.
+    #[serde(with = "humantime_serde")]
+    pub window: Duration,
+    /// Once over the limit, drop the source for this long.
+    #[serde(with = "humantime_serde", skip_serializing_if = "Option::is_none")]
+    pub block: Option<Duration>,
+    /// Dry-run this rule. Unset: true for `[default]`, false for rules.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dry_run: Option<bool>,
+}
+
+impl Default for RuleSection {
+    fn default() -> Self {
+        Self {
+            cidr: None,
+            action: Action::Limit,
+            protocol: None,
+            ports: None,
+            tcp_syn: false,
+            pps: None,
+            bytes_per_second: None,
+            burst_packets: 0,
+            burst_bytes: 0,
+            window: Duration::from_secs(1),
+            block: None,
+            dry_run: None,
+        }
+    }
+}
+
+impl FileConfig {
+    /// The TOML text of this configuration.
+    pub fn to_toml(&self) -> String {
+        toml::to_string_pretty(self).expect("a configuration serialises")
+    }
+}
+
+impl RuleSection {
+    /// Every key of a rule, in the file's `[default]` and `[[rules]]` and
+    /// in a request's `rule`: what tests and fuzzers build rules from.
+    pub const KEYS: &'static [&'static str] = &[
+        "cidr",
+        "action",
+        "protocol",
+        "ports",
+        "tcp_syn",
+        "pps",
+        "bytes_per_second",
+        "burst_packets",
+        "burst_bytes",
+        "window",
+        "block",
+        "dry_run",
+    ];
+
+    /// Whether `other` names the same rule: same prefix and match.
+    /// However the protocol is spelled (`"UDP"`, `"udp"`, `17`).
+    pub fn same_rule(&self, other: &RuleSection) -> bool {
+        let protocol = |r: &RuleSection| r.protocol.as_ref().map(ProtocolSpec::number);
+        self.cidr.map(|c| c.trunc()) == other.cidr.map(|c| c.trunc())
+            && protocol(self) == protocol(other)
+            && self.ports_range() == other.ports_range()
+            && self.tcp_syn == other.tcp_syn
+    }
+
+    fn ports_range(&self) -> Option<(u16, u16)> {
+        match &self.ports {
+            None => None,
+            Some(PortsSpec::Port(p)) => Some((*p, *p)),
+            Some(PortsSpec::Text(t)) => parse_ports(t),
+        }
+    }
+}
+
+/// `"53"` or `"1000-2000"`.
+pub fn parse_ports(text: &str) -> Option<(u16, u16)> {
+    match text.split_once('-') {
+        None => text.trim().parse().ok().map(|p| (p, p)),
+        Some((min, max)) => Some((min.trim().parse().ok()?, max.trim().parse().ok()?)),
+    }
+}

@@ -1,0 +1,221 @@
+//! Validation: the file form checked field by field and compiled (without
+//! touching the kernel) into a [`Config`], so that only a configuration
+//! that can be pushed is ever accepted. Every error names its field.
+
+use std::time::Duration;
+
+use super::{
+    parse_ports, Config, ConfigError, FileConfig, PortsSpec, ProtocolSpec, RuleSection,
+    DEFAULT_PPS, MAX_SOURCES,
+};
+use limiter_common::{Action, AddressFamily};
+
+use crate::rules::{compile, rule_name, Limits, Match, RuleError, RuleSet, RuleSpec};
+
+fn field(field: impl Into<String>, message: impl Into<String>) -> ConfigError {
+    ConfigError::Field {
+        field: field.into(),
+        message: message.into(),
+    }
+}
+
+impl FileConfig {
+    /// Checks every field and compiles the rules (without touching the
+    /// kernel) so that only a configuration that can be pushed is accepted.
+    pub fn validate(self) -> Result<Config, ConfigError> {
+        let file = self.clone();
+        let d = &self.daemon;
+        if d.max_sources == 0 || d.max_sources > MAX_SOURCES {
+            return Err(field(
+                "daemon.max_sources",
+                format!("{} is outside 1..={MAX_SOURCES}", d.max_sources),
+            ));
+        }
+        if d.tick < Duration::from_millis(100) || d.tick > Duration::from_secs(60) {
+            return Err(field(
+                "daemon.tick",
+                format!("{:?} is outside 100ms..=60s", d.tick),
+            ));
+        }
+        if d.sources_per_tick < 4096 {
+            return Err(field(
+                "daemon.sources_per_tick",
+                format!("{} is below 4096", d.sources_per_tick),
+            ));
+        }
+        if !d.control_socket.is_absolute() {
+            return Err(field(
+                "daemon.control_socket",
+                format!("{} is not an absolute path", d.control_socket.display()),
+            ));
+        }
+        if !d.pin_dir.is_absolute() {
+            return Err(field(
+                "daemon.pin_dir",
+                format!("{} is not an absolute path", d.pin_dir.display()),
+            ));
+        }
+        for (i, iface) in d.interfaces.iter().enumerate() {
+            if iface.is_empty() || iface.len() > 15 || iface.contains(['/', ' ']) {
+                return Err(field(
+                    format!("daemon.interfaces[{i}]"),
+                    format!("{iface:?} is not an interface name"),
+                ));
+            }
+        }
+        let default = rule_spec(&self.default, &rule_name(0), true)?;
+        let rules = self
+            .rules
+            .iter()
+            .enumerate()
+            .map(|(i, r)| rule_spec(r, &rule_name(i + 1), false))
+            .collect::<Result<Vec<_>, _>>()?;
+        let set = RuleSet {
+            default,
+            rules,
+            dry_run: self.limits.dry_run,
+            v4_prefix_len: self.limits.ipv4_prefix,
+            v6_prefix_len: self.limits.ipv6_prefix,
+            buckets_per_window: self.limits.buckets_per_window,
+        };
+        compile(&set, 0, 1).map_err(|e| match e {
+            // A global knob is named as the file spells it.
+            RuleError::KeyPrefix { family, .. } => field(
+                match family {
+                    AddressFamily::V4 => "limits.ipv4_prefix",
+                    AddressFamily::V6 => "limits.ipv6_prefix",
+                },
+                e.to_string(),
+            ),
+            e => e.into(),
+        })?;
+        Ok(Config {
+            daemon: self.daemon,
+            rules: set,
+            file,
+            text: None,
+        })
+    }
+}
+
+fn rule_spec(section: &RuleSection, name: &str, is_default: bool) -> Result<RuleSpec, ConfigError> {
+    let cidr = match (is_default, section.cidr) {
+        (true, Some(_)) => {
+            return Err(field(
+                format!("{name}.cidr"),
+                "the default rule covers every source; remove cidr",
+            ))
+        }
+        (true, None) => "0.0.0.0/0".parse().expect("valid"),
+        (false, None) => return Err(field(format!("{name}.cidr"), "missing")),
+        (false, Some(cidr)) => cidr,
+    };
+    let protocol = match &section.protocol {
+        None => None,
+        Some(spec) => Some(spec.number().ok_or_else(|| {
+            let text = match spec {
+                ProtocolSpec::Name(text) => text.to_ascii_lowercase(),
+                ProtocolSpec::Number(n) => n.to_string(),
+            };
+            field(
+                format!("{name}.protocol"),
+                format!("unknown protocol {text:?} (tcp, udp, icmp, icmpv6 or a number)"),
+            )
+        })?),
+    };
+    let ports = match &section.ports {
+        None => None,
+        Some(PortsSpec::Port(p)) => Some((*p, *p)),
+        Some(PortsSpec::Text(text)) => Some(parse_ports(text).ok_or_else(|| {
+            field(
+                format!("{name}.ports"),
+                format!("{text:?} is not a port or a range like 1000-2000"),
+            )
+        })?),
+    };
+    // TOML integers are signed 64-bit: a larger count (the control
+    // socket's JSON can carry one, and an allow rule ignores its rates)
+    // could never be saved to the file.
+    for (what, value) in [
+        ("pps", section.pps),
+        ("bytes_per_second", section.bytes_per_second),
+        ("burst_packets", Some(section.burst_packets)),
+        ("burst_bytes", Some(section.burst_bytes)),
+    ] {
+        if let Some(value) = value.filter(|v| i64::try_from(*v).is_err()) {
+            return Err(field(
+                format!("{name}.{what}"),
+                format!(
+                    "{value} is larger than a configuration file holds ({})",
+                    i64::MAX
+                ),
+            ));
+        }
+    }
+    let dry_run = section.dry_run.unwrap_or(is_default);
+    let mut pps = section.pps;
+    if is_default
+        && section.action == Action::Limit
+        && pps.is_none()
+        && section.bytes_per_second.is_none()
+    {
+        pps = Some(DEFAULT_PPS);
+    }
+    Ok(RuleSpec {
+        cidr,
+        matches: Match {
+            protocol,
+            ports,
+            tcp_syn: section.tcp_syn,
+        },
+        action: section.action,
+        limits: Limits {
+            pps,
+            bytes_per_second: section.bytes_per_second,
+            burst_packets: section.burst_packets,
+            burst_bytes: section.burst_bytes,
+            window: section.window,
+            block: section.block,
+        },
+        dry_run,
+    })
+}
+
+/// Ethernet header and one VLAN tag on top of the MTU: the largest frame
+/// XDP sees on an interface.
+const FRAME_OVERHEAD: u64 = 18;
+
+/// Checks that every byte limit of `rules` can admit one full-size frame on
+/// each of `interfaces` (their MTU read from sysfs; an interface whose MTU
+/// cannot be read is skipped): a smaller allowance would drop every such
+/// frame.
+pub fn check_frame_sizes(rules: &RuleSet, interfaces: &[String]) -> Result<(), ConfigError> {
+    for iface in interfaces {
+        let Some(mtu) = std::fs::read_to_string(format!("/sys/class/net/{iface}/mtu"))
+            .ok()
+            .and_then(|t| t.trim().parse::<u64>().ok())
+        else {
+            continue;
+        };
+        let largest = mtu + FRAME_OVERHEAD;
+        let all = std::iter::once(&rules.default).chain(&rules.rules);
+        for (i, spec) in all.enumerate() {
+            let Some(rate) = spec.limits.bytes_per_second else {
+                continue;
+            };
+            let allowance = u128::from(rate) * spec.limits.window.as_nanos() / 1_000_000_000
+                + u128::from(spec.limits.burst_bytes);
+            if spec.action == limiter_common::Action::Limit && allowance < u128::from(largest) {
+                return Err(field(
+                    format!("{}.bytes_per_second", rule_name(i)),
+                    format!(
+                        "{allowance} bytes per window cannot admit one full-size frame on \
+                         {iface} (the MTU of {iface} is {mtu}: frames of {largest} bytes); raise \
+                         bytes_per_second, window or burst_bytes"
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}

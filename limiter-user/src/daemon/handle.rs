@@ -1,0 +1,193 @@
+//! Answering control requests: the read-only views (`status`, `top`, the
+//! rules) and the changes (mode, reload, unblock, rule edits), each either
+//! applied to every interface or refused with nothing changed.
+
+use ipnet::IpNet;
+use limiter_common::Action;
+use tracing::info;
+
+use super::{edit, state::Daemon};
+use crate::{
+    config,
+    kernel::{self, penalty},
+    proto::{InterfaceStatus, Reply, Request, ResponseLine, RuleEdit, Status, TopSource},
+    rules::rule_name,
+};
+
+/// What the loop does with a request.
+pub enum Handled {
+    /// Send this answer.
+    Answer(ResponseLine),
+    /// Stop the daemon, detaching, and answer once detached.
+    Detach,
+}
+
+fn done(message: String) -> Reply {
+    Reply::Done { message }
+}
+
+impl Daemon {
+    /// Answers one control request.
+    pub(super) fn handle(&mut self, request: Request) -> Handled {
+        let answer = match request {
+            Request::Detach => return Handled::Detach,
+            Request::Status => Ok(Reply::Status(self.status())),
+            Request::Top { limit } => Ok(Reply::Top {
+                sources: self.top(limit),
+            }),
+            Request::RuleList => Ok(Reply::Rules {
+                default: self.config.file.default.clone(),
+                rules: self.config.file.rules.clone(),
+            }),
+            Request::Reload => self
+                .reload()
+                .map(|g| done(format!("reloaded; rule generation {g}")))
+                .ok_or_else(|| {
+                    "reload failed; the running configuration stays in force (see the daemon's log)"
+                        .to_string()
+                }),
+            Request::Unblock { cidr } => self.unblock(&cidr).map(done),
+            Request::Rules { edit, save } => self.edit_rules(edit, save).map(done),
+            Request::Mode { dry_run, save } => self.set_mode(dry_run, save).map(done),
+        };
+        Handled::Answer(match answer {
+            Ok(reply) => ResponseLine::ok(reply),
+            Err(message) => ResponseLine::error(message),
+        })
+    }
+
+    fn status(&self) -> Status {
+        Status {
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            generation: self.generation,
+            dry_run: self.config.rules.dry_run,
+            rules: self.config.rules.rules.len() + 1,
+            interfaces: self
+                .ifaces
+                .iter()
+                .map(|iface| {
+                    let snapshot = iface.observed.snapshot();
+                    InterfaceStatus {
+                        name: iface.instance.iface.clone(),
+                        mode: iface.instance.attachment,
+                        program_id: iface.instance.program.id(),
+                        tracked_sources: snapshot.map_or(0, |s| s.tracked_sources),
+                        capacity: self.config.daemon.max_sources,
+                        limited_sources: snapshot.map_or(0, |s| s.limited.len() as u64),
+                        passed_pps: iface.observed.passed_pps,
+                        dropped_pps: iface.observed.dropped_pps,
+                    }
+                })
+                .collect(),
+        }
+    }
+
+    /// The heaviest sources of every interface's last complete sweep, with
+    /// the rule that judges each and its state under it.
+    fn top(&self, limit: usize) -> Vec<TopSource> {
+        let now_ns = kernel::now().as_nanos() as u64;
+        let rules = &self.config.rules;
+        let mut sources: Vec<TopSource> = Vec::new();
+        for iface in &self.ifaces {
+            let Some(snapshot) = iface.observed.snapshot() else {
+                continue;
+            };
+            let maps = &iface.instance.program.maps;
+            for rate in &snapshot.top {
+                let position = self.rule_position(rate.rule);
+                let spec = position.and_then(|p| match p {
+                    0 => Some(&rules.default),
+                    p => rules.rules.get(p - 1),
+                });
+                let state = match spec.map(|s| (s.action, s.dry_run || rules.dry_run)) {
+                    Some((Action::Allow, _)) => "allowed",
+                    Some((Action::Deny, _)) => "denied",
+                    _ if !rate.limited => "ok",
+                    Some((_, true)) => "would-drop",
+                    _ if penalty::is_blocked(maps, &rate.key, rate.rule, now_ns) => "blocked",
+                    _ => "limited",
+                };
+                sources.push(TopSource {
+                    interface: iface.instance.iface.clone(),
+                    source: rate.key.to_string(),
+                    pps: rate.offered.packets,
+                    bps: rate.offered.bytes * 8,
+                    dropped: rate.dropped_total.packets,
+                    rule: position.map_or_else(|| "-".to_string(), rule_name),
+                    limit_pps: spec.and_then(|s| s.limits.pps),
+                    state: state.to_string(),
+                });
+            }
+        }
+        sources.sort_by_key(|s| std::cmp::Reverse(s.pps));
+        sources.truncate(limit);
+        sources
+    }
+
+    /// Lifts the penalty of every source inside `cidr` on every interface,
+    /// then pushes the rules again (the same rules: their penalty tags stay)
+    /// so that every CPU drops what it concluded from the penalty.
+    fn unblock(&mut self, cidr: &IpNet) -> Result<String, String> {
+        let now_ns = kernel::now().as_nanos() as u64;
+        let lifted: usize = self
+            .ifaces
+            .iter_mut()
+            .map(|iface| penalty::lift(&mut iface.instance.program.maps, cidr, now_ns))
+            .sum();
+        let rules = self.config.rules.clone();
+        let generation = self
+            .push(&rules)
+            .map_err(|e| format!("lifting the penalties failed: {e}"))?;
+        info!(%cidr, lifted, generation, "penalties lifted through the control socket");
+        let noun = if lifted == 1 { "source" } else { "sources" };
+        Ok(format!(
+            "unblocked {lifted} {noun} in {cidr}; rule generation {generation}"
+        ))
+    }
+
+    /// Global dry-run on or off, on every interface; with `save` written to
+    /// the file too.
+    fn set_mode(&mut self, dry_run: bool, save: bool) -> Result<String, String> {
+        let mut rules = self.config.rules.clone();
+        rules.dry_run = dry_run;
+        let generation = self
+            .push(&rules)
+            .map_err(|e| format!("mode change failed: {e}"))?;
+        self.config.rules = rules;
+        self.config.file.limits.dry_run = dry_run;
+        let mode = if dry_run { "dry-run" } else { "enforce" };
+        info!(mode, "mode changed through the control socket");
+        let done = format!("mode {mode}; rule generation {generation}");
+        if save {
+            return self.save(&done);
+        }
+        Ok(done)
+    }
+
+    /// Applies one rule edit: validated as a whole file would be, pushed to
+    /// every interface, and with `save` written to the configuration file.
+    /// A rejected edit changes nothing.
+    fn edit_rules(&mut self, edit: RuleEdit, save: bool) -> Result<String, String> {
+        let (file, mut fresh, what) = edit::apply_rule_edit(&self.config.file, edit)?;
+        super::startup::apply_overrides(&mut fresh, &self.options);
+        config::check_frame_sizes(&fresh.rules, &fresh.daemon.interfaces)
+            .map_err(|e| format!("rejected: {e}"))?;
+        let generation = self
+            .push(&fresh.rules)
+            .map_err(|e| format!("pushing the rules failed: {e}"))?;
+        self.config.rules = fresh.rules;
+        self.config.file = file;
+        info!(change = %what, generation, "rules changed through the control socket");
+        let done = format!("{what}; rule generation {generation}");
+        if save {
+            return self.save(&done);
+        }
+        Ok(done)
+    }
+
+    /// Writes the configuration in force to the file the daemon was started
+    /// with (see [`edit::save`]); `done` says what was changed live.
+    fn save(&mut self, done: &str) -> Result<String, String> {
+        edit::save(self.options.config.as_deref(), &mut self.config, done)
+    }
+}

@@ -1,0 +1,299 @@
+//! The daemon's state: the configuration in force, one [`Iface`] per
+//! protected interface, the rule generation they all run and the names of
+//! its rules, and the metrics. Every change of rules goes through
+//! [`Daemon::push`]; every tick through [`Daemon::tick`].
+
+use std::{collections::BTreeSet, time::Instant};
+
+use limiter_common::{
+    rules::{rules_base, MAX_RULES},
+    Outcome, SourceKey,
+};
+use tracing::{error, info, warn};
+
+use super::{
+    aggregate::{self, Snapshot, Sweep},
+    events::RuleNames,
+    metrics::Metrics,
+    startup::{apply_overrides, RunOptions},
+};
+use crate::{
+    config::{self, Config},
+    kernel::{
+        push::{push_all, PushError},
+        read, Instance, LinkCheck,
+    },
+    rules::{rule_name, RuleSet},
+};
+
+/// Released sources logged by name per interface and tick; the rest are
+/// counted in one line.
+const RELEASED_LOGGED_PER_TICK: usize = 16;
+
+/// Everything the running daemon holds.
+pub struct Daemon {
+    /// The command line, whose overrides apply to every configuration read.
+    pub(super) options: RunOptions,
+    pub(super) config: Config,
+    pub(super) ifaces: Vec<Iface>,
+    /// The rule generation every interface runs.
+    pub(super) generation: u32,
+    /// `RULES` index -> rule name, for the live generation and the one
+    /// before it (each in its own half), shared with the event watchers:
+    /// counters and events of either resolve to a name.
+    pub(super) names: RuleNames,
+    pub(super) metrics: Metrics,
+}
+
+/// One protected interface and what the daemon has seen of it.
+pub struct Iface {
+    pub(super) instance: Instance,
+    /// The sweep over its per-source map, spread over ticks.
+    pub(super) sweep: Sweep,
+    /// Its last aggregation passes.
+    pub(super) observed: Observed,
+    /// The sources the last complete sweep saw limited.
+    pub(super) limited: BTreeSet<SourceKey>,
+}
+
+impl Iface {
+    pub(super) fn new(instance: Instance) -> Self {
+        Self {
+            instance,
+            sweep: Sweep::default(),
+            observed: Observed::default(),
+            limited: BTreeSet::new(),
+        }
+    }
+}
+
+impl Daemon {
+    pub(super) fn new(options: RunOptions, config: Config, instances: Vec<Instance>) -> Self {
+        Self {
+            options,
+            config,
+            ifaces: instances.into_iter().map(Iface::new).collect(),
+            generation: 0,
+            names: RuleNames::default(),
+            metrics: Metrics::new(),
+        }
+    }
+
+    /// The interfaces' instances, for stopping.
+    pub(super) fn into_instances(self) -> Vec<Instance> {
+        self.ifaces.into_iter().map(|i| i.instance).collect()
+    }
+
+    /// Pushes `rules` to every interface as one generation, or to none.
+    /// The drops counted so far are first recorded under the names they
+    /// were counted under: the push zeroes the half it writes.
+    pub(super) fn push(&mut self, rules: &RuleSet) -> Result<u32, PushError> {
+        let names = self.names();
+        for iface in &self.ifaces {
+            let instance = &iface.instance;
+            if let Ok(drops) = read::rule_drops(&instance.program.maps) {
+                self.metrics
+                    .record_rule_drops(&instance.iface, &drops, &names);
+            }
+        }
+        let mut maps: Vec<_> = self
+            .ifaces
+            .iter_mut()
+            .map(|i| &mut i.instance.program.maps)
+            .collect();
+        let generation = push_all(&mut maps, rules)?;
+        let base = rules_base(generation);
+        self.metrics.rules_pushed(base);
+        self.generation = generation;
+        if let Ok(mut shared) = self.names.write() {
+            shared.retain(|(index, _)| !(base..base + MAX_RULES).contains(index));
+            shared.extend((0..=rules.rules.len()).map(|i| (base + i as u32, rule_name(i))));
+        }
+        Ok(generation)
+    }
+
+    /// The names of both generations' rule indices.
+    pub(super) fn names(&self) -> Vec<(u32, String)> {
+        self.names.read().map(|n| n.clone()).unwrap_or_default()
+    }
+
+    /// The position of `RULES` index `index` in the live rule set (0: the
+    /// default rule, `i + 1`: `rules[i]`), if it belongs to it.
+    pub(super) fn rule_position(&self, index: u32) -> Option<usize> {
+        let position = index.checked_sub(rules_base(self.generation))? as usize;
+        (position <= self.config.rules.rules.len()).then_some(position)
+    }
+
+    /// One aggregation tick: every interface's link checked (re-attached to
+    /// a re-created interface), then its next sweep slice read and
+    /// exported.
+    pub(super) fn tick(&mut self) {
+        let started = Instant::now();
+        let names = self.names();
+        let daemon = &self.config.daemon;
+        for iface in &mut self.ifaces {
+            check_link(&mut iface.instance, daemon.mode);
+            let instance = &iface.instance;
+            let snapshot = match aggregate::pass(
+                &instance.program.maps,
+                daemon.top_k,
+                &mut iface.sweep,
+                daemon.sources_per_tick,
+            ) {
+                Ok(snapshot) => snapshot,
+                Err(e) => {
+                    error!(iface = %instance.iface, error = %e, "aggregation failed");
+                    continue;
+                }
+            };
+            log_released(&instance.iface, &iface.limited, &snapshot.limited);
+            iface.limited.clone_from(&snapshot.limited);
+            self.metrics.record(
+                &instance.iface,
+                &snapshot,
+                daemon.max_sources,
+                self.config.rules.rules.len() + 1,
+                &names,
+                instance.program.run_stats(),
+            );
+            self.metrics.record_link(
+                &instance.iface,
+                instance.reattachments,
+                instance.link.is_attached(),
+            );
+            iface.observed.update(snapshot);
+        }
+        self.metrics
+            .aggregation
+            .observe(started.elapsed().as_secs_f64());
+    }
+
+    /// Re-reads the configuration file and pushes it; a bad file is
+    /// rejected with the reason logged and the running configuration stays
+    /// in force. The new generation, or `None` when nothing changed.
+    pub(super) fn reload(&mut self) -> Option<u32> {
+        let Some(path) = &self.options.config else {
+            warn!("SIGHUP: no configuration file to reload (started without --config)");
+            return None;
+        };
+        let mut fresh = match Config::load(path) {
+            Ok(fresh) => fresh,
+            Err(e) => {
+                error!(error = %e, "SIGHUP: configuration rejected; the running one stays in force");
+                return None;
+            }
+        };
+        apply_overrides(&mut fresh, &self.options);
+        if let Err(e) = config::check_frame_sizes(&fresh.rules, &fresh.daemon.interfaces) {
+            error!(error = %e, "SIGHUP: configuration rejected; the running one stays in force");
+            return None;
+        }
+        if fresh.daemon != self.config.daemon {
+            warn!("SIGHUP: [daemon] settings changed; they take effect on restart");
+        }
+        let generation = match self.push(&fresh.rules) {
+            Ok(generation) => generation,
+            Err(e) => {
+                error!(error = %e, "SIGHUP: pushing rules failed");
+                return None;
+            }
+        };
+        info!(
+            rules = fresh.rules.rules.len() + 1,
+            "SIGHUP: configuration reloaded"
+        );
+        // Later rule edits start from what was reloaded, not from the old
+        // file; [daemon] settings keep what the daemon runs with.
+        self.config.rules = fresh.rules;
+        self.config.file = fresh.file;
+        self.config.text = fresh.text;
+        Some(generation)
+    }
+}
+
+/// Logs the sources no CPU is refusing any more ("limited" comes from the
+/// kernel's events, see events.rs): a few per tick by name, the rest as a
+/// count, so a spoofed flood ending cannot flood the log.
+fn log_released(iface: &str, before: &BTreeSet<SourceKey>, now: &BTreeSet<SourceKey>) {
+    let released: Vec<&SourceKey> = before.difference(now).collect();
+    for key in released.iter().take(RELEASED_LOGGED_PER_TICK) {
+        info!(iface, source = %key, "source released");
+    }
+    if released.len() > RELEASED_LOGGED_PER_TICK {
+        info!(
+            iface,
+            more = released.len() - RELEASED_LOGGED_PER_TICK,
+            "more sources released (not listed)"
+        );
+    }
+}
+
+/// Keeps an instance attached to the interface of its name (re-attaching
+/// to a re-created one), logging each change of state once.
+fn check_link(instance: &mut Instance, mode: config::AttachMode) {
+    let before = instance.link;
+    let iface = instance.iface.clone();
+    match instance.check_link(mode) {
+        Ok(LinkCheck::Reattached) => {
+            info!(
+                iface,
+                mode = instance.attachment.as_str(),
+                "re-attached to the re-created interface"
+            )
+        }
+        Ok(LinkCheck::InterfaceGone) if before != LinkCheck::InterfaceGone => {
+            warn!(
+                iface,
+                "the interface vanished; protection resumes when it is back"
+            )
+        }
+        Ok(LinkCheck::Unpinned) if before != LinkCheck::Unpinned => warn!(
+            iface,
+            "the pinned link was removed by someone else (xdp-limiter detach?); not re-attaching"
+        ),
+        Ok(_) => {}
+        Err(e) => {
+            // Retried every tick; said once until the state changes.
+            if before != LinkCheck::InterfaceGone {
+                error!(iface, error = %e, "re-attaching to the re-created interface failed; retrying every tick");
+            }
+            instance.link = LinkCheck::InterfaceGone;
+        }
+    }
+}
+
+/// What the last aggregation passes saw of one interface.
+#[derive(Default)]
+pub struct Observed {
+    pub(super) last: Option<(Instant, Snapshot)>,
+    pub(super) passed_pps: f64,
+    pub(super) dropped_pps: f64,
+}
+
+impl Observed {
+    fn update(&mut self, snapshot: Snapshot) {
+        let now = Instant::now();
+        let sum = |s: &Snapshot, outcomes: &[Outcome]| -> u64 {
+            outcomes
+                .iter()
+                .map(|o| s.outcomes[*o as usize].packets)
+                .sum()
+        };
+        let passed = [Outcome::Passed, Outcome::Allowed, Outcome::DryRunWouldDrop];
+        let dropped = [Outcome::DroppedLimit, Outcome::DroppedDeny];
+        if let Some((then, previous)) = &self.last {
+            let seconds = now.duration_since(*then).as_secs_f64().max(1e-3);
+            let rate = |outcomes: &[Outcome]| {
+                sum(&snapshot, outcomes).saturating_sub(sum(previous, outcomes)) as f64 / seconds
+            };
+            self.passed_pps = rate(&passed);
+            self.dropped_pps = rate(&dropped);
+        }
+        self.last = Some((now, snapshot));
+    }
+
+    /// The last pass's view, if any.
+    pub(super) fn snapshot(&self) -> Option<&Snapshot> {
+        self.last.as_ref().map(|(_, s)| s)
+    }
+}

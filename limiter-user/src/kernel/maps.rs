@@ -1,0 +1,87 @@
+//! The program's maps, opened once after loading into typed handles (as
+//! bpf2go does for Go programs): callers use `maps.rules`, never a map name
+//! string, and a map of the wrong kind or value size is refused at load,
+//! not at first use.
+
+use aya::{
+    maps::{
+        Array, HashMap, IterableMap, LpmTrie, Map, MapData, PerCpuArray, PerCpuHashMap, RingBuf,
+    },
+    Ebpf,
+};
+use limiter_common::{
+    names,
+    rules::{PrefixKeyV4, PrefixKeyV6},
+    Config, Counter, Rule, RuleRefs, SourceKey, SourceTraffic, WindowState,
+};
+
+use super::MapsError;
+
+/// Typed handles on every map userspace uses (the kernel's scratch maps
+/// stay inside the object).
+pub struct Maps {
+    /// Offered traffic per source and CPU (an LRU per-CPU hash; a plain
+    /// per-CPU hash reads the same).
+    pub sources: PerCpuHashMap<MapData, SourceKey, SourceTraffic>,
+    /// Admission window per source, shared by the CPUs.
+    pub windows: HashMap<MapData, SourceKey, WindowState>,
+    /// Per-CPU counters by `Outcome`.
+    pub stats: PerCpuArray<MapData, Counter>,
+    /// The live configuration (one entry).
+    pub config: Array<MapData, Config>,
+    /// Compiled rules, two generations' halves.
+    pub rules: Array<MapData, Rule>,
+    /// Refused frames per `RULES` index, per CPU.
+    pub rule_drops: PerCpuArray<MapData, u64>,
+    pub prefixes_v4: LpmTrie<MapData, PrefixKeyV4, RuleRefs>,
+    pub prefixes_v6: LpmTrie<MapData, PrefixKeyV6, RuleRefs>,
+    /// "Source limited" events; `None` once taken (the daemon's event
+    /// watcher owns it).
+    pub events: Option<RingBuf<MapData>>,
+}
+
+/// Moves map `name` out of `ebpf` as `T`.
+fn take<T: TryFrom<Map, Error = aya::maps::MapError>>(
+    ebpf: &mut Ebpf,
+    name: &'static str,
+) -> Result<T, MapsError> {
+    let map = ebpf.take_map(name).ok_or(MapsError::Missing(name))?;
+    T::try_from(map).map_err(MapsError::on(name))
+}
+
+impl Maps {
+    /// How many maps a `Maps` holds.
+    pub const COUNT: usize = 9;
+
+    /// Moves the maps out of a freshly loaded object.
+    pub(super) fn take(ebpf: &mut Ebpf) -> Result<Self, MapsError> {
+        Ok(Self {
+            sources: take(ebpf, names::SOURCES)?,
+            windows: take(ebpf, names::WINDOWS)?,
+            stats: take(ebpf, names::STATS)?,
+            config: take(ebpf, names::CONFIG)?,
+            rules: take(ebpf, names::RULES)?,
+            rule_drops: take(ebpf, names::RULE_DROPS)?,
+            prefixes_v4: take(ebpf, names::PREFIXES_V4)?,
+            prefixes_v6: take(ebpf, names::PREFIXES_V6)?,
+            events: Some(take(ebpf, names::EVENTS)?),
+        })
+    }
+
+    /// The live configuration (generation 0: nothing pushed yet).
+    pub fn live_config(&self) -> Result<Config, MapsError> {
+        self.config.get(&0, 0).map_err(MapsError::on(names::CONFIG))
+    }
+
+    /// The rule at `RULES` index `index`.
+    pub fn rule(&self, index: u32) -> Result<Rule, MapsError> {
+        self.rules
+            .get(&index, 0)
+            .map_err(MapsError::on(names::RULES))
+    }
+
+    /// The map data of `SOURCES`, for batched reads.
+    pub fn sources_data(&self) -> &MapData {
+        self.sources.map()
+    }
+}

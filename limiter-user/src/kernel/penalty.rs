@@ -1,0 +1,51 @@
+//! Penalties (`block`) as the kernel keeps them: in each source's shared
+//! window, tagged with the rule that armed them, honoured only while the
+//! rule in force carries that tag.
+
+use ipnet::IpNet;
+use limiter_common::SourceKey;
+
+use super::Maps;
+
+/// `bpf_map_update_elem` flag: only update an existing entry.
+const BPF_EXIST: u64 = 2;
+
+/// Whether `key` is blocked at `now_ns` by the rule at `RULES` index
+/// `rule_index` (its window is keyed by the rule's budget).
+pub fn is_blocked(maps: &Maps, key: &SourceKey, rule_index: u32, now_ns: u64) -> bool {
+    let Ok(rule) = maps.rule(rule_index) else {
+        return false;
+    };
+    maps.windows
+        .get(&key.with_class(rule.budget), 0)
+        .is_ok_and(|window| window.blocked_at(now_ns, rule.block_tag))
+}
+
+/// Lifts the penalty of every source inside `cidr` whose penalty still
+/// runs at `now_ns`; how many were lifted. Sources keep their windows. A
+/// CPU that already concluded "blocked" keeps refusing until it looks
+/// again: the caller pushes the rules again so every CPU re-resolves.
+pub fn lift(maps: &mut Maps, cidr: &IpNet, now_ns: u64) -> usize {
+    let keys: Vec<SourceKey> = maps
+        .windows
+        .keys()
+        .filter_map(Result::ok)
+        .filter(|key| cidr.contains(&key.ip()) && key.prefix_len >= cidr.prefix_len())
+        .collect();
+    let mut lifted = 0;
+    for key in keys {
+        let Ok(mut window) = maps.windows.get(&key, 0) else {
+            continue;
+        };
+        if window.blocked_until_ns <= now_ns {
+            continue;
+        }
+        window.blocked_until_ns = 0;
+        window.blocked_tag = 0;
+        // Only while the source still has its window.
+        if maps.windows.insert(key, window, BPF_EXIST).is_ok() {
+            lifted += 1;
+        }
+    }
+    lifted
+}

@@ -1,0 +1,329 @@
+//! Operator rules and their compilation into what the kernel reads: the
+//! `Config`, the `RULES` table, the matches rules use and the prefix tries.
+//!
+//! Which rule judges a frame (docs/configuration.md says the same):
+//!
+//! 1. Of the rules whose prefix contains the frame's source and whose match
+//!    (protocol / destination ports / SYN) the frame satisfies, those with
+//!    the **longest prefix** count; the default rule (`0.0.0.0/0` and
+//!    `::/0`, no match) comes after every configured rule.
+//! 2. Among those, the rule whose match is **contained** in every other's
+//!    wins (`tcp port 22` beats `tcp`, which beats no match), whatever the
+//!    rule order. Two rules of one prefix whose matches overlap without one
+//!    containing the other are rejected, naming both, unless a third rule of
+//!    that prefix covers exactly what they share.
+//! 3. A frame whose ports could not be read (a non-first fragment, a cut
+//!    header) or whose protocol could not (an IPv6 header chain longer than
+//!    the walk) is judged by the **strictest** rule it could fall under:
+//!    an enforced `deny`, then the enforced `limit` with the lowest packet
+//!    rate (then byte rate), then dry-run `deny`, dry-run `limit`, `allow`.
+//!
+//! Every frame class of a source that one rule judges counts in that
+//! rule's one budget for the source. Everything is validated here, so a
+//! bad rule set is rejected before anything reaches the kernel.
+//!
+//! This file holds the operator's form of rules and the errors; `compile`
+//! turns a rule set into the kernel's tables, `resolve` decides which rule
+//! judges each frame class of each prefix (the rules above).
+
+use std::{hash::Hasher, net::IpAddr, time::Duration};
+
+use ipnet::IpNet;
+use limiter_common::{
+    rules::{
+        Transport, FRAME_CLASSES, MAX_CLASSES, MAX_RULES, RESOLVED_CLASSES, TCP_FLAG_ACK,
+        TCP_FLAG_SYN, UNKNOWN_PROTOCOL_CLASS, UNRESOLVED_BASE,
+    },
+    window::{MAX_BUCKETS_PER_WINDOW, MAX_BYTES, MAX_PACKETS, UNLIMITED},
+    Action, AddressFamily, Config, Rule, RuleRefs, TrafficClass,
+};
+
+mod compile;
+mod resolve;
+#[cfg(test)]
+mod tests;
+
+pub use compile::compile;
+
+/// IP protocol numbers rules can match by name.
+pub const PROTO_ICMP: u8 = 1;
+pub const PROTO_TCP: u8 = 6;
+pub const PROTO_UDP: u8 = 17;
+pub const PROTO_ICMPV6: u8 = 58;
+
+/// Shortest and longest window a rule may have.
+pub const MIN_WINDOW: Duration = Duration::from_secs(1);
+pub const MAX_WINDOW: Duration = Duration::from_secs(60);
+/// Longest penalty (longer bans are `deny` rules).
+pub const MAX_BLOCK: Duration = Duration::from_secs(24 * 3600);
+/// The largest standard Ethernet frame XDP sees (1500 bytes of IP, the
+/// Ethernet header and one VLAN tag): a byte allowance below it could never
+/// admit a full-size frame.
+pub const MIN_FRAME_BYTES: u64 = 1518;
+
+/// What a rule matches besides the source prefix.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Match {
+    /// IP protocol number; `None` matches any.
+    pub protocol: Option<u8>,
+    /// Destination port range (inclusive), TCP/UDP only.
+    pub ports: Option<(u16, u16)>,
+    /// Only TCP SYN segments (SYN set, ACK clear).
+    pub tcp_syn: bool,
+}
+
+impl Match {
+    /// Whether this matches everything (a plain prefix rule).
+    pub fn is_any(&self) -> bool {
+        *self == Match::default()
+    }
+
+    /// The kernel's form of this match.
+    pub fn class(&self) -> TrafficClass {
+        let (port_min, port_max) = self.ports.unwrap_or((0, u16::MAX));
+        TrafficClass::new(self.protocol.unwrap_or(0), port_min, port_max, self.tcp_syn)
+    }
+}
+
+/// The limits of a rule.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Packets per second; `None`: packets are not limited.
+    pub pps: Option<u64>,
+    /// Bytes per second; `None`: bytes are not limited.
+    pub bytes_per_second: Option<u64>,
+    /// Packets allowed above `pps * window` in one window.
+    pub burst_packets: u64,
+    /// Bytes allowed above `bytes_per_second * window` in one window.
+    pub burst_bytes: u64,
+    /// Sliding window length, 1 to 60 s.
+    pub window: Duration,
+    /// Once over the limit, drop the source for this long.
+    pub block: Option<Duration>,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            pps: None,
+            bytes_per_second: None,
+            burst_packets: 0,
+            burst_bytes: 0,
+            window: Duration::from_secs(1),
+            block: None,
+        }
+    }
+}
+
+/// One operator rule.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RuleSpec {
+    /// Source prefix (IPv4 or IPv6).
+    pub cidr: IpNet,
+    pub matches: Match,
+    pub action: Action,
+    pub limits: Limits,
+    /// Count would-be drops, drop nothing.
+    pub dry_run: bool,
+}
+
+impl RuleSpec {
+    /// A `limit` rule for `cidr` at `pps` packets per second.
+    pub fn limit(cidr: IpNet, pps: u64) -> Self {
+        Self {
+            cidr,
+            matches: Match::default(),
+            action: Action::Limit,
+            limits: Limits {
+                pps: Some(pps),
+                ..Limits::default()
+            },
+            dry_run: false,
+        }
+    }
+
+    /// A rule with `action` and no limits (allow or deny).
+    pub fn with_action(cidr: IpNet, action: Action) -> Self {
+        Self {
+            cidr,
+            matches: Match::default(),
+            action,
+            limits: Limits::default(),
+            dry_run: false,
+        }
+    }
+}
+
+impl Match {
+    /// The same match with a port range of every port dropped: ports
+    /// `0-65535` select exactly what no port match does.
+    pub fn normalized(self) -> Self {
+        Self {
+            ports: self.ports.filter(|p| *p != (0, u16::MAX)),
+            ..self
+        }
+    }
+
+    /// `tcp port 22 syn`, `any`: for messages.
+    pub fn describe(&self) -> String {
+        let mut words = Vec::new();
+        match self.protocol {
+            Some(PROTO_TCP) => words.push("tcp".to_string()),
+            Some(PROTO_UDP) => words.push("udp".to_string()),
+            Some(PROTO_ICMP) => words.push("icmp".to_string()),
+            Some(PROTO_ICMPV6) => words.push("icmpv6".to_string()),
+            Some(p) => words.push(format!("protocol {p}")),
+            None => {}
+        }
+        match self.ports {
+            Some((a, b)) if a == b => words.push(format!("port {a}")),
+            Some((a, b)) => words.push(format!("ports {a}-{b}")),
+            None => {}
+        }
+        if self.tcp_syn {
+            words.push("syn".into());
+        }
+        if words.is_empty() {
+            "any traffic".into()
+        } else {
+            words.join(" ")
+        }
+    }
+}
+
+/// Everything the kernel enforces.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RuleSet {
+    /// Applies to every source no other rule covers (its `cidr` is ignored).
+    pub default: RuleSpec,
+    pub rules: Vec<RuleSpec>,
+    /// Global dry-run: nothing is dropped.
+    pub dry_run: bool,
+    /// IPv4 sources are keyed by this prefix length.
+    pub v4_prefix_len: u8,
+    /// IPv6 sources are keyed by this prefix length.
+    pub v6_prefix_len: u8,
+    /// Buckets per window (window / buckets = bucket width).
+    pub buckets_per_window: u32,
+}
+
+impl RuleSet {
+    /// Only a default rule, keyed /32 and /64, 10 buckets per window.
+    pub fn with_default(default: RuleSpec) -> Self {
+        Self {
+            default,
+            rules: Vec::new(),
+            dry_run: false,
+            v4_prefix_len: 32,
+            v6_prefix_len: 64,
+            buckets_per_window: limiter_common::window::DEFAULT_BUCKETS_PER_WINDOW,
+        }
+    }
+}
+
+/// Why a rule set was rejected. `rule` is `"default"` or `"rules[N]"`.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum RuleError {
+    #[error("{rule}.window: {window:?} is outside 1s..=60s")]
+    Window { rule: String, window: Duration },
+    #[error("{rule}: a `limit` rule needs a packet or byte rate")]
+    NoLimit { rule: String },
+    #[error("{rule}: {what} must be greater than zero")]
+    Zero { rule: String, what: &'static str },
+    #[error("{rule}: {what} {value} per window exceeds the maximum {max}")]
+    TooLarge {
+        rule: String,
+        what: &'static str,
+        value: u128,
+        max: u64,
+    },
+    #[error(
+        "{rule}.bytes_per_second: {allowance} bytes per window cannot admit one full-size \
+         frame ({MIN_FRAME_BYTES} bytes); raise bytes_per_second, window or burst_bytes"
+    )]
+    BytesBelowFrame { rule: String, allowance: u64 },
+    #[error("{rule}.block: {block:?} is longer than the maximum 24h (use action = \"deny\")")]
+    BlockTooLong { rule: String, block: Duration },
+    #[error("{rule}.ports: port range {min}-{max} is reversed")]
+    PortsReversed { rule: String, min: u16, max: u16 },
+    #[error("{rule}.ports: ports need protocol tcp or udp, not {protocol}")]
+    PortsNeedTcpOrUdp { rule: String, protocol: u8 },
+    #[error("{rule}.tcp_syn: a SYN match needs protocol tcp, not {protocol}")]
+    SynNeedsTcp { rule: String, protocol: u8 },
+    #[error("{rule}.protocol: 0 is not a protocol; leave protocol out to match any")]
+    ProtocolZero { rule: String },
+    #[error("{rule}.cidr: {cidr} has host bits set (did you mean {}?)", cidr.trunc())]
+    HostBits { rule: String, cidr: IpNet },
+    #[error(
+        "{rule}.cidr: prefix {cidr} is longer than the /{key_len} sources are keyed by \
+         (limits.{})",
+        if cidr.addr().is_ipv4() { "ipv4_prefix" } else { "ipv6_prefix" }
+    )]
+    PrefixTooLong {
+        rule: String,
+        cidr: IpNet,
+        key_len: u8,
+    },
+    #[error("{rule}: same prefix and match as {other}")]
+    Duplicate { rule: String, other: String },
+    #[error(transparent)]
+    Overlap(Box<Overlap>),
+    #[error("more than {MAX_CLASSES} distinct protocol/port matches")]
+    TooManyClasses,
+    #[error("more than {} rules", MAX_RULES - 1)]
+    TooManyRules,
+    #[error("buckets_per_window {0} is outside 1..={MAX_BUCKETS_PER_WINDOW}")]
+    Buckets(u32),
+    #[error(
+        "{} key prefix length {len} is longer than {max}",
+        match family { AddressFamily::V4 => "IPv4", AddressFamily::V6 => "IPv6" }
+    )]
+    KeyPrefix {
+        family: AddressFamily,
+        len: u8,
+        max: u8,
+    },
+}
+
+/// Two rules of one prefix whose matches overlap without one containing
+/// the other, so a frame they both match would have two rules.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error(
+    "{rule} ({rule_match}) and {other} ({other_match}) both cover {cidr} and overlap without \
+     one containing the other (both match {example}); narrow one, or add a rule for {cidr} \
+     that matches only what they share"
+)]
+pub struct Overlap {
+    pub rule: String,
+    pub rule_match: String,
+    pub other: String,
+    pub other_match: String,
+    pub cidr: IpNet,
+    pub example: String,
+}
+
+/// A rule set ready for the kernel. Rule `i` of the set (0 = default)
+/// lives at `RULES[base + i]`; block tags are left 0 for the pusher.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Compiled {
+    /// `Config` without its generation (the pusher sets that).
+    pub config: Config,
+    pub rules: Vec<Rule>,
+    pub v4: Vec<(u8, [u8; 4], RuleRefs)>,
+    pub v6: Vec<(u8, [u8; 16], RuleRefs)>,
+}
+
+/// `"default"` or `"rules[N]"` for index `index` of a rule set (0 =
+/// default).
+pub fn rule_name(index: usize) -> String {
+    if index == 0 {
+        "default".into()
+    } else {
+        format!("rules[{}]", index - 1)
+    }
+}
+
+/// Share of a window's allowance that unused leases may withhold, as a
+/// divisor: leases are sized so that all CPUs together, over all buckets of
+/// a window, hold back at most `allowance / LEASE_DIVISOR` (under 1%).
+pub const LEASE_DIVISOR: u64 = 128;
