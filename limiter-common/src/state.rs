@@ -45,6 +45,16 @@ pub struct SourceTraffic {
     pub unwindowed_ns: u64,
     /// This CPU's view of the source's older buckets.
     pub window: WindowCache,
+    /// When this CPU last looked the source's window up while holding it
+    /// (ns): a held source reads no window, but looks it up once a bucket
+    /// so that the LRU map keeps it while a flood of other sources churns
+    /// through.
+    pub touched_ns: u64,
+    /// Frames the cheap tier admitted for the source this epoch, for the
+    /// window created for it to count from the start (used while the
+    /// source is judged on its window alone; 0 otherwise).
+    pub carried: u32,
+    pub _pad: u32,
 }
 
 /// `SourceTraffic::first_frame`: this CPU created the source's entry.
@@ -149,11 +159,24 @@ impl WindowState {
 
 #[cfg(feature = "user")]
 mod user {
-    // SAFETY (both): #[repr(C)] structs of integers with no padding (the
+    // SAFETY (all): #[repr(C)] structs of integers with no padding (the
     // size tests below): every bit pattern is valid and there are no
     // uninitialised bytes.
     unsafe impl aya::Pod for super::SourceTraffic {}
     unsafe impl aya::Pod for super::WindowState {}
+    unsafe impl aya::Pod for super::Penalty {}
+}
+
+/// A penalty (`block`), kept apart from the window in `PENALTIES` (a
+/// plain hash map, which never evicts): a window evicted while its source
+/// is blocked comes back blocked.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Penalty {
+    /// The source is dropped until then (ns).
+    pub until_ns: u64,
+    /// The `Rule::block_tag` of the rule that armed it.
+    pub tag: u64,
 }
 
 #[cfg(test)]
@@ -228,8 +251,9 @@ mod tests {
         let cache = 9 * 8;
         assert_eq!(
             core::mem::size_of::<SourceTraffic>(),
-            8 + 4 * 16 + 4 + 4 + 8 + 4 + 4 + 8 + 8 + cache
+            8 + 4 * 16 + 4 + 4 + 8 + 4 + 4 + 8 + 8 + cache + 8 + 4 + 4
         );
+        assert_eq!(core::mem::size_of::<Penalty>(), 16);
         assert_eq!(core::mem::size_of::<WindowState>(), RING * 16 + 3 * 8);
     }
 }

@@ -10,13 +10,16 @@
 
 use aya_ebpf::{
     macros::map,
-    maps::{lpm_trie::Key, Array, LpmTrie, LruHashMap, LruPerCpuHashMap, PerCpuArray, RingBuf},
+    maps::{
+        lpm_trie::Key, Array, HashMap, LpmTrie, LruHashMap, LruPerCpuHashMap, PerCpuArray, RingBuf,
+    },
 };
 use limiter_common::{
     event::EVENTS_PER_CPU_PER_SECOND,
     maps as spec,
     rules::{PrefixKeyV4, PrefixKeyV6},
-    Config, Counter, LimitEvent, Outcome, Rule, RuleRefs, SourceKey, SourceTraffic, WindowState,
+    Config, Counter, LimitEvent, Outcome, Penalty, Rule, RuleRefs, SourceKey, SourceTraffic,
+    WindowState,
 };
 
 /// Offered traffic per source, one slot per CPU so counting never shares a
@@ -39,6 +42,25 @@ const _: () = spec::WINDOWS.check::<SourceKey, WindowState>("WINDOWS");
 pub static WINDOW_SEED: PerCpuArray<WindowState> =
     PerCpuArray::with_max_entries(spec::WINDOW_SEED.max_entries, 0);
 const _: () = spec::WINDOW_SEED.check::<u32, WindowState>("WINDOW_SEED");
+
+/// The cold tier's counters, shared by every CPU (`limiter_common::sketch`).
+#[map(name = "SKETCH")]
+pub static SKETCH: Array<u64> = Array::with_max_entries(spec::SKETCH.max_entries, 0);
+const _: () = spec::SKETCH.check::<u32, u64>("SKETCH");
+
+/// Penalties apart from the windows, so an evicted window comes back
+/// blocked (`limiter_common::state::Penalty`).
+#[map(name = "PENALTIES")]
+pub static PENALTIES: HashMap<SourceKey, Penalty> =
+    HashMap::with_max_entries(spec::PENALTIES.max_entries, 0);
+const _: () = spec::PENALTIES.check::<SourceKey, Penalty>("PENALTIES");
+
+/// Scratch for a new `SOURCES` value (too large for the BPF stack): all
+/// zero between uses, filled, inserted and zeroed again (`limit.rs`).
+#[map(name = "TRAFFIC_SEED")]
+pub static TRAFFIC_SEED: PerCpuArray<SourceTraffic> =
+    PerCpuArray::with_max_entries(spec::TRAFFIC_SEED.max_entries, 0);
+const _: () = spec::TRAFFIC_SEED.check::<u32, SourceTraffic>("TRAFFIC_SEED");
 
 /// Global per-CPU counters indexed by `Outcome`.
 #[map(name = "STATS")]

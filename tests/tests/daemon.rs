@@ -864,11 +864,18 @@ fn a_byte_limit_below_the_interface_mtu_is_refused_at_start() {
 #[test]
 fn a_detach_takes_the_program_off_whoever_holds_its_link() {
     use aya::programs::links::{FdLink, PinnedLink};
-    use limiter_user::{config::AttachMode, kernel::attach};
+    use limiter_user::{
+        config::AttachMode,
+        kernel::{attach, LoadOptions},
+    };
     let lab = Lab::three_senders();
     let files = Files::new();
     let held = lab.rx.enter(|| {
-        let mut instance = attach::load(RX_IF, &files.pin_dir, 1024).expect("load");
+        let options = LoadOptions {
+            max_sources: 1024,
+            ..LoadOptions::default()
+        };
+        let mut instance = attach::load(RX_IF, &files.pin_dir, options).expect("load");
         instance.attach(AttachMode::Native).expect("attach");
         let pin = files.pin_dir.join(RX_IF).join("link");
         let held = FdLink::from(PinnedLink::from_pin(&pin).expect("the pinned link"));
