@@ -189,6 +189,18 @@ pub const TRAFFIC_SEED: MapSpec = MapSpec {
     pinned: false,
 };
 
+/// Per-CPU scratch holding the key of the frame being judged, off the
+/// stack.
+pub const FRAME_KEY: MapSpec = MapSpec {
+    name: "FRAME_KEY",
+    kind: MapKind::PerCpuArray,
+    key_size: INDEX,
+    value_size: bytes::<SourceKey>(),
+    max_entries: 1,
+    sizing: Sizing::Fixed,
+    pinned: false,
+};
+
 /// Global per-CPU counters by `Outcome`.
 pub const STATS: MapSpec = MapSpec {
     name: "STATS",
@@ -303,11 +315,12 @@ pub const PENALTIES: MapSpec = MapSpec {
 };
 
 /// Every map of the program.
-pub const ALL: [MapSpec; 14] = [
+pub const ALL: [MapSpec; 15] = [
     SOURCES,
     WINDOWS,
     WINDOW_SEED,
     TRAFFIC_SEED,
+    FRAME_KEY,
     STATS,
     CONFIG,
     RULES,
@@ -359,6 +372,7 @@ pub mod names {
     pub const WINDOWS: &str = super::WINDOWS.name;
     pub const WINDOW_SEED: &str = super::WINDOW_SEED.name;
     pub const TRAFFIC_SEED: &str = super::TRAFFIC_SEED.name;
+    pub const FRAME_KEY: &str = super::FRAME_KEY.name;
     pub const STATS: &str = super::STATS.name;
     pub const CONFIG: &str = super::CONFIG.name;
     pub const RULES: &str = super::RULES.name;

@@ -109,10 +109,16 @@ pub fn place(addr: &[u8; 16], ipv6: bool, prefix_len: u8, class: u8, seed: u32) 
         hash = mix(hash, word(12));
     }
     hash = mix(hash, (u32::from(prefix_len) << 8) | u32::from(class));
-    // The top bits pick the word (they are the best mixed), the low bits
-    // the pair of counters: any two distinct of the seven.
-    let a = hash % SLOTS;
-    let b = (a + 1 + (hash >> 3) % (SLOTS - 1)) % SLOTS;
+    // The top bits pick the word (they are the best mixed); the pair of
+    // counters, any two distinct of the seven, comes from the whole hash
+    // by multiply-shift range reduction (a remainder would be a division,
+    // slow in BPF).
+    let range = |value: u32, n: u32| ((u64::from(value) * u64::from(n)) >> 32) as u32;
+    let a = range(hash, SLOTS);
+    let mut b = a + 1 + range(hash.rotate_left(13), SLOTS - 1);
+    if b >= SLOTS {
+        b -= SLOTS;
+    }
     Place {
         word: hash >> (32 - WORDS.trailing_zeros()),
         a,

@@ -65,8 +65,8 @@ use limiter_ebpf::parse::Packet;
 
 use crate::{
     maps::{
-        self, CONFIG, PENALTIES, PREFIXES_V4, PREFIXES_V6, RULES, SOURCES, TRAFFIC_SEED, WINDOWS,
-        WINDOW_SEED,
+        self, CONFIG, FRAME_KEY, PENALTIES, PREFIXES_V4, PREFIXES_V6, RULES, SOURCES, TRAFFIC_SEED,
+        WINDOWS, WINDOW_SEED,
     },
     shared::{self, SharedWindow},
 };
@@ -116,13 +116,20 @@ pub fn judge(packet: &Packet, len: u64) -> Verdict {
         record_offered(&packet.source, now, len);
         return pass(Outcome::Passed);
     }
-    let key = source_key(config, packet);
+    let Some(slot) = FRAME_KEY.get_ptr_mut(0) else {
+        return pass(Outcome::Passed);
+    };
+    // SAFETY: this CPU's slot of a per-CPU array; XDP runs with migration
+    // disabled, so nothing else touches it meanwhile.
+    let key = unsafe { &mut *slot };
+    source_key(config, packet, key);
+    let key = &*key;
     let found = if config.tiered() {
-        tiered(config, &key, now, len)
+        tiered(config, key, now, len)
     } else {
-        match record_offered(&key, now, len) {
+        match record_offered(key, now, len) {
             Some(traffic) => Tiered::Hot(traffic),
-            None => Tiered::Judged(stateless(config, &key)),
+            None => Tiered::Judged(stateless(config, key)),
         }
     };
     // One call of `decide` for both ways in: the verifier walks it once.
@@ -132,7 +139,7 @@ pub fn judge(packet: &Packet, len: u64) -> Verdict {
             // SAFETY: this CPU's slot of a per-CPU map value; XDP runs
             // with migration disabled, so nothing else touches it.
             let traffic = unsafe { &mut *traffic };
-            let verdict = decide(config, &key, traffic, now, len);
+            let verdict = decide(config, key, traffic, now, len);
             (traffic, verdict)
         }
         // SAFETY: as above.
@@ -146,7 +153,7 @@ pub fn judge(packet: &Packet, len: u64) -> Verdict {
         {
             // A new episode of refusals: tell the daemon.
             let dry_run = verdict.outcome == Outcome::DryRunWouldDrop;
-            let event = LimitEvent::new(key, traffic.rule, now, dry_run);
+            let event = LimitEvent::new(*key, traffic.rule, now, dry_run);
             maps::send_event(&event, now / 1_000_000_000);
         }
         traffic.last_refused_ns = now;
@@ -227,9 +234,9 @@ fn cheap(config: &Config, rule: &Rule, index: u32) -> Verdict {
 /// judged on its shared window alone: through [`limit`] like a hot
 /// source's, but with this CPU's scratch as its per-CPU state, no lease,
 /// and a window created (if need be) carrying what the cheap tier admitted
-/// for it this epoch. Refused, or admitted while busy (`count` over
-/// `sketch::HOT_FRAMES`), the source keeps that state: the scratch becomes
-/// its `SOURCES` entry.
+/// for it this epoch. Refused, near its limit (its window half used), or
+/// busy (`count` over `sketch::HOT_FRAMES`), the source keeps that state:
+/// the scratch becomes its `SOURCES` entry.
 #[inline(always)]
 fn exact(
     config: &Config,
@@ -268,14 +275,24 @@ fn exact(
         cheap_frames
     };
     let flags = u32::from(dry_run) * LIMIT_DRY_RUN | LIMIT_EXACT_TIER;
-    let admitted = limit(key, scratch, len, flags) == LIMIT_ADMITTED;
+    let answer = limit(key, scratch, len, flags);
+    let admitted = answer & LIMIT_ADMITTED != 0;
     let verdict = if admitted {
         pass(Outcome::Passed)
     } else {
         refuse(dry_run, Outcome::DroppedLimit)
     };
     let mut promoted = false;
-    if !admitted || count > sketch::HOT_FRAMES {
+    if !admitted || answer & LIMIT_HALF_USED != 0 || count > sketch::HOT_FRAMES {
+        // Its frames this second, as the cheap tier counted them (at
+        // least what it sent; more only if other sources share its
+        // counters): what `top` shows of the second it became hot in.
+        let seen = Counter {
+            packets: u64::from(count),
+            bytes: u64::from(count) * len,
+        };
+        state.current = seen;
+        state.total = seen;
         state.carried = 0;
         state.touched_ns = now;
         #[allow(clippy::needless_borrows_for_generic_args)]
@@ -334,11 +351,8 @@ fn arm_penalty(window: &SharedWindow, wkey: &SourceKey, rule: &Rule, now: u64) -
 
 /// The key of a frame's state: its source cut to the configured prefix,
 /// and its traffic class.
-// Not inlined: built in the caller's frame through a pointer, the key
-// stays one 20-byte block there, instead of sixteen address bytes each
-// kept in a stack slot of its own.
-#[inline(never)]
-fn source_key(config: &Config, packet: &Packet) -> SourceKey {
+#[inline(always)]
+fn source_key(config: &Config, packet: &Packet, key: &mut SourceKey) {
     let (prefix_len, mask) = if packet.source.family() == AddressFamily::V4 {
         (config.v4_prefix_len, &config.v4_mask)
     } else {
@@ -350,7 +364,7 @@ fn source_key(config: &Config, packet: &Packet) -> SourceKey {
         packet.tcp_flags,
         packet.transport,
     );
-    packet.source.masked(prefix_len, mask).with_class(class)
+    *key = packet.source.masked(prefix_len, mask).with_class(class);
 }
 
 /// Counts the frame in this CPU's `SOURCES` slot for `key`, creating it
@@ -440,7 +454,7 @@ fn decide(
             let unwindowed_first = config.class_count == 0;
             let flags = u32::from(dry_run) * LIMIT_DRY_RUN
                 | u32::from(unwindowed_first) * LIMIT_UNWINDOWED_FIRST;
-            if limit(key, traffic, len, flags) == LIMIT_ADMITTED {
+            if limit(key, traffic, len, flags) & LIMIT_ADMITTED != 0 {
                 pass(Outcome::Passed)
             } else {
                 // Refused, or no window state: fail closed.
@@ -461,12 +475,16 @@ const LIMIT_UNWINDOWED_FIRST: u32 = 2;
 /// tier): no lease (its state is a scratch), a new window carries
 /// `SourceTraffic::carried` frames and counts as `new_window`.
 const LIMIT_EXACT_TIER: u32 = 4;
-/// `limit`'s answer: admitted (anything else: refused, or no window state).
+/// `limit`'s answer: admitted (else refused, or no window state).
 const LIMIT_ADMITTED: u32 = 1;
+/// `limit`'s answer, with [`LIMIT_ADMITTED`]: the window is now at least
+/// half used: the source is near its limit.
+const LIMIT_HALF_USED: u32 = 2;
 
 /// Admits the frame against the source's shared window for its rule (the
 /// one `traffic` resolved), or refuses it and notes until when this CPU
-/// may refuse without looking. Returns [`LIMIT_ADMITTED`], or 0.
+/// may refuse without looking. Returns [`LIMIT_ADMITTED`] (with
+/// [`LIMIT_HALF_USED`]), or 0.
 ///
 /// A global BPF function, like [`exact`]: verified once on its own, and
 /// its window cache and keys live in its own stack frame, not in the
@@ -491,10 +509,7 @@ pub extern "C" fn limit(
     };
     // SAFETY: a helper without arguments; it reads the monotonic clock.
     let now = unsafe { bpf_ktime_get_coarse_ns() };
-    match limit_window(key, rule, traffic, now, len, flags) {
-        Some(true) => LIMIT_ADMITTED,
-        Some(false) | None => 0,
-    }
+    limit_window(key, rule, traffic, now, len, flags).unwrap_or(0)
 }
 
 /// [`limit`]'s body. `None` when the source has no window state.
@@ -506,7 +521,7 @@ fn limit_window(
     now: u64,
     len: u64,
     flags: u32,
-) -> Option<bool> {
+) -> Option<u32> {
     let dry_run = flags & LIMIT_DRY_RUN != 0;
     let unwindowed_first = flags & LIMIT_UNWINDOWED_FIRST != 0;
     let exact_tier = flags & LIMIT_EXACT_TIER != 0;
@@ -530,7 +545,7 @@ fn limit_window(
         None => {
             if packet_only && first_frame == FIRST_CREATED {
                 traffic.unwindowed_ns = now;
-                return Some(true);
+                return Some(LIMIT_ADMITTED);
             }
             // What a window this CPU creates owes: its own first frame, or,
             // on its first frame of a source another CPU created, the first
@@ -571,7 +586,7 @@ fn limit_window(
     let blocked_until = window.blocked_until_ns();
     if now < blocked_until && rule.block_tag != 0 && window.blocked_tag() == rule.block_tag {
         traffic.hold_until_ns = blocked_until;
-        return Some(false);
+        return Some(0);
     }
     if !traffic.window.covers(now, rule.bucket_ns) {
         traffic.window = WindowCache::refresh(&window, &params, now);
@@ -583,9 +598,9 @@ fn limit_window(
         u64::from(rule.lease_packets)
     };
     match window::try_admit_cached(&window, &traffic.window, &params, now, len, lease) {
-        Admission::Admitted { granted } => {
+        Admission::Admitted { granted, half_used } => {
             traffic.lease_left = (granted - 1) as u32;
-            Some(true)
+            Some(LIMIT_ADMITTED | if half_used { LIMIT_HALF_USED } else { 0 })
         }
         Admission::Refused { hold_until_ns } => {
             traffic.hold_until_ns = if rule.block_ns != 0 && !dry_run {
@@ -593,7 +608,7 @@ fn limit_window(
             } else {
                 hold_until_ns
             };
-            Some(false)
+            Some(0)
         }
     }
 }

@@ -62,6 +62,12 @@ pub static TRAFFIC_SEED: PerCpuArray<SourceTraffic> =
     PerCpuArray::with_max_entries(spec::TRAFFIC_SEED.max_entries, 0);
 const _: () = spec::TRAFFIC_SEED.check::<u32, SourceTraffic>("TRAFFIC_SEED");
 
+/// The key of the frame being judged (`limit.rs`), off the stack.
+#[map(name = "FRAME_KEY")]
+pub static FRAME_KEY: PerCpuArray<SourceKey> =
+    PerCpuArray::with_max_entries(spec::FRAME_KEY.max_entries, 0);
+const _: () = spec::FRAME_KEY.check::<u32, SourceKey>("FRAME_KEY");
+
 /// Global per-CPU counters indexed by `Outcome`.
 #[map(name = "STATS")]
 pub static STATS: PerCpuArray<Counter> = PerCpuArray::with_max_entries(spec::STATS.max_entries, 0);

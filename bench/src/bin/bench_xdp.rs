@@ -79,6 +79,7 @@ fn limiter() -> Program {
     let mut shared = RuleSpec::limit(net("203.0.113.128/25"), 100_000_000);
     shared.limits.bytes_per_second = Some(100_000_000_000);
     set.rules.push(shared);
+    set.tiered = true;
     push::push(&mut program.maps, &set).expect("push rules");
     program
 }
