@@ -22,15 +22,26 @@ pub fn is_blocked(maps: &Maps, key: &SourceKey, rule_index: u32, now_ns: u64) ->
 }
 
 /// Lifts the penalty of every source inside `cidr` whose penalty still
-/// runs at `now_ns`; how many were lifted. Sources keep their windows. A
-/// CPU that already concluded "blocked" keeps refusing until it looks
-/// again: the caller pushes the rules again so every CPU re-resolves.
+/// runs at `now_ns`; how many were lifted. Sources keep their windows; the
+/// penalties kept apart from them (`PENALTIES`) go. A CPU that already
+/// concluded "blocked" keeps refusing until it looks again: the caller
+/// pushes the rules again so every CPU re-resolves.
 pub fn lift(maps: &mut Maps, cidr: &IpNet, now_ns: u64) -> usize {
+    let inside = |key: &SourceKey| cidr.contains(&key.ip()) && key.prefix_len >= cidr.prefix_len();
+    let kept: Vec<SourceKey> = maps
+        .penalties
+        .keys()
+        .filter_map(Result::ok)
+        .filter(|key| inside(key))
+        .collect();
+    for key in kept {
+        let _ = maps.penalties.remove(&key);
+    }
     let keys: Vec<SourceKey> = maps
         .windows
         .keys()
         .filter_map(Result::ok)
-        .filter(|key| cidr.contains(&key.ip()) && key.prefix_len >= cidr.prefix_len())
+        .filter(|key| inside(key))
         .collect();
     let mut lifted = 0;
     for key in keys {
@@ -48,4 +59,26 @@ pub fn lift(maps: &mut Maps, cidr: &IpNet, now_ns: u64) -> usize {
         }
     }
     lifted
+}
+
+/// Removes the penalties kept apart from the windows that ended before
+/// `now_ns` (the kernel removes one when it finds it ended; this keeps
+/// `PENALTIES` from filling with penalties of sources that never came
+/// back). Returns how many penalties still run.
+pub fn sweep(maps: &mut Maps, now_ns: u64) -> usize {
+    let entries: Vec<(SourceKey, u64)> = maps
+        .penalties
+        .iter()
+        .filter_map(Result::ok)
+        .map(|(key, penalty)| (key, penalty.until_ns))
+        .collect();
+    let mut running = 0;
+    for (key, until_ns) in entries {
+        if until_ns <= now_ns {
+            let _ = maps.penalties.remove(&key);
+        } else {
+            running += 1;
+        }
+    }
+    running
 }
