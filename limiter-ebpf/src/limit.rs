@@ -303,10 +303,16 @@ fn exact(
     }
     // The scratch is all zero between uses.
     *state = SourceTraffic::default();
-    match SOURCES.get_ptr_mut(key) {
-        Some(traffic) if promoted => Tiered::Promoted(traffic, verdict),
-        _ => Tiered::Judged(verdict),
+    if promoted {
+        if let Some(traffic) = SOURCES.get_ptr_mut(key) {
+            return Tiered::Promoted(traffic, verdict);
+        }
     }
+    if !admitted {
+        // No per-CPU state to account it in: still one rule's drop.
+        maps::count_rule_drop(index);
+    }
+    Tiered::Judged(verdict)
 }
 
 /// Gives a source per-CPU state (or finds it), with its rule resolved
