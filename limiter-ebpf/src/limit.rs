@@ -274,7 +274,7 @@ fn exact(
     } else {
         cheap_frames
     };
-    let flags = u32::from(dry_run) * LIMIT_DRY_RUN | LIMIT_EXACT_TIER;
+    let flags = (u32::from(dry_run) * LIMIT_DRY_RUN) | LIMIT_EXACT_TIER;
     let answer = limit(key, scratch, len, flags);
     let admitted = answer & LIMIT_ADMITTED != 0;
     let verdict = if admitted {
@@ -351,7 +351,7 @@ fn arm_penalty(window: &SharedWindow, wkey: &SourceKey, rule: &Rule, now: u64) -
         tag: rule.block_tag,
     };
     // Full: the penalty lives in the window only.
-    let _ = PENALTIES.insert(wkey, &penalty, 0);
+    let _ = PENALTIES.insert(wkey, penalty, 0);
     until
 }
 
@@ -458,8 +458,8 @@ fn decide(
                 return pass(Outcome::Passed);
             }
             let unwindowed_first = config.class_count == 0;
-            let flags = u32::from(dry_run) * LIMIT_DRY_RUN
-                | u32::from(unwindowed_first) * LIMIT_UNWINDOWED_FIRST;
+            let flags = (u32::from(dry_run) * LIMIT_DRY_RUN)
+                | (u32::from(unwindowed_first) * LIMIT_UNWINDOWED_FIRST);
             if limit(key, traffic, len, flags) & LIMIT_ADMITTED != 0 {
                 pass(Outcome::Passed)
             } else {
@@ -636,7 +636,7 @@ fn params(rule: &Rule) -> WindowParams {
 fn touch(key: &SourceKey, rule: &Rule, traffic: &mut SourceTraffic, now: u64) {
     if now.wrapping_sub(traffic.touched_ns) >= rule.bucket_ns {
         traffic.touched_ns = now;
-        let _ = WINDOWS.get_ptr(&key.with_class(rule.budget));
+        let _ = WINDOWS.get_ptr(key.with_class(rule.budget));
     }
 }
 
