@@ -239,6 +239,22 @@ pub fn paced(
     duration: Duration,
     pacing: Pacing,
 ) -> Paced {
+    let end = start.instant + duration;
+    paced_while(program, cpu, frame, pps, start, pacing, |now| now < end)
+}
+
+/// As [`paced`], for as long as `go(now)` holds: a sender that lasts as
+/// long as something else does (another thread's flood), however long
+/// that takes on a loaded machine.
+pub fn paced_while(
+    program: &Xdp,
+    cpu: usize,
+    frame: &[u8],
+    pps: u64,
+    start: Start,
+    pacing: Pacing,
+    go: impl Fn(Instant) -> bool + Sync,
+) -> Paced {
     thread::scope(|scope| {
         scope
             .spawn(|| {
@@ -252,7 +268,7 @@ pub fn paced(
                         std::hint::spin_loop();
                         now = Instant::now();
                     }
-                    if now >= start.instant + duration {
+                    if !go(now) {
                         return out;
                     }
                     let verdict = test_run(program, frame, 1)
@@ -277,6 +293,30 @@ pub fn paced(
     })
 }
 
+/// Runs `work` on a thread pinned to `cpu` and returns what it returned:
+/// for loops of millions of [`verdict`] calls (a flood of varied frames),
+/// which would spend most of their time starting threads if each frame
+/// took its own, as [`Harness::run_on_cpu`] does.
+pub fn on_cpu<T: Send>(cpu: usize, work: impl FnOnce() -> T + Send) -> T {
+    thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                pin_current_thread(cpu);
+                work()
+            })
+            .join()
+            .expect("pinned thread panicked")
+    })
+}
+
+/// The verdict of one `BPF_PROG_TEST_RUN` of `program` on `frame`, on the
+/// calling thread's CPU (see [`on_cpu`]); a failed run panics.
+pub fn verdict(program: &Xdp, frame: &[u8]) -> u32 {
+    test_run(program, frame, 1)
+        .unwrap_or_else(|e| panic!("BPF_PROG_TEST_RUN of {} bytes: {e}", frame.len()))
+        .return_value
+}
+
 /// One `BPF_PROG_TEST_RUN` of `program` on `frame`, run `repeat` times in
 /// the kernel, on the calling thread's CPU.
 pub fn test_run(program: &Xdp, frame: &[u8], repeat: u32) -> Result<TestRunResult, ProgramError> {
@@ -284,6 +324,19 @@ pub fn test_run(program: &Xdp, frame: &[u8], repeat: u32) -> Result<TestRunResul
     opts.data_in = Some(frame);
     opts.repeat = repeat;
     program.test_run(opts)
+}
+
+/// Admitted frames per window of `window` counted from a sender's start
+/// (`Paced::passed_at`), for the first `windows` windows.
+pub fn per_window(passed_at: &[Duration], window: Duration, windows: usize) -> Vec<u64> {
+    let mut counts = vec![0; windows];
+    for at in passed_at {
+        let k = (at.as_nanos() / window.as_nanos()) as usize;
+        if k < windows {
+            counts[k] += 1;
+        }
+    }
+    counts
 }
 
 /// `packets` frames of `len` bytes each.

@@ -13,7 +13,7 @@ use limiter_common::{Action, Outcome, SourceKey};
 use limiter_tests::{
     net,
     packets::{self, DST4, DST6},
-    testrun::{self, frames, online_cpus, paced, Harness, Pacing, Start},
+    testrun::{self, frames, online_cpus, paced, per_window, Harness, Pacing, Start},
 };
 use limiter_user::{
     kernel::read,
@@ -41,19 +41,6 @@ fn harness_with(set: &RuleSet) -> Harness {
 
 fn udp(src: [u8; 4]) -> Vec<u8> {
     packets::udp_v4(Ipv4Addr::from(src), DST4, 9999, 18)
-}
-
-/// Admitted frames per window of `window` counted from `start`, for the
-/// windows that ended before `end`.
-fn per_window(passed_at: &[Duration], window: Duration, windows: usize) -> Vec<u64> {
-    let mut counts = vec![0; windows];
-    for at in passed_at {
-        let k = (at.as_nanos() / window.as_nanos()) as usize;
-        if k < windows {
-            counts[k] += 1;
-        }
-    }
-    counts
 }
 
 /// Every window admits the limit, within 1%.
