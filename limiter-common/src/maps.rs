@@ -14,7 +14,7 @@ use core::mem::size_of;
 
 use crate::{
     rules::{PrefixKeyV4, PrefixKeyV6, RULE_SLOTS},
-    state::Penalty,
+    state::Hold,
     Config, Counter, Outcome, Rule, RuleRefs, SourceKey, SourceTraffic, WindowState,
 };
 
@@ -29,8 +29,9 @@ pub const DEFAULT_MAX_SOURCES: u32 = 65_536;
 /// Default capacity of the per-CPU state (`SOURCES`, the hot sources);
 /// userspace sets the real size (`max_hot_sources`) before loading.
 pub const DEFAULT_MAX_HOT_SOURCES: u32 = 16_384;
-/// Capacity of `PENALTIES`: sources under a penalty at once.
-pub const MAX_PENALTIES: u32 = 65_536;
+/// Capacity of `HOLDS`: sources held (blocked, or refused within their
+/// window) at once.
+pub const MAX_HOLDS: u32 = 65_536;
 
 /// Who decides a map's capacity.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -302,14 +303,14 @@ pub const SKETCH: MapSpec = MapSpec {
     pinned: true,
 };
 
-/// Penalties apart from the windows: `SourceKey` (the window's key) ->
-/// `Penalty`. A plain hash, which never evicts (see `state::Penalty`).
-pub const PENALTIES: MapSpec = MapSpec {
-    name: "PENALTIES",
+/// Holds apart from the windows: `SourceKey` (the window's key) ->
+/// `Hold`. A plain hash, which never evicts (see `state::Hold`).
+pub const HOLDS: MapSpec = MapSpec {
+    name: "HOLDS",
     kind: MapKind::Hash,
     key_size: bytes::<SourceKey>(),
-    value_size: bytes::<Penalty>(),
-    max_entries: MAX_PENALTIES,
+    value_size: bytes::<Hold>(),
+    max_entries: MAX_HOLDS,
     sizing: Sizing::Fixed,
     pinned: true,
 };
@@ -330,7 +331,7 @@ pub const ALL: [MapSpec; 15] = [
     EVENTS,
     EVENT_BUDGET,
     SKETCH,
-    PENALTIES,
+    HOLDS,
 ];
 
 /// The maps the daemon pins, in table order.
@@ -382,7 +383,7 @@ pub mod names {
     pub const EVENTS: &str = super::EVENTS.name;
     pub const EVENT_BUDGET: &str = super::EVENT_BUDGET.name;
     pub const SKETCH: &str = super::SKETCH.name;
-    pub const PENALTIES: &str = super::PENALTIES.name;
+    pub const HOLDS: &str = super::HOLDS.name;
 }
 
 #[cfg(test)]
@@ -413,7 +414,7 @@ mod tests {
                 "PREFIXES_V4",
                 "PREFIXES_V6",
                 "SKETCH",
-                "PENALTIES"
+                "HOLDS"
             ]
         );
     }
@@ -444,7 +445,7 @@ mod tests {
                 ("PREFIXES_V4", 9, 132),
                 ("PREFIXES_V6", 21, 132),
                 ("SKETCH", 4, 8),
-                ("PENALTIES", 20, 16),
+                ("HOLDS", 20, 16),
             ]
         );
     }

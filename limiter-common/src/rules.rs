@@ -117,7 +117,7 @@ pub struct Rule {
     pub allowance_bytes: u64,
     /// Bucket width in ns (`W / buckets`).
     pub bucket_ns: u64,
-    /// Penalty: once over its limit a source is dropped for this long (0: none).
+    /// Hold: once over its limit a source is dropped for this long (0: none).
     pub block_ns: u64,
     /// Names this rule's penalties: a source's penalty holds only while
     /// the rule in force for it carries the tag that armed it, so a rule

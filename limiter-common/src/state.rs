@@ -132,7 +132,7 @@ const NS_PER_SECOND: u64 = 1_000_000_000;
 pub struct WindowState {
     /// `[packets, bytes]` admitted per bucket, tagged words (`window`).
     pub slots: [[u64; 2]; RING],
-    /// Penalty: refused until this monotonic time (ns), while the rule in
+    /// Hold: refused until this monotonic time (ns), while the rule in
     /// force carries `blocked_tag`.
     pub blocked_until_ns: u64,
     /// The `Rule::block_tag` of the rule that armed the penalty.
@@ -164,18 +164,22 @@ mod user {
     // uninitialised bytes.
     unsafe impl aya::Pod for super::SourceTraffic {}
     unsafe impl aya::Pod for super::WindowState {}
-    unsafe impl aya::Pod for super::Penalty {}
+    unsafe impl aya::Pod for super::Hold {}
 }
 
-/// A penalty (`block`), kept apart from the window in `PENALTIES` (a
-/// plain hash map, which never evicts): a window evicted while its source
-/// is blocked comes back blocked.
+/// A refusal that must outlive the source's window, kept apart from it in
+/// `HOLDS` (a plain hash map, which never evicts): a window evicted and
+/// created again while its source is held comes back held, whichever CPU
+/// creates it.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Penalty {
-    /// The source is dropped until then (ns).
+pub struct Hold {
+    /// Held until then (ns).
     pub until_ns: u64,
-    /// The `Rule::block_tag` of the rule that armed it.
+    /// A penalty: the `Rule::block_tag` of the rule that armed it (the
+    /// source is dropped until `until_ns`). 0: the source was refused over
+    /// its limit; its window comes back exhausted (`window::mark_exhausted`)
+    /// until `until_ns`, a window's length after the refusal.
     pub tag: u64,
 }
 
@@ -253,7 +257,7 @@ mod tests {
             core::mem::size_of::<SourceTraffic>(),
             8 + 4 * 16 + 4 + 4 + 8 + 4 + 4 + 8 + 8 + cache + 8 + 4 + 4
         );
-        assert_eq!(core::mem::size_of::<Penalty>(), 16);
+        assert_eq!(core::mem::size_of::<Hold>(), 16);
         assert_eq!(core::mem::size_of::<WindowState>(), RING * 16 + 3 * 8);
     }
 }

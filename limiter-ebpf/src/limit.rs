@@ -43,7 +43,9 @@
 //! A spoofed flood thus costs a counter update per frame and no map
 //! insert, and cannot evict the sources it hides behind; held sources look
 //! their window up once a bucket so that other sources' churn does not
-//! evict it, and penalties also live in `PENALTIES`, which never evicts.
+//! evict it, and penalties and refusals also live in `HOLDS`, which never
+//! evicts: a window created again for a held source comes back blocked or
+//! exhausted, whichever CPU creates it.
 
 use core::ptr::{addr_of, read_volatile};
 
@@ -58,14 +60,14 @@ use limiter_common::{
     sketch,
     state::{FIRST_CREATED, FIRST_HERE},
     window::{self, Admission, WindowCache, WindowParams, PACKETS, RING},
-    Action, AddressFamily, Config, Counter, LimitEvent, Outcome, Penalty, Rule, SourceKey,
+    Action, AddressFamily, Config, Counter, Hold, LimitEvent, Outcome, Rule, SourceKey,
     SourceTraffic,
 };
 use limiter_ebpf::parse::Packet;
 
 use crate::{
     maps::{
-        self, CONFIG, FRAME_KEY, PENALTIES, PREFIXES_V4, PREFIXES_V6, RULES, SOURCES, TRAFFIC_SEED,
+        self, CONFIG, FRAME_KEY, HOLDS, PREFIXES_V4, PREFIXES_V6, RULES, SOURCES, TRAFFIC_SEED,
         WINDOWS, WINDOW_SEED,
     },
     shared::{self, SharedWindow},
@@ -340,18 +342,18 @@ fn promote(
 }
 
 /// Arms a penalty for `rule` on the window keyed `wkey`: in the window, and
-/// in `PENALTIES`, so that the window comes back blocked if it is evicted
+/// in `HOLDS`, so that the window comes back blocked if it is evicted
 /// meanwhile. Returns until when.
 #[inline(always)]
 fn arm_penalty(window: &SharedWindow, wkey: &SourceKey, rule: &Rule, now: u64) -> u64 {
     let until = now + rule.block_ns;
     window.set_blocked(until, rule.block_tag);
-    let penalty = Penalty {
+    let penalty = Hold {
         until_ns: until,
         tag: rule.block_tag,
     };
     // Full: the penalty lives in the window only.
-    let _ = PENALTIES.insert(wkey, penalty, 0);
+    let _ = HOLDS.insert(wkey, penalty, 0);
     until
 }
 
@@ -612,6 +614,14 @@ fn limit_window(
             traffic.hold_until_ns = if rule.block_ns != 0 && !dry_run {
                 arm_penalty(&window, key, rule, now)
             } else {
+                // Refused over its limit: should its window be evicted
+                // within a window from now, it comes back exhausted,
+                // whichever CPU creates it again.
+                let held = Hold {
+                    until_ns: now + rule.bucket_ns * u64::from(rule.buckets),
+                    tag: 0,
+                };
+                let _ = HOLDS.insert(key, held, 0);
                 hold_until_ns
             };
             Some(0)
@@ -643,8 +653,8 @@ fn touch(key: &SourceKey, rule: &Rule, traffic: &mut SourceTraffic, now: u64) {
 /// Creates the shared window of `key` (unless another CPU just did),
 /// tagged with the rule's bucket width, its slot `first.0` holding packet
 /// word `first.1` (what the window must count from the start: a frame owed,
-/// or frames carried from the cheap tier), and blocked if `PENALTIES` says
-/// so; returns it, with whether this CPU created it.
+/// or frames carried from the cheap tier), and blocked or exhausted if
+/// `HOLDS` says so; returns it, with whether this CPU created it.
 #[inline(always)]
 fn create_window(
     key: &SourceKey,
@@ -664,14 +674,17 @@ fn create_window(
     let slot = slot & (RING - 1);
     seed.slots[slot][PACKETS] = word;
     seed.bucket_ns = params.bucket_ns;
-    if let Some(penalty) = PENALTIES.get_ptr(key) {
+    let mut exhausted = false;
+    if let Some(held) = HOLDS.get_ptr(key) {
         // SAFETY: a live map value; a racing update writes whole words.
-        let penalty = unsafe { *penalty };
-        if now < penalty.until_ns {
-            seed.blocked_until_ns = penalty.until_ns;
-            seed.blocked_tag = penalty.tag;
+        let held = unsafe { *held };
+        if now >= held.until_ns {
+            let _ = HOLDS.remove(key);
+        } else if held.tag != 0 {
+            seed.blocked_until_ns = held.until_ns;
+            seed.blocked_tag = held.tag;
         } else {
-            let _ = PENALTIES.remove(key);
+            exhausted = true;
         }
     }
     // Failure (EEXIST) just means another CPU created it first (and counted
@@ -685,7 +698,13 @@ fn create_window(
     seed.blocked_until_ns = 0;
     seed.blocked_tag = 0;
     match WINDOWS.get_ptr_mut(key) {
-        Some(state) => Some((SharedWindow(state), created)),
+        Some(state) => {
+            let window = SharedWindow(state);
+            if created && exhausted {
+                window::mark_exhausted(&window, params, now);
+            }
+            Some((window, created))
+        }
         None => {
             maps::count(Outcome::InsertFailure, len);
             None

@@ -18,7 +18,7 @@ use limiter_common::{
     event::EVENTS_PER_CPU_PER_SECOND,
     maps as spec,
     rules::{PrefixKeyV4, PrefixKeyV6},
-    Config, Counter, LimitEvent, Outcome, Penalty, Rule, RuleRefs, SourceKey, SourceTraffic,
+    Config, Counter, Hold, LimitEvent, Outcome, Rule, RuleRefs, SourceKey, SourceTraffic,
     WindowState,
 };
 
@@ -49,11 +49,10 @@ pub static SKETCH: Array<u64> = Array::with_max_entries(spec::SKETCH.max_entries
 const _: () = spec::SKETCH.check::<u32, u64>("SKETCH");
 
 /// Penalties apart from the windows, so an evicted window comes back
-/// blocked (`limiter_common::state::Penalty`).
-#[map(name = "PENALTIES")]
-pub static PENALTIES: HashMap<SourceKey, Penalty> =
-    HashMap::with_max_entries(spec::PENALTIES.max_entries, 0);
-const _: () = spec::PENALTIES.check::<SourceKey, Penalty>("PENALTIES");
+/// blocked (`limiter_common::state::Hold`).
+#[map(name = "HOLDS")]
+pub static HOLDS: HashMap<SourceKey, Hold> = HashMap::with_max_entries(spec::HOLDS.max_entries, 0);
+const _: () = spec::HOLDS.check::<SourceKey, Hold>("HOLDS");
 
 /// Scratch for a new `SOURCES` value (too large for the BPF stack): all
 /// zero between uses, filled, inserted and zeroed again (`limit.rs`).

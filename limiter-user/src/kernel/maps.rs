@@ -12,7 +12,7 @@ use aya::{
 use limiter_common::{
     names,
     rules::{PrefixKeyV4, PrefixKeyV6},
-    Config, Counter, Penalty, Rule, RuleRefs, SourceKey, SourceTraffic, WindowState,
+    Config, Counter, Hold, Rule, RuleRefs, SourceKey, SourceTraffic, WindowState,
 };
 
 use super::MapsError;
@@ -41,7 +41,7 @@ pub struct Maps {
     /// The cheap tier's counters (`limiter_common::sketch`).
     pub sketch: Array<MapData, u64>,
     /// Penalties apart from the windows.
-    pub penalties: HashMap<MapData, SourceKey, Penalty>,
+    pub holds: HashMap<MapData, SourceKey, Hold>,
 }
 
 /// Moves map `name` out of `ebpf` as `T`.
@@ -70,7 +70,7 @@ impl Maps {
             prefixes_v6: take(ebpf, names::PREFIXES_V6)?,
             events: Some(take(ebpf, names::EVENTS)?),
             sketch: take(ebpf, names::SKETCH)?,
-            penalties: take(ebpf, names::PENALTIES)?,
+            holds: take(ebpf, names::HOLDS)?,
         })
     }
 
