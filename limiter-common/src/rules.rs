@@ -144,7 +144,7 @@ pub struct Rule {
     /// under this rule in one epoch of the cheap tier before it gets any
     /// per-source state (`sketch`); those frames are judged statelessly
     /// (a limit admits them). Userspace sizes it so that they can never
-    /// add more than 1/128 of the rule's allowance to a window (0 for small
+    /// add more than 1/100 of the rule's allowance to a window (0 for small
     /// allowances and for rules with a penalty, which must see every frame).
     pub cheap_frames: u8,
     _pad: [u8; 4],

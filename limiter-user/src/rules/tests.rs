@@ -345,21 +345,21 @@ fn limit_with(pps: u64, change: impl FnOnce(&mut Limits)) -> RuleSpec {
 }
 
 #[test]
-fn cheap_frames_keep_under_1_128_of_a_window_over_the_epochs_it_spans() {
-    // floor(allowance / (128 * (ceil(W / 1 s) + 1))): a 1 s window spans
+fn cheap_frames_keep_under_1_100_of_a_window_over_the_epochs_it_spans() {
+    // floor(allowance / (100 * (ceil(W / 1 s) + 1))): a 1 s window spans
     // at most two epochs.
-    assert_eq!(cheap_frames_of(limit_with(1_000, |_| {})), 3, "1000 / 256");
+    assert_eq!(cheap_frames_of(limit_with(1_000, |_| {})), 5, "1000 / 200");
     assert_eq!(
         cheap_frames_of(limit_with(10_000, |_| {})),
-        39,
-        "10000 / 256"
+        50,
+        "10000 / 200"
     );
     assert_eq!(
-        cheap_frames_of(limit_with(256, |_| {})),
+        cheap_frames_of(limit_with(200, |_| {})),
         1,
         "the first rate with one"
     );
-    assert_eq!(cheap_frames_of(limit_with(255, |_| {})), 0);
+    assert_eq!(cheap_frames_of(limit_with(199, |_| {})), 0);
     assert_eq!(
         cheap_frames_of(limit_with(10, |_| {})),
         0,
@@ -368,29 +368,29 @@ fn cheap_frames_keep_under_1_128_of_a_window_over_the_epochs_it_spans() {
     assert_eq!(
         cheap_frames_of(limit_with(100_000, |_| {})),
         MAX_CHEAP_FRAMES as u8,
-        "390 capped"
+        "500 capped"
     );
     // The allowance counts, burst included, and so do the epochs a window
     // spans: 10 s spans 11, 1.5 s three (as many as 2 s).
     assert_eq!(
         cheap_frames_of(limit_with(1_000, |l| l.burst_packets = 200)),
-        4,
-        "1200 / 256"
+        6,
+        "1200 / 200"
     );
     assert_eq!(
         cheap_frames_of(limit_with(1_000, |l| l.window = Duration::from_secs(10))),
-        7,
-        "10000 / (128 * 11)"
+        9,
+        "10000 / (100 * 11)"
     );
     assert_eq!(
         cheap_frames_of(limit_with(10_000, |l| l.window = Duration::from_millis(1500))),
-        39,
-        "15000 / (128 * 3)"
+        50,
+        "15000 / (100 * 3)"
     );
     assert_eq!(
         cheap_frames_of(limit_with(10_000, |l| l.window = Duration::from_secs(2))),
-        52,
-        "20000 / (128 * 3)"
+        64,
+        "20000 / (100 * 3), capped"
     );
 }
 
@@ -401,12 +401,12 @@ fn cheap_frames_under_a_byte_limit_count_each_frame_as_4096_bytes() {
         rule.limits.pps = None;
         cheap_frames_of(rule)
     };
-    assert_eq!(bytes(10_000_000), 9, "10 MB / (128 * 2 * 4096)");
-    assert_eq!(bytes(1_000_000), 0, "under one frame of 4096 bytes");
+    assert_eq!(bytes(10_000_000), 12, "10 MB / (100 * 2 * 4096)");
+    assert_eq!(bytes(800_000), 0, "under one frame of 4096 bytes");
     // Both limits: the stricter share.
     assert_eq!(
         cheap_frames_of(limit_with(100_000, |l| l.bytes_per_second = Some(10_000_000))),
-        9
+        12
     );
 }
 
@@ -435,8 +435,8 @@ fn cheap_max_is_the_largest_cheap_frames_and_untiered_sets_have_none() {
     let c = compile(&tiered(rules.clone()), 0, 2).unwrap();
     assert!(c.config.tiered());
     let cheap: Vec<u8> = c.rules.iter().map(|r| r.cheap_frames).collect();
-    assert_eq!(cheap, [3, 39, 0], "default 1000 pps, 10,000 pps, 10 pps");
-    assert_eq!(c.config.cheap_max, 39);
+    assert_eq!(cheap, [5, 50, 0], "default 1000 pps, 10,000 pps, 10 pps");
+    assert_eq!(c.config.cheap_max, 50);
 
     let mut with_allow = rules.clone();
     with_allow.push(RuleSpec::with_action(net("203.0.113.0/24"), Action::Allow));
