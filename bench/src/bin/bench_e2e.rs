@@ -62,9 +62,16 @@ struct Args {
 
 /// The traffic of the two modes: 20,000 light sources (each far under the
 /// limit even unpaced), a quarter of the sources IPv6; the mixed flood adds
-/// 16 heavy sources sending 99% of the frames, the random flood sends 95%
+/// 16 heavy sources sending 99% of the frames, the random flood sends 91%
 /// of its frames from random addresses (the light sources' 5% make their
-/// kept share measurable to 0.01%).
+/// kept share measurable to 0.01%) and 4% from one heavy source, which must
+/// be held to the limit beside the flood: 4000 pps at the below-saturation
+/// load, 4 times the limit. (At twice the limit, a stall of the generator
+/// near a measurement edge left the source offering less than the limit
+/// for a moment, and it was then admitted up to 7% less than the limit
+/// over the run; the smaller share also keeps the frames every limiter
+/// drops early, which no filter passes up the stack, a small part of what
+/// is compared.)
 const MIXED: Mix = Mix {
     light_sources: 20_000,
     heavy_sources: 16,
@@ -74,9 +81,9 @@ const MIXED: Mix = Mix {
 };
 const RANDOM: Mix = Mix {
     light_sources: 20_000,
-    heavy_sources: 0,
-    heavy_share: 0.0,
-    random_share: 0.95,
+    heavy_sources: 1,
+    heavy_share: 0.04,
+    random_share: 0.91,
     ipv6_share: 0.25,
 };
 const LIMIT: Limit = Limit {
@@ -205,11 +212,13 @@ fn main() {
         mix: describe(&MIXED),
         random_mix: describe(&RANDOM),
         limit: format!(
-            "{} pps per source (nftables and iptables: burst {}; xdp-limiter: a 1 s sliding window), \
-             tables sized {} entries",
+            "{} pps per source (nftables and iptables: burst {}; xdp-limiter: a 1 s sliding window, \
+             tiers on), tables sized {} entries (xdp-limiter: its windows; per-CPU state for at most \
+             {} sources, the default)",
             LIMIT.pps,
             LIMIT.burst,
-            limiter_bench::e2e::scenario::TABLE_SIZE
+            limiter_bench::e2e::scenario::TABLE_SIZE,
+            limiter_common::DEFAULT_MAX_HOT_SOURCES
         ),
         timing: format!(
             "{} runs per cell, each after 1.2 s without traffic and waiting for an idle machine, {:.1} s warm-up then {:.0} s measured; \
