@@ -241,8 +241,9 @@ fn describe(mix: &Mix) -> String {
     let mut parts = vec![format!("{} light sources", mix.light_sources)];
     if mix.heavy_sources > 0 {
         parts.push(format!(
-            "{} heavy sources sending {:.0}% of the frames",
+            "{} heavy source{} sending {:.0}% of the frames",
             mix.heavy_sources,
+            if mix.heavy_sources == 1 { "" } else { "s" },
             mix.heavy_share * 100.0
         ));
     }
