@@ -58,6 +58,12 @@ struct Args {
     /// Do not rewrite docs/benchmarks.md and its plots.
     #[arg(long)]
     no_docs: bool,
+    /// The per-source limit (and the token buckets' burst), packets per
+    /// second; docs are then not written. A diagnostic: under a higher
+    /// limit xdp-limiter judges more of a source's frames per second in
+    /// its cheap tier (`cheap_frames` grows with the limit).
+    #[arg(long, default_value_t = LIMIT.pps)]
+    pps: u64,
 }
 
 /// The traffic of the two modes: 20,000 light sources (each far under the
@@ -123,12 +129,16 @@ fn main() {
         // The limit's window is 1 s.
         quiet: Duration::from_millis(1_200),
     };
+    let limit = Limit {
+        pps: args.pps,
+        burst: args.pps,
+    };
     let started = Instant::now();
     let mut cells = Vec::new();
     'scenarios: for scenario in &scenarios {
         let lab = Lab::new();
         let mut programs = Programs::load(&lab, &MIXED);
-        let _installed = scenario.install(&lab, &mut programs, LIMIT);
+        let _installed = scenario.install(&lab, &mut programs, limit);
         for mode in [Mode::Mixed, Mode::Random] {
             if !args.modes.is_empty() && !args.modes.iter().any(|m| m == mode.name()) {
                 continue;
@@ -160,7 +170,7 @@ fn main() {
                         &programs,
                         &mix,
                         expectation,
-                        LIMIT,
+                        limit,
                         timing,
                         &interrupted,
                     ) else {
@@ -202,7 +212,7 @@ fn main() {
             }
         );
     }
-    if args.no_docs || !complete {
+    if args.no_docs || !complete || args.pps != LIMIT.pps {
         return;
     }
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
