@@ -425,7 +425,7 @@ mod tests {
         assert_eq!(WINDOWS.expected_max_entries(1000, 10), Some(1000));
         assert_eq!(RULES.expected_max_entries(1000, 10), Some(RULE_SLOTS));
         assert_eq!(STATS.expected_max_entries(1000, 10), Some(Outcome::COUNT));
-        assert_eq!(SKETCH.expected_max_entries(1000, 10), Some(1 << 15));
+        assert_eq!(SKETCH.expected_max_entries(1000, 10), Some(1 << 16));
         assert_eq!(PREFIXES_V4.expected_max_entries(1000, 10), None);
     }
 

@@ -16,13 +16,20 @@
 //! of CPUs. A word of another epoch reads as zero and restarts on its first
 //! frame of the new epoch, so the sketch is never cleared.
 //!
-//! Size: 2^15 words, 256 KiB, so the sketch stays in cache; two counters
+//! Size: 2^16 words, 512 KiB, whatever the CPU count. Large enough that a
+//! spoofed flood near a million frames an epoch leaves few of its
+//! one-frame sources reading more than a small rule's `cheap_frames` (a
+//! host simulation of 900,000 one-frame sources against 5 cheap frames:
+//! 0.3% read more, against 13% with 2^15 words; each such frame creates a
+//! window, an LRU insert), small enough to stay in the last-level cache (a
+//! larger sketch costs a new source more in cache misses than it saves:
+//! docs/benchmarks.md). Two counters
 //! of seven per source keep the noise of a flood low (another source adds
 //! to both of a source's counters only when it has the same word and the
 //! same pair, one chance in 21 within a word).
 
 /// Words in the sketch.
-pub const WORDS: u32 = 1 << 15;
+pub const WORDS: u32 = 1 << 16;
 /// A source that sends more than this many frames in an epoch is busy: it
 /// gets per-CPU state (for its leases, which make a busy source's frames
 /// cheap), and the sketch stops counting it (its counters are then only
@@ -234,7 +241,7 @@ mod tests {
     fn sources_of_one_word_spread_over_its_pairs() {
         let mut pairs: std::collections::BTreeMap<u32, std::collections::BTreeSet<(u32, u32)>> =
             std::collections::BTreeMap::new();
-        for i in 0u32..2_000_000 {
+        for i in 0u32..61 * WORDS {
             let p = place(&v4(0x0a00_0000 + i), false, 32, 0, 7);
             if p.word < 256 {
                 pairs.entry(p.word).or_default().insert((p.a, p.b));
@@ -252,7 +259,7 @@ mod tests {
         for i in 0u32..200_000 {
             let p = place(&v4(0x0a00_0000 + i), false, 32, 0, 7);
             assert!(p.word < WORDS && p.a < SLOTS && p.b < SLOTS && p.a != p.b);
-            words[(p.word >> 7) as usize] += 1;
+            words[(p.word >> (WORDS.trailing_zeros() - 8)) as usize] += 1;
             pairs[p.a as usize][p.b as usize] += 1;
         }
         // 200,000 keys over 256 groups of words: about 781 each.

@@ -482,9 +482,9 @@ fn a_steady_source_is_never_dropped_while_5m_spoofed_sources_share_the_cheap_tie
     // What the flood can cost. A flood source leaves the cheap tier only if
     // the smaller of its two counters exceeds 50 after its one frame. One
     // thread of BPF_PROG_TEST_RUN runs at most about a million frames a
-    // second (a run costs over 1 us), so a word of the 2^15 gets at most
-    // about 30 flood frames an epoch, each counted in two of its seven
-    // counters: a counter ends an epoch at most near 2 * 30 / 7 = 9
+    // second (a run costs over 1 us), so a word of the 2^16 gets at most
+    // about 15 flood frames an epoch, each counted in two of its seven
+    // counters: a counter ends an epoch at most near 2 * 15 / 7 = 5
     // (conservative update raises fewer), and 50 in both is out of reach
     // (a Poisson tail far below 1e-9 per frame). But the steady source is
     // busy: the sketch counts each of its epochs to
