@@ -81,6 +81,20 @@ impl SourceTraffic {
         }
     }
 
+    /// Counts a frame of `len` bytes at `now_ns` as the only one of the
+    /// source so far: in a scratch value that becomes (or stands for) a
+    /// new entry, not in a live one.
+    #[inline(always)]
+    pub fn count_first(&mut self, now_ns: u64, len: u64) {
+        let first = Counter {
+            packets: 1,
+            bytes: len,
+        };
+        self.second = now_ns / NS_PER_SECOND;
+        self.current = first;
+        self.total = first;
+    }
+
     /// Counts an offered frame of `len` bytes at `now_ns`.
     #[inline(always)]
     pub fn record_at(&mut self, now_ns: u64, len: u64) {
@@ -243,6 +257,16 @@ mod tests {
         assert_eq!(t.second, 106);
         assert_eq!(t.previous.packets, 2);
         assert_eq!(t.current.packets, 1);
+    }
+
+    #[test]
+    fn a_first_frame_counted_in_a_scratch_is_the_second_of_its_time() {
+        let mut t = SourceTraffic::default();
+        t.count_first(100 * NS_PER_SECOND + 5, 60);
+        assert_eq!((t.second, t.current.packets, t.total.bytes), (100, 1, 60));
+        // Later frames of that second add to it without a division.
+        t.record_at(100 * NS_PER_SECOND + 999_999_999, 40);
+        assert_eq!((t.second, t.current.packets, t.total.bytes), (100, 2, 100));
     }
 
     #[test]

@@ -258,13 +258,7 @@ fn exact(
     // disabled, so nothing else touches it meanwhile.
     let state = unsafe { &mut *scratch };
     // This frame, counted as the source's per-CPU state would count it.
-    let first = Counter {
-        packets: 1,
-        bytes: len,
-    };
-    state.second = now / 1_000_000_000;
-    state.current = first;
-    state.total = first;
+    state.count_first(now, len);
     state.rule = index;
     state.generation = config.generation;
     // At most the rule's cheap frames, and at most the frames counted
@@ -394,13 +388,7 @@ fn record_offered(key: &SourceKey, now: u64, len: u64) -> Option<*mut SourceTraf
     // SAFETY: this CPU's slot of a per-CPU array; XDP runs with migration
     // disabled, so nothing else touches it meanwhile.
     let seed = unsafe { &mut *seed };
-    let first = Counter {
-        packets: 1,
-        bytes: len,
-    };
-    seed.second = now / 1_000_000_000;
-    seed.current = first;
-    seed.total = first;
+    seed.count_first(now, len);
     seed.first_frame = FIRST_CREATED;
     #[allow(clippy::needless_borrows_for_generic_args)]
     let inserted = SOURCES.insert(key, &*seed, BPF_NOEXIST).is_ok();

@@ -243,6 +243,34 @@ pub fn paced(
     paced_while(program, cpu, frame, pps, start, pacing, |now| now < end)
 }
 
+/// [`paced`] on CPUs 0 and 1 at once, each at `pps`, from one `start`: a
+/// flood that crosses CPUs. Asserts that both CPUs got some frames
+/// through (else the run says nothing about sharing across CPUs) and
+/// returns each CPU's run and every passed frame's offset, both CPUs'.
+pub fn paced_on_both_cpus(
+    program: &Xdp,
+    frame: &[u8],
+    pps: u64,
+    duration: Duration,
+) -> ([Paced; 2], Vec<Duration>) {
+    assert!(online_cpus() >= 2, "this test needs two CPUs");
+    let start = Start::now();
+    let runs = thread::scope(|scope| {
+        let on = |cpu| {
+            scope.spawn(move || paced(program, cpu, frame, pps, start, duration, Pacing::CatchUp))
+        };
+        let (a, b) = (on(0), on(1));
+        [a.join().unwrap(), b.join().unwrap()]
+    });
+    assert!(
+        runs.iter().all(|run| !run.passed_at.is_empty()),
+        "both CPUs got some through"
+    );
+    let mut passed_at = runs[0].passed_at.clone();
+    passed_at.extend(&runs[1].passed_at);
+    (runs, passed_at)
+}
+
 /// As [`paced`], for as long as `go(now)` holds: a sender that lasts as
 /// long as something else does (another thread's flood), however long
 /// that takes on a loaded machine.

@@ -27,8 +27,8 @@ use limiter_tests::{
     net,
     packets::{self, DST4, DST6},
     testrun::{
-        coarse_now, frames, on_cpu, online_cpus, paced, paced_while, per_window, verdict, Harness,
-        Pacing, Start, XDP_DROP, XDP_PASS,
+        self, coarse_now, frames, on_cpu, online_cpus, paced, paced_while, per_window, verdict,
+        Harness, Pacing, Start, XDP_DROP, XDP_PASS,
     },
 };
 use limiter_user::{
@@ -253,7 +253,6 @@ fn a_10x_flood_from_one_cpu_gets_its_limit_plus_at_most_the_cheap_frames() {
 
 #[test]
 fn a_10x_flood_over_both_cpus_gets_its_limit_plus_at_most_the_cheap_frames() {
-    assert!(online_cpus() >= 2, "this test needs two CPUs");
     let mut harness = harness_with(
         &tiered(limit("0.0.0.0/0", FLOOD_PPS), vec![]),
         &LoadOptions::default(),
@@ -261,32 +260,8 @@ fn a_10x_flood_over_both_cpus_gets_its_limit_plus_at_most_the_cheap_frames() {
     let rule = rule(&harness, 0);
     let frame = udp4(Ipv4Addr::new(192, 0, 2, 51));
     let duration = window_of(&rule) * FLOOD_WINDOWS as u32;
-    let program = harness.program();
-    let start = Start::now();
-    let (a, b) = thread::scope(|scope| {
-        let on = |cpu| {
-            let frame = &frame;
-            scope.spawn(move || {
-                paced(
-                    program,
-                    cpu,
-                    frame,
-                    5 * FLOOD_PPS,
-                    start,
-                    duration,
-                    Pacing::CatchUp,
-                )
-            })
-        };
-        let (a, b) = (on(0), on(1));
-        (a.join().unwrap(), b.join().unwrap())
-    });
-    assert!(
-        !a.passed_at.is_empty() && !b.passed_at.is_empty(),
-        "both CPUs got some through"
-    );
-    let mut passed_at = a.passed_at.clone();
-    passed_at.extend(&b.passed_at);
+    let ([a, b], passed_at) =
+        testrun::paced_on_both_cpus(harness.program(), &frame, 5 * FLOOD_PPS, duration);
     assert_exact_with_tiers(
         &per_window(&passed_at, window_of(&rule), FLOOD_WINDOWS),
         &rule,
