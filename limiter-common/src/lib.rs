@@ -21,13 +21,14 @@ pub mod event;
 pub mod keys;
 pub mod maps;
 pub mod rules;
+pub mod sketch;
 pub mod state;
 pub mod stats;
 pub mod window;
 
 pub use event::LimitEvent;
 pub use keys::{prefix_mask, AddressFamily, SourceKey};
-pub use maps::{names, DEFAULT_MAX_SOURCES, MAP_LAYOUT_VERSION};
+pub use maps::{names, DEFAULT_MAX_HOT_SOURCES, DEFAULT_MAX_SOURCES, MAP_LAYOUT_VERSION};
 pub use rules::{Action, Config, Rule, RuleRefs, TrafficClass};
-pub use state::{SourceTraffic, WindowState};
+pub use state::{Hold, SourceTraffic, WindowState};
 pub use stats::{Counter, Outcome};

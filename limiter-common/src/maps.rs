@@ -14,23 +14,42 @@ use core::mem::size_of;
 
 use crate::{
     rules::{PrefixKeyV4, PrefixKeyV6, RULE_SLOTS},
+    state::Hold,
     Config, Counter, Outcome, Rule, RuleRefs, SourceKey, SourceTraffic, WindowState,
 };
 
 /// Version of the map layouts (keys, values and their field order). Bump it
 /// on any change: a daemon never adopts pinned maps of another version,
 /// since sizes alone do not reveal a reordered field.
-pub const MAP_LAYOUT_VERSION: u32 = 3;
+pub const MAP_LAYOUT_VERSION: u32 = 4;
 
-/// Default capacity of the per-source state maps; userspace sets the real
-/// size (`max_sources`) before loading.
+/// Default capacity of the exact tier (`WINDOWS`, one shared window per
+/// source); userspace sets the real size (`max_sources`) before loading.
 pub const DEFAULT_MAX_SOURCES: u32 = 65_536;
+/// Default capacity of the per-CPU state (`SOURCES`, the hot sources);
+/// userspace sets the real size (`max_hot_sources`) before loading.
+pub const DEFAULT_MAX_HOT_SOURCES: u32 = 16_384;
+/// Capacity of `HOLDS`: sources held (blocked, or refused within their
+/// window) at once.
+pub const MAX_HOLDS: u32 = 65_536;
+
+/// Who decides a map's capacity.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sizing {
+    /// The table's `max_entries`.
+    Fixed,
+    /// `max_sources`: the exact tier.
+    Sources,
+    /// `max_hot_sources`: sources with per-CPU state.
+    HotSources,
+}
 
 /// The BPF map type of a [`MapSpec`] (what the key size means depends on it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MapKind {
     LruPerCpuHash,
     LruHash,
+    Hash,
     Array,
     PerCpuArray,
     /// Keys are the 4-byte prefix length, then the key data.
@@ -51,8 +70,8 @@ pub struct MapSpec {
     pub value_size: u32,
     /// Capacity the object defines (bytes, for a ring buffer).
     pub max_entries: u32,
-    /// Resized by userspace to `max_sources` before loading.
-    pub sized_by_max_sources: bool,
+    /// Resized by userspace before loading, or not.
+    pub sizing: Sizing,
     /// Pinned by the daemon under `maps-v<MAP_LAYOUT_VERSION>/`, so a
     /// restarted daemon adopts it. The ring buffer and the per-CPU
     /// scratch and budget maps hold nothing worth keeping.
@@ -60,16 +79,22 @@ pub struct MapSpec {
 }
 
 impl MapSpec {
-    /// The capacity of this map once loaded for `max_sources` sources, as
-    /// a pinned map must have it to be adopted. `None` for the LPM tries:
+    /// The capacity of this map once loaded for `max_sources` sources with
+    /// exact state and `max_hot_sources` with per-CPU state, as a pinned
+    /// map must have it to be adopted. `None` for the LPM tries:
     /// a pinned trie is adopted whatever its capacity (as it always was):
     /// its capacity does not change how its entries read, only how many
     /// prefixes fit, and a push that does not fit fails as a whole.
-    pub const fn expected_max_entries(&self, max_sources: u32) -> Option<u32> {
-        match self.kind {
-            MapKind::LpmTrie => None,
-            _ if self.sized_by_max_sources => Some(max_sources),
-            _ => Some(self.max_entries),
+    pub const fn expected_max_entries(
+        &self,
+        max_sources: u32,
+        max_hot_sources: u32,
+    ) -> Option<u32> {
+        match (self.kind, self.sizing) {
+            (MapKind::LpmTrie, _) => None,
+            (_, Sizing::Sources) => Some(max_sources),
+            (_, Sizing::HotSources) => Some(max_hot_sources),
+            (_, Sizing::Fixed) => Some(self.max_entries),
         }
     }
 
@@ -126,8 +151,8 @@ pub const SOURCES: MapSpec = MapSpec {
     kind: MapKind::LruPerCpuHash,
     key_size: bytes::<SourceKey>(),
     value_size: bytes::<SourceTraffic>(),
-    max_entries: DEFAULT_MAX_SOURCES,
-    sized_by_max_sources: true,
+    max_entries: DEFAULT_MAX_HOT_SOURCES,
+    sizing: Sizing::HotSources,
     pinned: true,
 };
 
@@ -139,7 +164,7 @@ pub const WINDOWS: MapSpec = MapSpec {
     key_size: bytes::<SourceKey>(),
     value_size: bytes::<WindowState>(),
     max_entries: DEFAULT_MAX_SOURCES,
-    sized_by_max_sources: true,
+    sizing: Sizing::Sources,
     pinned: true,
 };
 
@@ -150,7 +175,30 @@ pub const WINDOW_SEED: MapSpec = MapSpec {
     key_size: INDEX,
     value_size: bytes::<WindowState>(),
     max_entries: 1,
-    sized_by_max_sources: false,
+    sizing: Sizing::Fixed,
+    pinned: false,
+};
+
+/// Per-CPU scratch for building a new `SOURCES` value off the stack.
+pub const TRAFFIC_SEED: MapSpec = MapSpec {
+    name: "TRAFFIC_SEED",
+    kind: MapKind::PerCpuArray,
+    key_size: INDEX,
+    value_size: bytes::<SourceTraffic>(),
+    max_entries: 1,
+    sizing: Sizing::Fixed,
+    pinned: false,
+};
+
+/// Per-CPU scratch holding the key of the frame being judged, off the
+/// stack.
+pub const FRAME_KEY: MapSpec = MapSpec {
+    name: "FRAME_KEY",
+    kind: MapKind::PerCpuArray,
+    key_size: INDEX,
+    value_size: bytes::<SourceKey>(),
+    max_entries: 1,
+    sizing: Sizing::Fixed,
     pinned: false,
 };
 
@@ -161,7 +209,7 @@ pub const STATS: MapSpec = MapSpec {
     key_size: INDEX,
     value_size: bytes::<Counter>(),
     max_entries: Outcome::COUNT,
-    sized_by_max_sources: false,
+    sizing: Sizing::Fixed,
     pinned: true,
 };
 
@@ -172,7 +220,7 @@ pub const CONFIG: MapSpec = MapSpec {
     key_size: INDEX,
     value_size: bytes::<Config>(),
     max_entries: 1,
-    sized_by_max_sources: false,
+    sizing: Sizing::Fixed,
     pinned: true,
 };
 
@@ -183,7 +231,7 @@ pub const RULES: MapSpec = MapSpec {
     key_size: INDEX,
     value_size: bytes::<Rule>(),
     max_entries: RULE_SLOTS,
-    sized_by_max_sources: false,
+    sizing: Sizing::Fixed,
     pinned: true,
 };
 
@@ -194,7 +242,7 @@ pub const RULE_DROPS: MapSpec = MapSpec {
     key_size: INDEX,
     value_size: bytes::<u64>(),
     max_entries: RULE_SLOTS,
-    sized_by_max_sources: false,
+    sizing: Sizing::Fixed,
     pinned: true,
 };
 
@@ -206,7 +254,7 @@ pub const PREFIXES_V4: MapSpec = MapSpec {
     key_size: INDEX + bytes::<PrefixKeyV4>(),
     value_size: bytes::<RuleRefs>(),
     max_entries: 4096,
-    sized_by_max_sources: false,
+    sizing: Sizing::Fixed,
     pinned: true,
 };
 
@@ -218,7 +266,7 @@ pub const PREFIXES_V6: MapSpec = MapSpec {
     key_size: INDEX + bytes::<PrefixKeyV6>(),
     value_size: bytes::<RuleRefs>(),
     max_entries: 4096,
-    sized_by_max_sources: false,
+    sizing: Sizing::Fixed,
     pinned: true,
 };
 
@@ -229,7 +277,7 @@ pub const EVENTS: MapSpec = MapSpec {
     key_size: 0,
     value_size: 0,
     max_entries: 64 * 1024,
-    sized_by_max_sources: false,
+    sizing: Sizing::Fixed,
     pinned: false,
 };
 
@@ -240,15 +288,40 @@ pub const EVENT_BUDGET: MapSpec = MapSpec {
     key_size: INDEX,
     value_size: bytes::<[u64; 2]>(),
     max_entries: 1,
-    sized_by_max_sources: false,
+    sizing: Sizing::Fixed,
     pinned: false,
 };
 
+/// The cold tier's counters (`sketch`): one row shared by every CPU.
+pub const SKETCH: MapSpec = MapSpec {
+    name: "SKETCH",
+    kind: MapKind::Array,
+    key_size: INDEX,
+    value_size: bytes::<u64>(),
+    max_entries: crate::sketch::WORDS,
+    sizing: Sizing::Fixed,
+    pinned: true,
+};
+
+/// Holds apart from the windows: `SourceKey` (the window's key) ->
+/// `Hold`. A plain hash, which never evicts (see `state::Hold`).
+pub const HOLDS: MapSpec = MapSpec {
+    name: "HOLDS",
+    kind: MapKind::Hash,
+    key_size: bytes::<SourceKey>(),
+    value_size: bytes::<Hold>(),
+    max_entries: MAX_HOLDS,
+    sizing: Sizing::Fixed,
+    pinned: true,
+};
+
 /// Every map of the program.
-pub const ALL: [MapSpec; 11] = [
+pub const ALL: [MapSpec; 15] = [
     SOURCES,
     WINDOWS,
     WINDOW_SEED,
+    TRAFFIC_SEED,
+    FRAME_KEY,
     STATS,
     CONFIG,
     RULES,
@@ -257,6 +330,8 @@ pub const ALL: [MapSpec; 11] = [
     PREFIXES_V6,
     EVENTS,
     EVENT_BUDGET,
+    SKETCH,
+    HOLDS,
 ];
 
 /// The maps the daemon pins, in table order.
@@ -297,6 +372,8 @@ pub mod names {
     pub const SOURCES: &str = super::SOURCES.name;
     pub const WINDOWS: &str = super::WINDOWS.name;
     pub const WINDOW_SEED: &str = super::WINDOW_SEED.name;
+    pub const TRAFFIC_SEED: &str = super::TRAFFIC_SEED.name;
+    pub const FRAME_KEY: &str = super::FRAME_KEY.name;
     pub const STATS: &str = super::STATS.name;
     pub const CONFIG: &str = super::CONFIG.name;
     pub const RULES: &str = super::RULES.name;
@@ -305,6 +382,8 @@ pub mod names {
     pub const PREFIXES_V6: &str = super::PREFIXES_V6.name;
     pub const EVENTS: &str = super::EVENTS.name;
     pub const EVENT_BUDGET: &str = super::EVENT_BUDGET.name;
+    pub const SKETCH: &str = super::SKETCH.name;
+    pub const HOLDS: &str = super::HOLDS.name;
 }
 
 #[cfg(test)]
@@ -322,7 +401,7 @@ mod tests {
 
     #[test]
     fn the_daemon_pins_the_state_and_rule_maps() {
-        let pinned: [&str; 8] = PINNED.map(|spec| spec.name);
+        let pinned: [&str; 10] = PINNED.map(|spec| spec.name);
         assert_eq!(
             pinned,
             [
@@ -333,35 +412,40 @@ mod tests {
                 "RULES",
                 "RULE_DROPS",
                 "PREFIXES_V4",
-                "PREFIXES_V6"
+                "PREFIXES_V6",
+                "SKETCH",
+                "HOLDS"
             ]
         );
     }
 
     #[test]
     fn capacities_as_loaded() {
-        assert_eq!(SOURCES.expected_max_entries(1000), Some(1000));
-        assert_eq!(WINDOWS.expected_max_entries(1000), Some(1000));
-        assert_eq!(RULES.expected_max_entries(1000), Some(RULE_SLOTS));
-        assert_eq!(STATS.expected_max_entries(1000), Some(Outcome::COUNT));
-        assert_eq!(PREFIXES_V4.expected_max_entries(1000), None);
+        assert_eq!(SOURCES.expected_max_entries(1000, 10), Some(10));
+        assert_eq!(WINDOWS.expected_max_entries(1000, 10), Some(1000));
+        assert_eq!(RULES.expected_max_entries(1000, 10), Some(RULE_SLOTS));
+        assert_eq!(STATS.expected_max_entries(1000, 10), Some(Outcome::COUNT));
+        assert_eq!(SKETCH.expected_max_entries(1000, 10), Some(1 << 16));
+        assert_eq!(PREFIXES_V4.expected_max_entries(1000, 10), None);
     }
 
     #[test]
     fn sizes_of_the_layout() {
         // The sizes a pinned map of this layout version has.
-        let sizes: [(&str, u32, u32); 8] = PINNED.map(|s| (s.name, s.key_size, s.value_size));
+        let sizes: [(&str, u32, u32); 10] = PINNED.map(|s| (s.name, s.key_size, s.value_size));
         assert_eq!(
             sizes,
             [
-                ("SOURCES", 20, 184),
+                ("SOURCES", 20, 200),
                 ("WINDOWS", 20, 280),
                 ("STATS", 4, 16),
-                ("CONFIG", 4, 72),
+                ("CONFIG", 4, 80),
                 ("RULES", 4, 64),
                 ("RULE_DROPS", 4, 8),
                 ("PREFIXES_V4", 9, 132),
                 ("PREFIXES_V6", 21, 132),
+                ("SKETCH", 4, 8),
+                ("HOLDS", 20, 16),
             ]
         );
     }

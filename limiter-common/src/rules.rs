@@ -117,7 +117,7 @@ pub struct Rule {
     pub allowance_bytes: u64,
     /// Bucket width in ns (`W / buckets`).
     pub bucket_ns: u64,
-    /// Penalty: once over its limit a source is dropped for this long (0: none).
+    /// Hold: once over its limit a source is dropped for this long (0: none).
     pub block_ns: u64,
     /// Names this rule's penalties: a source's penalty holds only while
     /// the rule in force for it carries the tag that armed it, so a rule
@@ -140,7 +140,14 @@ pub struct Rule {
     /// class of a source that resolves to this rule shares one budget
     /// (`0` for a rule without a match, `1 + index` of its match).
     pub budget: u8,
-    _pad: [u8; 5],
+    /// With the tiers on (`Config::tiered`): frames a source may send
+    /// under this rule in one epoch of the cheap tier before it gets any
+    /// per-source state (`sketch`); those frames are judged statelessly
+    /// (a limit admits them). Userspace sizes it so that they can never
+    /// add more than 1/100 of the rule's allowance to a window (0 for small
+    /// allowances and for rules with a penalty, which must see every frame).
+    pub cheap_frames: u8,
+    _pad: [u8; 4],
 }
 
 impl Rule {
@@ -159,7 +166,8 @@ impl Rule {
             action: action as u8,
             dry_run: dry_run as u8,
             budget: 0,
-            _pad: [0; 5],
+            cheap_frames: 0,
+            _pad: [0; 4],
         }
     }
 
@@ -320,6 +328,16 @@ pub struct Config {
     /// The distinct matches rules use; bit `i` of a frame's class says
     /// whether it matches `classes[i]`.
     pub classes: [TrafficClass; MAX_CLASSES],
+    /// Keys the cheap tier's hash (`sketch::place`); chosen at random by
+    /// userspace.
+    pub sketch_seed: u32,
+    /// Non-zero: sources are tiered (cheap, exact, hot; [`Config::tiered`]).
+    tiered: u8,
+    /// The largest `Rule::cheap_frames` of the live rules, or of the
+    /// stateless allow/deny threshold: a frame whose cheap-tier count is
+    /// above it resolves no rule before looking for state.
+    pub cheap_max: u8,
+    _pad: [u8; 2],
 }
 
 impl Config {
@@ -336,7 +354,24 @@ impl Config {
             v4_mask: prefix_mask(v4_prefix_len),
             v6_mask: prefix_mask(v6_prefix_len),
             classes: [TrafficClass::new(0, 0, 0, false); MAX_CLASSES],
+            sketch_seed: 0,
+            tiered: 0,
+            cheap_max: 0,
+            _pad: [0; 2],
         }
+    }
+
+    /// Whether sources are tiered: a source gets no state until the cheap
+    /// tier sees it send more than its rule's `cheap_frames` in an epoch,
+    /// then a shared window, and per-CPU state only once it is busy or
+    /// refused. Off: every source gets per-CPU state on its first frame.
+    #[inline(always)]
+    pub const fn tiered(&self) -> bool {
+        self.tiered != 0
+    }
+
+    pub fn set_tiered(&mut self, tiered: bool) {
+        self.tiered = tiered as u8;
     }
 
     /// Whether dry-run is on globally: nothing is dropped.
@@ -606,9 +641,12 @@ mod tests {
     #[test]
     fn abi_sizes_have_no_implicit_padding() {
         use core::mem::size_of;
-        assert_eq!(size_of::<Rule>(), 8 * 6 + 4 + 4 + 1 + 1 + 1 + 5);
+        assert_eq!(size_of::<Rule>(), 8 * 6 + 4 + 4 + 1 + 1 + 1 + 1 + 4);
         assert_eq!(size_of::<TrafficClass>(), 8);
-        assert_eq!(size_of::<Config>(), 4 + 4 + 16 + 16 + 8 * MAX_CLASSES);
+        assert_eq!(
+            size_of::<Config>(),
+            4 + 4 + 16 + 16 + 8 * MAX_CLASSES + 4 + 1 + 1 + 2
+        );
         assert_eq!(size_of::<RuleRefs>(), 4 * FRAME_CLASSES);
     }
 }

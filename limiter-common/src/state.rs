@@ -45,6 +45,16 @@ pub struct SourceTraffic {
     pub unwindowed_ns: u64,
     /// This CPU's view of the source's older buckets.
     pub window: WindowCache,
+    /// When this CPU last looked the source's window up while holding it
+    /// (ns): a held source reads no window, but looks it up once a bucket
+    /// so that the LRU map keeps it while a flood of other sources churns
+    /// through.
+    pub touched_ns: u64,
+    /// Frames the cheap tier admitted for the source this epoch, for the
+    /// window created for it to count from the start (used while the
+    /// source is judged on its window alone; 0 otherwise).
+    pub carried: u32,
+    pub _pad: u32,
 }
 
 /// `SourceTraffic::first_frame`: this CPU created the source's entry.
@@ -69,6 +79,20 @@ impl SourceTraffic {
             first_frame: FIRST_CREATED,
             ..Self::default()
         }
+    }
+
+    /// Counts a frame of `len` bytes at `now_ns` as the only one of the
+    /// source so far: in a scratch value that becomes (or stands for) a
+    /// new entry, not in a live one.
+    #[inline(always)]
+    pub fn count_first(&mut self, now_ns: u64, len: u64) {
+        let first = Counter {
+            packets: 1,
+            bytes: len,
+        };
+        self.second = now_ns / NS_PER_SECOND;
+        self.current = first;
+        self.total = first;
     }
 
     /// Counts an offered frame of `len` bytes at `now_ns`.
@@ -122,7 +146,7 @@ const NS_PER_SECOND: u64 = 1_000_000_000;
 pub struct WindowState {
     /// `[packets, bytes]` admitted per bucket, tagged words (`window`).
     pub slots: [[u64; 2]; RING],
-    /// Penalty: refused until this monotonic time (ns), while the rule in
+    /// Hold: refused until this monotonic time (ns), while the rule in
     /// force carries `blocked_tag`.
     pub blocked_until_ns: u64,
     /// The `Rule::block_tag` of the rule that armed the penalty.
@@ -149,11 +173,28 @@ impl WindowState {
 
 #[cfg(feature = "user")]
 mod user {
-    // SAFETY (both): #[repr(C)] structs of integers with no padding (the
+    // SAFETY (all): #[repr(C)] structs of integers with no padding (the
     // size tests below): every bit pattern is valid and there are no
     // uninitialised bytes.
     unsafe impl aya::Pod for super::SourceTraffic {}
     unsafe impl aya::Pod for super::WindowState {}
+    unsafe impl aya::Pod for super::Hold {}
+}
+
+/// A refusal that must outlive the source's window, kept apart from it in
+/// `HOLDS` (a plain hash map, which never evicts): a window evicted and
+/// created again while its source is held comes back held, whichever CPU
+/// creates it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Hold {
+    /// Held until then (ns).
+    pub until_ns: u64,
+    /// A penalty: the `Rule::block_tag` of the rule that armed it (the
+    /// source is dropped until `until_ns`). 0: the source was refused over
+    /// its limit; its window comes back exhausted (`window::mark_exhausted`)
+    /// until `until_ns`, a window's length after the refusal.
+    pub tag: u64,
 }
 
 #[cfg(test)]
@@ -219,6 +260,16 @@ mod tests {
     }
 
     #[test]
+    fn a_first_frame_counted_in_a_scratch_is_the_second_of_its_time() {
+        let mut t = SourceTraffic::default();
+        t.count_first(100 * NS_PER_SECOND + 5, 60);
+        assert_eq!((t.second, t.current.packets, t.total.bytes), (100, 1, 60));
+        // Later frames of that second add to it without a division.
+        t.record_at(100 * NS_PER_SECOND + 999_999_999, 40);
+        assert_eq!((t.second, t.current.packets, t.total.bytes), (100, 2, 100));
+    }
+
+    #[test]
     fn the_per_frame_fields_share_the_first_cache_line() {
         assert_eq!(core::mem::offset_of!(SourceTraffic, previous), 64);
     }
@@ -228,8 +279,9 @@ mod tests {
         let cache = 9 * 8;
         assert_eq!(
             core::mem::size_of::<SourceTraffic>(),
-            8 + 4 * 16 + 4 + 4 + 8 + 4 + 4 + 8 + 8 + cache
+            8 + 4 * 16 + 4 + 4 + 8 + 4 + 4 + 8 + 8 + cache + 8 + 4 + 4
         );
+        assert_eq!(core::mem::size_of::<Hold>(), 16);
         assert_eq!(core::mem::size_of::<WindowState>(), RING * 16 + 3 * 8);
     }
 }

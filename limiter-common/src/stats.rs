@@ -58,11 +58,19 @@ pub enum Outcome {
     /// A "source limited" event was not sent: over the per-CPU event rate
     /// or the ring buffer was full (the frame counts here with no verdict).
     EventDropped = 9,
+    /// The frame was judged in the cheap tier: no per-source state looked
+    /// up or created (its source has sent at most its rule's
+    /// `cheap_frames` this epoch).
+    Cheap = 10,
+    /// The frame created its source's shared window (`WINDOWS`), the exact
+    /// tier; with the tiers on, per-CPU state (`NewSource`) comes later,
+    /// if the source gets busy or refused.
+    NewWindow = 11,
 }
 
 impl Outcome {
     /// Number of outcomes: the `STATS` array length.
-    pub const COUNT: u32 = 10;
+    pub const COUNT: u32 = 12;
 
     /// Every outcome, in index order.
     pub const ALL: [Outcome; Self::COUNT as usize] = [
@@ -76,6 +84,8 @@ impl Outcome {
         Outcome::NewSource,
         Outcome::InsertFailure,
         Outcome::EventDropped,
+        Outcome::Cheap,
+        Outcome::NewWindow,
     ];
 
     /// The verdicts, `Passed` through `Malformed`: every frame counts under
@@ -95,6 +105,8 @@ impl Outcome {
             Outcome::NewSource => "new_source",
             Outcome::InsertFailure => "insert_failure",
             Outcome::EventDropped => "event_dropped",
+            Outcome::Cheap => "cheap",
+            Outcome::NewWindow => "new_window",
         }
     }
 }

@@ -112,7 +112,7 @@ impl Model {
             return true;
         }
         match try_admit_cached(&self.ring, &self.cache, &self.params, t, len, self.lease) {
-            Admission::Admitted { granted } => {
+            Admission::Admitted { granted, .. } => {
                 self.lease_left = granted - 1;
                 true
             }

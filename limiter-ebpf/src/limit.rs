@@ -28,6 +28,24 @@
 //! belongs to a source and a rule: the window key carries the rule's
 //! `budget` byte instead of the frame class, so every class of a source
 //! that one rule judges counts in one window.
+//!
+//! Tiers (with `Config::tiered`; off, every source is hot from its first
+//! frame, as described above). A frame first counts in the cheap tier
+//! (`sketch`: a shared row of epoch-tagged counters, no per-source
+//! entry): while its source has sent at most its rule's `cheap_frames`
+//! this epoch, the frame is judged without any per-source state (a limit
+//! admits it, allow passes, deny drops). Past that, a source with per-CPU
+//! state (`SOURCES`: hot) takes the path above. One without it is judged
+//! on its shared window alone (the exact tier: `WINDOWS`, created carrying
+//! the frames the cheap tier admitted this epoch), and gets per-CPU state
+//! once it is refused or busy (more than `sketch::HOT_FRAMES` frames in an
+//! epoch), and at once under an allow or deny rule (for `top` and events).
+//! A spoofed flood thus costs a counter update per frame and no map
+//! insert, and cannot evict the sources it hides behind; held sources look
+//! their window up once a bucket so that other sources' churn does not
+//! evict it, and penalties and refusals also live in `HOLDS`, which never
+//! evicts: a window created again for a held source comes back blocked or
+//! exhausted, whichever CPU creates it.
 
 use core::ptr::{addr_of, read_volatile};
 
@@ -39,15 +57,20 @@ use aya_ebpf::{
 use limiter_common::{
     event::EPISODE_GAP_NS,
     rules::{prefix_key_v4, prefix_key_v6, NO_RULE, PREFIX_HALF_BITS},
+    sketch,
     state::{FIRST_CREATED, FIRST_HERE},
     window::{self, Admission, WindowCache, WindowParams, PACKETS, RING},
-    Action, AddressFamily, Config, LimitEvent, Outcome, Rule, SourceKey, SourceTraffic,
+    Action, AddressFamily, Config, Counter, Hold, LimitEvent, Outcome, Rule, SourceKey,
+    SourceTraffic,
 };
 use limiter_ebpf::parse::Packet;
 
 use crate::{
-    maps::{self, CONFIG, PREFIXES_V4, PREFIXES_V6, RULES, SOURCES, WINDOWS, WINDOW_SEED},
-    shared::SharedWindow,
+    maps::{
+        self, CONFIG, FRAME_KEY, HOLDS, PREFIXES_V4, PREFIXES_V6, RULES, SOURCES, TRAFFIC_SEED,
+        WINDOWS, WINDOW_SEED,
+    },
+    shared::{self, SharedWindow},
 };
 
 /// `bpf_map_update_elem` flag: create only.
@@ -95,14 +118,35 @@ pub fn judge(packet: &Packet, len: u64) -> Verdict {
         record_offered(&packet.source, now, len);
         return pass(Outcome::Passed);
     }
-    let key = source_key(config, packet);
-    let Some(traffic) = record_offered(&key, now, len) else {
-        return stateless(config, &key);
+    let Some(slot) = FRAME_KEY.get_ptr_mut(0) else {
+        return pass(Outcome::Passed);
     };
-    // SAFETY: this CPU's slot of a per-CPU map value; XDP runs with
-    // migration disabled, so nothing else touches it meanwhile.
-    let traffic = unsafe { &mut *traffic };
-    let verdict = decide(config, &key, traffic, now, len);
+    // SAFETY: this CPU's slot of a per-CPU array; XDP runs with migration
+    // disabled, so nothing else touches it meanwhile.
+    let key = unsafe { &mut *slot };
+    source_key(config, packet, key);
+    let key = &*key;
+    let found = if config.tiered() {
+        tiered(config, key, now, len)
+    } else {
+        match record_offered(key, now, len) {
+            Some(traffic) => Tiered::Hot(traffic),
+            None => Tiered::Judged(stateless(config, key)),
+        }
+    };
+    // One call of `decide` for both ways in: the verifier walks it once.
+    let (traffic, verdict) = match found {
+        Tiered::Judged(verdict) => return verdict,
+        Tiered::Hot(traffic) => {
+            // SAFETY: this CPU's slot of a per-CPU map value; XDP runs
+            // with migration disabled, so nothing else touches it.
+            let traffic = unsafe { &mut *traffic };
+            let verdict = decide(config, key, traffic, now, len);
+            (traffic, verdict)
+        }
+        // SAFETY: as above.
+        Tiered::Promoted(traffic, verdict) => (unsafe { &mut *traffic }, verdict),
+    };
     if verdict.outcome != Outcome::Passed && verdict.outcome != Outcome::Allowed {
         traffic.dropped.add(len);
         maps::count_rule_drop(traffic.rule);
@@ -111,7 +155,7 @@ pub fn judge(packet: &Packet, len: u64) -> Verdict {
         {
             // A new episode of refusals: tell the daemon.
             let dry_run = verdict.outcome == Outcome::DryRunWouldDrop;
-            let event = LimitEvent::new(key, traffic.rule, now, dry_run);
+            let event = LimitEvent::new(*key, traffic.rule, now, dry_run);
             maps::send_event(&event, now / 1_000_000_000);
         }
         traffic.last_refused_ns = now;
@@ -119,10 +163,198 @@ pub fn judge(packet: &Packet, len: u64) -> Verdict {
     verdict
 }
 
+/// Where a tiered frame went.
+enum Tiered {
+    /// Judged without per-CPU state (cheap or exact tier).
+    Judged(Verdict),
+    /// The source has per-CPU state (hot): judge it there.
+    Hot(*mut SourceTraffic),
+    /// Judged on its window, and the source got per-CPU state just now
+    /// (refused, or busy): account the verdict there.
+    Promoted(*mut SourceTraffic, Verdict),
+}
+
+/// A frame with the tiers on (see the module docs).
+#[inline(always)]
+fn tiered(config: &Config, key: &SourceKey, now: u64, len: u64) -> Tiered {
+    let place = sketch::place(
+        &key.addr,
+        key.family() == AddressFamily::V6,
+        key.prefix_len,
+        key.class,
+        config.sketch_seed,
+    );
+    // Counters that keep losing their compare-and-swap: a busy source.
+    let count =
+        shared::sketch_count(place, sketch::tag(now), sketch::HOT_FRAMES).unwrap_or(u32::MAX);
+    let mut index = NO_RULE;
+    if count <= u32::from(config.cheap_max) {
+        index = resolve(key, config.generation);
+        if let Some(rule) = RULES.get(index) {
+            if count <= u32::from(rule.cheap_frames) {
+                maps::count(Outcome::Cheap, len);
+                return Tiered::Judged(cheap(config, rule, index));
+            }
+        }
+    }
+    if let Some(traffic) = SOURCES.get_ptr_mut(key) {
+        // SAFETY: this CPU's slot of a per-CPU map value.
+        unsafe { (*traffic).record_at(now, len) };
+        return Tiered::Hot(traffic);
+    }
+    if index == NO_RULE {
+        index = resolve(key, config.generation);
+    }
+    let Some(rule) = RULES.get(index) else {
+        return Tiered::Judged(pass(Outcome::Passed));
+    };
+    if rule.action() != Some(Action::Limit) {
+        // Allow and deny keep per-CPU state past the cheap tier: what
+        // `top` shows and events name.
+        return match promote(config, key, index, now, len, 0) {
+            Some(traffic) => Tiered::Hot(traffic),
+            None => Tiered::Judged(stateless(config, key)),
+        };
+    }
+    exact(config, key, rule, index, count, now, len)
+}
+
+/// A frame of the cheap tier: allow passes, deny drops, a limit admits.
+#[inline(always)]
+fn cheap(config: &Config, rule: &Rule, index: u32) -> Verdict {
+    match rule.action() {
+        Some(Action::Allow) => pass(Outcome::Allowed),
+        Some(Action::Deny) => {
+            maps::count_rule_drop(index);
+            refuse(rule.is_dry_run(config.dry_run()), Outcome::DroppedDeny)
+        }
+        _ => pass(Outcome::Passed),
+    }
+}
+
+/// A frame of a limited source without per-CPU state (the exact tier),
+/// judged on its shared window alone: through [`limit`] like a hot
+/// source's, but with this CPU's scratch as its per-CPU state, no lease,
+/// and a window created (if need be) carrying what the cheap tier admitted
+/// for it this epoch. Refused, near its limit (its window half used), or
+/// busy (`count` over `sketch::HOT_FRAMES`), the source keeps that state:
+/// the scratch becomes its `SOURCES` entry.
+#[inline(always)]
+fn exact(
+    config: &Config,
+    key: &SourceKey,
+    rule: &Rule,
+    index: u32,
+    count: u32,
+    now: u64,
+    len: u64,
+) -> Tiered {
+    let dry_run = rule.is_dry_run(config.dry_run());
+    let Some(scratch) = TRAFFIC_SEED.get_ptr_mut(0) else {
+        // No state to judge it with: fail closed.
+        return Tiered::Judged(refuse(dry_run, Outcome::DroppedLimit));
+    };
+    // SAFETY: this CPU's slot of a per-CPU array; XDP runs with migration
+    // disabled, so nothing else touches it meanwhile.
+    let state = unsafe { &mut *scratch };
+    // This frame, counted as the source's per-CPU state would count it.
+    state.count_first(now, len);
+    state.rule = index;
+    state.generation = config.generation;
+    // At most the rule's cheap frames, and at most the frames counted
+    // before this one.
+    let before = count.saturating_sub(1);
+    let cheap_frames = u32::from(rule.cheap_frames);
+    state.carried = if before < cheap_frames {
+        before
+    } else {
+        cheap_frames
+    };
+    let flags = (u32::from(dry_run) * LIMIT_DRY_RUN) | LIMIT_EXACT_TIER;
+    let answer = limit(key, scratch, len, flags);
+    let admitted = answer & LIMIT_ADMITTED != 0;
+    let verdict = if admitted {
+        pass(Outcome::Passed)
+    } else {
+        refuse(dry_run, Outcome::DroppedLimit)
+    };
+    let mut promoted = false;
+    if !admitted || answer & LIMIT_HALF_USED != 0 || count > sketch::HOT_FRAMES {
+        // Its frames this second, as the cheap tier counted them (at
+        // least what it sent; more only if other sources share its
+        // counters): what `top` shows of the second it became hot in.
+        let seen = Counter {
+            packets: u64::from(count),
+            bytes: u64::from(count) * len,
+        };
+        state.current = seen;
+        state.total = seen;
+        state.carried = 0;
+        state.touched_ns = now;
+        #[allow(clippy::needless_borrows_for_generic_args)]
+        if SOURCES.insert(key, &*state, BPF_NOEXIST).is_ok() {
+            maps::count(Outcome::NewSource, len);
+            promoted = true;
+        }
+    }
+    // The scratch is all zero between uses.
+    *state = SourceTraffic::default();
+    if promoted {
+        if let Some(traffic) = SOURCES.get_ptr_mut(key) {
+            return Tiered::Promoted(traffic, verdict);
+        }
+    }
+    if !admitted {
+        // No per-CPU state to account it in: still one rule's drop.
+        maps::count_rule_drop(index);
+    }
+    Tiered::Judged(verdict)
+}
+
+/// Gives a source per-CPU state (or finds it), with its rule resolved
+/// under the live generation and this CPU holding it until `hold` (0: not
+/// held). Its shared window, if any, already counts what it was admitted.
+#[inline(always)]
+fn promote(
+    config: &Config,
+    key: &SourceKey,
+    index: u32,
+    now: u64,
+    len: u64,
+    hold: u64,
+) -> Option<*mut SourceTraffic> {
+    let traffic = record_offered(key, now, len)?;
+    // SAFETY: this CPU's slot of a per-CPU map value.
+    let state = unsafe { &mut *traffic };
+    state.rule = index;
+    state.generation = config.generation;
+    state.hold_until_ns = hold;
+    state.touched_ns = now;
+    // The window, if the source has one, counted this frame already.
+    state.first_frame = 0;
+    Some(traffic)
+}
+
+/// Arms a penalty for `rule` on the window keyed `wkey`: in the window, and
+/// in `HOLDS`, so that the window comes back blocked if it is evicted
+/// meanwhile. Returns until when.
+#[inline(always)]
+fn arm_penalty(window: &SharedWindow, wkey: &SourceKey, rule: &Rule, now: u64) -> u64 {
+    let until = now + rule.block_ns;
+    window.set_blocked(until, rule.block_tag);
+    let penalty = Hold {
+        until_ns: until,
+        tag: rule.block_tag,
+    };
+    // Full: the penalty lives in the window only.
+    let _ = HOLDS.insert(wkey, penalty, 0);
+    until
+}
+
 /// The key of a frame's state: its source cut to the configured prefix,
 /// and its traffic class.
 #[inline(always)]
-fn source_key(config: &Config, packet: &Packet) -> SourceKey {
+fn source_key(config: &Config, packet: &Packet, key: &mut SourceKey) {
     let (prefix_len, mask) = if packet.source.family() == AddressFamily::V4 {
         (config.v4_prefix_len, &config.v4_mask)
     } else {
@@ -134,7 +366,7 @@ fn source_key(config: &Config, packet: &Packet) -> SourceKey {
         packet.tcp_flags,
         packet.transport,
     );
-    packet.source.masked(prefix_len, mask).with_class(class)
+    *key = packet.source.masked(prefix_len, mask).with_class(class);
 }
 
 /// Counts the frame in this CPU's `SOURCES` slot for `key`, creating it
@@ -146,8 +378,25 @@ fn record_offered(key: &SourceKey, now: u64, len: u64) -> Option<*mut SourceTraf
         unsafe { (*traffic).record_at(now, len) };
         return Some(traffic);
     }
-    let first = SourceTraffic::first(now / 1_000_000_000, len);
-    if SOURCES.insert(key, first, BPF_NOEXIST).is_ok() {
+    // The new value is built in a per-CPU scratch, not on the stack (it
+    // would take 192 of the 512 bytes); the scratch is all zero between
+    // uses, so only what `SourceTraffic::first` sets is set and reset.
+    let Some(seed) = TRAFFIC_SEED.get_ptr_mut(0) else {
+        maps::count(Outcome::InsertFailure, len);
+        return None;
+    };
+    // SAFETY: this CPU's slot of a per-CPU array; XDP runs with migration
+    // disabled, so nothing else touches it meanwhile.
+    let seed = unsafe { &mut *seed };
+    seed.count_first(now, len);
+    seed.first_frame = FIRST_CREATED;
+    #[allow(clippy::needless_borrows_for_generic_args)]
+    let inserted = SOURCES.insert(key, &*seed, BPF_NOEXIST).is_ok();
+    seed.second = 0;
+    seed.current = Counter::default();
+    seed.total = Counter::default();
+    seed.first_frame = 0;
+    if inserted {
         maps::count(Outcome::NewSource, len);
         return SOURCES.get_ptr_mut(key);
     }
@@ -191,6 +440,7 @@ fn decide(
         Some(Action::Deny) => refuse(dry_run, Outcome::DroppedDeny),
         Some(Action::Limit) => {
             if now < traffic.hold_until_ns {
+                touch(key, rule, traffic, now);
                 return refuse(dry_run, Outcome::DroppedLimit);
             }
             if traffic.lease_left != 0 && traffic.window.covers(now, rule.bucket_ns) {
@@ -198,31 +448,79 @@ fn decide(
                 return pass(Outcome::Passed);
             }
             let unwindowed_first = config.class_count == 0;
-            match limit(key, rule, traffic, now, len, dry_run, unwindowed_first) {
-                Some(true) => pass(Outcome::Passed),
-                // No window state: fail closed.
-                Some(false) | None => refuse(dry_run, Outcome::DroppedLimit),
+            let flags = (u32::from(dry_run) * LIMIT_DRY_RUN)
+                | (u32::from(unwindowed_first) * LIMIT_UNWINDOWED_FIRST);
+            if limit(key, traffic, len, flags) & LIMIT_ADMITTED != 0 {
+                pass(Outcome::Passed)
+            } else {
+                // Refused, or no window state: fail closed.
+                refuse(dry_run, Outcome::DroppedLimit)
             }
         }
         None => pass(Outcome::Passed),
     }
 }
 
-/// Admits the frame against the source's shared window for its rule, or
-/// refuses it and notes until when this CPU may refuse without looking.
-/// `None` when the source has no window state. A penalty is armed only
-/// when enforcing (`dry_run` false); `unwindowed_first` allows a first
-/// frame without a window (see the module docs).
+/// `limit`'s flags: enforcing or not (a penalty is armed only when
+/// enforcing).
+const LIMIT_DRY_RUN: u32 = 1;
+/// `limit`'s flags: a first frame may be admitted without a window (see the
+/// module docs).
+const LIMIT_UNWINDOWED_FIRST: u32 = 2;
+/// `limit`'s flags: the source is judged on its window alone (the exact
+/// tier): no lease (its state is a scratch), a new window carries
+/// `SourceTraffic::carried` frames and counts as `new_window`.
+const LIMIT_EXACT_TIER: u32 = 4;
+/// `limit`'s answer: admitted (else refused, or no window state).
+const LIMIT_ADMITTED: u32 = 1;
+/// `limit`'s answer, with [`LIMIT_ADMITTED`]: the window is now at least
+/// half used: the source is near its limit.
+const LIMIT_HALF_USED: u32 = 2;
+
+/// Admits the frame against the source's shared window for its rule (the
+/// one `traffic` resolved), or refuses it and notes until when this CPU
+/// may refuse without looking. Returns [`LIMIT_ADMITTED`] (with
+/// [`LIMIT_HALF_USED`]), or 0.
+///
+/// A global BPF function, like [`exact`]: verified once on its own, and
+/// its window cache and keys live in its own stack frame, not in the
+/// caller's.
+#[no_mangle]
+#[inline(never)]
+pub extern "C" fn limit(
+    key: *const SourceKey,
+    traffic: *mut SourceTraffic,
+    len: u64,
+    flags: u32,
+) -> u32 {
+    // SAFETY: a global function's pointer arguments may be null (checked
+    // here); otherwise `key` is the caller's key and `traffic` this CPU's
+    // slot of the source's per-CPU map value, which nothing else touches
+    // while XDP runs (migration is disabled).
+    let (Some(key), Some(traffic)) = (unsafe { key.as_ref() }, unsafe { traffic.as_mut() }) else {
+        return 0;
+    };
+    let Some(rule) = RULES.get(traffic.rule) else {
+        return 0;
+    };
+    // SAFETY: a helper without arguments; it reads the monotonic clock.
+    let now = unsafe { bpf_ktime_get_coarse_ns() };
+    limit_window(key, rule, traffic, now, len, flags).unwrap_or(0)
+}
+
+/// [`limit`]'s body. `None` when the source has no window state.
 #[inline(always)]
-fn limit(
+fn limit_window(
     key: &SourceKey,
     rule: &Rule,
     traffic: &mut SourceTraffic,
     now: u64,
     len: u64,
-    dry_run: bool,
-    unwindowed_first: bool,
-) -> Option<bool> {
+    flags: u32,
+) -> Option<u32> {
+    let dry_run = flags & LIMIT_DRY_RUN != 0;
+    let unwindowed_first = flags & LIMIT_UNWINDOWED_FIRST != 0;
+    let exact_tier = flags & LIMIT_EXACT_TIER != 0;
     let params = params(rule);
     let key = &key.with_class(rule.budget);
     // Consumed by the first frame that gets here (a source's first frame
@@ -243,7 +541,7 @@ fn limit(
         None => {
             if packet_only && first_frame == FIRST_CREATED {
                 traffic.unwindowed_ns = now;
-                return Some(true);
+                return Some(LIMIT_ADMITTED);
             }
             // What a window this CPU creates owes: its own first frame, or,
             // on its first frame of a source another CPU created, the first
@@ -253,7 +551,16 @@ fn limit(
             } else {
                 traffic.unwindowed_ns
             };
-            create_window(key, len, &params, owed_at, now)?
+            let first = if exact_tier {
+                window::carried_word(&params, now, u64::from(traffic.carried))
+            } else {
+                window::owed_word(&params, owed_at, now)
+            };
+            let created = create_window(key, len, &params, first, now)?;
+            if exact_tier && created.1 {
+                maps::count(Outcome::NewWindow, len);
+            }
+            created
         }
     };
     // Found or created, the window holds any frame this CPU owed it.
@@ -275,27 +582,37 @@ fn limit(
     let blocked_until = window.blocked_until_ns();
     if now < blocked_until && rule.block_tag != 0 && window.blocked_tag() == rule.block_tag {
         traffic.hold_until_ns = blocked_until;
-        return Some(false);
+        return Some(0);
     }
     if !traffic.window.covers(now, rule.bucket_ns) {
         traffic.window = WindowCache::refresh(&window, &params, now);
         traffic.lease_left = 0;
     }
-    let lease = u64::from(rule.lease_packets);
+    let lease = if exact_tier {
+        1
+    } else {
+        u64::from(rule.lease_packets)
+    };
     match window::try_admit_cached(&window, &traffic.window, &params, now, len, lease) {
-        Admission::Admitted { granted } => {
+        Admission::Admitted { granted, half_used } => {
             traffic.lease_left = (granted - 1) as u32;
-            Some(true)
+            Some(LIMIT_ADMITTED | if half_used { LIMIT_HALF_USED } else { 0 })
         }
         Admission::Refused { hold_until_ns } => {
-            let mut hold = hold_until_ns;
-            if rule.block_ns != 0 && !dry_run {
-                let blocked = now + rule.block_ns;
-                window.set_blocked(blocked, rule.block_tag);
-                hold = blocked;
-            }
-            traffic.hold_until_ns = hold;
-            Some(false)
+            traffic.hold_until_ns = if rule.block_ns != 0 && !dry_run {
+                arm_penalty(&window, key, rule, now)
+            } else {
+                // Refused over its limit: should its window be evicted
+                // within a window from now, it comes back exhausted,
+                // whichever CPU creates it again.
+                let held = Hold {
+                    until_ns: now + rule.bucket_ns * u64::from(rule.buckets),
+                    tag: 0,
+                };
+                let _ = HOLDS.insert(key, held, 0);
+                hold_until_ns
+            };
+            Some(0)
         }
     }
 }
@@ -310,15 +627,28 @@ fn params(rule: &Rule) -> WindowParams {
     }
 }
 
+/// Looks a held source's window up once a bucket (per CPU): a held source
+/// reads no window otherwise, and the LRU map would evict it under a flood
+/// of other sources, bringing it back with a fresh allowance.
+#[inline(always)]
+fn touch(key: &SourceKey, rule: &Rule, traffic: &mut SourceTraffic, now: u64) {
+    if now.wrapping_sub(traffic.touched_ns) >= rule.bucket_ns {
+        traffic.touched_ns = now;
+        let _ = WINDOWS.get_ptr(key.with_class(rule.budget));
+    }
+}
+
 /// Creates the shared window of `key` (unless another CPU just did),
-/// tagged with the rule's bucket width and counting the frame owed at
-/// `owed_at` (0: none), and returns it, with whether this CPU created it.
+/// tagged with the rule's bucket width, its slot `first.0` holding packet
+/// word `first.1` (what the window must count from the start: a frame owed,
+/// or frames carried from the cheap tier), and blocked or exhausted if
+/// `HOLDS` says so; returns it, with whether this CPU created it.
 #[inline(always)]
 fn create_window(
     key: &SourceKey,
     len: u64,
     params: &WindowParams,
-    owed_at: u64,
+    first: (usize, u64),
     now: u64,
 ) -> Option<(SharedWindow, bool)> {
     let Some(seed) = WINDOW_SEED.get_ptr_mut(0) else {
@@ -328,10 +658,23 @@ fn create_window(
     // SAFETY: this CPU's slot of a per-CPU array; XDP runs with migration
     // disabled, so nothing else touches it meanwhile.
     let seed = unsafe { &mut *seed };
-    let (slot, word) = window::owed_word(params, owed_at, now);
+    let (slot, word) = first;
     let slot = slot & (RING - 1);
     seed.slots[slot][PACKETS] = word;
     seed.bucket_ns = params.bucket_ns;
+    let mut exhausted = false;
+    if let Some(held) = HOLDS.get_ptr(key) {
+        // SAFETY: a live map value; a racing update writes whole words.
+        let held = unsafe { *held };
+        if now >= held.until_ns {
+            let _ = HOLDS.remove(key);
+        } else if held.tag != 0 {
+            seed.blocked_until_ns = held.until_ns;
+            seed.blocked_tag = held.tag;
+        } else {
+            exhausted = true;
+        }
+    }
     // Failure (EEXIST) just means another CPU created it first (and counted
     // what this one owed). The value is passed by reference to the map
     // value: a copy would take 272 of the 512 bytes of BPF stack.
@@ -340,8 +683,16 @@ fn create_window(
     // The seed is all zero between uses.
     seed.slots[slot][PACKETS] = 0;
     seed.bucket_ns = 0;
+    seed.blocked_until_ns = 0;
+    seed.blocked_tag = 0;
     match WINDOWS.get_ptr_mut(key) {
-        Some(state) => Some((SharedWindow(state), created)),
+        Some(state) => {
+            let window = SharedWindow(state);
+            if created && exhausted {
+                window::mark_exhausted(&window, params, now);
+            }
+            Some((window, created))
+        }
         None => {
             maps::count(Outcome::InsertFailure, len);
             None

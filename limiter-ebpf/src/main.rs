@@ -19,7 +19,11 @@ use aya_ebpf::{bindings::xdp_action, macros::xdp, programs::XdpContext};
 use limiter_common::Outcome;
 use limiter_ebpf::parse::{self, ParseError};
 
+// Inlined into the entry point the macro generates: as a function of its
+// own it would get the packet pointers as plain integers, which the
+// verifier refuses to dereference.
 #[xdp]
+#[inline(always)]
 pub fn xdp_limiter(ctx: XdpContext) -> u32 {
     let len = (ctx.data_end() - ctx.data()) as u64;
     match try_limit(&ctx, len) {

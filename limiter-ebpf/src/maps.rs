@@ -10,13 +10,16 @@
 
 use aya_ebpf::{
     macros::map,
-    maps::{lpm_trie::Key, Array, LpmTrie, LruHashMap, LruPerCpuHashMap, PerCpuArray, RingBuf},
+    maps::{
+        lpm_trie::Key, Array, HashMap, LpmTrie, LruHashMap, LruPerCpuHashMap, PerCpuArray, RingBuf,
+    },
 };
 use limiter_common::{
     event::EVENTS_PER_CPU_PER_SECOND,
     maps as spec,
     rules::{PrefixKeyV4, PrefixKeyV6},
-    Config, Counter, LimitEvent, Outcome, Rule, RuleRefs, SourceKey, SourceTraffic, WindowState,
+    Config, Counter, Hold, LimitEvent, Outcome, Rule, RuleRefs, SourceKey, SourceTraffic,
+    WindowState,
 };
 
 /// Offered traffic per source, one slot per CPU so counting never shares a
@@ -39,6 +42,30 @@ const _: () = spec::WINDOWS.check::<SourceKey, WindowState>("WINDOWS");
 pub static WINDOW_SEED: PerCpuArray<WindowState> =
     PerCpuArray::with_max_entries(spec::WINDOW_SEED.max_entries, 0);
 const _: () = spec::WINDOW_SEED.check::<u32, WindowState>("WINDOW_SEED");
+
+/// The cold tier's counters, shared by every CPU (`limiter_common::sketch`).
+#[map(name = "SKETCH")]
+pub static SKETCH: Array<u64> = Array::with_max_entries(spec::SKETCH.max_entries, 0);
+const _: () = spec::SKETCH.check::<u32, u64>("SKETCH");
+
+/// Penalties apart from the windows, so an evicted window comes back
+/// blocked (`limiter_common::state::Hold`).
+#[map(name = "HOLDS")]
+pub static HOLDS: HashMap<SourceKey, Hold> = HashMap::with_max_entries(spec::HOLDS.max_entries, 0);
+const _: () = spec::HOLDS.check::<SourceKey, Hold>("HOLDS");
+
+/// Scratch for a new `SOURCES` value (too large for the BPF stack): all
+/// zero between uses, filled, inserted and zeroed again (`limit.rs`).
+#[map(name = "TRAFFIC_SEED")]
+pub static TRAFFIC_SEED: PerCpuArray<SourceTraffic> =
+    PerCpuArray::with_max_entries(spec::TRAFFIC_SEED.max_entries, 0);
+const _: () = spec::TRAFFIC_SEED.check::<u32, SourceTraffic>("TRAFFIC_SEED");
+
+/// The key of the frame being judged (`limit.rs`), off the stack.
+#[map(name = "FRAME_KEY")]
+pub static FRAME_KEY: PerCpuArray<SourceKey> =
+    PerCpuArray::with_max_entries(spec::FRAME_KEY.max_entries, 0);
+const _: () = spec::FRAME_KEY.check::<u32, SourceKey>("FRAME_KEY");
 
 /// Global per-CPU counters indexed by `Outcome`.
 #[map(name = "STATS")]

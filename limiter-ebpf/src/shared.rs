@@ -8,6 +8,7 @@ use core::{
 };
 
 use limiter_common::{
+    sketch,
     window::{SlotRead, SlotWrite, RING},
     WindowState,
 };
@@ -94,4 +95,34 @@ impl SlotWrite for SharedWindow {
         // SAFETY: aligned word of a live map value.
         unsafe { write_volatile(self.slot_word(slot, field), value) }
     }
+}
+
+/// Counts one frame of the source at `place` in the cold tier for the
+/// epoch tagged `tag`, unless it already reads more than `limit`; returns
+/// what it reads afterwards, or `None` when the compare-and-swap kept
+/// losing (the caller then treats the source as busy).
+#[inline(always)]
+pub fn sketch_count(place: sketch::Place, tag: u64, limit: u32) -> Option<u32> {
+    let word = crate::maps::SKETCH.get_ptr_mut(place.word)?;
+    let mut attempts = 0;
+    while attempts < 4 {
+        // SAFETY: an aligned u64 of a live array element.
+        let old = unsafe { read_volatile(word) };
+        let count = sketch::count(old, tag, place);
+        if count > limit {
+            return Some(count);
+        }
+        let new = sketch::bumped(old, tag, place);
+        // SAFETY: as above; BPF_CMPXCHG is atomic.
+        let (_, swapped) = unsafe {
+            atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(
+                word, old, new,
+            )
+        };
+        if swapped {
+            return Some(sketch::count(new, tag, place));
+        }
+        attempts += 1;
+    }
+    None
 }

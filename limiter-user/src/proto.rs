@@ -118,7 +118,10 @@ pub struct InterfaceStatus {
     /// How the program is attached: `native`, `generic` or `adopted`.
     pub mode: Attachment,
     pub program_id: u32,
+    /// Sources holding per-CPU state (hot; with the tiers off, every source
+    /// with state).
     pub tracked_sources: u64,
+    /// How many can at once.
     pub capacity: u32,
     pub limited_sources: u64,
     /// Frames per second passed (passed + allowed + would-drop) over the

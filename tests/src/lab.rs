@@ -102,6 +102,11 @@ impl Lab {
         let socket = self
             .rx
             .enter(|| UdpSocket::bind(SocketAddrV4::new(addr, port)).expect("bind receiver in rx"));
+        // Room for a few thousand datagrams: a test that sends them all
+        // before reading must not lose any to a full socket buffer (root
+        // may exceed net.core.rmem_max).
+        nix::sys::socket::setsockopt(&socket, nix::sys::socket::sockopt::RcvBufForce, &(8 << 20))
+            .expect("receive buffer");
         socket
             .set_read_timeout(Some(Duration::from_millis(200)))
             .expect("set timeout");

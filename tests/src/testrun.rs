@@ -239,6 +239,50 @@ pub fn paced(
     duration: Duration,
     pacing: Pacing,
 ) -> Paced {
+    let end = start.instant + duration;
+    paced_while(program, cpu, frame, pps, start, pacing, |now| now < end)
+}
+
+/// [`paced`] on CPUs 0 and 1 at once, each at `pps`, from one `start`: a
+/// flood that crosses CPUs. Asserts that both CPUs got some frames
+/// through (else the run says nothing about sharing across CPUs) and
+/// returns each CPU's run and every passed frame's offset, both CPUs'.
+pub fn paced_on_both_cpus(
+    program: &Xdp,
+    frame: &[u8],
+    pps: u64,
+    duration: Duration,
+) -> ([Paced; 2], Vec<Duration>) {
+    assert!(online_cpus() >= 2, "this test needs two CPUs");
+    let start = Start::now();
+    let runs = thread::scope(|scope| {
+        let on = |cpu| {
+            scope.spawn(move || paced(program, cpu, frame, pps, start, duration, Pacing::CatchUp))
+        };
+        let (a, b) = (on(0), on(1));
+        [a.join().unwrap(), b.join().unwrap()]
+    });
+    assert!(
+        runs.iter().all(|run| !run.passed_at.is_empty()),
+        "both CPUs got some through"
+    );
+    let mut passed_at = runs[0].passed_at.clone();
+    passed_at.extend(&runs[1].passed_at);
+    (runs, passed_at)
+}
+
+/// As [`paced`], for as long as `go(now)` holds: a sender that lasts as
+/// long as something else does (another thread's flood), however long
+/// that takes on a loaded machine.
+pub fn paced_while(
+    program: &Xdp,
+    cpu: usize,
+    frame: &[u8],
+    pps: u64,
+    start: Start,
+    pacing: Pacing,
+    go: impl Fn(Instant) -> bool + Sync,
+) -> Paced {
     thread::scope(|scope| {
         scope
             .spawn(|| {
@@ -252,7 +296,7 @@ pub fn paced(
                         std::hint::spin_loop();
                         now = Instant::now();
                     }
-                    if now >= start.instant + duration {
+                    if !go(now) {
                         return out;
                     }
                     let verdict = test_run(program, frame, 1)
@@ -277,6 +321,30 @@ pub fn paced(
     })
 }
 
+/// Runs `work` on a thread pinned to `cpu` and returns what it returned:
+/// for loops of millions of [`verdict`] calls (a flood of varied frames),
+/// which would spend most of their time starting threads if each frame
+/// took its own, as [`Harness::run_on_cpu`] does.
+pub fn on_cpu<T: Send>(cpu: usize, work: impl FnOnce() -> T + Send) -> T {
+    thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                pin_current_thread(cpu);
+                work()
+            })
+            .join()
+            .expect("pinned thread panicked")
+    })
+}
+
+/// The verdict of one `BPF_PROG_TEST_RUN` of `program` on `frame`, on the
+/// calling thread's CPU (see [`on_cpu`]); a failed run panics.
+pub fn verdict(program: &Xdp, frame: &[u8]) -> u32 {
+    test_run(program, frame, 1)
+        .unwrap_or_else(|e| panic!("BPF_PROG_TEST_RUN of {} bytes: {e}", frame.len()))
+        .return_value
+}
+
 /// One `BPF_PROG_TEST_RUN` of `program` on `frame`, run `repeat` times in
 /// the kernel, on the calling thread's CPU.
 pub fn test_run(program: &Xdp, frame: &[u8], repeat: u32) -> Result<TestRunResult, ProgramError> {
@@ -284,6 +352,19 @@ pub fn test_run(program: &Xdp, frame: &[u8], repeat: u32) -> Result<TestRunResul
     opts.data_in = Some(frame);
     opts.repeat = repeat;
     program.test_run(opts)
+}
+
+/// Admitted frames per window of `window` counted from a sender's start
+/// (`Paced::passed_at`), for the first `windows` windows.
+pub fn per_window(passed_at: &[Duration], window: Duration, windows: usize) -> Vec<u64> {
+    let mut counts = vec![0; windows];
+    for at in passed_at {
+        let k = (at.as_nanos() / window.as_nanos()) as usize;
+        if k < windows {
+            counts[k] += 1;
+        }
+    }
+    counts
 }
 
 /// `packets` frames of `len` bytes each.

@@ -408,19 +408,26 @@ fn the_verifier_walks_well_under_its_limit() {
 
 /// The map table in `limiter_common::maps` describes the loaded program:
 /// every map it defines and no other, with the kernel's own figures for
-/// type, key and value sizes and capacity (`max_sources` for the
-/// per-source maps). The kernel crate checks names and sizes when it
+/// type, key and value sizes and capacity (`max_sources` and
+/// `max_hot_sources` for the maps sized by them). The kernel crate checks names and sizes when it
 /// builds; this checks what the kernel made of them.
 #[test]
 fn the_loaded_maps_are_the_table() {
     use aya::maps::{Map, MapData, MapType};
-    use limiter_common::maps::{MapKind, ALL};
-    let max_sources = 1_000;
+    use limiter_common::maps::{MapKind, Sizing, ALL};
+    let (max_sources, max_hot_sources) = (1_000, 100);
+    let capacity = |sizing| match sizing {
+        Sizing::Sources => Some(max_sources),
+        Sizing::HotSources => Some(max_hot_sources),
+        Sizing::Fixed => None,
+    };
     // The object as the kernel creates its maps, before the product's
     // loader takes them into typed handles.
     let mut loader = aya::EbpfLoader::new();
-    for spec in ALL.iter().filter(|spec| spec.sized_by_max_sources) {
-        loader.map_max_entries(spec.name, max_sources);
+    for spec in &ALL {
+        if let Some(entries) = capacity(spec.sizing) {
+            loader.map_max_entries(spec.name, entries);
+        }
     }
     let ebpf = loader
         .load(limiter_user::kernel::EBPF_OBJECT)
@@ -439,6 +446,7 @@ fn the_loaded_maps_are_the_table() {
             Map::Array(data)
             | Map::PerCpuArray(data)
             | Map::LpmTrie(data)
+            | Map::HashMap(data)
             | Map::LruHashMap(data)
             | Map::PerCpuLruHashMap(data)
             | Map::RingBuf(data) => data,
@@ -449,16 +457,13 @@ fn the_loaded_maps_are_the_table() {
             MapType::Array => MapKind::Array,
             MapType::PerCpuArray => MapKind::PerCpuArray,
             MapType::LpmTrie => MapKind::LpmTrie,
+            MapType::Hash => MapKind::Hash,
             MapType::LruHash => MapKind::LruHash,
             MapType::LruPerCpuHash => MapKind::LruPerCpuHash,
             MapType::RingBuf => MapKind::RingBuf,
             other => panic!("{name}: unexpected map type {other:?}"),
         };
-        let max_entries = if spec.sized_by_max_sources {
-            max_sources
-        } else {
-            spec.max_entries
-        };
+        let max_entries = capacity(spec.sizing).unwrap_or(spec.max_entries);
         assert_eq!(
             (kind, info.key_size(), info.value_size(), info.max_entries()),
             (spec.kind, spec.key_size, spec.value_size, max_entries),

@@ -13,7 +13,7 @@ use limiter_common::{Action, Outcome, SourceKey};
 use limiter_tests::{
     net,
     packets::{self, DST4, DST6},
-    testrun::{self, frames, online_cpus, paced, Harness, Pacing, Start},
+    testrun::{self, frames, paced, per_window, Harness, Pacing, Start},
 };
 use limiter_user::{
     kernel::read,
@@ -41,19 +41,6 @@ fn harness_with(set: &RuleSet) -> Harness {
 
 fn udp(src: [u8; 4]) -> Vec<u8> {
     packets::udp_v4(Ipv4Addr::from(src), DST4, 9999, 18)
-}
-
-/// Admitted frames per window of `window` counted from `start`, for the
-/// windows that ended before `end`.
-fn per_window(passed_at: &[Duration], window: Duration, windows: usize) -> Vec<u64> {
-    let mut counts = vec![0; windows];
-    for at in passed_at {
-        let k = (at.as_nanos() / window.as_nanos()) as usize;
-        if k < windows {
-            counts[k] += 1;
-        }
-    }
-    counts
 }
 
 /// Every window admits the limit, within 1%.
@@ -107,37 +94,12 @@ fn a_10x_flood_from_one_cpu_is_admitted_at_its_limit() {
 
 #[test]
 fn a_10x_flood_spread_over_both_cpus_gets_its_limit_not_limit_per_cpu() {
-    assert!(online_cpus() >= 2, "this test needs two CPUs");
     let mut harness = harness_with(&default_limit(LIMIT_PPS));
     let frame = udp([192, 0, 2, 51]);
     let window = Duration::from_secs(1);
     let duration = window * FLOOD_WINDOWS as u32;
-    let program = harness.program();
-    let start = Start::now();
-    let (a, b) = thread::scope(|scope| {
-        let on = |cpu| {
-            let frame = &frame;
-            scope.spawn(move || {
-                paced(
-                    program,
-                    cpu,
-                    frame,
-                    5 * LIMIT_PPS,
-                    start,
-                    duration,
-                    Pacing::CatchUp,
-                )
-            })
-        };
-        let (a, b) = (on(0), on(1));
-        (a.join().unwrap(), b.join().unwrap())
-    });
-    assert!(
-        !a.passed_at.is_empty() && !b.passed_at.is_empty(),
-        "both CPUs got some through"
-    );
-    let mut passed_at = a.passed_at.clone();
-    passed_at.extend(&b.passed_at);
+    let ([a, b], passed_at) =
+        testrun::paced_on_both_cpus(harness.program(), &frame, 5 * LIMIT_PPS, duration);
     assert_within_one_percent(&per_window(&passed_at, window, FLOOD_WINDOWS), LIMIT_PPS);
 
     // The offered counters are per CPU: each CPU's slot holds its share.

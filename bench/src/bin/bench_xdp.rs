@@ -1,16 +1,28 @@
 //! `cargo xtask bench xdp`: the kernel's own ns-per-packet figure
 //! (BPF_PROG_TEST_RUN with a large repeat count) for the limiter and, in
 //! the same run, for the baseline program (same parsing, one per-CPU LRU
-//! counter). Ends with one JSON line per case.
+//! counter). Cases where a source appears and goes (new sources, a source
+//! that sends four frames, a heavy source beside a spoofed flood) run each
+//! frame once instead, since state is what they measure. The limiter runs
+//! with the tiers on, as the daemon's default configuration has them; a
+//! second copy with the tiers off shows what they add or save. Ends with
+//! the issue's targets checked and one JSON line per case. Arguments, if
+//! any, name the cases to run (to profile one).
 
-use std::net::Ipv4Addr;
+use std::{
+    net::Ipv4Addr,
+    time::{Duration, Instant},
+};
 
-use aya::programs::Xdp;
+use aya::{
+    maps::{IterableMap, Map, MapData, PerCpuArray},
+    programs::Xdp,
+};
 use limiter_bench_objects::{baseline_program, load_baseline};
-use limiter_common::Action;
+use limiter_common::{Action, Counter, Outcome, DEFAULT_MAX_HOT_SOURCES};
 use limiter_tests::{
     net, packets,
-    testrun::{pin_current_thread, test_run},
+    testrun::{coarse_now, pin_current_thread, test_run, XDP_DROP, XDP_PASS},
 };
 use limiter_user::{
     kernel::{self, push, LoadOptions, Program},
@@ -19,16 +31,17 @@ use limiter_user::{
 
 const REPEAT: u32 = 1_000_000;
 const ROUNDS: usize = 9;
-const NEW_SOURCES: u32 = 100_000;
+/// Frames of each case that runs every frame once.
+const SINGLE_FRAMES: u32 = 100_000;
 const CPU: usize = 0;
 
-fn udp(src: [u8; 4]) -> Vec<u8> {
-    packets::udp_v4(
-        Ipv4Addr::from(src),
-        Ipv4Addr::new(198, 51, 100, 200),
-        53,
-        18,
-    )
+fn udp(src: Ipv4Addr) -> Vec<u8> {
+    packets::udp_v4(src, Ipv4Addr::new(198, 51, 100, 200), 53, 18)
+}
+
+/// The `i`-th address from `base` on.
+fn nth(base: Ipv4Addr, i: u32) -> Ipv4Addr {
+    Ipv4Addr::from(u32::from(base) + i)
 }
 
 /// The kernel-reported ns per run of one round of `REPEAT` runs.
@@ -49,27 +62,86 @@ fn paired(limiter: (&Xdp, &[u8], u32), baseline: (&Xdp, &[u8], u32)) -> (f64, f6
     (median(&mut lim), median(&mut base))
 }
 
-/// Mean ns per run over frames run one at a time (each a new source).
-fn one_each(program: &Xdp, frames: &[Vec<u8>]) -> f64 {
-    let total: u128 = frames
-        .iter()
-        .map(|frame| {
-            test_run(program, frame, 1)
-                .expect("BPF_PROG_TEST_RUN")
-                .duration
-                .as_nanos()
-        })
-        .sum();
-    total as f64 / frames.len() as f64
-}
-
 fn median(values: &mut [f64]) -> f64 {
     values.sort_by(|a, b| a.total_cmp(b));
     values[values.len() / 2]
 }
 
-fn limiter() -> Program {
-    let mut program = kernel::load(&LoadOptions::default()).expect("load limiter");
+/// What one program did with the frames of one group of a single-run case.
+#[derive(Clone, Copy, Debug, Default)]
+struct Group {
+    ns: u128,
+    frames: u64,
+    passed: u64,
+    dropped: u64,
+}
+
+impl Group {
+    fn mean_ns(&self) -> f64 {
+        self.ns as f64 / self.frames.max(1) as f64
+    }
+}
+
+/// A single-run case's frames, in the order they are sent, each with the
+/// group it is reported in (a case with one group uses 0).
+type Frames = Vec<(Vec<u8>, usize)>;
+
+/// Sleeps into the next second of the coarse clock, a new epoch of the
+/// limiter's cheap tier: its counters then hold only what this case sends
+/// (they are shared by every source, and what an earlier case sent in the
+/// same second would otherwise push some of this case's sources out of
+/// the cheap tier early, by how long the earlier case happened to take).
+fn next_epoch() {
+    let now = coarse_now();
+    let into = Duration::from_nanos(u64::from(now.subsec_nanos()));
+    // A few ms past the second: the coarse clock moves a tick at a time.
+    std::thread::sleep(Duration::from_secs(1) - into + Duration::from_millis(10));
+}
+
+/// Runs every frame once, in order, on the limiter and on the baseline:
+/// in `ROUNDS` slices, the limiter's slice then the baseline's, so that
+/// noise hits both alike (each program has its own maps, so the order
+/// between them changes nothing they see). Returns, per group, what the
+/// limiter and the baseline did, and the seconds the case took.
+fn single_runs(
+    limiter: &Xdp,
+    baseline: &Xdp,
+    frames: &Frames,
+    groups: usize,
+) -> (Vec<Group>, Vec<Group>, f64) {
+    let mut lim = vec![Group::default(); groups];
+    let mut base = vec![Group::default(); groups];
+    next_epoch();
+    let started = Instant::now();
+    let slice = frames.len().div_ceil(ROUNDS);
+    for part in frames.chunks(slice) {
+        for (program, out) in [(limiter, &mut lim), (baseline, &mut base)] {
+            for (frame, group) in part {
+                let result = test_run(program, frame, 1).expect("BPF_PROG_TEST_RUN");
+                let g = &mut out[*group];
+                g.ns += result.duration.as_nanos();
+                g.frames += 1;
+                match result.return_value {
+                    XDP_PASS => g.passed += 1,
+                    XDP_DROP => g.dropped += 1,
+                    other => panic!("unexpected verdict {other}"),
+                }
+            }
+        }
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    if seconds > 1.0 {
+        // Then not every source's frames fell in the epoch the case began.
+        eprintln!("note: a single-run case took {seconds:.2} s, over one epoch");
+    }
+    (lim, base, seconds)
+}
+
+/// Rule set of the bench: the default limit far above any rate here, an
+/// allow rule, a 1 pps limit (the over-limit source), a byte limit (which
+/// turns leases off), and 1000 pps (the end-to-end benchmark's limit, under
+/// which a source's fourth frame in a second leaves the cheap tier).
+fn rules(tiered: bool) -> RuleSet {
     let mut set = RuleSet::with_default(RuleSpec::limit(net("0.0.0.0/0"), 100_000_000));
     set.rules
         .push(RuleSpec::with_action(net("192.0.2.0/24"), Action::Allow));
@@ -79,82 +151,331 @@ fn limiter() -> Program {
     let mut shared = RuleSpec::limit(net("203.0.113.128/25"), 100_000_000);
     shared.limits.bytes_per_second = Some(100_000_000_000);
     set.rules.push(shared);
-    push::push(&mut program.maps, &set).expect("push rules");
+    set.rules.push(RuleSpec::limit(net("10.0.0.0/8"), 1000));
+    set.tiered = tiered;
+    set
+}
+
+/// The limiter with the tiers on and the daemon's default capacities, or
+/// off with every source's per-CPU state in a map of the baseline's size
+/// (as this bench measured before the tiers).
+fn limiter(tiered: bool) -> Program {
+    let options = if tiered {
+        LoadOptions {
+            max_hot_sources: Some(DEFAULT_MAX_HOT_SOURCES),
+            ..LoadOptions::default()
+        }
+    } else {
+        LoadOptions::default()
+    };
+    let mut program = kernel::load(&options).expect("load limiter");
+    push::push(&mut program.maps, &rules(tiered)).expect("push rules");
     program
+}
+
+/// How many frames took each tier's way, from the limiter's outcome
+/// counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Paths {
+    cheap: u64,
+    new_window: u64,
+    new_source: u64,
+}
+
+impl Paths {
+    fn since(self, earlier: Self) -> Self {
+        Self {
+            cheap: self.cheap - earlier.cheap,
+            new_window: self.new_window - earlier.new_window,
+            new_source: self.new_source - earlier.new_source,
+        }
+    }
+}
+
+/// A second handle on a limiter's `STATS`: the test runs hold the whole
+/// `Program` borrowed (`Program::xdp` takes it mutably), so its `maps`
+/// field cannot be read meanwhile.
+struct Stats(PerCpuArray<MapData, Counter>);
+
+impl Stats {
+    fn of(program: &Program) -> Self {
+        let id = program.maps.stats.map().info().expect("STATS info").id();
+        let data = MapData::from_id(id).expect("open STATS again");
+        Self(PerCpuArray::try_from(Map::PerCpuArray(data)).expect("a per-CPU array"))
+    }
+
+    fn paths(&self) -> Paths {
+        let of = |o: Outcome| -> u64 {
+            let values = self.0.get(&(o as u32), 0).expect("read STATS");
+            values.iter().map(|c| c.packets).sum()
+        };
+        Paths {
+            cheap: of(Outcome::Cheap),
+            new_window: of(Outcome::NewWindow),
+            new_source: of(Outcome::NewSource),
+        }
+    }
 }
 
 struct Case {
     name: &'static str,
     ns: f64,
     baseline: f64,
+    /// For single-run cases: what the limiter's frames did.
+    paths: Option<Paths>,
 }
 
 fn main() {
+    // Case names to run (all when none): one case alone is what a profile
+    // of the test-run thread needs (`perf record -e cpu-clock -g --
+    // target/release/bench-xdp under_limit`).
+    let only: Vec<String> = std::env::args().skip(1).collect();
+    let wanted = |name: &str| only.is_empty() || only.iter().any(|o| o == name);
     pin_current_thread(CPU);
     let mut base = load_baseline();
-    let mut lim = limiter();
+    let mut lim = limiter(true);
+    let mut untiered = limiter(false);
     let base_prog: &Xdp = baseline_program(&mut base);
-    let lim_prog = lim.xdp();
 
-    let under = udp([203, 0, 113, 1]);
-    let under_shared = udp([203, 0, 113, 129]);
-    let over = udp([198, 51, 100, 1]);
-    let allowed = udp([192, 0, 2, 1]);
+    let under = udp(Ipv4Addr::new(203, 0, 113, 1));
+    let under_shared = udp(Ipv4Addr::new(203, 0, 113, 129));
+    let over = udp(Ipv4Addr::new(198, 51, 100, 1));
+    let allowed = udp(Ipv4Addr::new(192, 0, 2, 1));
     let arp = packets::arp();
-    let new_sources: Vec<Vec<u8>> = (0..NEW_SOURCES)
-        .map(|i| udp(Ipv4Addr::from(0xc612_0000u32 + i).octets())) // 198.18.0.0/15
+    // Every single-run case has addresses of its own, which neither
+    // program has seen: the baseline's map keeps what earlier cases
+    // inserted.
+    let fresh = |base: Ipv4Addr| -> Frames {
+        let frames = (0..SINGLE_FRAMES).map(|i| (udp(nth(base, i)), 0));
+        frames.collect()
+    };
+    // 198.18.0.0/15, 100.64.0.0/10 and 100.96.0.0/11, under the default
+    // rule.
+    let new_sources = fresh(Ipv4Addr::new(198, 18, 0, 0));
+    let new_sources_untiered = fresh(Ipv4Addr::new(100, 64, 0, 0));
+    let four_each = |base: Ipv4Addr| -> Frames {
+        (0..SINGLE_FRAMES / 4)
+            .flat_map(|i| {
+                let frame = udp(nth(base, i));
+                std::iter::repeat_n((frame, 0), 4)
+            })
+            .collect()
+    };
+    let four_frames = four_each(Ipv4Addr::new(100, 96, 0, 0));
+    // Under the 1000 pps rule, whose sources leave the cheap tier at their
+    // fourth frame in a second (the exact tier: a window each).
+    let four_frames_1000 = four_each(Ipv4Addr::new(10, 0, 0, 0));
+    // Group 0: the held source; group 1: a spoofed flood, one new source
+    // per frame, one flood frame after each of the source's.
+    let beside: Frames = (0..SINGLE_FRAMES / 2)
+        .flat_map(|i| {
+            [
+                (over.clone(), 0),
+                (udp(nth(Ipv4Addr::new(172, 16, 0, 0), i)), 1),
+            ]
+        })
         .collect();
 
-    const PASS: u32 = 2;
-    const DROP: u32 = 1;
-    // Warm up: create the known sources and push `over` past its limit.
-    for frame in [&under, &under_shared, &over, &allowed] {
-        for _ in 0..3 {
-            test_run(lim_prog, frame, 1).expect("warm up");
-            test_run(base_prog, frame, 1).expect("warm up");
+    let (lim_stats, untiered_stats) = (Stats::of(&lim), Stats::of(&untiered));
+    let lim_prog: &Xdp = lim.xdp();
+    let untiered_prog: &Xdp = untiered.xdp();
+    // Warm up: create the known sources (past the cheap tier, so that they
+    // have per-CPU state) and push `over` past its limit.
+    for program in [lim_prog, untiered_prog, base_prog] {
+        for frame in [&under, &under_shared, &over, &allowed] {
+            test_run(program, frame, 1_000).expect("warm up");
         }
     }
 
-    let case = |name, limiter: (&[u8], u32), baseline_frame: &[u8]| {
+    let case = |name, program: &Xdp, limiter: (&[u8], u32), baseline_frame: &[u8]| {
+        if !wanted(name) {
+            return None;
+        }
         let (ns, baseline) = paired(
-            (lim_prog, limiter.0, limiter.1),
-            (base_prog, baseline_frame, PASS),
+            (program, limiter.0, limiter.1),
+            (base_prog, baseline_frame, XDP_PASS),
         );
-        Case { name, ns, baseline }
+        Some(Case {
+            name,
+            ns,
+            baseline,
+            paths: None,
+        })
     };
-    let mut cases = vec![
-        case("under_limit", (&under, PASS), &under),
-        case("under_limit_no_lease", (&under_shared, PASS), &under_shared),
-        case("over_limit_drop", (&over, DROP), &over),
-        case("allowlisted", (&allowed, PASS), &allowed),
-    ];
-    cases.push(Case {
-        name: "new_source_each_packet",
-        ns: one_each(lim_prog, &new_sources),
-        baseline: one_each(base_prog, &new_sources),
-    });
-    cases.push(case("non_ip", (&arp, PASS), &arp));
+    let mut cases: Vec<Case> = [
+        case("under_limit", lim_prog, (&under, XDP_PASS), &under),
+        case(
+            "under_limit_no_lease",
+            lim_prog,
+            (&under_shared, XDP_PASS),
+            &under_shared,
+        ),
+        case("over_limit_drop", lim_prog, (&over, XDP_DROP), &over),
+        case("allowlisted", lim_prog, (&allowed, XDP_PASS), &allowed),
+        case(
+            "under_limit_tiers_off",
+            untiered_prog,
+            (&under, XDP_PASS),
+            &under,
+        ),
+        case(
+            "over_limit_drop_tiers_off",
+            untiered_prog,
+            (&over, XDP_DROP),
+            &over,
+        ),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
 
+    // A single-run case whose frames must all pass on both programs.
+    let all_pass = |name, (program, stats): (&Xdp, &Stats), frames: &Frames| {
+        if !wanted(name) {
+            return None;
+        }
+        let before = stats.paths();
+        let (lim, base, _) = single_runs(program, base_prog, frames, 1);
+        for (who, g) in [("limiter", &lim[0]), ("baseline", &base[0])] {
+            assert_eq!(g.passed, g.frames, "{name}: {who} dropped a frame");
+        }
+        Some(Case {
+            name,
+            ns: lim[0].mean_ns(),
+            baseline: base[0].mean_ns(),
+            paths: Some(stats.paths().since(before)),
+        })
+    };
+    let tiered = (lim_prog, &lim_stats);
+    cases.extend(all_pass("new_source_each_packet", tiered, &new_sources));
+    cases.extend(all_pass(
+        "new_source_each_packet_tiers_off",
+        (untiered_prog, &untiered_stats),
+        &new_sources_untiered,
+    ));
+    cases.extend(all_pass("four_frames_then_quiet", tiered, &four_frames));
+    cases.extend(all_pass(
+        "four_frames_then_quiet_1000pps",
+        tiered,
+        &four_frames_1000,
+    ));
+    if wanted("heavy_beside_spoofed_flood") {
+        cases.extend(heavy_beside_flood(lim_prog, &lim_stats, base_prog, &beside));
+    }
+    cases.extend(case("non_ip", lim_prog, (&arp, XDP_PASS), &arp));
+
+    report(&cases);
+}
+
+/// The heavy source's frames and the flood's of `heavy_beside_spoofed_flood`
+/// (`frames`: group 0 the held source's, group 1 the flood's), each against
+/// the baseline's figure for the same frames.
+fn heavy_beside_flood(
+    lim_prog: &Xdp,
+    lim_stats: &Stats,
+    base_prog: &Xdp,
+    frames: &Frames,
+) -> [Case; 2] {
+    let before = lim_stats.paths();
+    let (l, b, seconds) = single_runs(lim_prog, base_prog, frames, 2);
+    let paths = lim_stats.paths().since(before);
+    let (heavy, flood) = (l[0], l[1]);
+    // The held source: at most its 1 pps through the run (one more for
+    // the window the run began in); the flood's sources are all new and
+    // under their limit; the baseline passes everything.
+    assert!(
+        heavy.passed <= seconds.ceil() as u64 + 1,
+        "heavy_beside_spoofed_flood: the held source passed {} frames in {seconds:.1} s",
+        heavy.passed
+    );
+    assert_eq!(flood.passed, flood.frames, "the flood lost a frame");
+    assert!(b.iter().all(|g| g.passed == g.frames));
+    // The outcome counters do not tell the two groups apart: both rows
+    // show the case's.
+    [
+        ("heavy_beside_spoofed_flood.heavy", heavy, b[0]),
+        ("heavy_beside_spoofed_flood.flood", flood, b[1]),
+    ]
+    .map(|(name, lim, base)| Case {
+        name,
+        ns: lim.mean_ns(),
+        baseline: base.mean_ns(),
+        paths: Some(paths),
+    })
+}
+
+/// Prints the table, the targets and the JSON lines.
+fn report(cases: &[Case]) {
     println!(
         "xdp bench: BPF_PROG_TEST_RUN on CPU {CPU}, median of {ROUNDS} rounds of {REPEAT} runs, \
-         limiter and baseline rounds interleaved (new sources: mean of {NEW_SOURCES} single runs)"
+         limiter and baseline rounds interleaved (single-run cases: mean of {SINGLE_FRAMES} \
+         frames run once each, in {ROUNDS} interleaved slices; they include the per-call timer)"
     );
     println!(
-        "{:<24} {:>10} {:>12} {:>7}",
+        "{:<34} {:>9} {:>9} {:>7}   limiter paths (cheap / new window / new source)",
         "case", "ns/pkt", "baseline", "ratio"
     );
-    for case in &cases {
+    for case in cases {
+        let paths = case.paths.map_or(String::new(), |p| {
+            format!("{} / {} / {}", p.cheap, p.new_window, p.new_source)
+        });
         println!(
-            "{:<24} {:>10.1} {:>12.1} {:>6.2}x",
+            "{:<34} {:>9.1} {:>9.1} {:>6.2}x   {paths}",
             case.name,
             case.ns,
             case.baseline,
             case.ns / case.baseline
         );
     }
-    for case in &cases {
+    // The issue's targets, each from its case (when it ran): what, the
+    // case, and whether its (ns, ratio to the baseline) meet it.
+    type Check = fn(f64, f64) -> bool;
+    let targets: [(&str, &str, Check); 4] = [
+        (
+            "new source each frame <= 200 ns and <= 0.4x the baseline",
+            "new_source_each_packet",
+            |ns, ratio| ns <= 200.0 && ratio <= 0.4,
+        ),
+        (
+            "four frames then quiet <= 250 ns per frame",
+            "four_frames_then_quiet",
+            |ns, _| ns <= 250.0,
+        ),
+        (
+            "known source under limit <= 1.3x the baseline (ambition 1.2x)",
+            "under_limit",
+            |_, ratio| ratio <= 1.3,
+        ),
+        (
+            "known source over limit (held) <= 1.3x the baseline (ambition 1.2x)",
+            "over_limit_drop",
+            |_, ratio| ratio <= 1.3,
+        ),
+    ];
+    for (what, name, check) in targets {
+        let Some(case) = cases.iter().find(|c| c.name == name) else {
+            continue;
+        };
+        let ratio = case.ns / case.baseline;
         println!(
-            "{{\"case\":\"{}\",\"ns_per_pkt\":{:.1},\"baseline_ns_per_pkt\":{:.1},\"ratio\":{:.3}}}",
+            "target: {what} -> {:.1} ns, {ratio:.2}x ({})",
+            case.ns,
+            if check(case.ns, ratio) {
+                "met"
+            } else {
+                "MISSED"
+            }
+        );
+    }
+    for case in cases {
+        let paths = case.paths.map_or(String::new(), |p| {
+            format!(
+                ",\"cheap\":{},\"new_window\":{},\"new_source\":{}",
+                p.cheap, p.new_window, p.new_source
+            )
+        });
+        println!(
+            "{{\"case\":\"{}\",\"ns_per_pkt\":{:.1},\"baseline_ns_per_pkt\":{:.1},\"ratio\":{:.3}{paths}}}",
             case.name,
             case.ns,
             case.baseline,

@@ -219,7 +219,10 @@ fn hashlimit_rule(name: &str, limit: Limit) -> Vec<String> {
 }
 
 /// The daemon's configuration: every source `pps` per 1 s sliding window,
-/// enforce mode, native XDP on the receiving veth.
+/// enforce mode, native XDP on the receiving veth. The tiers are on (the
+/// default, `[limits] tiers`), so [`TABLE_SIZE`] is the exact tier's
+/// capacity (`max_sources`: shared windows); the sources with per-CPU
+/// state keep the default cap (`max_hot_sources`).
 fn limiter_config(limit: Limit) -> String {
     format!(
         "[daemon]\ninterfaces = [\"{RX_IF}\"]\nmode = \"native\"\nmax_sources = {TABLE_SIZE}\n\n\

@@ -51,7 +51,12 @@ pub struct WindowCache {
 pub enum Admission {
     /// Admitted, with `granted - 1` more frames leased to the caller for
     /// the rest of this bucket (counted as admitted already).
-    Admitted { granted: u64 },
+    Admitted {
+        granted: u64,
+        /// With this admission the window is at least half used (packets
+        /// or bytes): the source is near its limit.
+        half_used: bool,
+    },
     /// Refused; no frame can be admitted before `hold_until_ns`, so the
     /// caller may refuse until then without looking at the window.
     Refused { hold_until_ns: u64 },
@@ -227,7 +232,9 @@ pub fn try_admit_cached<S: SlotWrite + ?Sized>(
             current,
             packets_bumped_by(current, at, granted),
         ) {
-            return Admission::Admitted { granted };
+            let half_used = half_used(est.packets, granted, params.allowance_packets)
+                || half_used(est.bytes, len, params.allowance_bytes);
+            return Admission::Admitted { granted, half_used };
         }
         if count_bytes {
             give_back_bytes(slots, slot, cache.bucket, len);
@@ -236,6 +243,13 @@ pub fn try_admit_cached<S: SlotWrite + ?Sized>(
     Admission::Refused {
         hold_until_ns: now_ns,
     }
+}
+
+/// Whether an estimate (fixed point, as `fits` takes it) plus `amount`
+/// reaches half of `allowance` (never for an unlimited one).
+#[inline(always)]
+const fn half_used(estimate: u64, amount: u64, allowance: u64) -> bool {
+    allowance != UNLIMITED && estimate + (amount << WEIGHT_SHIFT) >= allowance << (WEIGHT_SHIFT - 1)
 }
 
 #[cfg(test)]

@@ -131,6 +131,22 @@ pub fn owed_word(params: &WindowParams, at_ns: u64, now_ns: u64) -> (usize, u64)
     (slot_of(at.bucket), pack_packets(at.bucket, at.elapsed, 1))
 }
 
+/// The first packet word of a window created at `now_ns` that carries
+/// `frames` frames the cheap tier admitted for its source this epoch
+/// (`sketch`), and its slot: they count as sent now, so they stay in the
+/// window at least as long as they should (the safe side). Word 0 for no
+/// frame.
+#[inline(always)]
+pub fn carried_word(params: &WindowParams, now_ns: u64, frames: u64) -> (usize, u64) {
+    let now = position(now_ns, params.bucket_ns);
+    let word = if frames == 0 {
+        0
+    } else {
+        pack_packets(now.bucket, now.elapsed, frames)
+    };
+    (slot_of(now.bucket), word)
+}
+
 /// Clears every slot (when a source's bucket width changes).
 #[inline(always)]
 pub fn clear<S: SlotWrite + ?Sized>(slots: &S) {

@@ -46,8 +46,14 @@ pub struct DaemonSection {
     pub pin_dir: PathBuf,
     /// Prometheus endpoint.
     pub metrics_addr: SocketAddr,
-    /// Capacity of each per-source map.
+    /// Sources with exact state (a shared window) at once, per interface:
+    /// `WINDOWS`' capacity. Memory does not grow with the CPU count.
     pub max_sources: u32,
+    /// Sources with per-CPU state (busy or refused ones) at once, per
+    /// interface: `SOURCES`' capacity. Each costs 192 bytes per possible
+    /// CPU. With `limits.tiers = false` every source has per-CPU state, so
+    /// this is then the number of sources tracked.
+    pub max_hot_sources: u32,
     /// Aggregation period.
     #[serde(with = "humantime_serde")]
     pub tick: Duration,
@@ -70,6 +76,7 @@ impl Default for DaemonSection {
             pin_dir: PathBuf::from(DEFAULT_PIN_DIR),
             metrics_addr: DEFAULT_METRICS_ADDR.parse().expect("valid address"),
             max_sources: limiter_common::DEFAULT_MAX_SOURCES,
+            max_hot_sources: limiter_common::DEFAULT_MAX_HOT_SOURCES,
             tick: Duration::from_secs(1),
             top_k: 20,
             sources_per_tick: 131_072,
@@ -91,6 +98,11 @@ pub struct LimitsSection {
     pub ipv6_prefix: u8,
     /// Buckets per window (bucket width = window / buckets).
     pub buckets_per_window: u32,
+    /// Tiered source state: a source gets no state until it sends more
+    /// than a few frames in a second (the cheap tier), then a shared
+    /// window (the exact tier), and per-CPU state only once it is busy or
+    /// refused. Off: every source gets per-CPU state on its first frame.
+    pub tiers: bool,
 }
 
 impl Default for LimitsSection {
@@ -100,6 +112,7 @@ impl Default for LimitsSection {
             ipv4_prefix: 32,
             ipv6_prefix: 64,
             buckets_per_window: limiter_common::window::DEFAULT_BUCKETS_PER_WINDOW,
+            tiers: true,
         }
     }
 }

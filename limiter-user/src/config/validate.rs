@@ -31,6 +31,12 @@ impl FileConfig {
                 format!("{} is outside 1..={MAX_SOURCES}", d.max_sources),
             ));
         }
+        if d.max_hot_sources == 0 || d.max_hot_sources > MAX_SOURCES {
+            return Err(field(
+                "daemon.max_hot_sources",
+                format!("{} is outside 1..={MAX_SOURCES}", d.max_hot_sources),
+            ));
+        }
         if d.tick < Duration::from_millis(100) || d.tick > Duration::from_secs(60) {
             return Err(field(
                 "daemon.tick",
@@ -77,6 +83,7 @@ impl FileConfig {
             v4_prefix_len: self.limits.ipv4_prefix,
             v6_prefix_len: self.limits.ipv6_prefix,
             buckets_per_window: self.limits.buckets_per_window,
+            tiered: self.limits.tiers,
         };
         compile(&set, 0, 1).map_err(|e| match e {
             // A global knob is named as the file spells it.

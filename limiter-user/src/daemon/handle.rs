@@ -72,7 +72,7 @@ impl Daemon {
                         mode: iface.instance.attachment,
                         program_id: iface.instance.program.id(),
                         tracked_sources: snapshot.map_or(0, |s| s.tracked_sources),
-                        capacity: self.config.daemon.max_sources,
+                        capacity: self.config.daemon.max_hot_sources,
                         limited_sources: snapshot.map_or(0, |s| s.limited.len() as u64),
                         passed_pps: iface.observed.passed_pps,
                         dropped_pps: iface.observed.dropped_pps,

@@ -30,6 +30,7 @@ pub struct Metrics {
     tracked: IntGaugeVec,
     capacity: IntGaugeVec,
     limited: IntGaugeVec,
+    penalties: IntGaugeVec,
     rules: IntGaugeVec,
     reattachments: IntCounterVec,
     attached: IntGaugeVec,
@@ -84,19 +85,25 @@ impl Metrics {
             evictions: counter(
                 &registry,
                 "xdp_limiter_source_evictions_total",
-                "Sources evicted from the state map to make room for new ones.",
+                "Sources whose per-CPU state was evicted to make room for new ones.",
                 &["interface"],
             ),
             tracked: gauge(
                 &registry,
                 "xdp_limiter_tracked_sources",
-                "Sources currently holding state.",
+                "Sources holding per-CPU state (hot: busy, refused or near their limit; every source with state when tiers are off).",
                 &["interface"],
             ),
             capacity: gauge(
                 &registry,
                 "xdp_limiter_source_capacity",
-                "Capacity of the per-source state map.",
+                "Sources that can hold per-CPU state at once (daemon.max_hot_sources; daemon.max_sources with tiers off).",
+                &["interface"],
+            ),
+            penalties: gauge(
+                &registry,
+                "xdp_limiter_penalties",
+                "Penalties running (sources blocked by a rule's `block`).",
                 &["interface"],
             ),
             limited: gauge(
@@ -267,6 +274,13 @@ impl Metrics {
 }
 
 impl Metrics {
+    /// Updates the number of penalties running on `iface`.
+    pub fn record_penalties(&mut self, iface: &str, running: usize) {
+        self.penalties
+            .with_label_values(&[iface])
+            .set(running as i64);
+    }
+
     /// Updates the link state of `iface`: re-attachments so far (this
     /// daemon's), and whether it is attached now.
     pub fn record_link(&mut self, iface: &str, reattachments: u64, attached: bool) {

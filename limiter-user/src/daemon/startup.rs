@@ -12,7 +12,7 @@ use super::state::Daemon;
 use crate::{
     config::{self, AttachMode, Config, DaemonSection},
     fault,
-    kernel::{attach, Instance},
+    kernel::{attach, Instance, LoadOptions},
 };
 
 /// Options of `xdp-limiter run` that override the file.
@@ -91,7 +91,12 @@ pub fn protect_all(options: RunOptions, config: Config) -> anyhow::Result<Daemon
     let settings: DaemonSection = config.daemon.clone();
     let mut instances: Vec<Instance> = Vec::new();
     for iface in &settings.interfaces {
-        match attach::load(iface, &settings.pin_dir, settings.max_sources) {
+        let options = LoadOptions {
+            max_sources: settings.max_sources,
+            max_hot_sources: Some(settings.max_hot_sources),
+            ..LoadOptions::default()
+        };
+        match attach::load(iface, &settings.pin_dir, options) {
             Ok(instance) => instances.push(instance),
             Err(e) => {
                 abandon(instances);

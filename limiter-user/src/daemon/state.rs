@@ -20,6 +20,7 @@ use super::{
 use crate::{
     config::{self, Config},
     kernel::{
+        self, penalty,
         push::{push_all, PushError},
         read, Instance, LinkCheck,
     },
@@ -133,6 +134,8 @@ impl Daemon {
         let daemon = &self.config.daemon;
         for iface in &mut self.ifaces {
             check_link(&mut iface.instance, daemon.mode);
+            let now_ns = kernel::now().as_nanos() as u64;
+            let penalties = penalty::sweep(&mut iface.instance.program.maps, now_ns);
             let instance = &iface.instance;
             let snapshot = match aggregate::pass(
                 &instance.program.maps,
@@ -151,7 +154,7 @@ impl Daemon {
             self.metrics.record(
                 &instance.iface,
                 &snapshot,
-                daemon.max_sources,
+                daemon.max_hot_sources,
                 self.config.rules.rules.len() + 1,
                 &names,
                 instance.program.run_stats(),
@@ -161,6 +164,7 @@ impl Daemon {
                 instance.reattachments,
                 instance.link.is_attached(),
             );
+            self.metrics.record_penalties(&instance.iface, penalties);
             iface.observed.update(snapshot);
         }
         self.metrics

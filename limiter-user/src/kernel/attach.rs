@@ -122,14 +122,14 @@ impl LinkCheck {
 /// existing ones, creating and pinning the others). Nothing is attached
 /// yet: the caller pushes the rules into the maps first, then calls
 /// [`Instance::attach`], so a fresh attach enforces from its first frame.
-pub fn load(iface: &str, pin_dir: &Path, max_sources: u32) -> Result<Instance, AttachError> {
+pub fn load(iface: &str, pin_dir: &Path, options: LoadOptions) -> Result<Instance, AttachError> {
     if !nix::unistd::geteuid().is_root() {
         return Err(AttachError::NotRoot);
     }
     nix::net::if_::if_nametoindex(iface).map_err(|_| AttachError::NoInterface(iface.into()))?;
     pins::ensure_bpffs(pin_dir)?;
     let dir = pins::iface_dir(pin_dir, iface);
-    pins::drop_incompatible_pins(&dir, max_sources);
+    pins::drop_incompatible_pins(&dir, &options);
     let maps_dir = pins::maps_dir(&dir);
     fs::create_dir_all(&maps_dir).map_err(|source| PinError::Io {
         path: maps_dir.clone(),
@@ -137,8 +137,8 @@ pub fn load(iface: &str, pin_dir: &Path, max_sources: u32) -> Result<Instance, A
     })?;
     let found_link = dir.join("link").exists();
     let program = object::load(&LoadOptions {
-        max_sources,
         pins: pins::map_pins(&maps_dir),
+        ..options
     })
     .map_err(|e| AttachError::Load(e.to_string()))?;
     fault::stop_at(fault::Step::Loaded);

@@ -12,7 +12,7 @@ use aya::{
 use limiter_common::{
     names,
     rules::{PrefixKeyV4, PrefixKeyV6},
-    Config, Counter, Rule, RuleRefs, SourceKey, SourceTraffic, WindowState,
+    Config, Counter, Hold, Rule, RuleRefs, SourceKey, SourceTraffic, WindowState,
 };
 
 use super::MapsError;
@@ -38,6 +38,10 @@ pub struct Maps {
     /// "Source limited" events; `None` once taken (the daemon's event
     /// watcher owns it).
     pub events: Option<RingBuf<MapData>>,
+    /// The cheap tier's counters (`limiter_common::sketch`).
+    pub sketch: Array<MapData, u64>,
+    /// Penalties apart from the windows.
+    pub holds: HashMap<MapData, SourceKey, Hold>,
 }
 
 /// Moves map `name` out of `ebpf` as `T`.
@@ -51,7 +55,7 @@ fn take<T: TryFrom<Map, Error = aya::maps::MapError>>(
 
 impl Maps {
     /// How many maps a `Maps` holds.
-    pub const COUNT: usize = 9;
+    pub const COUNT: usize = 11;
 
     /// Moves the maps out of a freshly loaded object.
     pub(super) fn take(ebpf: &mut Ebpf) -> Result<Self, MapsError> {
@@ -65,6 +69,8 @@ impl Maps {
             prefixes_v4: take(ebpf, names::PREFIXES_V4)?,
             prefixes_v6: take(ebpf, names::PREFIXES_V6)?,
             events: Some(take(ebpf, names::EVENTS)?),
+            sketch: take(ebpf, names::SKETCH)?,
+            holds: take(ebpf, names::HOLDS)?,
         })
     }
 

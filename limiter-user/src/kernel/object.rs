@@ -8,7 +8,10 @@ use aya::{
     programs::{ProgramError, Xdp},
     Ebpf, EbpfLoader,
 };
-use limiter_common::{maps, names, DEFAULT_MAX_SOURCES};
+use limiter_common::{
+    maps::{self, MapSpec, Sizing},
+    names, DEFAULT_MAX_SOURCES,
+};
 
 use super::{Maps, MapsError};
 
@@ -32,9 +35,11 @@ pub enum LoadError {
 /// Knobs applied before the object is loaded.
 #[derive(Clone, Debug)]
 pub struct LoadOptions {
-    /// Capacity of the per-source state maps (those the table in
-    /// `limiter_common::maps` says are sized by it).
+    /// Capacity of the exact tier (`WINDOWS`: sources with a window).
     pub max_sources: u32,
+    /// Capacity of the per-CPU state (`SOURCES`: hot sources); `None`:
+    /// `max_sources` (every source may be hot, as with the tiers off).
+    pub max_hot_sources: Option<u32>,
     /// Maps taken from a pin instead of created, by name (a map not pinned
     /// at its path yet is created and pinned there): how the daemon adopts
     /// the state of an earlier one.
@@ -45,8 +50,20 @@ impl Default for LoadOptions {
     fn default() -> Self {
         Self {
             max_sources: DEFAULT_MAX_SOURCES,
+            max_hot_sources: None,
             pins: Vec::new(),
         }
+    }
+}
+
+impl LoadOptions {
+    /// The capacity a map of `spec` has once loaded with these options
+    /// (`None`: whatever it has, see `MapSpec::expected_max_entries`).
+    pub fn expected_max_entries(&self, spec: &MapSpec) -> Option<u32> {
+        spec.expected_max_entries(
+            self.max_sources,
+            self.max_hot_sources.unwrap_or(self.max_sources),
+        )
     }
 }
 
@@ -62,8 +79,12 @@ pub struct Program {
 /// nothing is attached yet.
 pub fn load(options: &LoadOptions) -> Result<Program, LoadError> {
     let mut loader = EbpfLoader::new();
-    for spec in maps::ALL.iter().filter(|spec| spec.sized_by_max_sources) {
-        loader.map_max_entries(spec.name, options.max_sources);
+    for spec in &maps::ALL {
+        if spec.sizing != Sizing::Fixed {
+            if let Some(entries) = options.expected_max_entries(spec) {
+                loader.map_max_entries(spec.name, entries);
+            }
+        }
     }
     for (name, path) in &options.pins {
         loader.map_pin_path(name, path.as_path());

@@ -3,7 +3,7 @@
 //! rule in force carries that tag.
 
 use ipnet::IpNet;
-use limiter_common::SourceKey;
+use limiter_common::{Hold, SourceKey};
 
 use super::Maps;
 
@@ -22,15 +22,28 @@ pub fn is_blocked(maps: &Maps, key: &SourceKey, rule_index: u32, now_ns: u64) ->
 }
 
 /// Lifts the penalty of every source inside `cidr` whose penalty still
-/// runs at `now_ns`; how many were lifted. Sources keep their windows. A
-/// CPU that already concluded "blocked" keeps refusing until it looks
-/// again: the caller pushes the rules again so every CPU re-resolves.
+/// runs at `now_ns`; how many were lifted. Sources keep their windows (and
+/// a refusal over the limit stays a refusal); the penalties kept apart
+/// from them (`HOLDS`) go. A CPU that already
+/// concluded "blocked" keeps refusing until it looks again: the caller
+/// pushes the rules again so every CPU re-resolves.
 pub fn lift(maps: &mut Maps, cidr: &IpNet, now_ns: u64) -> usize {
+    let inside = |key: &SourceKey| cidr.contains(&key.ip()) && key.prefix_len >= cidr.prefix_len();
+    let kept: Vec<SourceKey> = maps
+        .holds
+        .iter()
+        .filter_map(Result::ok)
+        .filter(|(key, held)| held.tag != 0 && inside(key))
+        .map(|(key, _)| key)
+        .collect();
+    for key in kept {
+        let _ = maps.holds.remove(&key);
+    }
     let keys: Vec<SourceKey> = maps
         .windows
         .keys()
         .filter_map(Result::ok)
-        .filter(|key| cidr.contains(&key.ip()) && key.prefix_len >= cidr.prefix_len())
+        .filter(|key| inside(key))
         .collect();
     let mut lifted = 0;
     for key in keys {
@@ -48,4 +61,21 @@ pub fn lift(maps: &mut Maps, cidr: &IpNet, now_ns: u64) -> usize {
         }
     }
     lifted
+}
+
+/// Removes the holds kept apart from the windows (`HOLDS`) that ended
+/// before `now_ns` (the kernel removes one when it finds it ended; this
+/// keeps the map from filling with holds of sources that never came back).
+/// Returns how many penalties still run.
+pub fn sweep(maps: &mut Maps, now_ns: u64) -> usize {
+    let entries: Vec<(SourceKey, Hold)> = maps.holds.iter().filter_map(Result::ok).collect();
+    let mut penalties = 0;
+    for (key, held) in entries {
+        if held.until_ns <= now_ns {
+            let _ = maps.holds.remove(&key);
+        } else if held.tag != 0 {
+            penalties += 1;
+        }
+    }
+    penalties
 }

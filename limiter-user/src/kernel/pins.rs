@@ -16,7 +16,7 @@ use aya::maps::{MapData, MapInfo};
 use limiter_common::{maps::PINNED, names};
 use tracing::{info, warn};
 
-use super::sys;
+use super::{sys, LoadOptions};
 use crate::{fault, lock};
 
 /// Why pins could not be set up or removed.
@@ -104,7 +104,7 @@ pub fn maps_dir(iface_dir: &Path) -> PathBuf {
 /// Removes the pinned maps of other layout versions (an upgrade that
 /// changed the layout starts its state afresh) and, of this version, those
 /// whose sizes differ (`max_sources` changed).
-pub fn drop_incompatible_pins(iface_dir: &Path, max_sources: u32) {
+pub fn drop_incompatible_pins(iface_dir: &Path, options: &LoadOptions) {
     let current = maps_dir(iface_dir);
     if let Ok(entries) = fs::read_dir(iface_dir) {
         for entry in entries.filter_map(Result::ok) {
@@ -116,7 +116,7 @@ pub fn drop_incompatible_pins(iface_dir: &Path, max_sources: u32) {
             }
         }
     }
-    drop_mismatched_sizes(&current, max_sources);
+    drop_mismatched_sizes(&current, options);
 }
 
 /// Where each pinned map of this layout lives in `maps_dir`, for
@@ -130,7 +130,7 @@ pub fn map_pins(maps_dir: &Path) -> Vec<(&'static str, PathBuf)> {
 
 /// Removes pinned maps whose key, value or capacity differs from the table
 /// (`limiter_common::maps`).
-fn drop_mismatched_sizes(maps_dir: &Path, max_sources: u32) {
+fn drop_mismatched_sizes(maps_dir: &Path, options: &LoadOptions) {
     for spec in PINNED {
         let path = maps_dir.join(spec.name);
         if !path.exists() {
@@ -139,8 +139,8 @@ fn drop_mismatched_sizes(maps_dir: &Path, max_sources: u32) {
         let compatible = MapInfo::from_pin(&path).is_ok_and(|info| {
             info.key_size() == spec.key_size
                 && info.value_size() == spec.value_size
-                && spec
-                    .expected_max_entries(max_sources)
+                && options
+                    .expected_max_entries(&spec)
                     .is_none_or(|m| info.max_entries() == m)
         });
         if !compatible {

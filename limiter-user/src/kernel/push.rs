@@ -71,6 +71,14 @@ pub fn push_all(instances: &mut [&mut Maps], set: &RuleSet) -> Result<u32, PushE
     }
     let mut config = compiled.config;
     config.generation = generation;
+    // The cheap tier's hash key: kept across pushes (a new key would
+    // restart every source's count mid-epoch), chosen at random the first
+    // time.
+    config.sketch_seed = live
+        .iter()
+        .map(|c| c.sketch_seed)
+        .find(|seed| *seed != 0)
+        .unwrap_or_else(random_seed);
     for i in 0..instances.len() {
         if let Err(e) = set_config(instances[i], config) {
             // Put back the instances already switched (best effort: the
@@ -174,4 +182,11 @@ fn write_trie<K: Pod + PartialEq + AsRef<[u8]>>(
         trie.remove(&key).map_err(MapsError::on(name))?;
     }
     Ok(())
+}
+
+/// A random non-zero `u32` (std's per-process random hash keys).
+fn random_seed() -> u32 {
+    use std::hash::{BuildHasher, RandomState};
+    let seed = RandomState::new().hash_one(std::process::id()) as u32;
+    seed.max(1)
 }

@@ -73,6 +73,9 @@ pub fn compile(set: &RuleSet, base: u32, cpus: u32) -> Result<Compiled, RuleErro
     let mut rules = Vec::with_capacity(all.len());
     for (i, spec) in all.iter().enumerate() {
         let mut rule = compile_rule(spec, &rule_name(i), set.buckets_per_window, cpus)?;
+        if set.tiered {
+            rule.cheap_frames = cheap_frames(spec, &rule);
+        }
         rule.budget = budget_of(&spec.matches);
         rule.fingerprint = fingerprint(i, spec, &rule, set.dry_run);
         rules.push(rule);
@@ -80,6 +83,8 @@ pub fn compile(set: &RuleSet, base: u32, cpus: u32) -> Result<Compiled, RuleErro
 
     let mut config = Config::new(set.dry_run, set.v4_prefix_len, set.v6_prefix_len);
     config.class_count = classes.len() as u8;
+    config.set_tiered(set.tiered);
+    config.cheap_max = rules.iter().map(|r| r.cheap_frames).max().unwrap_or(0);
     for (slot, class) in config.classes.iter_mut().zip(&classes) {
         *slot = class.class();
     }
@@ -260,4 +265,34 @@ fn compile_rule(spec: &RuleSpec, name: &str, buckets: u32, cpus: u32) -> Result<
     rule.buckets = buckets;
     rule.lease_packets = lease_packets;
     Ok(rule)
+}
+
+/// The frames of a source that the cheap tier may judge per epoch under
+/// `rule` without any per-source state (`Rule::cheap_frames`). Allow and
+/// deny need no state to judge a frame: up to `sketch::HOT_FRAMES`. A limit
+/// admits them uncounted, so only so few that in any window of the rule
+/// they add at most 1/[`CHEAP_SHARE`] of its allowance: `T` per epoch with
+/// `T * (ceil(W / epoch) + 1) <= allowance / CHEAP_SHARE` (a window of `W`
+/// overlaps at most that many epochs), for bytes counting every frame as
+/// [`CHEAP_FRAME_BYTES`]; at most [`MAX_CHEAP_FRAMES`]. None under a
+/// penalty: a blocked source must have every frame dropped.
+fn cheap_frames(spec: &RuleSpec, rule: &Rule) -> u8 {
+    match spec.action {
+        Action::Allow | Action::Deny => sketch::HOT_FRAMES as u8,
+        Action::Limit if rule.block_ns != 0 => 0,
+        Action::Limit => {
+            let window_ns = rule.bucket_ns * u64::from(rule.buckets);
+            let epochs = window_ns.div_ceil(sketch::EPOCH_NS) + 1;
+            let share = |allowance: u64, per_frame: u64| {
+                if allowance == UNLIMITED {
+                    u64::MAX
+                } else {
+                    allowance / (CHEAP_SHARE * epochs * per_frame)
+                }
+            };
+            share(rule.allowance_packets, 1)
+                .min(share(rule.allowance_bytes, CHEAP_FRAME_BYTES))
+                .min(MAX_CHEAP_FRAMES) as u8
+        }
+    }
 }

@@ -34,6 +34,7 @@ use limiter_common::{
         Transport, FRAME_CLASSES, MAX_CLASSES, MAX_RULES, RESOLVED_CLASSES, TCP_FLAG_ACK,
         TCP_FLAG_SYN, UNKNOWN_PROTOCOL_CLASS, UNRESOLVED_BASE,
     },
+    sketch,
     window::{MAX_BUCKETS_PER_WINDOW, MAX_BYTES, MAX_PACKETS, UNLIMITED},
     Action, AddressFamily, Config, Rule, RuleRefs, TrafficClass,
 };
@@ -205,10 +206,14 @@ pub struct RuleSet {
     pub v6_prefix_len: u8,
     /// Buckets per window (window / buckets = bucket width).
     pub buckets_per_window: u32,
+    /// Tiered source state (cheap, exact, hot; `Config::tiered`).
+    pub tiered: bool,
 }
 
 impl RuleSet {
-    /// Only a default rule, keyed /32 and /64, 10 buckets per window.
+    /// Only a default rule, keyed /32 and /64, 10 buckets per window, and
+    /// no tiers: every source gets per-CPU state on its first frame (the
+    /// configuration file turns the tiers on by default).
     pub fn with_default(default: RuleSpec) -> Self {
         Self {
             default,
@@ -217,6 +222,7 @@ impl RuleSet {
             v4_prefix_len: 32,
             v6_prefix_len: 64,
             buckets_per_window: limiter_common::window::DEFAULT_BUCKETS_PER_WINDOW,
+            tiered: false,
         }
     }
 }
@@ -322,6 +328,17 @@ pub fn rule_name(index: usize) -> String {
         format!("rules[{}]", index - 1)
     }
 }
+
+/// The cheap tier's frames may add at most 1/`CHEAP_SHARE` of a limit's
+/// allowance to any of its windows (`Rule::cheap_frames`): 1%. (Larger
+/// shares keep more of a fast flood's sources in the cheap tier, and the
+/// issue allows 2%; 1% keeps a flooder within 1% of its limit.)
+pub const CHEAP_SHARE: u64 = 100;
+/// The largest frame XDP hands the program (single-buffer XDP: a page
+/// less the headroom), for the bytes the cheap tier may admit.
+pub const CHEAP_FRAME_BYTES: u64 = 4096;
+/// The most frames per epoch the cheap tier judges under a limit.
+pub const MAX_CHEAP_FRAMES: u64 = 64;
 
 /// Share of a window's allowance that unused leases may withhold, as a
 /// divisor: leases are sized so that all CPUs together, over all buckets of

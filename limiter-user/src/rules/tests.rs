@@ -1,5 +1,5 @@
 //! Unit tests of the rule compiler: classes, tries, allowances and leases,
-//! overlap resolution and refusals, fingerprints.
+//! overlap resolution and refusals, fingerprints, the cheap tier's frames.
 
 use limiter_common::prefix_mask;
 
@@ -322,4 +322,132 @@ fn leases_hold_back_under_one_percent() {
     let held_back = u64::from(rule.lease_packets) * 4 * 11;
     assert!(held_back * 100 < rule.allowance_packets);
     assert_eq!(c.rules[0].lease_packets, 1, "1000 pps: no lease");
+}
+
+/// `set(rules)` with the tiers on.
+fn tiered(rules: Vec<RuleSpec>) -> RuleSet {
+    RuleSet {
+        tiered: true,
+        ..set(rules)
+    }
+}
+
+/// The `cheap_frames` a tiered set compiles for `rule` (as `rules[0]`).
+fn cheap_frames_of(rule: RuleSpec) -> u8 {
+    compile(&tiered(vec![rule]), 0, 2).unwrap().rules[1].cheap_frames
+}
+
+/// A limit rule for 192.0.2.0/24 with `change` applied.
+fn limit_with(pps: u64, change: impl FnOnce(&mut Limits)) -> RuleSpec {
+    let mut rule = RuleSpec::limit(net("192.0.2.0/24"), pps);
+    change(&mut rule.limits);
+    rule
+}
+
+#[test]
+fn cheap_frames_keep_under_1_100_of_a_window_over_the_epochs_it_spans() {
+    // floor(allowance / (100 * (ceil(W / 1 s) + 1))): a 1 s window spans
+    // at most two epochs.
+    assert_eq!(cheap_frames_of(limit_with(1_000, |_| {})), 5, "1000 / 200");
+    assert_eq!(
+        cheap_frames_of(limit_with(10_000, |_| {})),
+        50,
+        "10000 / 200"
+    );
+    assert_eq!(
+        cheap_frames_of(limit_with(200, |_| {})),
+        1,
+        "the first rate with one"
+    );
+    assert_eq!(cheap_frames_of(limit_with(199, |_| {})), 0);
+    assert_eq!(
+        cheap_frames_of(limit_with(10, |_| {})),
+        0,
+        "small limits see every frame"
+    );
+    assert_eq!(
+        cheap_frames_of(limit_with(100_000, |_| {})),
+        MAX_CHEAP_FRAMES as u8,
+        "500 capped"
+    );
+    // The allowance counts, burst included, and so do the epochs a window
+    // spans: 10 s spans 11, 1.5 s three (as many as 2 s).
+    assert_eq!(
+        cheap_frames_of(limit_with(1_000, |l| l.burst_packets = 200)),
+        6,
+        "1200 / 200"
+    );
+    assert_eq!(
+        cheap_frames_of(limit_with(1_000, |l| l.window = Duration::from_secs(10))),
+        9,
+        "10000 / (100 * 11)"
+    );
+    assert_eq!(
+        cheap_frames_of(limit_with(10_000, |l| l.window = Duration::from_millis(1500))),
+        50,
+        "15000 / (100 * 3)"
+    );
+    assert_eq!(
+        cheap_frames_of(limit_with(10_000, |l| l.window = Duration::from_secs(2))),
+        64,
+        "20000 / (100 * 3), capped"
+    );
+}
+
+#[test]
+fn cheap_frames_under_a_byte_limit_count_each_frame_as_4096_bytes() {
+    let bytes = |bps: u64| {
+        let mut rule = limit_with(1, |l| l.bytes_per_second = Some(bps));
+        rule.limits.pps = None;
+        cheap_frames_of(rule)
+    };
+    assert_eq!(bytes(10_000_000), 12, "10 MB / (100 * 2 * 4096)");
+    assert_eq!(bytes(800_000), 0, "under one frame of 4096 bytes");
+    // Both limits: the stricter share.
+    assert_eq!(
+        cheap_frames_of(limit_with(100_000, |l| l.bytes_per_second = Some(10_000_000))),
+        12
+    );
+}
+
+#[test]
+fn cheap_frames_are_none_under_a_penalty_and_the_stateless_threshold_for_allow_and_deny() {
+    assert_eq!(
+        cheap_frames_of(limit_with(100_000, |l| l.block = Some(Duration::from_secs(30)))),
+        0,
+        "a blocked source must have every frame dropped"
+    );
+    for action in [Action::Allow, Action::Deny] {
+        assert_eq!(
+            cheap_frames_of(RuleSpec::with_action(net("192.0.2.0/24"), action)),
+            sketch::HOT_FRAMES as u8,
+            "{action:?}"
+        );
+    }
+}
+
+#[test]
+fn cheap_max_is_the_largest_cheap_frames_and_untiered_sets_have_none() {
+    let rules = vec![
+        limit_with(10_000, |_| {}),
+        RuleSpec::limit(net("198.51.100.0/24"), 10),
+    ];
+    let c = compile(&tiered(rules.clone()), 0, 2).unwrap();
+    assert!(c.config.tiered());
+    let cheap: Vec<u8> = c.rules.iter().map(|r| r.cheap_frames).collect();
+    assert_eq!(cheap, [5, 50, 0], "default 1000 pps, 10,000 pps, 10 pps");
+    assert_eq!(c.config.cheap_max, 50);
+
+    let mut with_allow = rules.clone();
+    with_allow.push(RuleSpec::with_action(net("203.0.113.0/24"), Action::Allow));
+    let c = compile(&tiered(with_allow.clone()), 0, 2).unwrap();
+    assert_eq!(c.config.cheap_max, sketch::HOT_FRAMES as u8);
+
+    let c = compile(&set(with_allow), 0, 2).unwrap();
+    assert!(!c.config.tiered());
+    assert_eq!(c.config.cheap_max, 0);
+    assert!(
+        c.rules.iter().all(|r| r.cheap_frames == 0),
+        "tiers off: no cheap frames anywhere"
+    );
 }

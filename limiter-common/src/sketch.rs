@@ -1,0 +1,280 @@
+//! The cold tier: epoch-tagged frame counters that every CPU shares
+//! (`SKETCH`), found by a keyed hash of the source key. What a source's
+//! counters read is at least the frames it sent in the current epoch
+//! (other sources hashing to the same counters only add to them), so "at
+//! most `T` counted" is a sound test for "sent at most `T` frames this
+//! epoch", whatever the flood around it: sharing counters can only make a
+//! source look busier, never quieter.
+//!
+//! A word is a `u64`: an 8-bit epoch tag and seven 8-bit counters. A
+//! source owns two of the seven counters of its word (a count-min sketch
+//! of two rows whose rows share the word) and reads the smaller; a frame
+//! raises that by one, each counter only as far as needed (conservative
+//! update). One compare-and-swap of the whole word counts a frame, so
+//! frames are totally ordered per word and the k-th frame of a source in
+//! an epoch reads a count of at least k: the bound is exact, on any number
+//! of CPUs. A word of another epoch reads as zero and restarts on its first
+//! frame of the new epoch, so the sketch is never cleared.
+//!
+//! Size: 2^16 words, 512 KiB, whatever the CPU count. Large enough that a
+//! spoofed flood near a million frames an epoch leaves few of its
+//! one-frame sources reading more than a small rule's `cheap_frames` (a
+//! host simulation of 900,000 one-frame sources against 5 cheap frames:
+//! 0.3% read more, against 13% with 2^15 words; each such frame creates a
+//! window, an LRU insert), small enough to stay in the last-level cache (a
+//! larger sketch costs a new source more in cache misses than it saves:
+//! docs/benchmarks.md). Two counters
+//! of seven per source keep the noise of a flood low (another source adds
+//! to both of a source's counters only when it has the same word and the
+//! same pair, one chance in 21 within a word).
+
+/// Words in the sketch.
+pub const WORDS: u32 = 1 << 16;
+/// A source that sends more than this many frames in an epoch is busy: it
+/// gets per-CPU state (for its leases, which make a busy source's frames
+/// cheap), and the sketch stops counting it (its counters are then only
+/// read, so a flood from one source does not bounce a cache line between
+/// CPUs).
+pub const HOT_FRAMES: u32 = 200;
+/// Length of an epoch: counts start afresh every second.
+pub const EPOCH_NS: u64 = 1_000_000_000;
+/// Counters per word.
+pub const SLOTS: u32 = 7;
+/// The largest count a counter holds (it saturates there).
+pub const MAX_COUNT: u32 = 255;
+const TAG_SHIFT: u32 = 56;
+
+/// Where a source counts: its word and its two counters in it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Place {
+    pub word: u32,
+    a: u32,
+    b: u32,
+}
+
+/// The epoch tag of time `now_ns`.
+#[inline(always)]
+pub const fn tag(now_ns: u64) -> u64 {
+    (now_ns / EPOCH_NS) & 0xff
+}
+
+#[inline(always)]
+const fn counter(word: u64, slot: u32) -> u32 {
+    ((word >> (slot * 8)) & 0xff) as u32
+}
+
+/// What a source at `place` reads in `word` for the epoch tagged `tag`:
+/// the smaller of its two counters (zero for a word of another epoch).
+#[inline(always)]
+pub const fn count(word: u64, tag: u64, place: Place) -> u32 {
+    if word >> TAG_SHIFT != tag {
+        return 0;
+    }
+    let (a, b) = (counter(word, place.a), counter(word, place.b));
+    if a < b {
+        a
+    } else {
+        b
+    }
+}
+
+/// `word` with one more frame of the source at `place` in the epoch
+/// tagged `tag` (restarted if it held another epoch), by conservative
+/// update: what the source reads goes up by one (saturating at
+/// [`MAX_COUNT`]), and each of its two counters only as far as that, so a
+/// counter another source already pushed higher stays as it is. The
+/// source still reads at least its own frames (both counters are at least
+/// what it read, plus one), while a flood of other sources adds to
+/// counters about half as fast as adding one to both would.
+#[inline(always)]
+pub const fn bumped(word: u64, tag: u64, place: Place) -> u64 {
+    let mut word = if word >> TAG_SHIFT == tag {
+        word
+    } else {
+        tag << TAG_SHIFT
+    };
+    let (a, b) = (counter(word, place.a), counter(word, place.b));
+    let least = if a < b { a } else { b };
+    let target = if least < MAX_COUNT { least + 1 } else { least };
+    if a < target {
+        word += ((target - a) as u64) << (place.a * 8);
+    }
+    if b < target {
+        word += ((target - b) as u64) << (place.b * 8);
+    }
+    word
+}
+
+/// One mixing round of the hash (a multiply-xorshift, cheap in BPF).
+#[inline(always)]
+const fn mix(hash: u32, word: u32) -> u32 {
+    let h = (hash ^ word).wrapping_mul(0x9e37_79b1);
+    h ^ (h >> 15)
+}
+
+/// Where a source counts: a hash of its key's address, prefix length and
+/// class, keyed by `seed` (chosen at random by userspace, so that nobody
+/// outside can aim frames at one word).
+#[inline(always)]
+pub fn place(addr: &[u8; 16], ipv6: bool, prefix_len: u8, class: u8, seed: u32) -> Place {
+    let word = |i: usize| u32::from_le_bytes([addr[i], addr[i + 1], addr[i + 2], addr[i + 3]]);
+    let mut hash = mix(seed, word(0));
+    if ipv6 {
+        hash = mix(hash, word(4));
+        hash = mix(hash, word(8));
+        hash = mix(hash, word(12));
+    }
+    hash = mix(hash, (u32::from(prefix_len) << 8) | u32::from(class));
+    // The top bits pick the word (they are the best mixed); the pair of
+    // counters, any two distinct of the seven, comes from the bits below
+    // them (independent of the word: sources sharing a word spread over
+    // its 21 pairs), by multiply-shift range reduction (a remainder would
+    // be a division, slow in BPF).
+    let word_bits = WORDS.trailing_zeros();
+    let range = |value: u32, n: u32| ((u64::from(value) * u64::from(n)) >> 32) as u32;
+    let a = range(hash << word_bits, SLOTS);
+    let mut b = a + 1 + range(hash << (32 - 8), SLOTS - 1);
+    if b >= SLOTS {
+        b -= SLOTS;
+    }
+    Place {
+        word: hash >> (32 - word_bits),
+        a,
+        b,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v4(i: u32) -> [u8; 16] {
+        let mut addr = [0u8; 16];
+        addr[..4].copy_from_slice(&i.to_be_bytes());
+        addr
+    }
+
+    #[test]
+    fn counts_restart_each_epoch_and_saturate() {
+        let place = place(&v4(0x0a00_0001), false, 32, 0, 7);
+        let t = tag(5 * EPOCH_NS);
+        let mut word = 0;
+        for expected in 1..=3 {
+            word = bumped(word, t, place);
+            assert_eq!(count(word, t, place), expected);
+        }
+        let next = tag(6 * EPOCH_NS);
+        assert_eq!(count(word, next, place), 0, "another epoch reads as zero");
+        assert_eq!(count(bumped(word, next, place), next, place), 1);
+        for _ in 0..300 {
+            word = bumped(word, t, place);
+        }
+        assert_eq!(count(word, t, place), MAX_COUNT);
+        // Tags wrap after 256 epochs: an epoch 256 later reads the same.
+        assert_eq!(tag(0), tag(256 * EPOCH_NS));
+    }
+
+    #[test]
+    fn other_sources_only_add() {
+        let t = tag(0);
+        let mine = place(&v4(0x0a00_0001), false, 32, 0, 7);
+        let mut word = 0;
+        // Every possible pair of the word, including mine, counts too.
+        for a in 0..SLOTS {
+            for b in 0..SLOTS {
+                if a != b {
+                    word = bumped(word, t, Place { word: 0, a, b });
+                }
+            }
+        }
+        let before = count(word, t, mine);
+        assert!(before >= 2, "my pair was counted twice: {before}");
+        assert_eq!(count(bumped(word, t, mine), t, mine), before + 1);
+    }
+
+    /// Whatever other sources of the word do, a source reads at least the
+    /// frames it sent this epoch (the exactness of the cheap tier's bound
+    /// rests on it), and its k-th frame reads exactly k while nobody
+    /// shares its counters.
+    #[test]
+    fn a_source_never_reads_less_than_it_sent() {
+        let t = tag(0);
+        let mut lcg = 0x2545_f491_4f6c_dd1d_u64;
+        let mut next = |n: u32| {
+            lcg = lcg
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            ((lcg >> 33) % u64::from(n)) as u32
+        };
+        for _ in 0..200 {
+            // A dozen sources in one word, each with its own pair.
+            let places: std::vec::Vec<Place> = (0..12)
+                .map(|_| {
+                    let a = next(SLOTS);
+                    let b = (a + 1 + next(SLOTS - 1)) % SLOTS;
+                    Place { word: 0, a, b }
+                })
+                .collect();
+            let mut sent = [0u32; 12];
+            let mut word = 0;
+            for _ in 0..120 {
+                let i = next(12) as usize;
+                word = bumped(word, t, places[i]);
+                sent[i] += 1;
+                for (place, sent) in places.iter().zip(&sent) {
+                    assert!(count(word, t, *place) >= *sent);
+                }
+            }
+        }
+        let alone = place(&v4(0x0a00_0001), false, 32, 0, 7);
+        let mut word = 0;
+        for k in 1..=5 {
+            word = bumped(word, t, alone);
+            assert_eq!(count(word, t, alone), k);
+        }
+    }
+
+    /// Sources that share a word must spread over its pairs, or a busy
+    /// source makes every neighbour look busy: the pair must not come
+    /// from the bits that chose the word.
+    #[test]
+    fn sources_of_one_word_spread_over_its_pairs() {
+        let mut pairs: std::collections::BTreeMap<u32, std::collections::BTreeSet<(u32, u32)>> =
+            std::collections::BTreeMap::new();
+        for i in 0u32..61 * WORDS {
+            let p = place(&v4(0x0a00_0000 + i), false, 32, 0, 7);
+            if p.word < 256 {
+                pairs.entry(p.word).or_default().insert((p.a, p.b));
+            }
+        }
+        // About 61 sources a word over 42 ordered pairs: about 32 distinct.
+        let mean = pairs.values().map(|s| s.len()).sum::<usize>() as f64 / pairs.len() as f64;
+        assert!(mean > 25.0, "{mean:.1} distinct pairs per word");
+    }
+
+    #[test]
+    fn places_spread_over_the_words_and_pairs_and_depend_on_the_seed() {
+        let mut words = std::vec![0u32; 256];
+        let mut pairs = [[0u32; SLOTS as usize]; SLOTS as usize];
+        for i in 0u32..200_000 {
+            let p = place(&v4(0x0a00_0000 + i), false, 32, 0, 7);
+            assert!(p.word < WORDS && p.a < SLOTS && p.b < SLOTS && p.a != p.b);
+            words[(p.word >> (WORDS.trailing_zeros() - 8)) as usize] += 1;
+            pairs[p.a as usize][p.b as usize] += 1;
+        }
+        // 200,000 keys over 256 groups of words: about 781 each.
+        let (min, max) = (words.iter().min().unwrap(), words.iter().max().unwrap());
+        assert!(*min > 600 && *max < 1000, "uneven words: {min}..{max}");
+        // Over the 42 ordered pairs: about 4,762 each.
+        for (a, row) in pairs.iter().enumerate() {
+            for (b, n) in row.iter().enumerate() {
+                if a != b {
+                    assert!(*n > 3_500 && *n < 6_000, "pair {a},{b}: {n}");
+                }
+            }
+        }
+        let addr = v4(0x0a00_0001);
+        assert_ne!(place(&addr, false, 32, 0, 1), place(&addr, false, 32, 0, 2));
+        assert_ne!(place(&addr, false, 32, 0, 1), place(&addr, false, 32, 1, 1));
+    }
+}

@@ -1,0 +1,730 @@
+//! Kernel tests of the tiered source state (`RuleSet { tiered: true }`)
+//! through BPF_PROG_TEST_RUN: a flood is admitted at its limit plus at
+//! most the cheap tier's frames, on one CPU and on both; a window created
+//! on promotion carries what the cheap tier admitted; a steady source is
+//! never dropped while five million spoofed sources share the cheap tier,
+//! which gives them (almost) no per-source state; a churn of five million sources
+//! through a small exact tier frees neither a limited nor a blocked
+//! source; and allow, deny and limit judge cheap frames without state.
+//!
+//! Frames are placed in windows and epochs by the kernel's own coarse
+//! clock (`testrun::coarse_now`), as in `limiter.rs`.
+
+use std::{
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    ops::Range,
+    sync::atomic::{AtomicBool, Ordering},
+    thread,
+    time::{Duration, Instant},
+};
+
+use aya::programs::Xdp;
+use limiter_common::{
+    prefix_mask, rules::rules_base, sketch, sketch::Place, Action, AddressFamily, Counter, Outcome,
+    Rule, SourceKey,
+};
+use limiter_tests::{
+    net,
+    packets::{self, DST4, DST6},
+    testrun::{
+        self, coarse_now, frames, on_cpu, online_cpus, paced, paced_while, per_window, verdict,
+        Harness, Pacing, Start, XDP_DROP, XDP_PASS,
+    },
+};
+use limiter_user::{
+    kernel::{read, LoadOptions},
+    rules::{RuleSet, RuleSpec},
+};
+
+/// A tiered rule set: `default` for every source no rule of `rules`
+/// covers.
+fn tiered(default: RuleSpec, rules: Vec<RuleSpec>) -> RuleSet {
+    RuleSet {
+        rules,
+        tiered: true,
+        ..RuleSet::with_default(default)
+    }
+}
+
+/// A `limit` rule for `cidr` at `pps` (1 s window, no burst, no penalty).
+fn limit(cidr: &str, pps: u64) -> RuleSpec {
+    RuleSpec::limit(net(cidr), pps)
+}
+
+/// A harness with `options` and `set` pushed as the first generation.
+fn harness_with(set: &RuleSet, options: &LoadOptions) -> Harness {
+    let mut harness = Harness::load_with(options);
+    assert_eq!(harness.push(set), 1, "first generation");
+    harness
+}
+
+/// Rule `i` of the first generation (0: the default) as the kernel reads
+/// it: the tests take `cheap_frames` and the allowance from what was
+/// compiled and pushed, not from their own copy of the formula.
+fn rule(harness: &Harness, i: u32) -> Rule {
+    harness
+        .maps()
+        .rule(rules_base(1) + i)
+        .expect("the rule in RULES")
+}
+
+/// The most frames a window of `rule` may admit: its allowance, plus the
+/// frames the cheap tier admits without counting them (`cheap_frames` per
+/// epoch, in each of the at most `ceil(W / epoch) + 1` epochs a window of
+/// `W` overlaps): the bound `cheap_frames` is sized by (limiter-user's
+/// `rules/compile.rs`), at most 1% of the allowance over it.
+fn tiered_bound(rule: &Rule) -> u64 {
+    rule.allowance_packets + u64::from(rule.cheap_frames) * epochs_per_window(rule)
+}
+
+/// The epochs of the cheap tier a window of `rule` overlaps at most.
+fn epochs_per_window(rule: &Rule) -> u64 {
+    (rule.bucket_ns * u64::from(rule.buckets)).div_ceil(sketch::EPOCH_NS) + 1
+}
+
+fn window_of(rule: &Rule) -> Duration {
+    Duration::from_nanos(rule.bucket_ns * u64::from(rule.buckets))
+}
+
+fn udp4(src: Ipv4Addr) -> Vec<u8> {
+    packets::udp_v4(src, DST4, 9999, 18)
+}
+
+fn udp6(src: Ipv6Addr) -> Vec<u8> {
+    packets::udp_v6(src, DST6, 9999, 18)
+}
+
+/// The cheap tier's epoch the kernel's clock is in.
+fn epoch_now() -> u64 {
+    coarse_now().as_nanos() as u64 / sketch::EPOCH_NS
+}
+
+/// Waits for the first 50 ms of an epoch of the cheap tier (its counts
+/// restart every second), so that a burst of a few milliseconds stays in
+/// one epoch; returns the epoch. Polls the kernel's clock.
+fn at_epoch_start() -> u64 {
+    let within = Duration::from_millis(50).as_nanos() as u64;
+    loop {
+        let now = coarse_now().as_nanos() as u64;
+        if now % sketch::EPOCH_NS < within {
+            return now / sketch::EPOCH_NS;
+        }
+        thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Asserts that the kernel's clock is still in `epoch`: what ran since
+/// [`at_epoch_start`] counted in one epoch (a machine stalled for most of
+/// a second would void the test, and says so).
+#[track_caller]
+fn assert_same_epoch(epoch: u64) {
+    assert_eq!(
+        epoch_now(),
+        epoch,
+        "the burst crossed an epoch boundary: the machine stalled for most of a second"
+    );
+}
+
+/// Spoofed source `i`: even `i` from 10.0.0.0/8, odd `i` from
+/// 2001:db8::/32 (a /64 of its own: IPv6 sources are keyed by /64).
+/// Distinct for `i` below 2^25.
+fn spoofed(i: u32) -> IpAddr {
+    let j = i / 2;
+    if i.is_multiple_of(2) {
+        IpAddr::V4(Ipv4Addr::from(0x0a00_0000 | j))
+    } else {
+        let [_, a, b, c] = j.to_be_bytes();
+        IpAddr::V6(Ipv6Addr::new(
+            0x2001,
+            0xdb8,
+            u16::from(a),
+            u16::from_be_bytes([b, c]),
+            0,
+            0,
+            0,
+            1,
+        ))
+    }
+}
+
+/// One frame from each spoofed source of `sources`, on the calling
+/// thread's CPU, as fast as BPF_PROG_TEST_RUN goes; what passed (the
+/// IPv6 frames are longer: bytes differ from `frames(n, len)`).
+/// The frames are two buffers with their source rewritten (five million
+/// frames never exist at once).
+fn spray(program: &Xdp, sources: Range<u32>) -> Counter {
+    let mut v4 = udp4(Ipv4Addr::UNSPECIFIED);
+    let mut v6 = udp6(Ipv6Addr::UNSPECIFIED);
+    let mut passed = Counter::default();
+    for i in sources {
+        let source = spoofed(i);
+        let frame = if source.is_ipv4() { &mut v4 } else { &mut v6 };
+        packets::set_source(frame, source);
+        match verdict(program, frame) {
+            XDP_PASS => passed.add(frame.len() as u64),
+            XDP_DROP => {}
+            other => panic!("spoofed source {source}: unexpected verdict {other}"),
+        }
+    }
+    passed
+}
+
+/// The five million sources of the issue's flood and churn.
+const SPOOFED: u32 = 5_000_000;
+
+/// The flood tests: 10,000 pps, a 1 s window, so `cheap_frames` is 50 (a
+/// visible share: a bound off by the cheap frames fails), offered at 10x.
+const FLOOD_PPS: u64 = 10_000;
+const FLOOD_WINDOWS: usize = 4;
+
+/// Every window admits at least 99% of the allowance and at most
+/// [`tiered_bound`].
+#[track_caller]
+fn assert_exact_with_tiers(counts: &[u64], rule: &Rule) {
+    let (low, high) = (rule.allowance_packets * 99 / 100, tiered_bound(rule));
+    for (k, admitted) in counts.iter().enumerate() {
+        assert!(
+            (low..=high).contains(admitted),
+            "window {k}: {admitted} admitted, allowed {low}..={high} (allowance {}, {} cheap \
+             frames per epoch); all windows {counts:?}",
+            rule.allowance_packets,
+            rule.cheap_frames
+        );
+    }
+}
+
+/// The cheap tier admitted at most `cheap_frames` in each epoch the flood
+/// touched (its windows span at most `FLOOD_WINDOWS + 1`), the source got
+/// its window and its per-CPU state once, and every frame was passed or
+/// dropped by the limit.
+#[track_caller]
+fn assert_flood_outcomes(harness: &Harness, rule: &Rule, passed: u64, dropped: u64, len: usize) {
+    let cheap = harness.outcome_total(Outcome::Cheap).packets;
+    let epochs = FLOOD_WINDOWS as u64 + 1;
+    assert!(
+        cheap <= u64::from(rule.cheap_frames) * epochs,
+        "{cheap} cheap frames over {epochs} epochs"
+    );
+    harness.assert_outcomes(&[
+        (Outcome::Passed, frames(passed, len)),
+        (Outcome::DroppedLimit, frames(dropped, len)),
+        (Outcome::Cheap, frames(cheap, len)),
+        (Outcome::NewWindow, frames(1, len)),
+        (Outcome::NewSource, frames(1, len)),
+    ]);
+}
+
+#[test]
+fn a_10x_flood_from_one_cpu_gets_its_limit_plus_at_most_the_cheap_frames() {
+    let mut harness = harness_with(
+        &tiered(limit("0.0.0.0/0", FLOOD_PPS), vec![]),
+        &LoadOptions::default(),
+    );
+    let rule = rule(&harness, 0);
+    assert!(rule.cheap_frames > 0, "the cheap tier takes part");
+    let frame = udp4(Ipv4Addr::new(192, 0, 2, 50));
+    let run = paced(
+        harness.program(),
+        0,
+        &frame,
+        10 * FLOOD_PPS,
+        Start::now(),
+        window_of(&rule) * FLOOD_WINDOWS as u32,
+        Pacing::CatchUp,
+    );
+    let windows = FLOOD_WINDOWS as u64;
+    assert!(
+        run.offered >= 9 * FLOOD_PPS * windows,
+        "offered {}",
+        run.offered
+    );
+    assert_exact_with_tiers(
+        &per_window(&run.passed_at, window_of(&rule), FLOOD_WINDOWS),
+        &rule,
+    );
+    assert_flood_outcomes(
+        &harness,
+        &rule,
+        run.passed_at.len() as u64,
+        run.dropped,
+        frame.len(),
+    );
+}
+
+#[test]
+fn a_10x_flood_over_both_cpus_gets_its_limit_plus_at_most_the_cheap_frames() {
+    let mut harness = harness_with(
+        &tiered(limit("0.0.0.0/0", FLOOD_PPS), vec![]),
+        &LoadOptions::default(),
+    );
+    let rule = rule(&harness, 0);
+    let frame = udp4(Ipv4Addr::new(192, 0, 2, 51));
+    let duration = window_of(&rule) * FLOOD_WINDOWS as u32;
+    let ([a, b], passed_at) =
+        testrun::paced_on_both_cpus(harness.program(), &frame, 5 * FLOOD_PPS, duration);
+    assert_exact_with_tiers(
+        &per_window(&passed_at, window_of(&rule), FLOOD_WINDOWS),
+        &rule,
+    );
+    assert_flood_outcomes(
+        &harness,
+        &rule,
+        passed_at.len() as u64,
+        a.dropped + b.dropped,
+        frame.len(),
+    );
+}
+
+/// A burst of twice the allowance at the start of an epoch, from `cpus`
+/// at once (each sending its share as fast as it can); frames admitted.
+fn burst_at_epoch_start(harness: &mut Harness, cpus: &[usize], frame: &[u8], total: u64) -> u64 {
+    let program = harness.program();
+    let share = total / cpus.len() as u64;
+    let epoch = at_epoch_start();
+    let passed = thread::scope(|scope| {
+        let senders: Vec<_> = cpus
+            .iter()
+            .map(|&cpu| {
+                scope.spawn(move || {
+                    on_cpu(cpu, || {
+                        (0..share)
+                            .filter(|_| verdict(program, frame) == XDP_PASS)
+                            .count() as u64
+                    })
+                })
+            })
+            .collect();
+        senders.into_iter().map(|s| s.join().unwrap()).sum()
+    });
+    assert_same_epoch(epoch);
+    passed
+}
+
+/// The window a source gets once past the cheap tier carries the frames
+/// the cheap tier admitted for it this epoch: a burst at the start of an
+/// epoch (all its frames in one epoch and one window) gets at most the
+/// allowance in all, not the allowance plus the cheap frames.
+#[test]
+fn a_window_created_on_promotion_carries_what_the_cheap_tier_admitted() {
+    for cpus in [&[0][..], &[0, 1][..]] {
+        let mut harness = harness_with(
+            &tiered(limit("0.0.0.0/0", FLOOD_PPS), vec![]),
+            &LoadOptions::default(),
+        );
+        let rule = rule(&harness, 0);
+        assert!(rule.cheap_frames > 0, "the cheap tier takes part");
+        let allowance = rule.allowance_packets;
+        let frame = udp4(Ipv4Addr::new(192, 0, 2, 60));
+        let passed = burst_at_epoch_start(&mut harness, cpus, &frame, 2 * allowance);
+        assert!(
+            passed <= allowance,
+            "CPUs {cpus:?}: {passed} admitted in the first window, allowance {allowance} \
+             ({} cheap frames not carried?)",
+            rule.cheap_frames
+        );
+        assert!(
+            passed >= allowance * 99 / 100,
+            "CPUs {cpus:?}: only {passed} admitted of {allowance}"
+        );
+        // Exactly the rule's cheap frames were judged in the cheap tier
+        // (the sketch orders the frames of all CPUs), and the window that
+        // counted the rest was created once.
+        assert_eq!(
+            harness.outcome_total(Outcome::Cheap).packets,
+            u64::from(rule.cheap_frames),
+            "CPUs {cpus:?}"
+        );
+        assert_eq!(
+            harness.outcome_total(Outcome::NewWindow).packets,
+            1,
+            "CPUs {cpus:?}"
+        );
+    }
+}
+
+/// The key the kernel gives spoofed source `i` ([`spoofed`]): IPv4 by
+/// /32, IPv6 by /64, class 0 (these rule sets have no matches).
+fn spoofed_key(i: u32) -> SourceKey {
+    match spoofed(i) {
+        IpAddr::V4(addr) => SourceKey::v4(addr.octets()),
+        IpAddr::V6(addr) => SourceKey::v6(addr.octets()).masked(64, &prefix_mask(64)),
+    }
+}
+
+/// Where `key` counts in the cheap tier of a program whose sketch is
+/// keyed by `seed`: the kernel's own `sketch::place`.
+fn place_of(key: &SourceKey, seed: u32) -> Place {
+    let ipv6 = key.family() == AddressFamily::V6;
+    sketch::place(&key.addr, ipv6, key.prefix_len, key.class, seed)
+}
+
+/// Whether a source at `other` counts in both counters of a source at
+/// `mine` (the same word and the same two counters, in either order), and
+/// so reads at least what `mine` sent: in a word where only `mine` has
+/// counted one frame, `other` reads that frame exactly when both its
+/// counters are `mine`'s.
+fn shares_both_counters(mine: Place, other: Place) -> bool {
+    let tag = sketch::tag(0);
+    let word = sketch::bumped(0, tag, mine);
+    mine.word == other.word && sketch::count(word, tag, other) == 1
+}
+
+/// A source at 95% of its limit loses nothing while five million spoofed
+/// sources, one frame each, go through the cheap tier it shares with them
+/// (their frames add to its counters: it only looks busier), and the
+/// flood gets (almost) no per-source state.
+#[test]
+fn a_steady_source_is_never_dropped_while_5m_spoofed_sources_share_the_cheap_tier() {
+    assert!(online_cpus() >= 2, "this test needs two CPUs");
+    // The flood's prefixes at 10,000 pps (50 cheap frames per epoch); the
+    // steady source under the default, 1,000 pps. (Under the default's 3
+    // cheap frames the flood would not stay cheap at these rates: most
+    // counters pass 3 within an epoch.)
+    let set = tiered(
+        limit("0.0.0.0/0", 1_000),
+        vec![limit("10.0.0.0/8", 10_000), limit("2001:db8::/32", 10_000)],
+    );
+    let mut harness = harness_with(&set, &LoadOptions::default());
+    let steady_rule = rule(&harness, 0);
+    let flood_rule = rule(&harness, 1);
+    assert_eq!(
+        flood_rule.cheap_frames,
+        rule(&harness, 2).cheap_frames,
+        "both flood prefixes alike"
+    );
+    assert!(
+        flood_rule.cheap_frames >= 50,
+        "the derivation below assumes 50: {}",
+        flood_rule.cheap_frames
+    );
+    let steady_key = SourceKey::v4([192, 0, 2, 52]);
+    let steady = udp4(Ipv4Addr::new(192, 0, 2, 52));
+    let steady_pps = steady_rule.allowance_packets * 95 / 100;
+    let flooding = AtomicBool::new(true);
+    let program = harness.program();
+    let started = Instant::now();
+    let (run, flood_passed, flood_time) = thread::scope(|scope| {
+        let flooding = &flooding;
+        let sender = scope.spawn(|| {
+            paced_while(
+                program,
+                0,
+                &steady,
+                steady_pps,
+                Start::now(),
+                Pacing::Skip,
+                |_| flooding.load(Ordering::Relaxed),
+            )
+        });
+        let flood = on_cpu(1, || spray(program, 0..SPOOFED));
+        let flood_time = started.elapsed();
+        flooding.store(false, Ordering::Relaxed);
+        (sender.join().unwrap(), flood, flood_time)
+    });
+    let rate = f64::from(SPOOFED) / flood_time.as_secs_f64();
+    assert_eq!(
+        run.dropped, 0,
+        "the steady source lost frames ({} offered, flood at {rate:.0} frames/s)",
+        run.offered
+    );
+    assert!(
+        run.offered >= steady_pps,
+        "the steady source ran alongside the flood: {} frames",
+        run.offered
+    );
+    assert_eq!(
+        flood_passed.packets,
+        u64::from(SPOOFED),
+        "a one-frame source is under its limit"
+    );
+    assert_eq!(
+        harness.outcome_total(Outcome::InsertFailure).packets,
+        0,
+        "no map ever refused"
+    );
+
+    // The steady source got one window and per-CPU state (it is busy); the
+    // rest is the flood's.
+    let flood_windows = harness.outcome_total(Outcome::NewWindow).packets - 1;
+    let flood_hot = harness.outcome_total(Outcome::NewSource).packets - 1;
+    let stateful = read::windows(harness.maps()).expect("read WINDOWS").len() as u64;
+    assert_eq!(stateful, 1 + flood_windows, "every window still there");
+    let cheap = harness.outcome_total(Outcome::Cheap).packets;
+    assert!(
+        cheap >= u64::from(SPOOFED) - flood_windows,
+        "flood frames judged in the cheap tier: {cheap}"
+    );
+    // What the flood can cost. A flood source leaves the cheap tier only if
+    // the smaller of its two counters exceeds 50 after its one frame. One
+    // thread of BPF_PROG_TEST_RUN runs at most about a million frames a
+    // second (a run costs over 1 us), so a word of the 2^16 gets at most
+    // about 15 flood frames an epoch, each counted in two of its seven
+    // counters: a counter ends an epoch at most near 2 * 15 / 7 = 5
+    // (conservative update raises fewer), and 50 in both is out of reach
+    // (a Poisson tail far below 1e-9 per frame). But the steady source is
+    // busy: the sketch counts each of its epochs to
+    // 201 (`HOT_FRAMES` + 1) in both its counters, and a flood source with
+    // both of those counters reads 201 and is taken for busy, getting a
+    // window and per-CPU state on its one frame. Those are the flood
+    // sources that may get state: at most the ones sharing both counters
+    // with the steady source. Any other source of state fails the first
+    // bound, 1% of the flood (a cheap tier that stopped applying would
+    // give every flood source a window: 100%).
+    let one_percent = u64::from(SPOOFED) / 100;
+    assert!(
+        flood_windows < one_percent && flood_hot < one_percent,
+        "the flood ({rate:.0} frames/s) created {flood_windows} windows and {flood_hot} \
+         per-CPU entries, limit {one_percent}"
+    );
+    // How many share them follows from the sketch's promise (sketch.rs):
+    // a source of the same word has the same two counters one time in 21
+    // (the pairs of seven). The flood sources of the steady source's word
+    // are counted here with the kernel's own hash and seed, and the bound
+    // is three times that share (a binomial of about 150 draws at 1/21:
+    // about 7 expected, 21 over five standard deviations away).
+    let seed = harness.maps().live_config().expect("CONFIG").sketch_seed;
+    let steady_place = place_of(&steady_key, seed);
+    let (mut word_mates, mut pair_mates) = (0u64, 0u64);
+    for i in 0..SPOOFED {
+        let place = place_of(&spoofed_key(i), seed);
+        if place.word == steady_place.word {
+            word_mates += 1;
+            pair_mates += u64::from(shares_both_counters(steady_place, place));
+        }
+    }
+    let pairs = u64::from(sketch::SLOTS * (sketch::SLOTS - 1) / 2);
+    let bound = 3 * word_mates / pairs;
+    assert!(
+        flood_windows <= bound && flood_hot <= bound,
+        "the flood created {flood_windows} windows and {flood_hot} per-CPU entries, more than \
+         {bound} (3/{pairs} of the {word_mates} flood sources in the steady source's sketch \
+         word): {pair_mates} of those share both its counters, not about 1 in {pairs}"
+    );
+}
+
+/// A churn of five million sources through an exact tier of 4,096
+/// windows (every churn source takes a window; `WINDOWS` evicts all the
+/// time) frees neither a limited source nor a blocked one: a limited
+/// source gets no fresh allowance within its window, a blocked source
+/// stays blocked, also one that was silent during the churn and lost its
+/// window to it (its penalty comes back from `HOLDS`).
+#[test]
+fn a_5m_source_churn_frees_neither_a_limited_nor_a_blocked_source() {
+    assert!(online_cpus() >= 2, "this test needs two CPUs");
+    const WINDOWS: u32 = 4_096;
+    // The churn: 100 pps, so no cheap frames; a one-frame source takes a
+    // window in the exact tier and stays there (1 of 100: not near its
+    // limit), so the churn goes through `WINDOWS` alone.
+    let churn = |cidr| limit(cidr, 100);
+    // The limited source: 60 frames a minute, no penalty; its window
+    // outlasts the churn, so no frame of it may pass during the churn.
+    let mut limited_rule = limit("192.0.2.0/24", 1);
+    limited_rule.limits.window = Duration::from_secs(60);
+    // The blocked sources: 5 pps, then blocked for an hour.
+    let mut blocked_rule = limit("203.0.113.0/24", 5);
+    blocked_rule.limits.block = Some(Duration::from_secs(3600));
+    let set = tiered(
+        limit("0.0.0.0/0", 1_000),
+        vec![
+            churn("10.0.0.0/8"),
+            churn("2001:db8::/32"),
+            limited_rule,
+            blocked_rule,
+        ],
+    );
+    let mut harness = harness_with(
+        &set,
+        &LoadOptions {
+            max_sources: WINDOWS,
+            ..LoadOptions::default()
+        },
+    );
+    for (i, what) in [(1, "churn"), (2, "churn"), (3, "limited"), (4, "blocked")] {
+        assert_eq!(rule(&harness, i).cheap_frames, 0, "{what}: no cheap frames");
+    }
+    let limited_allowance = rule(&harness, 3).allowance_packets;
+    let limited_key = SourceKey::v4([192, 0, 2, 1]);
+    let limited = udp4(Ipv4Addr::new(192, 0, 2, 1));
+    // Blocked, and sending during the churn.
+    let blocked = udp4(Ipv4Addr::new(203, 0, 113, 1));
+    // Blocked, then silent during the churn.
+    let silent_key = SourceKey::v4([203, 0, 113, 2]);
+    let silent = udp4(Ipv4Addr::new(203, 0, 113, 2));
+
+    // Over their limits on CPU 0 (the blocked one refused once on CPU 1
+    // too). The limited source was never refused on CPU 1: what remembers
+    // it there once the churn has evicted its window is its hold in
+    // `HOLDS` (a window created again for it starts exhausted, whichever
+    // CPU creates it); a penalty outlives the window the same way (checked
+    // below with the silent source).
+    let limited_since = coarse_now();
+    assert_eq!(
+        harness.offer(0, &limited, limited_allowance + 1),
+        (limited_allowance, 1)
+    );
+    assert_eq!(harness.offer(0, &blocked, 6), (5, 1));
+    assert_eq!(harness.offer(1, &blocked, 1), (0, 1));
+    assert_eq!(harness.offer(0, &silent, 6), (5, 1));
+    let blocked_until = |harness: &Harness| {
+        read::windows(harness.maps()).expect("read WINDOWS")[&silent_key].blocked_until_ns
+    };
+    let silent_until = blocked_until(&harness);
+    assert!(silent_until > 0, "a penalty was armed");
+
+    // The churn, in chunks of more than the map holds, alternating CPUs;
+    // after each, one frame of the limited and one of the blocked source.
+    const CHUNK: u32 = 2 * WINDOWS;
+    let (mut churn, mut refused, mut recreated) = (Counter::default(), 0, 0);
+    let window_of_limited = |harness: &Harness| harness.maps().windows.get(&limited_key, 0).is_ok();
+    for (k, first) in (0..SPOOFED).step_by(CHUNK as usize).enumerate() {
+        let cpu = k % 2;
+        let program = harness.program();
+        let chunk = first..(first + CHUNK).min(SPOOFED);
+        churn = churn.merged(on_cpu(cpu, || spray(program, chunk)));
+        let evicted = !window_of_limited(&harness);
+        let program = harness.program();
+        let verdicts = on_cpu(cpu, || {
+            [verdict(program, &limited), verdict(program, &blocked)]
+        });
+        assert_eq!(
+            verdicts,
+            [XDP_DROP, XDP_DROP],
+            "chunk {k} on CPU {cpu}: [limited, blocked] must stay refused"
+        );
+        refused += 2;
+        if evicted && window_of_limited(&harness) {
+            recreated += 1;
+        }
+    }
+    assert!(
+        coarse_now() < limited_since + Duration::from_secs(60),
+        "the churn outlasted the limited source's window: its frames were due back"
+    );
+    assert!(
+        recreated > 0,
+        "the churn evicted the limited source's window and it looked again"
+    );
+
+    // The silent source lost its window to the churn; it comes back on
+    // the CPU that never held it (nothing per-CPU knows it is blocked
+    // there) and on the one that did: blocked, until the same time.
+    assert!(
+        !read::windows(harness.maps())
+            .expect("read WINDOWS")
+            .contains_key(&silent_key),
+        "the churn evicted the silent source's window"
+    );
+    assert_eq!(harness.offer(1, &silent, 1), (0, 1), "blocked (HOLDS)");
+    assert_eq!(
+        blocked_until(&harness),
+        silent_until,
+        "the same penalty, not a new one nor none"
+    );
+    assert_eq!(harness.offer(0, &silent, 1), (0, 1), "blocked (held)");
+
+    // The churn took windows and nothing else: each of its sources one
+    // window, per-CPU state only for the three sources that were refused
+    // (the windows of those three were created in the exact tier too).
+    let len = limited.len();
+    assert_eq!(
+        churn.packets,
+        u64::from(SPOOFED),
+        "the churn is under its limit"
+    );
+    harness.assert_outcomes(&[
+        (
+            Outcome::Passed,
+            churn.merged(frames(limited_allowance + 5 + 5, len)),
+        ),
+        (
+            Outcome::DroppedLimit,
+            // Before the churn: limited 1, blocked 2, silent 1; after: silent 2.
+            frames(refused + 1 + 2 + 1 + 2, len),
+        ),
+        (Outcome::NewWindow, churn.merged(frames(3, len))),
+        (Outcome::NewSource, frames(3, len)),
+    ]);
+}
+
+/// Allow, deny and limit judge a source's first frames of an epoch in the
+/// cheap tier: the verdict and its counters, outcome `cheap` for each, and
+/// no per-source state; the frame after the rule's cheap frames gets state.
+#[test]
+fn cheap_frames_are_judged_without_state() {
+    let set = tiered(
+        limit("0.0.0.0/0", 1_000),
+        vec![
+            RuleSpec::with_action(net("192.0.2.0/24"), Action::Allow),
+            RuleSpec::with_action(net("203.0.113.0/24"), Action::Deny),
+        ],
+    );
+    let mut harness = harness_with(&set, &LoadOptions::default());
+    let (limited, allowed, denied) = (
+        udp4(Ipv4Addr::new(198, 51, 100, 7)),
+        udp4(Ipv4Addr::new(192, 0, 2, 7)),
+        udp4(Ipv4Addr::new(203, 0, 113, 7)),
+    );
+    let len = limited.len();
+    let cheap = |i| u64::from(rule(&harness, i).cheap_frames);
+    let (limit_cheap, allow_cheap, deny_cheap) = (cheap(0), cheap(1), cheap(2));
+    assert!(limit_cheap > 0 && allow_cheap > 0 && deny_cheap > 0);
+    let stateless = |harness: &Harness| {
+        harness.traffic().is_empty()
+            && read::windows(harness.maps())
+                .expect("read WINDOWS")
+                .is_empty()
+    };
+    let deny_drops = |harness: &Harness| {
+        read::rule_drops(harness.maps()).expect("read RULE_DROPS")[(rules_base(1) + 2) as usize]
+    };
+
+    // Every cheap frame in one epoch, so that none gets a second allowance.
+    let epoch = at_epoch_start();
+    assert_eq!(harness.offer(0, &limited, limit_cheap), (limit_cheap, 0));
+    assert_eq!(harness.offer(0, &allowed, allow_cheap), (allow_cheap, 0));
+    assert_eq!(harness.offer(0, &denied, deny_cheap), (0, deny_cheap));
+    assert_same_epoch(epoch);
+    assert!(stateless(&harness), "cheap frames create no state");
+    assert_eq!(deny_drops(&harness), deny_cheap, "the deny rule's drops");
+    harness.assert_outcomes(&[
+        (Outcome::Passed, frames(limit_cheap, len)),
+        (Outcome::Allowed, frames(allow_cheap, len)),
+        (Outcome::DroppedDeny, frames(deny_cheap, len)),
+        (
+            Outcome::Cheap,
+            frames(limit_cheap + allow_cheap + deny_cheap, len),
+        ),
+    ]);
+
+    // One frame more each: the limited source takes a window (the exact
+    // tier), allow and deny take per-CPU state; the verdicts stay.
+    assert_eq!(harness.offer(0, &limited, 1), (1, 0));
+    assert_eq!(harness.offer(0, &allowed, 1), (1, 0));
+    assert_eq!(harness.offer(0, &denied, 1), (0, 1));
+    assert_same_epoch(epoch);
+    assert_eq!(deny_drops(&harness), deny_cheap + 1);
+    let windows = read::windows(harness.maps()).expect("read WINDOWS");
+    assert_eq!(
+        windows.keys().collect::<Vec<_>>(),
+        [&SourceKey::v4([198, 51, 100, 7])]
+    );
+    let hot: Vec<SourceKey> = harness.traffic().into_keys().collect();
+    assert_eq!(
+        hot,
+        [
+            SourceKey::v4([192, 0, 2, 7]),
+            SourceKey::v4([203, 0, 113, 7])
+        ]
+    );
+    harness.assert_outcomes(&[
+        (Outcome::Passed, frames(limit_cheap + 1, len)),
+        (Outcome::Allowed, frames(allow_cheap + 1, len)),
+        (Outcome::DroppedDeny, frames(deny_cheap + 1, len)),
+        (
+            Outcome::Cheap,
+            frames(limit_cheap + allow_cheap + deny_cheap, len),
+        ),
+        (Outcome::NewWindow, frames(1, len)),
+        (Outcome::NewSource, frames(2, len)),
+    ]);
+}
