@@ -13,6 +13,7 @@ use aya::programs::XdpMode;
 use limiter_tests::{
     daemon::{binary, process_state, Daemon, Files},
     lab::{limit_config, Lab, HEAVY, MARKER, MEDIUM, RX_IF},
+    testrun::{on_cpu, online_cpus},
 };
 use nix::sys::signal::Signal;
 
@@ -260,6 +261,34 @@ fn sighup_changes_limits_live_and_a_broken_file_keeps_the_running_ones() {
         0,
         "the running limit (50) stays in force"
     );
+}
+
+/// A source refused on several CPUs in one episode is one "source
+/// limited" line: the kernel sends an event per CPU that starts refusing
+/// it, and on a 64-CPU server a flood spread over the receive queues
+/// would otherwise log 64 lines per episode.
+#[test]
+fn a_source_refused_on_both_cpus_is_logged_once_per_episode() {
+    assert!(online_cpus() >= 2, "this test needs two CPUs");
+    let (lab, files, receiver) = limited_lab();
+    let daemon = start(&lab, &files, &[]);
+    // veth runs XDP on the sending CPU: 30 frames from CPU 0 (20 pass, 10
+    // refused), then 30 from CPU 1 (all refused), well within a second.
+    for cpu in [0, 1] {
+        on_cpu(cpu, || lab.send(HEAVY, PORT, 30, 18));
+    }
+    // Then a source refused on CPU 1: the ring buffer is ordered, so once
+    // its line is logged, both of HEAVY's events have been read.
+    on_cpu(1, || lab.send(MEDIUM, PORT, 30, 18));
+    daemon.wait_log(&format!("source={MEDIUM} "));
+    let log = daemon.log();
+    let heavy = format!("source={HEAVY} ");
+    let lines = log
+        .lines()
+        .filter(|l| l.contains("source limited") && l.contains(&heavy))
+        .count();
+    assert_eq!(lines, 1, "one line per source and episode:\n{log}");
+    drop(receiver);
 }
 
 /// The single `error:` line a failed start printed.
