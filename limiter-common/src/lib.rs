@@ -29,6 +29,6 @@ pub mod window;
 pub use event::LimitEvent;
 pub use keys::{prefix_mask, AddressFamily, SourceKey};
 pub use maps::{names, DEFAULT_MAX_HOT_SOURCES, DEFAULT_MAX_SOURCES, MAP_LAYOUT_VERSION};
-pub use rules::{Action, Config, Rule, RuleRefs, TrafficClass};
+pub use rules::{Action, Config, Rule, RuleRefs, Scope, TrafficClass};
 pub use state::{Hold, SourceTraffic, WindowState};
 pub use stats::{Counter, Outcome};
