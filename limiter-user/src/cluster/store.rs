@@ -1,0 +1,684 @@
+//! The Redis side of cluster-scoped limits: a [`Store`] that adds this
+//! node's admitted and offered deltas to per-bucket counters and reads back
+//! the window totals (`sync.lua`), and records node heartbeats
+//! (`heartbeat.lua`).
+//!
+//! One code path serves a single Redis instance (a [`ConnectionManager`],
+//! which reconnects on its own) and a Redis Cluster (the async cluster
+//! client, which routes each call by its first key): [`Connection`] hides
+//! which. Every key of a source carries the source's hash tag, and a call
+//! only carries sources of one hash slot in cluster mode, so Redis Cluster
+//! never sees a cross-slot request; a single instance takes many sources
+//! per call instead.
+//!
+//! Scripts run with EVALSHA; on NOSCRIPT (Redis restarted, `SCRIPT FLUSH`,
+//! a failover) the redis crate's [`Script`] loads the script and retries.
+//! Every call is bounded by the configured timeout, in the crate (response
+//! timeout) and around it ([`tokio::time::timeout`]), so a hung server
+//! costs a timeout error, never a hang.
+//!
+//! Buckets are numbered from Redis `TIME` inside the script: node clocks
+//! never move window edges. Bucket keys expire a window plus two buckets
+//! after their last write and nothing is written to disk by us (run Redis
+//! without persistence, see docs/cluster.md).
+
+use std::{collections::BTreeMap, future::Future, time::Duration};
+
+use redis::{
+    aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig},
+    cluster::ClusterClientBuilder,
+    cluster_async::ClusterConnection,
+    Cmd, Pipeline, RedisError, RedisFuture, Script, Value,
+};
+
+/// The sync script (see the file for its keys and arguments).
+const SYNC_LUA: &str = include_str!("sync.lua");
+/// The heartbeat script.
+const HEARTBEAT_LUA: &str = include_str!("heartbeat.lua");
+
+/// Most reports in one script call: a call blocks the Redis instance while
+/// it runs (about 15 commands per report), so batches stay short enough not
+/// to delay other nodes' calls by more than a few milliseconds.
+pub const MAX_BATCH: usize = 256;
+/// Longest node name and report key accepted (they become key and field
+/// names on every call).
+pub const MAX_NAME: usize = 256;
+/// Longest window accepted, in buckets (each sync reads every bucket).
+pub const MAX_BUCKETS: u32 = 3600;
+
+/// Errors of the cluster store, each saying what was being done.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("invalid Redis URL `{url}`: {source}")]
+    Url {
+        url: String,
+        #[source]
+        source: RedisError,
+    },
+    #[error("invalid key prefix `{0}`: must be non-empty, without `{{` or `}}`")]
+    Prefix(String),
+    #[error("no Redis URL given")]
+    NoUrl,
+    #[error("mode `single` takes exactly one Redis URL, got {0}")]
+    SingleWithSeveralUrls(usize),
+    #[error("cannot connect to Redis at {target}: {source}")]
+    Connect {
+        target: String,
+        #[source]
+        source: RedisError,
+    },
+    #[error("Redis {op} timed out after {after:?}")]
+    Timeout { op: &'static str, after: Duration },
+    #[error("Redis {op} failed: {source}")]
+    Redis {
+        op: &'static str,
+        #[source]
+        source: RedisError,
+    },
+    #[error("Redis {op} returned an unexpected reply: {detail}")]
+    Reply { op: &'static str, detail: String },
+    #[error("invalid window: {0}")]
+    Window(String),
+    #[error("invalid node name `{0}`: must be 1 to {MAX_NAME} bytes")]
+    Node(String),
+    #[error(
+        "invalid report key `{0}`: must be 1 to {MAX_NAME} bytes without `{{` or `}}` \
+         (it becomes a Redis Cluster hash tag)"
+    )]
+    Key(String),
+    #[error("report `{key}`: admitted delta {admitted} exceeds offered delta {offered}")]
+    Deltas {
+        key: String,
+        admitted: u64,
+        offered: u64,
+    },
+}
+
+/// Single instance or Redis Cluster (the `[cluster] mode` setting).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    Single,
+    Cluster,
+}
+
+/// How to reach Redis.
+#[derive(Clone, Debug)]
+pub struct StoreConfig {
+    /// `redis://host:port[/db]` URLs: one for a single instance, the seed
+    /// nodes of a Redis Cluster.
+    pub urls: Vec<String>,
+    pub mode: Mode,
+    /// Bound on every Redis call (and on connecting).
+    pub timeout: Duration,
+    /// Prefix of every key, so several deployments can share a Redis.
+    pub prefix: String,
+}
+
+impl StoreConfig {
+    /// A configuration with the documented defaults: 50 ms per call, keys
+    /// under `xl`.
+    pub fn new(urls: Vec<String>, mode: Mode) -> Self {
+        Self {
+            urls,
+            mode,
+            timeout: Duration::from_millis(50),
+            prefix: "xl".into(),
+        }
+    }
+}
+
+/// The sliding window the counts are kept over: `buckets` buckets of
+/// `bucket` each (for example 10 x 100 ms for a 1 s window).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WindowSpec {
+    bucket_ms: u64,
+    buckets: u32,
+}
+
+impl WindowSpec {
+    /// A window of `buckets` buckets of `bucket` (whole milliseconds, at
+    /// least 1 ms; 1 to [`MAX_BUCKETS`] buckets).
+    pub fn new(bucket: Duration, buckets: u32) -> Result<Self, StoreError> {
+        if bucket.is_zero() || bucket.subsec_nanos() % 1_000_000 != 0 {
+            return Err(StoreError::Window(format!(
+                "bucket length {bucket:?} must be a whole number of milliseconds, at least 1 ms"
+            )));
+        }
+        if buckets == 0 || buckets > MAX_BUCKETS {
+            return Err(StoreError::Window(format!(
+                "{buckets} buckets per window: must be 1 to {MAX_BUCKETS}"
+            )));
+        }
+        let bucket_ms = u64::try_from(bucket.as_millis())
+            .map_err(|_| StoreError::Window(format!("bucket length {bucket:?} is too long")))?;
+        Ok(Self { bucket_ms, buckets })
+    }
+
+    pub fn bucket(&self) -> Duration {
+        Duration::from_millis(self.bucket_ms)
+    }
+
+    pub fn buckets(&self) -> u32 {
+        self.buckets
+    }
+
+    /// The window, `bucket x buckets`.
+    pub fn window(&self) -> Duration {
+        self.bucket() * self.buckets
+    }
+
+    /// How long a bucket key lives after its last write: a window plus two
+    /// buckets, so a bucket is still there for every read that can include
+    /// it (a node whose call lands just after a bucket edge) and gone soon
+    /// after.
+    pub fn ttl(&self) -> Duration {
+        self.bucket() * (self.buckets + 2)
+    }
+}
+
+/// One source's deltas from this node since its last sync.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Report {
+    /// The source and rule, as the daemon names them (e.g.
+    /// `192.0.2.3/32|default`); the Redis Cluster hash tag of its keys.
+    pub key: String,
+    /// Frames this node admitted.
+    pub admitted: u64,
+    /// Frames offered to this node (admitted or refused).
+    pub offered: u64,
+}
+
+/// What Redis holds for one report after adding its deltas, over the
+/// window that ends with the current bucket.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Totals {
+    pub cluster_admitted: u64,
+    pub cluster_offered: u64,
+    pub own_admitted: u64,
+    pub own_offered: u64,
+    /// The current bucket number, `floor(Redis TIME / bucket length)`.
+    pub bucket: u64,
+}
+
+/// Either kind of connection, so the script calls are written once. Both
+/// are cheap to clone (a handle on one multiplexed connection), which lets
+/// a sync run its batches concurrently.
+#[derive(Clone)]
+pub enum Connection {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Connection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Connection::Single(c) => c.req_packed_command(cmd),
+            Connection::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Connection::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Connection::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Connection::Single(c) => c.get_db(),
+            Connection::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// The cluster store: a connection and the two scripts.
+pub struct Store {
+    con: Connection,
+    mode: Mode,
+    timeout: Duration,
+    prefix: String,
+    sync: Script,
+    heartbeat: Script,
+}
+
+impl Store {
+    /// Connects (within the timeout) and checks the URLs; the scripts are
+    /// loaded on first use.
+    pub async fn connect(config: &StoreConfig) -> Result<Self, StoreError> {
+        let urls = &config.urls;
+        // A brace in the prefix would become the hash tag of every key.
+        if config.prefix.is_empty() || config.prefix.contains(['{', '}']) {
+            return Err(StoreError::Prefix(config.prefix.clone()));
+        }
+        if urls.is_empty() {
+            return Err(StoreError::NoUrl);
+        }
+        let mut infos = Vec::with_capacity(urls.len());
+        for url in urls {
+            let info = redis::IntoConnectionInfo::into_connection_info(url.as_str()).map_err(
+                |source| StoreError::Url {
+                    url: url.clone(),
+                    source,
+                },
+            )?;
+            infos.push(info);
+        }
+        let target = urls.join(", ");
+        let timeout = config.timeout;
+        let connect_err = |source| StoreError::Connect {
+            target: target.clone(),
+            source,
+        };
+        let con = match config.mode {
+            Mode::Single => {
+                if infos.len() != 1 {
+                    return Err(StoreError::SingleWithSeveralUrls(infos.len()));
+                }
+                let client = redis::Client::open(infos.remove(0)).map_err(connect_err)?;
+                // Few reconnection retries: the sync loop calls again next
+                // tick anyway, and a refused connection should say so now
+                // rather than after seconds of backoff.
+                let manager_config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(timeout))
+                    .set_response_timeout(Some(timeout))
+                    .set_number_of_retries(1)
+                    .set_max_delay(timeout);
+                let manager = bounded(
+                    "connect",
+                    timeout * 4,
+                    ConnectionManager::new_with_config(client, manager_config),
+                )
+                .await?
+                .map_err(connect_err)?;
+                Connection::Single(manager)
+            }
+            Mode::Cluster => {
+                let client = ClusterClientBuilder::new(infos)
+                    .connection_timeout(timeout)
+                    .response_timeout(timeout)
+                    .retries(1)
+                    .build()
+                    .map_err(connect_err)?;
+                let con = bounded("connect", timeout * 4, client.get_async_connection())
+                    .await?
+                    .map_err(connect_err)?;
+                Connection::Cluster(con)
+            }
+        };
+        Ok(Self {
+            con,
+            mode: config.mode,
+            timeout,
+            prefix: config.prefix.clone(),
+            sync: Script::new(SYNC_LUA),
+            heartbeat: Script::new(HEARTBEAT_LUA),
+        })
+    }
+
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// The connection, for callers (tests, status) that need a plain
+    /// command; every call should still be bounded by a timeout.
+    pub fn connection(&self) -> Connection {
+        self.con.clone()
+    }
+
+    /// The key prefix of a report's bucket keys, `<prefix>:{<key>}`; bucket
+    /// `n` is `<prefix>:{<key>}:<n>`.
+    pub fn source_key(&self, key: &str) -> String {
+        format!("{}:{{{key}}}", self.prefix)
+    }
+
+    /// The sorted set of node heartbeats.
+    pub fn nodes_key(&self) -> String {
+        format!("{}:nodes", self.prefix)
+    }
+
+    /// Adds each report's deltas to the current bucket as `node` and
+    /// returns, in the order of `reports`, the window totals after that.
+    ///
+    /// Reports are sent in batches (by hash slot in cluster mode, up to
+    /// [`MAX_BATCH`] per call) that run concurrently, each under the
+    /// timeout. All or nothing for the caller: on an error some batches may
+    /// have been counted and others not; the caller drops those deltas
+    /// rather than replaying them (a replay could double-count).
+    pub async fn sync(
+        &self,
+        node: &str,
+        window: WindowSpec,
+        reports: &[Report],
+    ) -> Result<Vec<Totals>, StoreError> {
+        check_node(node)?;
+        for report in reports {
+            check_report(report)?;
+        }
+        let batches = batches(self.mode, reports);
+        let calls = batches
+            .iter()
+            .map(|batch| self.sync_batch(node, window, reports, batch));
+        let replies = try_join_all(calls).await?;
+        let mut totals = vec![Totals::default(); reports.len()];
+        for (batch, reply) in batches.iter().zip(replies) {
+            for (&index, total) in batch.iter().zip(reply) {
+                totals[index] = total;
+            }
+        }
+        Ok(totals)
+    }
+
+    async fn sync_batch(
+        &self,
+        node: &str,
+        window: WindowSpec,
+        reports: &[Report],
+        batch: &[usize],
+    ) -> Result<Vec<Totals>, StoreError> {
+        let mut call = self.sync.prepare_invoke();
+        call.arg(node)
+            .arg(window.bucket_ms)
+            .arg(window.buckets)
+            .arg(ms(window.ttl()));
+        for &index in batch {
+            let report = &reports[index];
+            call.key(self.source_key(&report.key))
+                .arg(report.admitted)
+                .arg(report.offered);
+        }
+        let mut con = self.con.clone();
+        let reply: Vec<i64> = bounded("sync", self.timeout, call.invoke_async(&mut con))
+            .await?
+            .map_err(|source| StoreError::Redis { op: "sync", source })?;
+        parse_sync_reply(&reply, batch.len())
+    }
+
+    /// Records `node` alive now (Redis time), forgets nodes not heard from
+    /// within `alive` and returns how many nodes are alive, this one
+    /// included.
+    pub async fn heartbeat(&self, node: &str, alive: Duration) -> Result<u32, StoreError> {
+        check_node(node)?;
+        let alive_ms = ms(alive);
+        if alive_ms == 0 {
+            return Err(StoreError::Window(format!(
+                "alive period {alive:?} must be at least 1 ms"
+            )));
+        }
+        let mut call = self.heartbeat.prepare_invoke();
+        call.key(self.nodes_key()).arg(node).arg(alive_ms);
+        let mut con = self.con.clone();
+        let count: i64 = bounded("heartbeat", self.timeout, call.invoke_async(&mut con))
+            .await?
+            .map_err(|source| StoreError::Redis {
+                op: "heartbeat",
+                source,
+            })?;
+        u32::try_from(count).map_err(|_| StoreError::Reply {
+            op: "heartbeat",
+            detail: format!("node count {count}"),
+        })
+    }
+}
+
+/// Runs `future` for at most `after`.
+async fn bounded<T>(
+    op: &'static str,
+    after: Duration,
+    future: impl Future<Output = T>,
+) -> Result<T, StoreError> {
+    tokio::time::timeout(after, future)
+        .await
+        .map_err(|_| StoreError::Timeout { op, after })
+}
+
+/// Awaits every future concurrently; the first error wins.
+async fn try_join_all<T>(
+    futures: impl Iterator<Item = impl Future<Output = Result<T, StoreError>>>,
+) -> Result<Vec<T>, StoreError> {
+    let mut set = Vec::new();
+    for f in futures {
+        set.push(Box::pin(f));
+    }
+    // Polled together on this task: the calls are multiplexed on one
+    // connection, so no spawning (and no 'static clones) is needed.
+    let mut results: Vec<Option<Result<T, StoreError>>> = set.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (f, slot) in set.iter_mut().zip(results.iter_mut()) {
+            if slot.is_some() {
+                continue;
+            }
+            match f.as_mut().poll(cx) {
+                std::task::Poll::Ready(Err(e)) => return std::task::Poll::Ready(Err(e)),
+                std::task::Poll::Ready(ok) => *slot = Some(ok),
+                std::task::Poll::Pending => pending = true,
+            }
+        }
+        if pending {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(Ok(()))
+        }
+    })
+    .await?;
+    Ok(results
+        .into_iter()
+        .map(|r| match r {
+            Some(Ok(value)) => value,
+            _ => unreachable!("every future finished successfully"),
+        })
+        .collect())
+}
+
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn check_node(node: &str) -> Result<(), StoreError> {
+    if node.is_empty() || node.len() > MAX_NAME {
+        return Err(StoreError::Node(node.to_owned()));
+    }
+    Ok(())
+}
+
+fn check_report(report: &Report) -> Result<(), StoreError> {
+    let key = &report.key;
+    if key.is_empty() || key.len() > MAX_NAME || key.contains(['{', '}']) {
+        return Err(StoreError::Key(key.clone()));
+    }
+    if report.admitted > report.offered {
+        return Err(StoreError::Deltas {
+            key: key.clone(),
+            admitted: report.admitted,
+            offered: report.offered,
+        });
+    }
+    // Lua numbers are doubles: deltas past 2^53 would lose precision (no
+    // real tick sees that many frames).
+    if report.offered > 1 << 53 {
+        return Err(StoreError::Deltas {
+            key: key.clone(),
+            admitted: report.admitted,
+            offered: report.offered,
+        });
+    }
+    Ok(())
+}
+
+/// The reports' indices grouped into script calls: by Redis Cluster hash
+/// slot in cluster mode (a call's keys must share a slot), in order
+/// otherwise; at most [`MAX_BATCH`] per call.
+pub fn batches(mode: Mode, reports: &[Report]) -> Vec<Vec<usize>> {
+    let groups: Vec<Vec<usize>> = match mode {
+        Mode::Single => vec![(0..reports.len()).collect()],
+        Mode::Cluster => {
+            let mut by_slot: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
+            for (index, report) in reports.iter().enumerate() {
+                by_slot
+                    .entry(key_slot(report.key.as_bytes()))
+                    .or_default()
+                    .push(index);
+            }
+            by_slot.into_values().collect()
+        }
+    };
+    groups
+        .into_iter()
+        .flat_map(|group| {
+            group
+                .chunks(MAX_BATCH)
+                .map(<[usize]>::to_vec)
+                .collect::<Vec<_>>()
+        })
+        .filter(|batch| !batch.is_empty())
+        .collect()
+}
+
+/// The Redis Cluster slot of a report's keys: they are all
+/// `<prefix>:{<report key>}...`, so the slot is CRC16 (XMODEM) of the
+/// report key modulo 16384.
+pub fn key_slot(tag: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for &byte in tag {
+        crc ^= u16::from(byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc % 16384
+}
+
+fn parse_sync_reply(reply: &[i64], reports: usize) -> Result<Vec<Totals>, StoreError> {
+    let bad = |detail: String| StoreError::Reply { op: "sync", detail };
+    if reply.len() != 1 + 4 * reports {
+        return Err(bad(format!(
+            "{} integers for {reports} reports (expected {})",
+            reply.len(),
+            1 + 4 * reports
+        )));
+    }
+    let count = |v: i64| u64::try_from(v).map_err(|_| bad(format!("negative count {v}")));
+    let bucket = count(reply[0])?;
+    reply[1..]
+        .chunks_exact(4)
+        .map(|c| {
+            Ok(Totals {
+                cluster_admitted: count(c[0])?,
+                cluster_offered: count(c[1])?,
+                own_admitted: count(c[2])?,
+                own_offered: count(c[3])?,
+                bucket,
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(key: &str) -> Report {
+        Report {
+            key: key.into(),
+            admitted: 1,
+            offered: 2,
+        }
+    }
+
+    #[test]
+    fn key_slots_match_redis_cluster() {
+        // Values from `CLUSTER KEYSLOT` (and the Redis Cluster spec).
+        assert_eq!(key_slot(b"123456789"), 0x31C3 % 16384);
+        assert_eq!(key_slot(b"foo"), 12182);
+        assert_eq!(key_slot(b"bar"), 5061);
+        assert_eq!(key_slot(b""), 0);
+    }
+
+    #[test]
+    fn single_mode_batches_in_order_up_to_the_batch_size() {
+        let reports: Vec<Report> = (0..MAX_BATCH + 3)
+            .map(|i| report(&format!("s{i}")))
+            .collect();
+        let b = batches(Mode::Single, &reports);
+        assert_eq!(b.len(), 2);
+        assert_eq!(b[0], (0..MAX_BATCH).collect::<Vec<_>>());
+        assert_eq!(b[1], (MAX_BATCH..MAX_BATCH + 3).collect::<Vec<_>>());
+        assert!(batches(Mode::Single, &[]).is_empty());
+    }
+
+    #[test]
+    fn cluster_mode_batches_never_mix_slots() {
+        let reports: Vec<Report> = (0..2000)
+            .map(|i| report(&format!("10.0.{i}.1/32|r")))
+            .collect();
+        let b = batches(Mode::Cluster, &reports);
+        let mut seen: Vec<usize> = b.iter().flatten().copied().collect();
+        seen.sort_unstable();
+        assert_eq!(seen, (0..2000).collect::<Vec<_>>());
+        for batch in &b {
+            let slot = key_slot(reports[batch[0]].key.as_bytes());
+            assert!(batch
+                .iter()
+                .all(|&i| key_slot(reports[i].key.as_bytes()) == slot));
+        }
+    }
+
+    #[test]
+    fn window_spec_validates() {
+        let w = WindowSpec::new(Duration::from_millis(100), 10).unwrap();
+        assert_eq!(w.window(), Duration::from_secs(1));
+        assert_eq!(w.ttl(), Duration::from_millis(1200));
+        assert!(WindowSpec::new(Duration::ZERO, 10).is_err());
+        assert!(WindowSpec::new(Duration::from_micros(1500), 10).is_err());
+        assert!(WindowSpec::new(Duration::from_millis(100), 0).is_err());
+        assert!(WindowSpec::new(Duration::from_millis(100), MAX_BUCKETS + 1).is_err());
+    }
+
+    #[test]
+    fn bad_reports_are_refused_with_the_reason() {
+        assert!(check_report(&report("192.0.2.3/32|default")).is_ok());
+        for key in ["", "a{b", "a}b", &"x".repeat(MAX_NAME + 1)] {
+            let e = check_report(&report(key)).unwrap_err();
+            assert!(matches!(e, StoreError::Key(_)), "{e}");
+        }
+        let e = check_report(&Report {
+            key: "k".into(),
+            admitted: 3,
+            offered: 2,
+        })
+        .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("admitted delta 3 exceeds offered delta 2"),
+            "{e}"
+        );
+        assert!(matches!(check_node(""), Err(StoreError::Node(_))));
+    }
+
+    #[test]
+    fn sync_replies_are_checked() {
+        let t = parse_sync_reply(&[7, 1, 2, 3, 4], 1).unwrap();
+        assert_eq!(
+            t,
+            vec![Totals {
+                cluster_admitted: 1,
+                cluster_offered: 2,
+                own_admitted: 3,
+                own_offered: 4,
+                bucket: 7
+            }]
+        );
+        assert!(parse_sync_reply(&[7, 1, 2, 3], 1).is_err());
+        assert!(parse_sync_reply(&[7, -1, 2, 3, 4], 1).is_err());
+    }
+}
