@@ -22,6 +22,7 @@ pub mod lab;
 pub mod model;
 pub mod netns;
 pub mod packets;
+pub mod redis;
 pub mod testrun;
 
 /// Calls `poll` every `every` until it returns something, for at most

@@ -139,7 +139,7 @@ impl WindowSpec {
     /// A window of `buckets` buckets of `bucket` (whole milliseconds, at
     /// least 1 ms; 1 to [`MAX_BUCKETS`] buckets).
     pub fn new(bucket: Duration, buckets: u32) -> Result<Self, StoreError> {
-        if bucket.is_zero() || bucket.subsec_nanos() % 1_000_000 != 0 {
+        if bucket.is_zero() || !bucket.subsec_nanos().is_multiple_of(1_000_000) {
             return Err(StoreError::Window(format!(
                 "bucket length {bucket:?} must be a whole number of milliseconds, at least 1 ms"
             )));
@@ -395,7 +395,7 @@ impl Store {
         let mut con = self.con.clone();
         let reply: Vec<i64> = bounded("sync", self.timeout, call.invoke_async(&mut con))
             .await?
-            .map_err(|source| StoreError::Redis { op: "sync", source })?;
+            .map_err(|source| call_error("sync", self.timeout, source))?;
         parse_sync_reply(&reply, batch.len())
     }
 
@@ -415,10 +415,7 @@ impl Store {
         let mut con = self.con.clone();
         let count: i64 = bounded("heartbeat", self.timeout, call.invoke_async(&mut con))
             .await?
-            .map_err(|source| StoreError::Redis {
-                op: "heartbeat",
-                source,
-            })?;
+            .map_err(|source| call_error("heartbeat", self.timeout, source))?;
         u32::try_from(count).map_err(|_| StoreError::Reply {
             op: "heartbeat",
             detail: format!("node count {count}"),
@@ -474,6 +471,16 @@ async fn try_join_all<T>(
             _ => unreachable!("every future finished successfully"),
         })
         .collect())
+}
+
+/// A failed call's error: the crate's own response timeout (set to the
+/// same bound, it may fire first) is a timeout like ours.
+fn call_error(op: &'static str, after: Duration, source: RedisError) -> StoreError {
+    if source.is_timeout() {
+        StoreError::Timeout { op, after }
+    } else {
+        StoreError::Redis { op, source }
+    }
 }
 
 fn ms(d: Duration) -> u64 {
@@ -598,7 +605,8 @@ mod tests {
     #[test]
     fn key_slots_match_redis_cluster() {
         // Values from `CLUSTER KEYSLOT` (and the Redis Cluster spec).
-        assert_eq!(key_slot(b"123456789"), 0x31C3 % 16384);
+        // CRC16/XMODEM check value 0x31C3 (below 16384, so the slot).
+        assert_eq!(key_slot(b"123456789"), 0x31C3);
         assert_eq!(key_slot(b"foo"), 12182);
         assert_eq!(key_slot(b"bar"), 5061);
         assert_eq!(key_slot(b""), 0);

@@ -1,0 +1,248 @@
+//! Real `redis-server`s for the cluster tests, each set in a network
+//! namespace of its own so tests run in parallel on the same ports and
+//! never meet a Redis of the machine.
+//!
+//! - [`RedisServer::start`]: one instance, no persistence;
+//! - [`RedisServer::start_cluster`]: a 3-primary Redis Cluster on loopback
+//!   ports (`redis-cli --cluster create`), no replicas;
+//! - [`RedisServer::block_on`]: runs async client code on a current-thread
+//!   tokio runtime on a thread inside the namespace;
+//! - [`RedisServer::cli`]: `redis-cli` inside the namespace, for what the
+//!   tests inspect or do behind the client's back (TTL, SCRIPT FLUSH).
+//!
+//! Servers are killed and the namespace removed on drop, also when the test
+//! panics. Startup waits until every server answers PING (bounded), never a
+//! fixed sleep.
+
+use std::{
+    fs::File,
+    future::Future,
+    path::PathBuf,
+    process::{Child, Stdio},
+    sync::atomic::{AtomicUsize, Ordering},
+    time::Duration,
+};
+
+use nix::{
+    sys::signal::{kill, Signal},
+    unistd::Pid,
+};
+
+use crate::{netns::NetNs, wait_until};
+
+/// The port of a single instance (alone in its namespace, so fixed).
+pub const PORT: u16 = 6379;
+/// The first port of a Redis Cluster's primaries (then +1, +2).
+pub const CLUSTER_PORT: u16 = 7000;
+/// How long a server may take to answer PING, or a cluster to be `ok`.
+const START_LIMIT: Duration = Duration::from_secs(15);
+
+static NEXT_DIR: AtomicUsize = AtomicUsize::new(0);
+
+/// One or several `redis-server` processes in their own namespace.
+pub struct RedisServer {
+    children: Vec<(u16, Child)>,
+    dir: PathBuf,
+    // Dropped after the servers are killed (fields drop after `drop`).
+    ns: NetNs,
+}
+
+impl RedisServer {
+    /// One instance on 127.0.0.1:[`PORT`], answering PING.
+    pub fn start() -> Self {
+        let mut server = Self::empty("redis");
+        server.spawn(PORT, &[]);
+        server.wait_ping(PORT);
+        server
+    }
+
+    /// Three primaries on 127.0.0.1:[`CLUSTER_PORT`]..+2 joined into a
+    /// Redis Cluster whose 16384 slots are all served (`cluster_state:ok`
+    /// on every node).
+    pub fn start_cluster() -> Self {
+        let mut server = Self::empty("rcluster");
+        let ports: Vec<u16> = (0..3).map(|i| CLUSTER_PORT + i).collect();
+        for &port in &ports {
+            let conf = format!("nodes-{port}.conf");
+            server.spawn(
+                port,
+                &[
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    &conf,
+                    "--cluster-node-timeout",
+                    "5000",
+                ],
+            );
+        }
+        for &port in &ports {
+            server.wait_ping(port);
+        }
+        let addresses: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+        let mut args = vec!["--cluster", "create"];
+        args.extend(addresses.iter().map(String::as_str));
+        args.extend(["--cluster-replicas", "0", "--cluster-yes"]);
+        let out = server
+            .ns
+            .command("redis-cli")
+            .args(&args)
+            .output()
+            .expect("start redis-cli");
+        assert!(
+            out.status.success(),
+            "redis-cli --cluster create failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        for &port in &ports {
+            let ok = wait_until(START_LIMIT, Duration::from_millis(20), || {
+                server
+                    .try_cli(port, &["cluster", "info"])
+                    .filter(|info| info.contains("cluster_state:ok"))
+            });
+            assert!(
+                ok.is_some(),
+                "Redis Cluster node {port} never reached cluster_state:ok"
+            );
+        }
+        server
+    }
+
+    fn empty(tag: &str) -> Self {
+        let id = NEXT_DIR.fetch_add(1, Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("xlt-{tag}-{}-{id}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+        Self {
+            children: Vec::new(),
+            dir,
+            ns: NetNs::new(tag),
+        }
+    }
+
+    /// Starts `redis-server` on `port` with no persistence (the store keeps
+    /// nothing on disk), its output in `<dir>/<port>.log`.
+    fn spawn(&mut self, port: u16, extra: &[&str]) {
+        let log_path = self.dir.join(format!("{port}.log"));
+        let log = File::create(&log_path).unwrap_or_else(|e| panic!("{}: {e}", log_path.display()));
+        let port_text = port.to_string();
+        let dir = self.dir.to_string_lossy().into_owned();
+        let child = self
+            .ns
+            .command("redis-server")
+            .args(["--port", &port_text, "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+            .args(["--dir", &dir, "--logfile", ""])
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("dup log"))
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!("cannot start redis-server (is it installed? `cargo xtask setup`): {e}")
+            });
+        self.children.push((port, child));
+    }
+
+    fn wait_ping(&mut self, port: u16) {
+        let answered = wait_until(START_LIMIT, Duration::from_millis(10), || {
+            self.try_cli(port, &["ping"]).filter(|r| r.trim() == "PONG")
+        });
+        if answered.is_none() {
+            let log =
+                std::fs::read_to_string(self.dir.join(format!("{port}.log"))).unwrap_or_default();
+            panic!("redis-server on port {port} never answered PING within {START_LIMIT:?}; log:\n{log}");
+        }
+    }
+
+    /// The URL of the single instance (or of the first cluster node).
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.children[0].0)
+    }
+
+    /// Every server's URL (a Redis Cluster's seeds).
+    pub fn urls(&self) -> Vec<String> {
+        self.children
+            .iter()
+            .map(|(port, _)| format!("redis://127.0.0.1:{port}"))
+            .collect()
+    }
+
+    pub fn ns(&self) -> &NetNs {
+        &self.ns
+    }
+
+    /// The process id of the first server (`ip netns exec` execs it, so
+    /// this is redis-server itself).
+    pub fn pid(&self) -> Pid {
+        Pid::from_raw(self.children[0].1.id() as i32)
+    }
+
+    /// Stops every server (SIGSTOP): connections stay open and calls hang.
+    pub fn pause(&self) {
+        self.signal(Signal::SIGSTOP);
+    }
+
+    /// Resumes after [`pause`](Self::pause).
+    pub fn resume(&self) {
+        self.signal(Signal::SIGCONT);
+    }
+
+    fn signal(&self, signal: Signal) {
+        for (port, child) in &self.children {
+            kill(Pid::from_raw(child.id() as i32), signal)
+                .unwrap_or_else(|e| panic!("{signal} to redis-server {port}: {e}"));
+        }
+    }
+
+    /// `redis-cli -p <first port> args` inside the namespace: its output;
+    /// panics unless it exits 0.
+    pub fn cli(&self, args: &[&str]) -> String {
+        let port = self.children[0].0;
+        self.try_cli(port, args)
+            .unwrap_or_else(|| panic!("redis-cli -p {port} {args:?} failed"))
+    }
+
+    fn try_cli(&self, port: u16, args: &[&str]) -> Option<String> {
+        let out = self
+            .ns
+            .command("redis-cli")
+            .args(["-p", &port.to_string()])
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .ok()?;
+        out.status
+            .success()
+            .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// Runs `f`'s future to completion on a current-thread tokio runtime
+    /// (with timers and I/O) on a thread inside the namespace, so the
+    /// clients it creates reach the servers at 127.0.0.1.
+    pub fn block_on<F, Fut, T>(&self, f: F) -> T
+    where
+        F: FnOnce() -> Fut + Send,
+        Fut: Future<Output = T>,
+        T: Send,
+    {
+        self.ns.enter(|| {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("tokio runtime")
+                .block_on(f())
+        })
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        for (_, child) in &mut self.children {
+            // SIGKILL also ends a stopped process.
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
