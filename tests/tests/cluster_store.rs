@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use limiter_tests::redis::RedisServer;
 use limiter_user::cluster::{
     node_allowance,
-    store::{Mode, Report, Store, StoreConfig, StoreError, Totals, WindowSpec, MAX_BATCH},
+    store::{batches, Mode, Report, Store, StoreConfig, StoreError, Totals, WindowSpec, MAX_BATCH},
 };
 
 fn report(key: &str, admitted: u64, offered: u64) -> Report {
@@ -200,11 +200,10 @@ fn every_key_expires_a_window_and_two_buckets_after_its_last_write() {
     let ttl_max = window.ttl().as_millis() as i64;
     for key in keys {
         if key != "xl:nodes" {
-            let tag_end = key.find("}:").expect("bucket key xl:{source}:<bucket>");
-            assert!(
-                key.starts_with("xl:{") && key[tag_end + 2..].parse::<u64>().is_ok(),
-                "{key}"
-            );
+            // xl:{g<group>}:<source key>:<bucket>
+            let (head, bucket) = key.rsplit_once(':').unwrap();
+            assert!(head.starts_with("xl:{g") && head.ends_with("|r"), "{key}");
+            assert!(bucket.parse::<u64>().is_ok(), "{key}");
         }
         let pttl: i64 = server.cli(&["pttl", key]).trim().parse().unwrap();
         assert!(pttl > 0 && pttl <= ttl_max * 2, "{key}: PTTL {pttl}");
@@ -254,22 +253,27 @@ fn scripts_are_reloaded_after_script_flush() {
     let config = config(&server);
     let window = long_window();
     let key = "192.0.2.77/32|default";
-    server.block_on(|| async {
+    let sha = limiter_user_sync_sha();
+    let t = server.block_on(|| async {
+        // The same store (connection) before and after the flush: connecting
+        // again would load the scripts and hide the NOSCRIPT path.
         let store = connect(&config).await;
         store.sync("a", window, &[report(key, 1, 2)]).await.unwrap();
         store.heartbeat("a", window.window()).await.unwrap();
-    });
-    let sha = limiter_user_sync_sha();
-    assert_eq!(server.cli(&["script", "exists", &sha]).trim(), "1");
-    assert_eq!(server.cli(&["script", "flush"]).trim(), "OK");
-    assert_eq!(server.cli(&["script", "exists", &sha]).trim(), "0");
-    let t = server.block_on(|| async {
-        let store = connect(&config).await;
+        assert_eq!(server.cli(&["script", "exists", &sha]).trim(), "1");
+        assert_eq!(server.cli(&["script", "flush"]).trim(), "OK");
+        assert_eq!(server.cli(&["script", "exists", &sha]).trim(), "0");
         let t = store.sync("a", window, &[report(key, 3, 4)]).await.unwrap();
         assert_eq!(store.heartbeat("a", window.window()).await.unwrap(), 1);
         t
     });
-    // NOSCRIPT was answered by loading the script: counted once, not lost.
+    // Both scripts met NOSCRIPT (the server says so) and were loaded and
+    // run again: counted once, not lost.
+    let errors = server.cli(&["info", "errorstats"]);
+    assert!(
+        errors.contains("errorstat_NOSCRIPT:count=2"),
+        "expected two NOSCRIPT replies: {errors}"
+    );
     assert_eq!(counts(&t[0]), [4, 6, 4, 6]);
     assert_eq!(server.cli(&["script", "exists", &sha]).trim(), "1");
 }
@@ -389,7 +393,7 @@ fn bad_reports_are_refused_before_anything_is_written() {
         let w = long_window();
         let good = report("192.0.2.1/32|default", 1, 1);
         let e = store
-            .sync("a", w, &[good.clone(), report("a{b}", 1, 1)])
+            .sync("a", w, &[good.clone(), report("", 1, 1)])
             .await
             .unwrap_err();
         assert!(matches!(e, StoreError::Key(_)), "{e}");
@@ -445,7 +449,28 @@ fn a_redis_cluster_takes_the_same_sync_without_cross_slot_errors() {
         })
         .collect();
     assert!(per_node.iter().all(|&n| n > 0), "{per_node:?}");
+    // 600 bucket keys and the node set.
     assert_eq!(per_node.iter().sum::<u64>(), 601, "{per_node:?}");
+    // One EVALSHA per group batch per node and one per heartbeat, no more
+    // (no retries, no per-source calls): far fewer calls than sources.
+    let calls: u64 = server
+        .urls()
+        .iter()
+        .map(|url| {
+            let port = url.rsplit(':').next().unwrap();
+            let out = server
+                .ns()
+                .run("redis-cli", &["-p", port, "info", "commandstats"]);
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            text.lines()
+                .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+                .map(|rest| rest.split(',').next().unwrap().parse::<u64>().unwrap())
+                .unwrap_or(0)
+        })
+        .sum();
+    let per_sync = batches(Mode::Cluster, &reports).len() as u64;
+    assert!(per_sync < 300, "{per_sync} calls for 600 sources");
+    assert_eq!(calls, 2 * per_sync + 2);
 }
 
 /// `limiter_tests::wait_until`'s async twin, for polls that call the store.

@@ -3,10 +3,10 @@
 -- bucket and returns, per source, the cluster's and this node's totals over
 -- the window. Atomic: every node reads totals that include its own deltas.
 --
--- KEYS[i]  "<prefix>:{<source key>}", one per report. All keys of a call
---          hash to one Redis Cluster slot (the client groups them); the
---          bucket keys are built here from KEYS[i] and keep its hash tag,
---          so they live in that same slot.
+-- KEYS[i]  "<prefix>:{g<group>}:<source key>", one per report. All keys of
+--          a call hash to one Redis Cluster slot (the client groups them by
+--          group); the bucket keys are built here from KEYS[i] and keep its
+--          hash tag, so they live in that same slot.
 -- ARGV[1]  node name (the field prefix of this node's own counts)
 -- ARGV[2]  bucket length, ms
 -- ARGV[3]  buckets per window
