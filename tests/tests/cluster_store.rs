@@ -296,11 +296,14 @@ fn a_hung_server_costs_a_timeout_not_a_hang() {
         let store = connect(&config).await;
         store.sync("a", window, &[report(key, 1, 1)]).await.unwrap();
         server.pause();
+        // Several batches, bounded together (they run concurrently), not
+        // one timeout after another.
+        let mut many = vec![report(key, 1, 1)];
+        many.extend(
+            (0..3 * MAX_BATCH).map(|i| report(&format!("10.8.{}.{}/32|r", i / 256, i % 256), 0, 1)),
+        );
         let start = Instant::now();
-        let e = store
-            .sync("a", window, &[report(key, 1, 1)])
-            .await
-            .unwrap_err();
+        let e = store.sync("a", window, &many).await.unwrap_err();
         let took = start.elapsed();
         assert!(
             matches!(e, StoreError::Timeout { op: "sync", .. }),
@@ -359,6 +362,29 @@ fn connection_errors_are_clear() {
         assert!(matches!(e, StoreError::Connect { .. }), "{text}");
         assert!(text.contains("127.0.0.1:6390"), "{text}");
         assert!(text.to_lowercase().contains("refused"), "{text}");
+
+        // The same through the Redis Cluster client.
+        let mut cluster = StoreConfig::new(
+            vec![
+                "redis://127.0.0.1:6390".into(),
+                "redis://127.0.0.1:6391".into(),
+            ],
+            Mode::Cluster,
+        );
+        cluster.timeout = Duration::from_millis(200);
+        let start = Instant::now();
+        let e = Store::connect(&cluster)
+            .await
+            .err()
+            .expect("connected to nothing");
+        assert!(
+            start.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            start.elapsed()
+        );
+        assert!(matches!(e, StoreError::Connect { .. }), "{e}");
+        assert!(e.to_string().contains("127.0.0.1:6391"), "{e}");
+        assert!(e.to_string().to_lowercase().contains("refused"), "{e}");
 
         let bad = StoreConfig::new(vec!["http://nope".into()], Mode::Single);
         assert!(matches!(

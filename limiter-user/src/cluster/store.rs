@@ -253,8 +253,9 @@ pub struct Store {
 }
 
 impl Store {
-    /// Checks the configuration, connects (within the timeout) and loads
-    /// the scripts.
+    /// Checks the configuration, connects (within four timeouts: TCP,
+    /// handshake, and in cluster mode the topology) and loads the scripts
+    /// (each within the timeout).
     pub async fn connect(config: &StoreConfig) -> Result<Self, StoreError> {
         let urls = &config.urls;
         // A brace in the prefix would become the hash tag of every key.
