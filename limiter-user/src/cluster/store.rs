@@ -205,6 +205,21 @@ pub struct Totals {
     pub bucket: u64,
 }
 
+impl Totals {
+    /// This node's allowance for the window under a cluster-wide `limit`,
+    /// from these totals ([`super::share::node_allowance`]).
+    pub fn allowance(&self, limit: u64, nodes_alive: u32) -> u64 {
+        super::share::node_allowance(
+            limit,
+            self.cluster_admitted,
+            self.cluster_offered,
+            self.own_admitted,
+            self.own_offered,
+            nodes_alive,
+        )
+    }
+}
+
 /// Either kind of connection, so the script calls are written once. Both
 /// are cheap to clone (a handle on one multiplexed connection), which lets
 /// a sync run its batches concurrently.
@@ -630,6 +645,31 @@ mod tests {
             admitted: 1,
             offered: 2,
         }
+    }
+
+    /// The daemon shares one store between tasks of a multi-thread
+    /// runtime: the store and its futures must be Send (and the store
+    /// Sync). Compiles or not; never called.
+    #[allow(dead_code)]
+    fn store_and_its_futures_are_send(store: &Store, window: WindowSpec, reports: &[Report]) {
+        fn send<T: Send>(_: &T) {}
+        fn sync<T: Sync>(_: &T) {}
+        sync(store);
+        send(&store.sync("a", window, reports));
+        send(&store.heartbeat("a", Duration::from_secs(1)));
+        send(&Store::connect(&StoreConfig::new(vec![], Mode::Single)));
+    }
+
+    #[test]
+    fn totals_give_the_node_allowance() {
+        let t = Totals {
+            cluster_admitted: 600,
+            cluster_offered: 2000,
+            own_admitted: 300,
+            own_offered: 1600,
+            bucket: 1,
+        };
+        assert_eq!(t.allowance(1000, 3), 300 + 320);
     }
 
     #[test]
