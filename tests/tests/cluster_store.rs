@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 use limiter_tests::redis::RedisServer;
 use limiter_user::cluster::{
     node_allowance,
-    store::{batches, Mode, Report, Store, StoreConfig, StoreError, Totals, WindowSpec, MAX_BATCH},
+    store::{
+        batches, group, Mode, Report, Store, StoreConfig, StoreError, Totals, WindowSpec, MAX_BATCH,
+    },
 };
 
 fn report(key: &str, admitted: u64, offered: u64) -> Report {
@@ -195,11 +197,15 @@ fn every_key_expires_a_window_and_two_buckets_after_its_last_write() {
     }
     let keys = server.cli(&["--scan", "--pattern", "xl:*"]);
     let keys: Vec<&str> = keys.lines().collect();
-    // One bucket key per report (each written once) and the node set.
-    assert_eq!(keys.len(), n + 1, "{keys:?}");
+    // One bucket key per report (each written once), a hot set per group
+    // used, and the node set.
+    let groups: std::collections::BTreeSet<u16> = reports.iter().map(|r| group(&r.key)).collect();
+    assert_eq!(keys.len(), n + groups.len() + 1, "{keys:?}");
     let ttl_max = window.ttl().as_millis() as i64;
     for key in keys {
-        if key != "xl:nodes" {
+        if key.ends_with(":hot") {
+            assert!(key.starts_with("xl:{g") && key.ends_with("}:hot"), "{key}");
+        } else if key != "xl:nodes" {
             // xl:{g<group>}:<source key>:<bucket>
             let (head, bucket) = key.rsplit_once(':').unwrap();
             assert!(head.starts_with("xl:{g") && head.ends_with("|r"), "{key}");
@@ -211,6 +217,43 @@ fn every_key_expires_a_window_and_two_buckets_after_its_last_write() {
             assert!(pttl <= ttl_max, "{key}: PTTL {pttl} > {ttl_max}");
         }
     }
+}
+
+#[test]
+fn sources_hot_on_any_node_are_listed_for_a_window() {
+    let server = RedisServer::start();
+    let config = config(&server);
+    // 4 x 50 ms: hot sources are forgotten 200 ms after their last deltas.
+    let window = WindowSpec::new(Duration::from_millis(50), 4).unwrap();
+    let (hot, light) = ("192.0.2.50/32|default", "192.0.2.51/32|default");
+    server.block_on(|| async {
+        let (a, b, c) = (
+            connect(&config).await,
+            connect(&config).await,
+            connect(&config).await,
+        );
+        assert!(c.hot_sources(window.window()).await.unwrap().is_empty());
+        a.sync("a", window, &[report(hot, 1, 5)]).await.unwrap();
+        // A read without deltas does not make a source hot.
+        b.sync("b", window, &[report(light, 0, 0)]).await.unwrap();
+        assert_eq!(c.hot_sources(window.window()).await.unwrap(), vec![hot]);
+        // Forgotten once a window passes with no deltas (Redis time).
+        let start = Instant::now();
+        let gone = wait_until_async(Duration::from_secs(10), || async {
+            c.hot_sources(window.window())
+                .await
+                .unwrap()
+                .is_empty()
+                .then_some(())
+        })
+        .await;
+        assert!(gone.is_some(), "{hot} listed forever");
+        assert!(
+            start.elapsed() >= Duration::from_millis(100),
+            "{:?}",
+            start.elapsed()
+        );
+    });
 }
 
 #[test]
@@ -475,8 +518,13 @@ fn a_redis_cluster_takes_the_same_sync_without_cross_slot_errors() {
         })
         .collect();
     assert!(per_node.iter().all(|&n| n > 0), "{per_node:?}");
-    // 600 bucket keys and the node set.
-    assert_eq!(per_node.iter().sum::<u64>(), 601, "{per_node:?}");
+    // 600 bucket keys, a hot set per group used, and the node set.
+    let groups: std::collections::BTreeSet<u16> = reports.iter().map(|r| group(&r.key)).collect();
+    assert_eq!(
+        per_node.iter().sum::<u64>(),
+        600 + groups.len() as u64 + 1,
+        "{per_node:?}"
+    );
     // One EVALSHA per group batch per node and one per heartbeat, no more
     // (no retries, no per-source calls): far fewer calls than sources.
     let calls: u64 = server
@@ -497,6 +545,18 @@ fn a_redis_cluster_takes_the_same_sync_without_cross_slot_errors() {
     let per_sync = batches(Mode::Cluster, &reports).len() as u64;
     assert!(per_sync < 300, "{per_sync} calls for 600 sources");
     assert_eq!(calls, 2 * per_sync + 2);
+    // Every source was synced with deltas: all hot, listed once each.
+    let mut hot = server.block_on(|| async {
+        connect(&config)
+            .await
+            .hot_sources(window.window())
+            .await
+            .unwrap()
+    });
+    hot.sort_unstable();
+    let mut keys: Vec<String> = reports.iter().map(|r| r.key.clone()).collect();
+    keys.sort_unstable();
+    assert_eq!(hot, keys);
 }
 
 /// `limiter_tests::wait_until`'s async twin, for polls that call the store.

@@ -1,7 +1,7 @@
 //! The Redis side of cluster-scoped limits: a [`Store`] that adds this
 //! node's admitted and offered deltas to per-bucket counters and reads back
-//! the window totals (`sync.lua`), and records node heartbeats
-//! (`heartbeat.lua`).
+//! the window totals (`sync.lua`), records node heartbeats
+//! (`heartbeat.lua`) and lists the sources hot on any node (`hot.lua`).
 //!
 //! One code path serves a single Redis instance (a [`ConnectionManager`],
 //! which reconnects on its own) and a Redis Cluster (the async cluster
@@ -37,9 +37,11 @@ use redis::{
 const SYNC_LUA: &str = include_str!("sync.lua");
 /// The heartbeat script.
 const HEARTBEAT_LUA: &str = include_str!("heartbeat.lua");
+/// The script listing recently hot sources.
+const HOT_LUA: &str = include_str!("hot.lua");
 
 /// Most reports in one script call: a call blocks the Redis instance while
-/// it runs (about 15 commands per report with 10 buckets, measured at about
+/// it runs (about 16 commands per report with 10 buckets, measured at about
 /// 20 us per report in all), so batches stay short enough (about 1.5 ms)
 /// that other nodes' calls queued behind a few of them still meet a 50 ms
 /// timeout.
@@ -270,6 +272,7 @@ pub struct Store {
     prefix: String,
     sync: Script,
     heartbeat: Script,
+    hot: Script,
 }
 
 impl Store {
@@ -344,6 +347,7 @@ impl Store {
             prefix: config.prefix.clone(),
             sync: Script::new(SYNC_LUA),
             heartbeat: Script::new(HEARTBEAT_LUA),
+            hot: Script::new(HOT_LUA),
         };
         store.load_scripts().await?;
         Ok(store)
@@ -354,7 +358,7 @@ impl Store {
     /// do not each meet NOSCRIPT and load the script again. Later NOSCRIPT
     /// (a restart, a failover, SCRIPT FLUSH) is still handled per call.
     async fn load_scripts(&self) -> Result<(), StoreError> {
-        for script in [&self.sync, &self.heartbeat] {
+        for script in [&self.sync, &self.heartbeat, &self.hot] {
             let mut con = self.con.clone();
             bounded("script load", self.timeout, script.load_async(&mut con))
                 .await?
@@ -377,6 +381,11 @@ impl Store {
     /// with the group of [`group`]; bucket `n` is that plus `:<n>`.
     pub fn source_key(&self, key: &str) -> String {
         format!("{}:{{g{}}}:{key}", self.prefix, group(key))
+    }
+
+    /// The sorted set of a group's recently hot sources.
+    pub fn hot_key(&self, group: u16) -> String {
+        format!("{}:{{g{group}}}:hot", self.prefix)
     }
 
     /// The sorted set of node heartbeats.
@@ -439,6 +448,35 @@ impl Store {
             .await?
             .map_err(|source| call_error("sync", self.timeout, source))?;
         parse_sync_reply(&reply, batch.len())
+    }
+
+    /// The source keys some node synced with non-zero deltas within
+    /// `within` (Redis time; the sync script keeps them for a window), in
+    /// no particular order: the daemon syncs these too, so a source hot on
+    /// other nodes is counted here even while it is light here. One call on
+    /// a single instance, one per group (concurrently) on a Redis Cluster.
+    pub async fn hot_sources(&self, within: Duration) -> Result<Vec<String>, StoreError> {
+        let within_ms = ms(within);
+        let groups: Vec<Vec<u16>> = match self.mode {
+            Mode::Single => vec![(0..GROUPS).collect()],
+            Mode::Cluster => (0..GROUPS).map(|g| vec![g]).collect(),
+        };
+        let calls = groups.iter().map(|groups| async move {
+            let mut call = self.hot.prepare_invoke();
+            for &g in groups {
+                call.key(self.hot_key(g));
+            }
+            call.arg(within_ms);
+            let mut con = self.con.clone();
+            bounded(
+                "hot sources",
+                self.timeout,
+                call.invoke_async::<Vec<String>>(&mut con),
+            )
+            .await?
+            .map_err(|source| call_error("hot sources", self.timeout, source))
+        });
+        Ok(try_join_all(calls).await?.into_iter().flatten().collect())
     }
 
     /// Records `node` alive now (Redis time), forgets nodes not heard from

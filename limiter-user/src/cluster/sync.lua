@@ -16,6 +16,10 @@
 -- Bucket key "<KEYS[i]>:<bucket>", a hash:
 --   a, o                    cluster admitted and offered in that bucket
 --   <node>:a, <node>:o      that node's part
+-- Hot set "<prefix>:{g<group>}:hot", a sorted set per group: member the
+-- source key, score the Redis time (ms) of the last sync that carried
+-- deltas for it from any node; members older than a window are dropped.
+-- Other nodes read it to sync sources hot elsewhere (Store::hot_sources).
 --
 -- Returns {bucket, ca1, co1, oa1, oo1, ca2, ...}.
 
@@ -29,6 +33,8 @@ local ttl_ms = tonumber(ARGV[4])
 local bucket = math.floor(now_ms / bucket_ms)
 local own_a = node .. ':a'
 local own_o = node .. ':o'
+local window_ms = bucket_ms * buckets
+local pruned = {}
 
 local out = {bucket}
 for i, base in ipairs(KEYS) do
@@ -43,6 +49,16 @@ for i, base in ipairs(KEYS) do
     -- Every write renews the TTL: a bucket outlives its window by two
     -- buckets, then goes (nothing is ever deleted explicitly).
     redis.call('PEXPIRE', key, ttl_ms)
+    -- The tag ends at the first '}' (the prefix has none); the hot set
+    -- shares it, so it is in this call's slot.
+    local tag_end = string.find(base, '}', 1, true)
+    local hot = string.sub(base, 1, tag_end) .. ':hot'
+    redis.call('ZADD', hot, now_ms, string.sub(base, tag_end + 2))
+    if not pruned[hot] then
+      pruned[hot] = true
+      redis.call('ZREMRANGEBYSCORE', hot, '-inf', '(' .. (now_ms - window_ms))
+      redis.call('PEXPIRE', hot, ttl_ms)
+    end
   end
   local ca, co, oa, oo = 0, 0, 0, 0
   for b = bucket - buckets + 1, bucket do
