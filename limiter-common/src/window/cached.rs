@@ -56,6 +56,10 @@ pub enum Admission {
         /// With this admission the window is at least half used (packets
         /// or bytes): the source is near its limit.
         half_used: bool,
+        /// The window's packet estimate with this admission (the granted
+        /// frames included), fixed point: what the cluster threshold is
+        /// checked against (`ClusterState::is_hot`).
+        packets: u64,
     },
     /// Refused; no frame can be admitted before `hold_until_ns`, so the
     /// caller may refuse until then without looking at the window.
@@ -234,7 +238,11 @@ pub fn try_admit_cached<S: SlotWrite + ?Sized>(
         ) {
             let half_used = half_used(est.packets, granted, params.allowance_packets)
                 || half_used(est.bytes, len, params.allowance_bytes);
-            return Admission::Admitted { granted, half_used };
+            return Admission::Admitted {
+                granted,
+                half_used,
+                packets: est.packets + (granted << WEIGHT_SHIFT),
+            };
         }
         if count_bytes {
             give_back_bytes(slots, slot, cache.bucket, len);
