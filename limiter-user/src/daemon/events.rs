@@ -12,7 +12,7 @@ use std::{
 };
 
 use aya::maps::{MapData, RingBuf};
-use limiter_common::{event::EPISODE_GAP_NS, LimitEvent, SourceKey};
+use limiter_common::{event::EPISODE_GAP_NS, EventKind, LimitEvent, SourceKey};
 use tokio::io::unix::AsyncFd;
 use tracing::{info, warn};
 
@@ -49,6 +49,12 @@ pub fn watch(
             let ring = guard.get_inner_mut();
             while let Some(item) = ring.next() {
                 if let Some(event) = parse(&item) {
+                    // Only "source limited" events are logged; cluster-hot
+                    // events name sources for the cluster sync, which
+                    // consumes them from this ring.
+                    if event.kind() != Some(EventKind::Limited) {
+                        continue;
+                    }
                     if episodes.starts(&event) {
                         log(&iface, &event, &names);
                     }
