@@ -286,6 +286,34 @@ mod tests {
     }
 
     #[test]
+    fn an_admission_reports_the_packet_estimate_with_what_it_granted() {
+        let params = WindowParams {
+            bucket_ns: 100,
+            buckets: 10,
+            allowance_packets: 1000,
+            allowance_bytes: UNLIMITED,
+        };
+        let ring = AtomicRing::default();
+        let now = 1_050;
+        let cache = WindowCache::refresh(&ring, &params, now);
+        for n in 1..=3 {
+            match try_admit_cached(&ring, &cache, &params, now, 60, 1) {
+                Admission::Admitted { packets, .. } => assert_eq!(packets, n * WEIGHT_ONE),
+                refused => panic!("frame {n}: {refused:?}"),
+            }
+        }
+        match try_admit_cached(&ring, &cache, &params, now, 60, 8) {
+            Admission::Admitted {
+                granted, packets, ..
+            } => {
+                assert_eq!(granted, 8);
+                assert_eq!(packets, 11 * WEIGHT_ONE);
+            }
+            refused => panic!("{refused:?}"),
+        }
+    }
+
+    #[test]
     fn a_frame_whose_bytes_cannot_be_counted_is_refused_not_admitted_uncounted() {
         let params = WindowParams {
             bucket_ns: 100,
