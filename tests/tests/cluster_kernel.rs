@@ -398,4 +398,23 @@ fn a_flood_over_both_cpus_is_held_to_its_share() {
             "window {k}: {admitted} admitted, share {SHARE} +-{tolerance}; all {counts:?}"
         );
     }
+    // Hot from its first 200 frames on, refused on both CPUs all along:
+    // reported once per window length between the two CPUs (the first
+    // report within the first window, then one a window later each time),
+    // not once per CPU.
+    let events = drain_events(&mut harness);
+    let hot = hot_events(&events);
+    assert!(
+        (WINDOWS - 1..=WINDOWS).contains(&hot.len()),
+        "{} cluster-hot events in {WINDOWS} windows: {hot:?}",
+        hot.len()
+    );
+    let key = window_key(&harness, addr);
+    assert!(hot.iter().all(|e| e.key == key), "{hot:?}");
+    for pair in hot.windows(2) {
+        assert!(
+            pair[1].at_ns - pair[0].at_ns >= SECOND,
+            "two reports within a window: {hot:?}"
+        );
+    }
 }
