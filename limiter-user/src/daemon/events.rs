@@ -12,7 +12,7 @@ use std::{
 };
 
 use aya::maps::{MapData, RingBuf};
-use limiter_common::{event::EPISODE_GAP_NS, LimitEvent, SourceKey};
+use limiter_common::{event::EPISODE_GAP_NS, EventKind, LimitEvent, SourceKey};
 use tokio::io::unix::AsyncFd;
 use tracing::{info, warn};
 
@@ -49,7 +49,7 @@ pub fn watch(
             let ring = guard.get_inner_mut();
             while let Some(item) = ring.next() {
                 if let Some(event) = parse(&item) {
-                    if episodes.starts(&event) {
+                    if is_logged(&event) && episodes.starts(&event) {
                         log(&iface, &event, &names);
                     }
                 }
@@ -97,6 +97,13 @@ impl Episodes {
     }
 }
 
+/// Whether `event` is one this log shows: only "source limited" events.
+/// Cluster-hot events name sources for the cluster sync, which consumes
+/// them from this ring.
+pub fn is_logged(event: &LimitEvent) -> bool {
+    event.kind() == Some(EventKind::Limited)
+}
+
 /// A `LimitEvent` from ring-buffer bytes (`None` if the size is wrong).
 pub fn parse(bytes: &[u8]) -> Option<LimitEvent> {
     if bytes.len() != size_of::<LimitEvent>() {
@@ -134,6 +141,13 @@ mod tests {
 
     fn event(last_octet: u8, rule: u32, at_ns: u64) -> LimitEvent {
         LimitEvent::new(SourceKey::v4([192, 0, 2, last_octet]), rule, at_ns, false)
+    }
+
+    #[test]
+    fn cluster_hot_events_are_not_logged_as_limited() {
+        assert!(is_logged(&event(1, 0, 1_000)));
+        let hot = LimitEvent::cluster_hot(SourceKey::v4([192, 0, 2, 1]), 0, 1_000);
+        assert!(!is_logged(&hot));
     }
 
     #[test]
