@@ -1,9 +1,9 @@
-//! `xdp-limiter status`.
+//! `xdp-limiter status`: the daemon, its interfaces and its cluster.
 
 use std::path::Path;
 
 use super::{client, Output};
-use crate::proto::{Reply, Request, Status};
+use crate::proto::{ClusterStatus, Reply, Request, Status};
 
 pub fn run(socket: &Path, output: Output) -> anyhow::Result<()> {
     let Reply::Status(status) = client::request(socket, Request::Status)? else {
@@ -41,5 +41,28 @@ pub fn render(status: &Status) -> String {
             i.dropped_pps
         ));
     }
+    text.push_str(&render_cluster(&status.cluster));
     text
+}
+
+/// The `cluster:` lines of the human form.
+fn render_cluster(cluster: &ClusterStatus) -> String {
+    let Some(c) = cluster.settings.as_ref().filter(|_| cluster.configured) else {
+        return "cluster: not configured (every rule is node-scoped)\n".into();
+    };
+    format!(
+        "cluster: node {}, {} Redis {}, {} cluster-scoped rule{}\n  \
+         sync every {}, timeout {}, threshold {}, fallback {} after {} of grace\n  \
+         sync: not implemented in this version (no live cluster state to show)\n",
+        c.node,
+        c.mode.name(),
+        c.redis.join(", "),
+        cluster.cluster_rules,
+        if cluster.cluster_rules == 1 { "" } else { "s" },
+        humantime::format_duration(c.sync_interval),
+        humantime::format_duration(c.timeout),
+        c.threshold,
+        c.fallback.name(),
+        humantime::format_duration(c.grace),
+    )
 }
