@@ -645,3 +645,26 @@ fn node_names_are_checked_as_documented() {
         assert!(check_node_name(bad).is_err(), "{bad:?} accepted");
     }
 }
+
+#[test]
+fn the_shipped_cluster_example_is_valid_once_uncommented() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../dist/config.toml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let start = text
+        .find("# [cluster]")
+        .expect("a commented [cluster] example");
+    let (plain, example) = text.split_at(start);
+    let uncommented: String = example
+        .lines()
+        .map(|line| line.strip_prefix("# ").unwrap_or(line))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let config = Config::parse(&format!("{plain}{uncommented}\n"), "example").unwrap();
+    let cluster = config.cluster.expect("[cluster] once uncommented");
+    assert_eq!(cluster.node, "edge-1");
+    assert_eq!(cluster.redis[0].redacted(), "redis://:***@10.0.0.5:6379");
+    let https = config.rules.rules.last().unwrap();
+    assert_eq!(https.scope, Scope::Cluster);
+    assert_eq!(https.matches.ports, Some((443, 443)));
+    assert_eq!(config.rules.rules.len(), 3);
+}
