@@ -332,18 +332,19 @@ pub fn check_node_name(name: &str) -> Result<(), String> {
     if name.is_empty() {
         return Err("is empty".into());
     }
-    if name.len() > MAX_NODE_NAME {
-        return Err(format!(
-            "is {} characters long; at most {MAX_NODE_NAME}",
-            name.len()
-        ));
-    }
     if let Some(c) = name
         .chars()
         .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_')))
     {
         return Err(format!(
             "contains {c:?}; a node name has ASCII letters, digits, '.', '-' and '_' only"
+        ));
+    }
+    // ASCII by now: bytes are characters.
+    if name.len() > MAX_NODE_NAME {
+        return Err(format!(
+            "is {} characters long; at most {MAX_NODE_NAME}",
+            name.len()
         ));
     }
     Ok(())

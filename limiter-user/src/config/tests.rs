@@ -668,3 +668,97 @@ fn the_shipped_cluster_example_is_valid_once_uncommented() {
     assert_eq!(https.matches.ports, Some((443, 443)));
     assert_eq!(config.rules.rules.len(), 3);
 }
+
+mod cluster_fuzz {
+    //! `[cluster]` sections of random keys and edge values: validation
+    //! never panics, and a refusal names a `cluster.` field or is TOML's.
+    use proptest::{prelude::*, sample::select};
+
+    use super::*;
+
+    const KEYS: &[&str] = &[
+        "redis",
+        "mode",
+        "node",
+        "sync_interval",
+        "timeout",
+        "threshold",
+        "fallback",
+        "grace",
+    ];
+    const VALUES: &[&str] = &[
+        "[\"redis://a\"]",
+        "[\"redis://a\", \"redis://b\"]",
+        "[\"redis://:p@[::1]:1/2\"]",
+        "[\"rediss://a\"]",
+        "[\"unix:///s?db=1&pass=x\"]",
+        "[\"unix://\"]",
+        "[\"redis://\"]",
+        "[\"redis://@:\"]",
+        "[\"redis://[\"]",
+        "[\"redis://a:b:c@d:e/f?g#h\"]",
+        "[\"://\"]",
+        "[\"é://é@é\"]",
+        "[]",
+        "[1]",
+        "\"single\"",
+        "\"cluster\"",
+        "\"split\"",
+        "\"local\"",
+        "\"\"",
+        "\"edge-1\"",
+        "\"a b\"",
+        "\"0s\"",
+        "\"1ns\"",
+        "\"10ms\"",
+        "\"9ms\"",
+        "\"10s\"",
+        "\"11s\"",
+        "\"1h\"",
+        "\"100y\"",
+        "0",
+        "1",
+        "0.25",
+        "1.0000001",
+        "-0.0",
+        "nan",
+        "inf",
+        "1e308",
+        "true",
+    ];
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+        #[test]
+        fn random_cluster_sections_never_panic_and_refusals_name_the_field(
+            entries in proptest::collection::vec((select(KEYS), select(VALUES)), 0..8),
+        ) {
+            let mut text = String::from("[cluster]\n");
+            let mut seen = Vec::new();
+            for (key, value) in entries {
+                // A duplicate key is TOML's error, not ours: keep the first.
+                if !seen.contains(&key) {
+                    seen.push(key);
+                    text.push_str(&format!("{key} = {value}\n"));
+                }
+            }
+            match Config::parse(&text, "fuzz.toml") {
+                Ok(config) => prop_assert!(config.cluster.is_some()),
+                Err(ConfigError::Field { field, .. }) => {
+                    prop_assert!(field.starts_with("cluster."), "{field}: {text}")
+                }
+                Err(ConfigError::Parse { .. }) => {}
+                Err(other) => prop_assert!(false, "{other}: {text}"),
+            }
+        }
+
+        #[test]
+        fn any_text_as_a_redis_url_is_parsed_or_refused_without_a_panic(text in "\\PC{0,40}") {
+            for url in [text.clone(), format!("redis://{text}"), format!("unix://{text}")] {
+                if let Ok(parsed) = parse_redis_url(&url) {
+                    prop_assert_eq!(parsed.url, url);
+                }
+            }
+        }
+    }
+}
