@@ -66,3 +66,38 @@ fn render_cluster(cluster: &ClusterStatus) -> String {
         humantime::format_duration(c.grace),
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    #[test]
+    fn the_human_form_shows_the_cluster_or_says_there_is_none() {
+        let none = render(&Status::default());
+        assert!(
+            none.ends_with("cluster: not configured (every rule is node-scoped)\n"),
+            "{none}"
+        );
+        let config = Config::parse(
+            "[cluster]\nredis = [\"redis://u:pw@h:7000\", \"redis://h2:7000\"]\nmode = \"cluster\"\n\
+             node = \"n1\"\ngrace = \"1m\"\n",
+            "t",
+        )
+        .unwrap();
+        let status = Status {
+            cluster: ClusterStatus::new(config.cluster.as_ref(), 2),
+            ..Status::default()
+        };
+        let text = render(&status);
+        assert!(
+            text.contains(
+                "cluster: node n1, cluster Redis redis://u:***@h:7000, redis://h2:7000, \
+                 2 cluster-scoped rules\n  sync every 100ms, timeout 50ms, threshold 0.25, \
+                 fallback split after 1m of grace\n  sync: not implemented"
+            ),
+            "{text}"
+        );
+        assert!(!text.contains("pw"), "{text}");
+    }
+}
