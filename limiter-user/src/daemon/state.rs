@@ -188,12 +188,19 @@ impl Daemon {
             }
         };
         apply_overrides(&mut fresh, &self.options);
-        if let Err(e) = config::check_frame_sizes(&fresh.rules, &fresh.daemon.interfaces) {
+        if let Err(e) =
+            config::check_frame_sizes(&fresh.rules, &fresh.daemon.interfaces).and_then(|()| {
+                config::check_cluster_in_force(&fresh.rules, self.config.cluster.as_ref())
+            })
+        {
             error!(error = %e, "SIGHUP: configuration rejected; the running one stays in force");
             return None;
         }
         if fresh.daemon != self.config.daemon {
             warn!("SIGHUP: [daemon] settings changed; they take effect on restart");
+        }
+        if fresh.cluster != self.config.cluster {
+            warn!("SIGHUP: [cluster] settings changed; they take effect on restart");
         }
         let generation = match self.push(&fresh.rules) {
             Ok(generation) => generation,
@@ -207,7 +214,8 @@ impl Daemon {
             "SIGHUP: configuration reloaded"
         );
         // Later rule edits start from what was reloaded, not from the old
-        // file; [daemon] settings keep what the daemon runs with.
+        // file; [daemon] and [cluster] settings keep what the daemon runs
+        // with.
         self.config.rules = fresh.rules;
         self.config.file = fresh.file;
         self.config.text = fresh.text;
