@@ -78,6 +78,13 @@ pub const fn count(word: u64, tag: u64, place: Place) -> u32 {
     }
 }
 
+/// Whether `word` counted a frame in the epoch tagged `tag` (a word never
+/// counted in is all zero, whatever the tag).
+#[inline(always)]
+pub const fn touched(word: u64, tag: u64) -> bool {
+    word >> TAG_SHIFT == tag && word & ((1 << TAG_SHIFT) - 1) != 0
+}
+
 /// `word` with one more frame of the source at `place` in the epoch
 /// tagged `tag` (restarted if it held another epoch), by conservative
 /// update: what the source reads goes up by one (saturating at
@@ -237,6 +244,15 @@ mod tests {
     /// Sources that share a word must spread over its pairs, or a busy
     /// source makes every neighbour look busy: the pair must not come
     /// from the bits that chose the word.
+    #[test]
+    fn a_word_is_touched_only_in_the_epoch_that_counted_in_it() {
+        assert!(!touched(0, 0), "a word never counted in, at tag 0");
+        let place = place(&v4(0x0a00_0001), false, 32, 0, 7);
+        let word = bumped(0, 5, place);
+        assert!(touched(word, 5));
+        assert!(!touched(word, 4) && !touched(word, 6));
+    }
+
     #[test]
     fn sources_of_one_word_spread_over_its_pairs() {
         let mut pairs: std::collections::BTreeMap<u32, std::collections::BTreeSet<(u32, u32)>> =

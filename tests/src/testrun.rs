@@ -283,6 +283,46 @@ pub fn paced_while(
     pacing: Pacing,
     go: impl Fn(Instant) -> bool + Sync,
 ) -> Paced {
+    paced_until(program, cpu, frame, pps, start, pacing, |now, _| go(now))
+}
+
+/// As [`paced`], until `frames` frames were offered: on a loaded machine a
+/// sender that skips the slots it missed (`Pacing::Skip`) offers fewer
+/// frames a second, so a fixed duration may offer too few to say
+/// anything; this lasts as long as it takes (at most `deadline`, past
+/// which the machine is too starved to run the test, and it panics).
+pub fn paced_frames(
+    program: &Xdp,
+    cpu: usize,
+    frame: &[u8],
+    pps: u64,
+    frames: u64,
+    deadline: Duration,
+) -> Paced {
+    let start = Start::now();
+    let end = start.instant + deadline;
+    let run = paced_until(program, cpu, frame, pps, start, Pacing::Skip, |now, out| {
+        out.offered < frames && now < end
+    });
+    assert!(
+        run.offered >= frames,
+        "offered only {} of {frames} frames in {deadline:?}: the machine starved the sender",
+        run.offered
+    );
+    run
+}
+
+/// The sender of [`paced`] and [`paced_while`], for as long as
+/// `go(now, sent so far)` holds.
+fn paced_until(
+    program: &Xdp,
+    cpu: usize,
+    frame: &[u8],
+    pps: u64,
+    start: Start,
+    pacing: Pacing,
+    go: impl Fn(Instant, &Paced) -> bool + Sync,
+) -> Paced {
     thread::scope(|scope| {
         scope
             .spawn(|| {
@@ -296,7 +336,7 @@ pub fn paced_while(
                         std::hint::spin_loop();
                         now = Instant::now();
                     }
-                    if !go(now) {
+                    if !go(now, &out) {
                         return out;
                     }
                     let verdict = test_run(program, frame, 1)

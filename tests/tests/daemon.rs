@@ -148,6 +148,18 @@ fn the_daemon_enforces_limits_and_metrics_match_what_the_receiver_saw() {
         value(&series("xdp_limiter_bytes_total", "dropped_limit")),
         Some(80.0 * 106.0)
     );
+    // The three sources, estimated from the cheap tier's sketch once the
+    // epoch they sent in has ended (read on the next epoch's first tick;
+    // two or three, as their frames fell in one epoch or two).
+    let active = format!("xdp_limiter_active_sources_estimate{{interface=\"{RX_IF}\"}}");
+    let estimate = daemon.wait_metric(&active, |v| v >= 2.0);
+    assert!(estimate <= 3.0, "three sources sent: {estimate}");
+    assert_eq!(
+        daemon.metric(&format!(
+            "xdp_limiter_active_sources_saturated{{interface=\"{RX_IF}\"}}"
+        )),
+        Some(0.0)
+    );
 
     stop_cleanly(&lab, &files, daemon);
 }

@@ -32,7 +32,10 @@ use limiter_tests::{
     },
 };
 use limiter_user::{
-    kernel::{read, LoadOptions},
+    kernel::{
+        read::{self, ActiveSources},
+        LoadOptions,
+    },
     rules::{RuleSet, RuleSpec},
 };
 
@@ -727,4 +730,29 @@ fn cheap_frames_are_judged_without_state() {
         (Outcome::NewWindow, frames(1, len)),
         (Outcome::NewSource, frames(2, len)),
     ]);
+}
+
+/// The daemon's estimate of the active sources reads the kernel's sketch:
+/// 30,000 sources of one epoch, each one frame, are estimated within 3%.
+#[test]
+fn the_sketch_estimates_the_sources_of_an_epoch() {
+    const SOURCES: u32 = 30_000;
+    let mut harness = harness_with(
+        &tiered(limit("0.0.0.0/0", FLOOD_PPS), vec![]),
+        &LoadOptions::default(),
+    );
+    let program = harness.program();
+    let epoch = at_epoch_start();
+    on_cpu(0, || spray(program, 0..SOURCES));
+    assert_same_epoch(epoch);
+    let tag = sketch::tag(epoch * sketch::EPOCH_NS);
+    let active = ActiveSources::read(harness.maps(), tag).expect("read SKETCH");
+    assert!(!active.saturated, "{active:?}");
+    assert!(
+        active.estimate.abs_diff(u64::from(SOURCES)) <= u64::from(SOURCES) * 3 / 100,
+        "{active:?}"
+    );
+    // Another epoch's tag sees none of them.
+    let other = ActiveSources::read(harness.maps(), (tag + 2) & 0xff).expect("read SKETCH");
+    assert_eq!(other.estimate, 0);
 }

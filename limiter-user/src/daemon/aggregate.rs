@@ -8,12 +8,14 @@ use std::{
     time::Duration,
 };
 
-use limiter_common::{names, Counter, Outcome, SourceKey, SourceTraffic};
+use limiter_common::{names, sketch, Counter, Outcome, SourceKey, SourceTraffic};
 
 use crate::kernel::{
     self,
     batch::{self, Resume},
-    possible_cpus, read, Maps, MapsError,
+    possible_cpus,
+    read::{self, ActiveSources},
+    Maps, MapsError,
 };
 
 /// A source's rates over the last complete second, summed across CPUs.
@@ -43,6 +45,10 @@ pub struct Snapshot {
     /// Sources evicted so far, as of the last complete sweep (never less
     /// than an earlier sweep said).
     pub evictions: u64,
+    /// The sources of the cheap tier's last complete epoch, estimated
+    /// from its sketch; `None` with the tiers off and until an epoch has
+    /// ended since the daemon started.
+    pub active_sources: Option<ActiveSources>,
 }
 
 /// The running totals of a sweep over the per-source map.
@@ -118,6 +124,11 @@ pub struct Sweep {
     created_at_start: u64,
     /// The highest eviction estimate so far.
     evictions: u64,
+    /// The cheap tier's epoch of the last tick, and what was estimated of
+    /// the epoch before it: the sketch is read once an epoch, on the
+    /// first tick after it ends.
+    sketch_epoch: Option<u64>,
+    active_sources: Option<ActiveSources>,
 }
 
 /// One tick: the outcome totals, and the next slice of the sweep (at most
@@ -163,6 +174,17 @@ pub fn pass(
             sweep.ticks = 0;
         }
     }
+    if maps.live_config()?.tiered() {
+        let epoch = now.as_nanos() as u64 / sketch::EPOCH_NS;
+        if sweep.sketch_epoch.is_some_and(|seen| seen != epoch) {
+            let ended = sketch::tag((epoch - 1) * sketch::EPOCH_NS);
+            sweep.active_sources = Some(ActiveSources::read(maps, ended)?);
+        }
+        sweep.sketch_epoch = Some(epoch);
+    } else {
+        sweep.sketch_epoch = None;
+        sweep.active_sources = None;
+    }
     // Until the first sweep completes, show what it has seen so far.
     let view = sweep.complete.as_ref().unwrap_or(&sweep.current);
     let mut top: Vec<SourceRate> = view.rates.values().cloned().collect();
@@ -175,5 +197,6 @@ pub fn pass(
         top,
         rule_drops: read::rule_drops(maps)?,
         evictions: sweep.evictions,
+        active_sources: sweep.active_sources,
     })
 }

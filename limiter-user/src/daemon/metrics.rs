@@ -28,6 +28,8 @@ pub struct Metrics {
     rule_drops: IntCounterVec,
     evictions: IntCounterVec,
     tracked: IntGaugeVec,
+    active: IntGaugeVec,
+    saturated: IntGaugeVec,
     capacity: IntGaugeVec,
     limited: IntGaugeVec,
     penalties: IntGaugeVec,
@@ -92,6 +94,18 @@ impl Metrics {
                 &registry,
                 "xdp_limiter_tracked_sources",
                 "Sources holding per-CPU state (hot: busy, refused or near their limit; every source with state when tiers are off).",
+                &["interface"],
+            ),
+            active: gauge(
+                &registry,
+                "xdp_limiter_active_sources_estimate",
+                "Sources that sent a frame in the cheap tier's last epoch (about a second), estimated from its sketch by linear counting (tiers on only); a floor when xdp_limiter_active_sources_saturated is 1.",
+                &["interface"],
+            ),
+            saturated: gauge(
+                &registry,
+                "xdp_limiter_active_sources_saturated",
+                "1 when nearly every word of the cheap tier's sketch was touched in the last epoch: the active sources estimate is then a floor (above about 200,000 sources a second).",
                 &["interface"],
             ),
             capacity: gauge(
@@ -249,6 +263,14 @@ impl Metrics {
         self.tracked
             .with_label_values(&[iface])
             .set(snapshot.tracked_sources as i64);
+        if let Some(active) = snapshot.active_sources {
+            self.active
+                .with_label_values(&[iface])
+                .set(active.estimate as i64);
+            self.saturated
+                .with_label_values(&[iface])
+                .set(i64::from(active.saturated));
+        }
         self.capacity
             .with_label_values(&[iface])
             .set(i64::from(capacity));

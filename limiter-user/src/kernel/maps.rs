@@ -98,4 +98,9 @@ impl Maps {
     pub fn sources_data(&self) -> &MapData {
         self.sources.map()
     }
+
+    /// The sketch's map, for batched reads.
+    pub fn sketch_data(&self) -> &MapData {
+        self.sketch.map()
+    }
 }
