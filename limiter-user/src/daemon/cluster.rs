@@ -50,7 +50,7 @@ use super::{events::RuleNames, metrics::ClusterMetrics};
 use crate::{
     cluster::{
         tick::{
-            first_bucket_of_window, kernel_state, parse_report_key, report_key, share_expiry,
+            self, first_bucket_of_window, kernel_state, parse_report_key, report_key, share_expiry,
             AdmittedTracker, Change, Health, OfferedTracker, Phase,
         },
         Fallback as ShareFallback, Mode, Report, Store, StoreConfig, StoreError, WindowSpec,
@@ -135,8 +135,12 @@ struct Tracked {
     active: Instant,
     admitted: Vec<AdmittedTracker>,
     offered: Vec<OfferedTracker>,
-    /// The allowance of its last successful sync (kept while failing).
-    allowance: Option<u64>,
+    /// Its count per interface as the kernel will estimate it at the next
+    /// tick if nothing more is admitted (`tick::estimate_at`).
+    estimate: Vec<u64>,
+    /// The allowance written per interface at its last successful sync
+    /// (kept while failing).
+    allowance: Option<Vec<u64>>,
 }
 
 /// A tick's reports by window (bucket ms, buckets): (report key, report,
@@ -268,6 +272,7 @@ impl Sync {
                 active: now,
                 admitted: vec![AdmittedTracker::default(); count],
                 offered: vec![OfferedTracker::default(); count],
+                estimate: vec![0; count],
                 allowance: None,
             })
             .active = now;
@@ -304,6 +309,12 @@ impl Sync {
                     let first =
                         first_bucket_of_window(kernel_now, state.bucket_ns.max(1), rule.buckets);
                     admitted += tracked.admitted[i].advance(&words, first);
+                    tracked.estimate[i] = tick::estimate_at(
+                        &state.slots,
+                        state.bucket_ns,
+                        rule.buckets,
+                        kernel_now + self.config.sync_interval.as_nanos() as u64,
+                    );
                 }
                 if let Ok(per_cpu) = maps.sources.get(&tracked.key, 0) {
                     let second = kernel_now / 1_000_000_000;
@@ -361,9 +372,20 @@ impl Sync {
                 let expires =
                     share_expiry(kernel_now, self.config.sync_interval, Phase::Normal, now);
                 let count = allowances.len();
-                for (text, allowance) in allowances {
+                for (text, share) in allowances {
                     if let Some(tracked) = self.tracked.get_mut(&text) {
-                        tracked.allowance = Some(allowance);
+                        // Relative to the kernel's own count, not Redis's
+                        // view of this node: the two windows' bucket edges
+                        // differ (kernel clock, Redis TIME), and an
+                        // absolute allowance would let the kernel re-admit
+                        // what its window forgot before Redis's did.
+                        tracked.allowance = Some(
+                            tracked
+                                .estimate
+                                .iter()
+                                .map(|e| e.saturating_add(share))
+                                .collect(),
+                        );
                     }
                 }
                 if let Some(expires) = expires {
@@ -429,13 +451,15 @@ impl Sync {
     }
 
     /// Connects if needed, lists hot sources once per window, heartbeats
-    /// and syncs; returns the nodes alive and each report's allowance.
+    /// and syncs; returns the nodes alive and each report's share of the
+    /// headroom (`cluster::share::node_allowance` less its own admitted).
     async fn redis(&mut self, groups: &Groups) -> Result<(u32, Vec<(String, u64)>), StoreError> {
         if self.store.is_none() {
             self.store = Some(Store::connect(&self.store_config()).await?);
         }
         let store = self.store.as_ref().expect("connected above");
         let node = self.config.node.clone();
+        let interval = self.config.sync_interval;
         let nodes = store
             .heartbeat(&node, alive_period(self.config.sync_interval))
             .await?;
@@ -445,7 +469,19 @@ impl Sync {
             let reports: Vec<Report> = entries.iter().map(|(_, r, _)| r.clone()).collect();
             let totals = store.sync(&node, spec, &reports).await?;
             for ((text, _, limit), totals) in entries.iter().zip(totals) {
-                allowances.push((text.clone(), totals.allowance(*limit, nodes)));
+                // This node's share of the headroom: the allowance beyond
+                // what it already admitted in Redis's window.
+                let own = totals.own_admitted.min(totals.cluster_admitted);
+                let share = tick::paced_share(
+                    totals.allowance(*limit, nodes).saturating_sub(own),
+                    *limit,
+                    interval,
+                    spec.window(),
+                    totals.own_offered,
+                    totals.cluster_offered,
+                    nodes,
+                );
+                allowances.push((text.clone(), share));
             }
         }
         // Sources hot on other nodes, once per (longest) window: they are
@@ -477,14 +513,14 @@ impl Sync {
     /// Writes every tracked source's last allowance with `expires_ns`.
     fn write_shares(&mut self, expires_ns: u64) {
         for tracked in self.tracked.values() {
-            let Some(allowance) = tracked.allowance else {
+            let Some(allowance) = &tracked.allowance else {
                 continue;
             };
-            let share = ClusterShare {
-                allowance_packets: allowance,
-                expires_ns,
-            };
-            for (iface, maps) in &mut self.ifaces {
+            for ((iface, maps), &allowance) in self.ifaces.iter_mut().zip(allowance) {
+                let share = ClusterShare {
+                    allowance_packets: allowance,
+                    expires_ns,
+                };
                 if let Err(e) = maps.shares.insert(tracked.key, share, 0) {
                     warn!(%iface, error = %e, "cluster: cannot write a share");
                 }
