@@ -122,10 +122,8 @@ pub struct Status {
 }
 
 /// `status`'s `cluster` block: the `[cluster]` settings in force (URLs
-/// without passwords) and how many rules are cluster-scoped. The live state
-/// of the sync (nodes alive, last sync age, degraded, synced sources) is
-/// not here: the sync is not implemented yet, and a field that always said
-/// "0 nodes" or "never synced" would be a lie, not a state.
+/// without passwords), how many rules are cluster-scoped, and the sync's
+/// live state (`live`, absent without `[cluster]`).
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
 pub struct ClusterStatus {
     /// Whether the daemon runs with a `[cluster]` section.
@@ -135,6 +133,29 @@ pub struct ClusterStatus {
     /// The settings; `None` when not configured.
     #[serde(skip_serializing_if = "Option::is_none", flatten)]
     pub settings: Option<ClusterSettings>,
+    /// The sync's live state; `None` when not configured (or from a
+    /// daemon without the sync).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub live: Option<Box<ClusterLive>>,
+}
+
+/// What the cluster sync last saw (`daemon::cluster`).
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+pub struct ClusterLive {
+    /// Nodes alive at the last heartbeat (the last known while Redis
+    /// fails; 0 before the first).
+    pub nodes_alive: u32,
+    /// Milliseconds since the last successful sync; `None`: never.
+    pub last_sync_age_ms: Option<u64>,
+    /// Degraded: 3 or more failed ticks in a row.
+    pub degraded: bool,
+    /// Cluster-scoped sources the last sync carried.
+    pub synced_sources: usize,
+    /// The fallback policy in force (`split` or `local`) once degraded
+    /// past the grace period; `None` otherwise.
+    pub fallback_in_force: Option<Fallback>,
+    /// Failed ticks since the daemon started.
+    pub failed_ticks: u64,
 }
 
 /// The `[cluster]` settings a daemon runs with, as `status` shows them.
@@ -172,6 +193,7 @@ impl ClusterStatus {
                 fallback: c.fallback,
                 grace: c.grace,
             }),
+            live: None,
         }
     }
 }

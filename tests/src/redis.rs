@@ -56,6 +56,17 @@ impl RedisServer {
         server
     }
 
+    /// One instance on [`PORT`] listening on every address of its
+    /// namespace (`--bind * -::*`, protected mode off: the namespace is
+    /// the test's own), for labs that reach it over veth pairs added
+    /// after it started.
+    pub fn start_on_all_addresses() -> Self {
+        let mut server = Self::empty("redis");
+        server.spawn_bound(PORT, "* -::*", &["--protected-mode", "no"]);
+        server.wait_ping(PORT);
+        server
+    }
+
     /// Three primaries on 127.0.0.1:[`CLUSTER_PORT`]..+2 joined into a
     /// Redis Cluster whose 16384 slots are all served (`cluster_state:ok`
     /// on every node).
@@ -123,6 +134,10 @@ impl RedisServer {
     /// Starts `redis-server` on `port` with no persistence (the store keeps
     /// nothing on disk), its output in `<dir>/<port>.log`.
     fn spawn(&mut self, port: u16, extra: &[&str]) {
+        self.spawn_bound(port, "127.0.0.1", extra);
+    }
+
+    fn spawn_bound(&mut self, port: u16, bind: &str, extra: &[&str]) {
         let log_path = self.dir.join(format!("{port}.log"));
         let log = File::create(&log_path).unwrap_or_else(|e| panic!("{}: {e}", log_path.display()));
         let port_text = port.to_string();
@@ -130,7 +145,7 @@ impl RedisServer {
         let child = self
             .ns
             .command("redis-server")
-            .args(["--port", &port_text, "--bind", "127.0.0.1"])
+            .args(["--port", &port_text, "--bind", bind])
             .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
             .args(["--dir", &dir, "--logfile", ""])
             .args(extra)
@@ -176,6 +191,12 @@ impl RedisServer {
     /// this is redis-server itself).
     pub fn pid(&self) -> Pid {
         Pid::from_raw(self.children[0].1.id() as i32)
+    }
+
+    /// Kills every server (SIGKILL): connections are reset and refused
+    /// from then on (the processes are reaped on drop).
+    pub fn kill_all(&self) {
+        self.signal(Signal::SIGKILL);
     }
 
     /// Stops every server (SIGSTOP): connections stay open and calls hang.

@@ -50,10 +50,27 @@ fn render_cluster(cluster: &ClusterStatus) -> String {
     let Some(c) = cluster.settings.as_ref().filter(|_| cluster.configured) else {
         return "cluster: not configured (every rule is node-scoped)\n".into();
     };
+    let live = match &cluster.live {
+        None => "sync: no live state reported\n".to_string(),
+        Some(l) => format!(
+            "sync: {} node{} alive, last sync {}, {}, {} synced source{}{}\n",
+            l.nodes_alive,
+            if l.nodes_alive == 1 { "" } else { "s" },
+            l.last_sync_age_ms
+                .map_or("never".into(), |ms| format!("{ms} ms ago")),
+            if l.degraded { "DEGRADED" } else { "healthy" },
+            l.synced_sources,
+            if l.synced_sources == 1 { "" } else { "s" },
+            l.fallback_in_force.map_or(String::new(), |f| format!(
+                ", fallback {} in force",
+                f.name()
+            )),
+        ),
+    };
     format!(
         "cluster: node {}, {} Redis {}, {} cluster-scoped rule{}\n  \
          sync every {}, timeout {}, threshold {}, fallback {} after {} of grace\n  \
-         sync: not implemented in this version (no live cluster state to show)\n",
+         {live}",
         c.node,
         c.mode.name(),
         c.redis.join(", "),
@@ -94,7 +111,29 @@ mod tests {
             text.contains(
                 "cluster: node n1, cluster Redis redis://u:***@h:7000, redis://h2:7000, \
                  2 cluster-scoped rules\n  sync every 100ms, timeout 50ms, threshold 0.25, \
-                 fallback split after 1m of grace\n  sync: not implemented"
+                 fallback split after 1m of grace\n  sync: no live state reported"
+            ),
+            "{text}"
+        );
+        let status = Status {
+            cluster: ClusterStatus {
+                live: Some(Box::new(crate::proto::ClusterLive {
+                    nodes_alive: 3,
+                    last_sync_age_ms: Some(42),
+                    degraded: true,
+                    synced_sources: 1,
+                    fallback_in_force: Some(crate::config::Fallback::Split),
+                    failed_ticks: 9,
+                })),
+                ..status.cluster
+            },
+            ..Status::default()
+        };
+        let text = render(&status);
+        assert!(
+            text.contains(
+                "sync: 3 nodes alive, last sync 42 ms ago, DEGRADED, 1 synced source, \
+                 fallback split in force\n"
             ),
             "{text}"
         );

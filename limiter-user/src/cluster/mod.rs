@@ -11,6 +11,7 @@
 
 pub mod share;
 pub mod store;
+pub mod tick;
 
 pub use share::{cold_cap, error_bound, fallback_cap, node_allowance, Fallback};
 pub use store::{Mode, Report, Store, StoreConfig, StoreError, Totals, WindowSpec};

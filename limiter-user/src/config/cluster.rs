@@ -3,8 +3,8 @@
 //! back). The file form ([`ClusterSection`], what serde reads and `--save`
 //! writes back) and its validated form ([`ClusterConfig`], what the daemon
 //! runs with). An absent section means no cluster: every rule is then
-//! node-scoped. The sync itself lives in `crate::cluster` (not on this
-//! branch yet); this file only decides what an operator may write.
+//! node-scoped. The sync itself lives in `crate::daemon::cluster` and
+//! `crate::cluster`; this file only decides what an operator may write.
 //!
 //! Redis URLs are checked here, by hand, so that a typo is refused when the
 //! file is read rather than when the first sync fails, and so that passwords

@@ -20,10 +20,15 @@ use tracing::{info, warn};
 pub type RuleNames = Arc<RwLock<Vec<(u32, String)>>>;
 
 /// Logs the events of one interface until the task is dropped.
+///
+/// Cluster-hot events go to `cluster` (the sync task), when there is one;
+/// a full queue drops the event (the kernel reports the source again the
+/// next window).
 pub fn watch(
     iface: String,
     ring: RingBuf<MapData>,
     names: RuleNames,
+    cluster: Option<tokio::sync::mpsc::Sender<LimitEvent>>,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         // SAFETY: the ring buffer owns its map fd for its whole life and
@@ -49,6 +54,11 @@ pub fn watch(
             let ring = guard.get_inner_mut();
             while let Some(item) = ring.next() {
                 if let Some(event) = parse(&item) {
+                    if let Some(cluster) = &cluster {
+                        if event.kind() == Some(EventKind::ClusterHot) {
+                            let _ = cluster.try_send(event);
+                        }
+                    }
                     if is_logged(&event) && episodes.starts(&event) {
                         log(&iface, &event, &names);
                     }

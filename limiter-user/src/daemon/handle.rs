@@ -16,7 +16,10 @@ use crate::{
     rules::rule_name,
 };
 
-/// What the loop does with a request.
+/// What the loop does with a request. One per control request, moved
+/// once: boxing the answer to shrink the enum would only add an
+/// allocation.
+#[allow(clippy::large_enum_variant)]
 pub enum Handled {
     /// Send this answer.
     Answer(ResponseLine),
@@ -81,13 +84,19 @@ impl Daemon {
                     }
                 })
                 .collect(),
-            cluster: ClusterStatus::new(
-                self.config.cluster.as_ref(),
-                std::iter::once(&self.config.rules.default)
-                    .chain(&self.config.rules.rules)
-                    .filter(|r| r.scope == Scope::Cluster)
-                    .count(),
-            ),
+            cluster: ClusterStatus {
+                live: self
+                    .cluster_live
+                    .as_ref()
+                    .and_then(|l| l.lock().ok().map(|l| Box::new(l.status()))),
+                ..ClusterStatus::new(
+                    self.config.cluster.as_ref(),
+                    std::iter::once(&self.config.rules.default)
+                        .chain(&self.config.rules.rules)
+                        .filter(|r| r.scope == Scope::Cluster)
+                        .count(),
+                )
+            },
         }
     }
 

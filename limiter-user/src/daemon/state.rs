@@ -44,6 +44,9 @@ pub struct Daemon {
     /// counters and events of either resolve to a name.
     pub(super) names: RuleNames,
     pub(super) metrics: Metrics,
+    /// The cluster sync's live state, for `status` (`None` without
+    /// `[cluster]`).
+    pub(super) cluster_live: Option<super::cluster::SharedLive>,
 }
 
 /// One protected interface and what the daemon has seen of it.
@@ -77,6 +80,7 @@ impl Daemon {
             generation: 0,
             names: RuleNames::default(),
             metrics: Metrics::new(),
+            cluster_live: None,
         }
     }
 
