@@ -62,17 +62,29 @@ fn limiter_caps_heavy_sources_and_passes_light_ones_end_to_end() {
         idle_max: Duration::from_secs(3),
         quiet: Duration::ZERO,
     };
-    let run = run_once(
-        &lab,
-        &programs,
-        &MIX,
-        Scenario::XdpLimiter.expectation(),
-        LIMIT,
-        timing,
-        &AtomicBool::new(false),
-    )
-    .expect("not interrupted");
-    eprintln!("{run:#?}");
+    // A measurement is valid only if this shared machine let the
+    // generator pace and the receiver keep up (checked below); one taken
+    // while other work starved either says nothing about the limiter, so
+    // it is taken again, at most three times in all.
+    let mut attempts = 0;
+    let run = loop {
+        attempts += 1;
+        let run = run_once(
+            &lab,
+            &programs,
+            &MIX,
+            Scenario::XdpLimiter.expectation(),
+            LIMIT,
+            timing,
+            &AtomicBool::new(false),
+        )
+        .expect("not interrupted");
+        eprintln!("attempt {attempts}: {run:#?}");
+        let valid = run.generator_stalled < 0.3 && run.ring_loss < 0.02;
+        if valid || attempts == 3 {
+            break run;
+        }
+    };
 
     // The generator paces (unpaced it sends 5-7 Mpps): within 3% of the
     // rate over the time it was not stalled (a stall of its CPU, which this
@@ -81,7 +93,7 @@ fn limiter_caps_heavy_sources_and_passes_light_ones_end_to_end() {
     // receive thread can be descheduled too).
     assert!(
         run.generator_stalled < 0.3,
-        "the generator was stalled {:.1}% of the time",
+        "the generator was stalled {:.1}% of the time (in each of {attempts} attempts)",
         run.generator_stalled * 100.0
     );
     let paced = RATE as f64 * (1.0 - run.generator_stalled);
@@ -91,7 +103,11 @@ fn limiter_caps_heavy_sources_and_passes_light_ones_end_to_end() {
         run.offered_pps,
         (1.0 - run.generator_stalled) * 100.0
     );
-    assert!(run.ring_loss < 0.02, "ring loss {}", run.ring_loss);
+    assert!(
+        run.ring_loss < 0.02,
+        "ring loss {} in each of {attempts} attempts: the receive thread was starved",
+        run.ring_loss
+    );
     assert_eq!(run.unknown, 0, "datagrams without a stamp reached the sink");
     // Heavy sources (22,500 pps each) are capped at the limit; light ones
     // (45 pps each) all pass.
