@@ -64,23 +64,6 @@ pub const FIRST_CREATED: u32 = 1;
 pub const FIRST_HERE: u32 = 2;
 
 impl SourceTraffic {
-    /// State for a first frame of `len` bytes in `second`, on the CPU that
-    /// creates the source's entry.
-    #[inline(always)]
-    pub fn first(second: u64, len: u64) -> Self {
-        let first = Counter {
-            packets: 1,
-            bytes: len,
-        };
-        Self {
-            second,
-            current: first,
-            total: first,
-            first_frame: FIRST_CREATED,
-            ..Self::default()
-        }
-    }
-
     /// Counts a frame of `len` bytes at `now_ns` as the only one of the
     /// source so far: in a scratch value that becomes (or stands for) a
     /// new entry, not in a live one.
@@ -208,7 +191,8 @@ mod tests {
 
     #[test]
     fn traffic_rolls_seconds_over() {
-        let mut t = SourceTraffic::first(100, 60);
+        let mut t = SourceTraffic::default();
+        t.count_first(100 * NS_PER_SECOND, 60);
         t.record(100, 40);
         assert_eq!(
             t.current,

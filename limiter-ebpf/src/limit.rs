@@ -405,7 +405,8 @@ fn record_offered(key: &SourceKey, now: u64, len: u64) -> Option<*mut SourceTraf
     }
     // The new value is built in a per-CPU scratch, not on the stack (it
     // would take 192 of the 512 bytes); the scratch is all zero between
-    // uses, so only what `SourceTraffic::first` sets is set and reset.
+    // uses, so only what `count_first` and `first_frame` set is set and
+    // reset.
     let Some(seed) = TRAFFIC_SEED.get_ptr_mut(0) else {
         maps::count(Outcome::InsertFailure, len);
         return None;
