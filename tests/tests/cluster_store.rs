@@ -8,17 +8,19 @@ use std::time::{Duration, Instant};
 
 use limiter_tests::redis::RedisServer;
 use limiter_user::cluster::{
-    node_allowance,
+    node_claim,
     store::{
         batches, group, Mode, Report, Store, StoreConfig, StoreError, Totals, WindowSpec, MAX_BATCH,
     },
 };
 
+/// A report under a cluster-wide limit of 100.
 fn report(key: &str, admitted: u64, offered: u64) -> Report {
     Report {
         key: key.into(),
         admitted,
         offered,
+        limit: 100,
     }
 }
 
@@ -100,29 +102,50 @@ fn nodes_read_the_same_cluster_totals_and_their_own() {
             t.bucket
         );
     }
-    // The allowances of the three nodes from what they read back (node a's
-    // read is older; take everyone's view of the latest totals, as the next
-    // tick would): they add up to the limit.
-    let limit = 100;
-    let latest = c[0];
-    let own = [(10, 20), (5, 30), (0, 0)];
-    let total: u64 = own
-        .iter()
-        .map(|&(oa, oo)| {
-            node_allowance(
-                limit,
-                latest.cluster_admitted,
-                latest.cluster_offered,
-                oa,
-                oo,
-                3,
-            )
+    // The claims (`share::node_claim`, computed in the script): a came
+    // first and claims all the room its traffic is entitled to (L 100 -
+    // 10 admitted, a alone offered); b's fair part (85 x 30 / 50 = 51) is
+    // held back by a's live claim (90 of a room of 85); c offered nothing.
+    assert_eq!([a[0].claim, a[1].claim], [90, 99]);
+    assert_eq!(b[0].claim, node_claim(100, 15, 50, 30, 3, 90));
+    assert_eq!(b[0].claim, 0);
+    assert_eq!(c[0].claim, 0);
+}
+
+#[test]
+fn claims_reserve_the_room_until_replaced_or_expired() {
+    let server = RedisServer::start();
+    let mut config = config(&server);
+    // Claims hold 300 ms unless their node syncs again.
+    config.claim_hold = Duration::from_millis(300);
+    let window = long_window();
+    let src = "192.0.2.9/32|default";
+    server.block_on(|| async {
+        let (na, nb) = (connect(&config).await, connect(&config).await);
+        // a offered 60 and is the only sender so far: the whole room.
+        let a = na.sync("a", window, &[report(src, 0, 60)]).await.unwrap()[0];
+        assert_eq!(a.claim, 100, "{a:?}");
+        // b's fair part is 40, but a claimed all the room: nothing yet.
+        let b = nb.sync("b", window, &[report(src, 0, 40)]).await.unwrap()[0];
+        assert_eq!(b.claim, node_claim(100, 0, 100, 40, 1, 100));
+        assert_eq!(b.claim, 0);
+        // a stops syncing: once its claim expired (Redis time), b gets
+        // its fair part.
+        let started = Instant::now();
+        let freed = wait_until_async(Duration::from_secs(5), || async {
+            let b = nb.sync("b", window, &[report(src, 0, 0)]).await.unwrap()[0];
+            (b.claim == 40).then_some(b)
         })
-        .sum();
-    assert!(
-        total <= limit && total >= limit - 2,
-        "allowances sum to {total}"
-    );
+        .await;
+        assert!(freed.is_some(), "a's claim never expired");
+        assert!(started.elapsed() >= Duration::from_millis(250));
+        // a spent 50 and syncs: its own old claim is replaced (not counted
+        // against it), b's 40 stands: room 50 less 40.
+        let a = na.sync("a", window, &[report(src, 50, 50)]).await.unwrap()[0];
+        assert_eq!(a.cluster_admitted, 50);
+        assert_eq!(a.claim, node_claim(100, 50, 150, 110, 1, 40));
+        assert_eq!(a.claim, 10);
+    });
 }
 
 #[test]
@@ -197,19 +220,19 @@ fn every_key_expires_a_window_and_two_buckets_after_its_last_write() {
     }
     let keys = server.cli(&["--scan", "--pattern", "xl:*"]);
     let keys: Vec<&str> = keys.lines().collect();
-    // One bucket key per report (each written once), a hot set per group
-    // used, and the node set.
+    // One bucket key and one claim key per report (each written once), a
+    // hot set per group used, and the node set.
     let groups: std::collections::BTreeSet<u16> = reports.iter().map(|r| group(&r.key)).collect();
-    assert_eq!(keys.len(), n + groups.len() + 1, "{keys:?}");
+    assert_eq!(keys.len(), 2 * n + groups.len() + 1, "{keys:?}");
     let ttl_max = window.ttl().as_millis() as i64;
     for key in keys {
         if key.ends_with(":hot") {
             assert!(key.starts_with("xl:{g") && key.ends_with("}:hot"), "{key}");
         } else if key != "xl:nodes" {
-            // xl:{g<group>}:<source key>:<bucket>
+            // xl:{g<group>}:<source key>:<bucket>, or :r for its claims
             let (head, bucket) = key.rsplit_once(':').unwrap();
             assert!(head.starts_with("xl:{g") && head.ends_with("|r"), "{key}");
-            assert!(bucket.parse::<u64>().is_ok(), "{key}");
+            assert!(bucket.parse::<u64>().is_ok() || bucket == "r", "{key}");
         }
         let pttl: i64 = server.cli(&["pttl", key]).trim().parse().unwrap();
         assert!(pttl > 0 && pttl <= ttl_max * 2, "{key}: PTTL {pttl}");
@@ -518,11 +541,12 @@ fn a_redis_cluster_takes_the_same_sync_without_cross_slot_errors() {
         })
         .collect();
     assert!(per_node.iter().all(|&n| n > 0), "{per_node:?}");
-    // 600 bucket keys, a hot set per group used, and the node set.
+    // 600 bucket keys, 600 claim keys, a hot set per group used, and the
+    // node set.
     let groups: std::collections::BTreeSet<u16> = reports.iter().map(|r| group(&r.key)).collect();
     assert_eq!(
         per_node.iter().sum::<u64>(),
-        600 + groups.len() as u64 + 1,
+        1200 + groups.len() as u64 + 1,
         "{per_node:?}"
     );
     // One EVALSHA per group batch per node and one per heartbeat, no more

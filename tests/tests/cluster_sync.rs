@@ -59,24 +59,15 @@ fn a_source_flooding_at_5l_over_three_nodes_is_held_to_l_cluster_wide() {
     let to = first + (duration.as_millis() / BIN.as_millis()) as usize - 1;
     let sums = windows(&total[from.min(total.len())..to.min(total.len())], W_BINS);
     assert!(sums.len() >= 15, "too few windows: {total:?}");
-    // Over-admission is the bound that protects: no window above 1.1L.
-    // Under-admission (measured: mean about 0.92L, lowest window about
-    // 0.78L to 0.86L): the mean is at least 0.88L, no window below 0.75L
-    // (deltas land in Redis in the bucket of the sync that carries them,
-    // on average T/2 after the frames, so the cluster window holds them a
-    // little longer than W: see docs/cluster.md, "Measured").
+    // The issue's bounds: every window within 0.9L..1.1L cluster-wide.
     for (k, &sum) in sums.iter().enumerate() {
         assert!(
-            (750..=1100).contains(&sum),
-            "window {k} after 2 s admitted {sum} cluster-wide (not within 0.75L..1.1L); \
+            (900..=1100).contains(&sum),
+            "window {k} after 2 s admitted {sum} cluster-wide (not within 0.9L..1.1L); \
              bins {total:?}; per node {per_node:?}"
         );
     }
     let mean = sums.iter().sum::<u64>() as f64 / sums.len() as f64;
-    assert!(
-        mean >= 880.0,
-        "mean window {mean} below 0.88L: {sums:?}; bins {total:?}"
-    );
     eprintln!(
         "windows after 2 s: mean {mean:.0}, min {:?}, max {:?}",
         sums.iter().min(),
@@ -121,9 +112,9 @@ fn a_source_on_one_node_only_gets_the_whole_limit_there_not_l_over_3() {
     let node0 = &per_node[0];
     // From 1.5 s (the cold cap's L/3 and the first syncs behind it), every
     // window on node 0 admits far more than the cold cap would (333):
-    // the node's share is the whole headroom. Measured 805 to 1000 (the
-    // issue asks 0.95L: not met, see docs/cluster.md "Measured"), so at
-    // least 0.75L here.
+    // the node claims the whole room. The issue asks at least 0.95L;
+    // measured 0.94L to 1.0L (windows straddling the echo of the first
+    // burst dip a little: docs/cluster.md "Measured"), so 0.92L here.
     let from = first + 15;
     let to = first + (duration.as_millis() / BIN.as_millis()) as usize - 1;
     let sums = windows(&node0[from.min(node0.len())..to.min(node0.len())], W_BINS);
@@ -131,7 +122,7 @@ fn a_source_on_one_node_only_gets_the_whole_limit_there_not_l_over_3() {
     eprintln!("node 0 alone: windows {sums:?}");
     for &sum in &sums {
         assert!(
-            (750..=1100).contains(&sum),
+            (920..=1100).contains(&sum),
             "node 0 alone admitted {sum} in a window (cold cap 333, L 1000): {node0:?}"
         );
     }

@@ -2,7 +2,7 @@
 //! node, decided locally at XDP from allowances the daemon derives from
 //! counts shared through Redis. See docs/cluster.md.
 //!
-//! - [`share`]: the allowance arithmetic, cold and fallback caps and the
+//! - [`share`]: the claim arithmetic, cold and fallback caps and the
 //!   error bound (pure, host-tested);
 //! - [`store`]: the Redis store (per-bucket counters updated and read by one
 //!   Lua script, node heartbeats), for a single instance or a Redis Cluster.
@@ -13,5 +13,5 @@ pub mod share;
 pub mod store;
 pub mod tick;
 
-pub use share::{cold_cap, error_bound, fallback_cap, node_allowance, Fallback};
+pub use share::{cold_cap, error_bound, fallback_cap, node_claim, Fallback};
 pub use store::{Mode, Report, Store, StoreConfig, StoreError, Totals, WindowSpec};

@@ -8,27 +8,18 @@
 //! (what this node already admitted plus what it may still admit), which the
 //! kernel compares with its own window count.
 //!
-//! # The node allowance
+//! # The node claim
 //!
-//! With the cluster totals read back from Redis in one atomic script call
-//! (`A` admitted and `O` offered cluster-wide over the window, `a` and `o`
-//! this node's part of them):
-//!
-//! ```text
-//! headroom = max(L - A, 0)
-//! allow    = a + floor(headroom * o / O)        (O > 0)
-//! allow    = a + floor(headroom / N)            (O = 0, N nodes alive)
-//! ```
-//!
-//! Each node gets the share of the remaining headroom that its own offered
-//! traffic is of the cluster's, so when every node computes from the same
-//! totals the allowances add up to `A + headroom = max(L, A)`: the cluster
-//! admits at most `L` more than nothing, instead of every node spending the
-//! whole headroom (which would admit up to `N x headroom`). Flooring each
-//! share keeps the sum at or below that, at the price of at most one packet
-//! per node. A node that offered nothing this window gets no share: the
-//! frames it refuses are still counted as offered, so its share appears at
-//! the next sync (one sync interval later).
+//! At every sync a node *claims* part of the room left in the source's
+//! cluster-wide window ([`node_claim`]; `sync.lua` computes it inside
+//! Redis, in the same atomic call that adds the node's deltas and reads
+//! the totals): its fair part of the room, by its share of the offered
+//! traffic, less what the other nodes claimed and may not have reported
+//! yet. The kernel then admits at most the claim until the next sync (the
+//! daemon writes the allowance as the kernel's own window count at the
+//! next tick plus the claim). Claims are what keeps the error bound from
+//! growing with the nodes: no two nodes hand out the same room, whatever
+//! the order of their ticks (see [`error_bound`]).
 
 use std::time::Duration;
 
@@ -45,33 +36,44 @@ pub enum Fallback {
     Local,
 }
 
-/// This node's allowance for the current window (see the module doc):
-/// `own_admitted` plus its share of the headroom `limit - cluster_admitted`
-/// in proportion to its offered traffic. `nodes_alive` only matters when
-/// nobody offered anything yet (the headroom is then split evenly); 0 is
-/// taken as 1 (this node is alive).
+/// What this node may admit of a source until its next sync: its *claim*
+/// on the room left in the cluster-wide window, as `sync.lua` computes it
+/// inside Redis (this is the same arithmetic, for the host tests and the
+/// documentation; `cluster_store.rs` checks the two agree on a real
+/// server).
 ///
-/// Inconsistent inputs (own counts above the cluster's, admitted above
-/// offered) cannot come from one script call; they are clamped rather than
-/// allowed to inflate the allowance.
-pub fn node_allowance(
+/// ```text
+/// room  = max(L - ahead_admitted, 0)
+/// fair  = floor(room x own_offered / cluster_offered)
+///         (floor(room / nodes alive) while nothing was offered)
+/// claim = max(0, min(fair, room - others_claimed))
+/// ```
+///
+/// `ahead_admitted` is what the cluster admitted in the buckets that are
+/// still in the window at the node's next sync: room that leaves the
+/// window before then is handed out now, or it would sit unused for a
+/// sync interval (the source of under-admission when the headroom was
+/// read on the window as it is). `others_claimed` is what the other nodes
+/// claimed at their last sync and may not have reported yet: leaving it
+/// out of the room is what keeps two nodes from handing out the same room
+/// whatever the order of their ticks, so claims never add up past the
+/// room (see the proptest) and no pacing is needed to bound the error.
+pub fn node_claim(
     limit: u64,
-    cluster_admitted: u64,
+    ahead_admitted: u64,
     cluster_offered: u64,
-    own_admitted: u64,
     own_offered: u64,
     nodes_alive: u32,
+    others_claimed: u64,
 ) -> u64 {
-    let own_admitted = own_admitted.min(cluster_admitted);
-    let headroom = limit.saturating_sub(cluster_admitted);
-    let share = if cluster_offered == 0 {
-        headroom / u64::from(nodes_alive.max(1))
+    let room = limit.saturating_sub(ahead_admitted);
+    let fair = if cluster_offered == 0 {
+        room / u64::from(nodes_alive.max(1))
     } else {
-        let own_offered = own_offered.min(cluster_offered);
-        // u128: headroom x offered overflows u64 for large counts.
-        (u128::from(headroom) * u128::from(own_offered) / u128::from(cluster_offered)) as u64
+        let own = own_offered.min(cluster_offered);
+        (u128::from(room) * u128::from(own) / u128::from(cluster_offered)) as u64
     };
-    own_admitted.saturating_add(share)
+    fair.min(room.saturating_sub(others_claimed))
 }
 
 /// The cap on a cluster-scoped source this node has no allowance for yet
@@ -91,16 +93,22 @@ pub fn fallback_cap(policy: Fallback, limit: u64, nodes_alive: u32) -> u64 {
 }
 
 /// The documented steady-state bound on cluster-wide over-admission per
-/// window: `L x (delta / W) x (1 - 1/N)`, where `delta` is how stale a
-/// node's view of the other nodes can be (the sync interval plus a Redis
-/// round trip) and `W` the window.
+/// window: `L x (delta / W) x (1 - 1/N)`, where `delta` is the sync
+/// interval plus a Redis round trip and `W` the window.
 ///
-/// Why: between two syncs each node admits against totals up to `delta`
-/// old. The admissions it cannot see are the other nodes' (its own are
-/// counted locally), at most a fraction `delta / W` of a window that holds
-/// `L`, and the other nodes carry a fraction `1 - 1/N` of an evenly spread
-/// source. The bound tends to `L x delta / W` as `N` grows: it does not grow
-/// with the number of nodes. 0 nodes is taken as 1 (no error).
+/// Why: claims never add up past the room ([`node_claim`]), so the only
+/// room handed out twice is room that is not free yet. A sync hands out
+/// the room of the frames that leave Redis's window before the next sync
+/// (one interval ahead), and Redis's window is whole buckets of report
+/// times, so a frame's room can be handed out up to `delta` before the
+/// frame leaves the true sliding window: at most the frames admitted in a
+/// `delta`-long part of the window, `L x delta / W` at the limit's rate.
+/// A node's own frames cannot be replaced early on that node (its kernel
+/// counts them in its own window until they fade), so only the part of
+/// that room a node receives from the *other* nodes' frames counts, a
+/// fraction `1 - 1/N` of an evenly spread source. The bound tends to
+/// `L x delta / W` as `N` grows: it does not grow with the number of
+/// nodes. 0 nodes is taken as 1 (no error).
 pub fn error_bound(limit: u64, delta: Duration, window: Duration, nodes: u32) -> f64 {
     if window.is_zero() {
         return limit as f64;
@@ -116,62 +124,18 @@ mod tests {
     use proptest::prelude::*;
 
     #[test]
-    fn a_lone_sender_gets_the_whole_headroom() {
-        // One node offered everything: it may reach L.
-        assert_eq!(node_allowance(1000, 400, 900, 400, 900, 3), 1000);
-    }
-
-    #[test]
-    fn headroom_is_shared_by_offered_traffic() {
-        // L = 1000, 600 admitted (300 + 200 + 100); offered 80/15/5.
-        let (l, a, o) = (1000, 600, 2000);
-        let nodes = [(300, 1600), (200, 300), (100, 100)];
-        let allow: Vec<u64> = nodes
-            .iter()
-            .map(|&(own_a, own_o)| node_allowance(l, a, o, own_a, own_o, 3))
-            .collect();
-        assert_eq!(allow, vec![300 + 320, 200 + 60, 100 + 20]);
-        assert_eq!(allow.iter().sum::<u64>(), 1000);
-    }
-
-    #[test]
-    fn nobody_offered_yet_splits_the_headroom_evenly() {
-        assert_eq!(node_allowance(1000, 0, 0, 0, 0, 4), 250);
-        // 0 nodes alive is this node alone.
-        assert_eq!(node_allowance(1000, 0, 0, 0, 0, 0), 1000);
-    }
-
-    #[test]
-    fn a_node_that_offered_nothing_gets_no_share() {
-        assert_eq!(node_allowance(1000, 500, 800, 0, 0, 2), 0);
-    }
-
-    #[test]
-    fn exhausted_headroom_admits_nothing_more() {
-        // Over the limit already: each node keeps what it admitted.
-        assert_eq!(node_allowance(1000, 1200, 3000, 700, 1500, 2), 700);
-        assert_eq!(node_allowance(1000, 1000, 3000, 500, 1500, 2), 500);
-    }
-
-    #[test]
-    fn rounding_is_down() {
-        // headroom 10 over 3 equal senders: 3 each, 9 in total, never 12.
-        let allow: Vec<u64> = (0..3).map(|_| node_allowance(10, 0, 3, 0, 1, 3)).collect();
-        assert_eq!(allow, vec![3, 3, 3]);
-    }
-
-    #[test]
-    fn inconsistent_inputs_cannot_inflate_the_allowance() {
-        // Own offered above the cluster's: share capped at the headroom.
-        assert_eq!(node_allowance(1000, 0, 10, 0, 50, 1), 1000);
-        // Own admitted above the cluster's: clamped to the cluster's.
-        assert_eq!(node_allowance(1000, 100, 200, 500, 200, 1), 1000);
-    }
-
-    #[test]
-    fn huge_counts_do_not_overflow() {
-        let big = u64::MAX / 2;
-        assert_eq!(node_allowance(u64::MAX, 0, big, 0, big, 1), u64::MAX);
+    fn claims_split_the_room_by_offered_and_leave_others_claims_alone() {
+        // L = 1000, 700 still in the window at the next sync: room 300;
+        // offered 80/15/5.
+        assert_eq!(node_claim(1000, 700, 2000, 1600, 3, 0), 240);
+        assert_eq!(node_claim(1000, 700, 2000, 300, 3, 240), 45);
+        assert_eq!(node_claim(1000, 700, 2000, 100, 3, 285), 15);
+        // Others claimed past their fair part: only what is left.
+        assert_eq!(node_claim(1000, 700, 2000, 1600, 3, 250), 50);
+        // Nothing offered yet: split by the nodes alive.
+        assert_eq!(node_claim(1000, 0, 0, 0, 4, 0), 250);
+        // Over the limit: nothing.
+        assert_eq!(node_claim(1000, 1200, 10, 10, 1, 0), 0);
     }
 
     #[test]
@@ -201,28 +165,27 @@ mod tests {
     }
 
     proptest! {
-        /// Nodes computing from the same totals never get more than
-        /// max(L, cluster admitted) together, and (when offered traffic is
-        /// there) lose at most one packet per node to rounding.
+        /// Nodes claiming one after another, each seeing the others'
+        /// claims, in any order and from any offered split, never claim
+        /// more than the room together; and a node alone with the traffic
+        /// gets all of it.
         #[test]
-        fn allowances_over_nodes_sum_to_at_most_the_limit(
+        fn claims_in_any_order_never_exceed_the_room(
             limit in 0u64..1_000_000,
-            nodes in prop::collection::vec((0u64..100_000, 0u64..100_000), 1..12),
+            ahead in 0u64..1_200_000,
+            offered in prop::collection::vec(0u64..100_000, 1..12),
+            order in prop::collection::vec(0usize..12, 1..40),
         ) {
-            // Per node (admitted, extra offered): offered >= admitted.
-            let admitted: u64 = nodes.iter().map(|n| n.0).sum();
-            let offered: u64 = nodes.iter().map(|n| n.0 + n.1).sum();
-            let alive = nodes.len() as u32;
-            let total: u64 = nodes
-                .iter()
-                .map(|&(a, extra)| node_allowance(limit, admitted, offered, a, a + extra, alive))
-                .sum();
-            prop_assert!(total <= limit.max(admitted), "{total} > max({limit}, {admitted})");
-            if offered > 0 {
-                let senders = nodes.iter().filter(|n| n.0 + n.1 > 0).count() as u64;
-                prop_assert!(total + senders >= limit.max(admitted),
-                    "{total} lost more than one packet per sending node");
+            let total: u64 = offered.iter().sum();
+            let alive = offered.len() as u32;
+            let mut claims = vec![0u64; offered.len()];
+            for i in order.into_iter().map(|i| i % offered.len()) {
+                let others: u64 = claims.iter().sum::<u64>() - claims[i];
+                claims[i] = node_claim(limit, ahead, total, offered[i], alive, others);
+                prop_assert!(claims.iter().sum::<u64>() <= limit.saturating_sub(ahead));
             }
+            let room = limit.saturating_sub(ahead);
+            prop_assert_eq!(node_claim(limit, ahead, 5, 5, alive, 0), room);
         }
 
         #[test]

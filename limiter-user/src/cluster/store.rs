@@ -98,6 +98,8 @@ pub enum StoreError {
     Node(String),
     #[error("invalid report key `{0}`: must be 1 to {MAX_NAME} bytes")]
     Key(String),
+    #[error("report `{key}`: limit {limit} is above 2^53 (Lua numbers are doubles)")]
+    Limit { key: String, limit: u64 },
     #[error("report `{key}`: admitted delta {admitted} exceeds offered delta {offered}")]
     Deltas {
         key: String,
@@ -124,17 +126,25 @@ pub struct StoreConfig {
     pub timeout: Duration,
     /// Prefix of every key, so several deployments can share a Redis.
     pub prefix: String,
+    /// How far ahead a sync claims room (`sync.lua`): the sync interval,
+    /// since the claim is spent until the next sync.
+    pub claim_horizon: Duration,
+    /// How long a node's claim holds the others back if it does not sync
+    /// again: as long as its kernel keeps the share (three intervals).
+    pub claim_hold: Duration,
 }
 
 impl StoreConfig {
     /// A configuration with the documented defaults: 50 ms per call, keys
-    /// under `xl`.
+    /// under `xl`, claims for a 100 ms sync interval.
     pub fn new(urls: Vec<String>, mode: Mode) -> Self {
         Self {
             urls,
             mode,
             timeout: Duration::from_millis(50),
             prefix: "xl".into(),
+            claim_horizon: Duration::from_millis(100),
+            claim_hold: Duration::from_millis(300),
         }
     }
 }
@@ -198,6 +208,9 @@ pub struct Report {
     pub admitted: u64,
     /// Frames offered to this node (admitted or refused).
     pub offered: u64,
+    /// The source's cluster-wide limit over the window (the rule's `L`):
+    /// what the claim is made against.
+    pub limit: u64,
 }
 
 /// What Redis holds for one report after adding its deltas, over the
@@ -210,21 +223,10 @@ pub struct Totals {
     pub own_offered: u64,
     /// The current bucket number, `floor(Redis TIME / bucket length)`.
     pub bucket: u64,
-}
-
-impl Totals {
-    /// This node's allowance for the window under a cluster-wide `limit`,
-    /// from these totals ([`super::share::node_allowance`]).
-    pub fn allowance(&self, limit: u64, nodes_alive: u32) -> u64 {
-        super::share::node_allowance(
-            limit,
-            self.cluster_admitted,
-            self.cluster_offered,
-            self.own_admitted,
-            self.own_offered,
-            nodes_alive,
-        )
-    }
+    /// What this node may admit until its next sync
+    /// ([`super::share::node_claim`], computed in the script so that it
+    /// reads and reserves the room atomically).
+    pub claim: u64,
 }
 
 /// Either kind of connection, so the script calls are written once. Both
@@ -270,6 +272,11 @@ pub struct Store {
     mode: Mode,
     timeout: Duration,
     prefix: String,
+    claim_horizon: Duration,
+    claim_hold: Duration,
+    /// Nodes alive at the last heartbeat: how a sync splits the room of a
+    /// source nobody offered anything for yet.
+    nodes_alive: std::sync::atomic::AtomicU32,
     sync: Script,
     heartbeat: Script,
     hot: Script,
@@ -345,6 +352,9 @@ impl Store {
             mode: config.mode,
             timeout,
             prefix: config.prefix.clone(),
+            claim_horizon: config.claim_horizon,
+            claim_hold: config.claim_hold,
+            nodes_alive: std::sync::atomic::AtomicU32::new(1),
             sync: Script::new(SYNC_LUA),
             heartbeat: Script::new(HEARTBEAT_LUA),
             hot: Script::new(HOT_LUA),
@@ -436,12 +446,20 @@ impl Store {
         call.arg(node)
             .arg(window.bucket_ms)
             .arg(window.buckets)
-            .arg(ms(window.ttl()));
+            .arg(ms(window.ttl()))
+            .arg(ms(self.claim_horizon))
+            .arg(ms(self.claim_hold))
+            .arg(
+                self.nodes_alive
+                    .load(std::sync::atomic::Ordering::Relaxed)
+                    .max(1),
+            );
         for &index in batch {
             let report = &reports[index];
             call.key(self.source_key(&report.key))
                 .arg(report.admitted)
-                .arg(report.offered);
+                .arg(report.offered)
+                .arg(report.limit);
         }
         let mut con = self.con.clone();
         let reply: Vec<i64> = bounded("sync", self.timeout, call.invoke_async(&mut con))
@@ -496,10 +514,13 @@ impl Store {
         let count: i64 = bounded("heartbeat", self.timeout, call.invoke_async(&mut con))
             .await?
             .map_err(|source| call_error("heartbeat", self.timeout, source))?;
-        u32::try_from(count).map_err(|_| StoreError::Reply {
+        let count = u32::try_from(count).map_err(|_| StoreError::Reply {
             op: "heartbeat",
             detail: format!("node count {count}"),
-        })
+        })?;
+        self.nodes_alive
+            .store(count, std::sync::atomic::Ordering::Relaxed);
+        Ok(count)
     }
 }
 
@@ -587,8 +608,14 @@ fn check_report(report: &Report) -> Result<(), StoreError> {
             offered: report.offered,
         });
     }
-    // Lua numbers are doubles: deltas past 2^53 would lose precision (no
-    // real tick sees that many frames).
+    // Lua numbers are doubles: limits and deltas past 2^53 would lose
+    // precision (no real tick sees that many frames).
+    if report.limit > 1 << 53 {
+        return Err(StoreError::Limit {
+            key: key.clone(),
+            limit: report.limit,
+        });
+    }
     if report.offered > 1 << 53 {
         return Err(StoreError::Deltas {
             key: key.clone(),
@@ -655,17 +682,17 @@ fn crc16(bytes: &[u8]) -> u16 {
 
 fn parse_sync_reply(reply: &[i64], reports: usize) -> Result<Vec<Totals>, StoreError> {
     let bad = |detail: String| StoreError::Reply { op: "sync", detail };
-    if reply.len() != 1 + 4 * reports {
+    if reply.len() != 1 + 5 * reports {
         return Err(bad(format!(
             "{} integers for {reports} reports (expected {})",
             reply.len(),
-            1 + 4 * reports
+            1 + 5 * reports
         )));
     }
     let count = |v: i64| u64::try_from(v).map_err(|_| bad(format!("negative count {v}")));
     let bucket = count(reply[0])?;
     reply[1..]
-        .chunks_exact(4)
+        .chunks_exact(5)
         .map(|c| {
             Ok(Totals {
                 cluster_admitted: count(c[0])?,
@@ -673,6 +700,7 @@ fn parse_sync_reply(reply: &[i64], reports: usize) -> Result<Vec<Totals>, StoreE
                 own_admitted: count(c[2])?,
                 own_offered: count(c[3])?,
                 bucket,
+                claim: count(c[4])?,
             })
         })
         .collect()
@@ -687,6 +715,7 @@ mod tests {
             key: key.into(),
             admitted: 1,
             offered: 2,
+            limit: 100,
         }
     }
 
@@ -701,18 +730,6 @@ mod tests {
         send(&store.sync("a", window, reports));
         send(&store.heartbeat("a", Duration::from_secs(1)));
         send(&Store::connect(&StoreConfig::new(vec![], Mode::Single)));
-    }
-
-    #[test]
-    fn totals_give_the_node_allowance() {
-        let t = Totals {
-            cluster_admitted: 600,
-            cluster_offered: 2000,
-            own_admitted: 300,
-            own_offered: 1600,
-            bucket: 1,
-        };
-        assert_eq!(t.allowance(1000, 3), 300 + 320);
     }
 
     #[test]
@@ -782,9 +799,16 @@ mod tests {
             assert!(matches!(e, StoreError::Key(_)), "{e}");
         }
         let e = check_report(&Report {
+            limit: (1 << 53) + 1,
+            ..report("k")
+        })
+        .unwrap_err();
+        assert!(matches!(e, StoreError::Limit { .. }), "{e}");
+        let e = check_report(&Report {
             key: "k".into(),
             admitted: 3,
             offered: 2,
+            limit: 10,
         })
         .unwrap_err();
         assert!(
@@ -797,7 +821,7 @@ mod tests {
 
     #[test]
     fn sync_replies_are_checked() {
-        let t = parse_sync_reply(&[7, 1, 2, 3, 4], 1).unwrap();
+        let t = parse_sync_reply(&[7, 1, 2, 3, 4, 5], 1).unwrap();
         assert_eq!(
             t,
             vec![Totals {
@@ -805,10 +829,11 @@ mod tests {
                 cluster_offered: 2,
                 own_admitted: 3,
                 own_offered: 4,
-                bucket: 7
+                bucket: 7,
+                claim: 5,
             }]
         );
-        assert!(parse_sync_reply(&[7, 1, 2, 3], 1).is_err());
-        assert!(parse_sync_reply(&[7, -1, 2, 3, 4], 1).is_err());
+        assert!(parse_sync_reply(&[7, 1, 2, 3, 4], 1).is_err());
+        assert!(parse_sync_reply(&[7, -1, 2, 3, 4, 5], 1).is_err());
     }
 }

@@ -11,7 +11,13 @@
 -- ARGV[2]  bucket length, ms
 -- ARGV[3]  buckets per window
 -- ARGV[4]  TTL of a bucket key, ms (a window plus two buckets)
--- ARGV[3 + 2i], ARGV[4 + 2i]  admitted and offered deltas of report i
+-- ARGV[5]  claim horizon, ms: this node's next sync is about this far
+--          ahead, so the claim is made on the window as it will be then
+-- ARGV[6]  claim hold, ms: how long this node's claim holds others back
+--          if it does not sync again (its kernel keeps a share this long)
+-- ARGV[7]  nodes alive (splits the room while nothing was offered yet)
+-- ARGV[5 + 3i], ARGV[6 + 3i], ARGV[7 + 3i]  admitted and offered deltas
+--          and the cluster-wide limit of report i
 --
 -- Bucket key "<KEYS[i]>:<bucket>", a hash:
 --   a, o                    cluster admitted and offered in that bucket
@@ -21,7 +27,24 @@
 -- deltas for it from any node; members older than a window are dropped.
 -- Other nodes read it to sync sources hot elsewhere (Store::hot_sources).
 --
--- Returns {bucket, ca1, co1, oa1, oo1, ca2, ...}.
+-- Claim key "<KEYS[i]>:r", a hash: field a node's name, value
+--   "<claim>:<expires ms>", what that node may still admit until its next
+--   sync (see the claim below).
+--
+-- Returns {bucket, ca1, co1, oa1, oo1, claim1, ca2, ...}.
+--
+-- The claim (limiter-user/src/cluster/share.rs, `node_claim`, is the same
+-- arithmetic in Rust, and cluster_store.rs checks they agree):
+--   room  = max(L - admitted over the buckets still in the window at
+--           now + horizon, 0)
+--   fair  = floor(room x own offered / cluster offered)
+--           (floor(room / nodes alive) while nothing was offered)
+--   claim = max(0, min(fair, room - the other nodes' live claims))
+-- Claims reserve room: another node's claim is room it may admit before
+-- it reports, so no two nodes hand out the same room however their ticks
+-- interleave; the claims over nodes never exceed the room. The horizon
+-- hands out room that leaves the window before the next sync, which
+-- would otherwise sit unused for a sync interval.
 
 -- Redis TIME is the one clock: node clocks never move bucket edges.
 local time = redis.call('TIME')
@@ -33,13 +56,19 @@ local ttl_ms = tonumber(ARGV[4])
 local bucket = math.floor(now_ms / bucket_ms)
 local own_a = node .. ':a'
 local own_o = node .. ':o'
+local horizon_ms = tonumber(ARGV[5])
+local hold_ms = tonumber(ARGV[6])
+local alive = math.max(tonumber(ARGV[7]), 1)
 local window_ms = bucket_ms * buckets
+-- The first bucket still in the window at the next sync.
+local next_first = math.floor((now_ms + horizon_ms) / bucket_ms) - buckets + 1
 local pruned = {}
 
 local out = {bucket}
 for i, base in ipairs(KEYS) do
-  local admitted = tonumber(ARGV[3 + 2 * i])
-  local offered = tonumber(ARGV[4 + 2 * i])
+  local admitted = tonumber(ARGV[5 + 3 * i])
+  local offered = tonumber(ARGV[6 + 3 * i])
+  local limit = tonumber(ARGV[7 + 3 * i])
   if admitted > 0 or offered > 0 then
     local key = base .. ':' .. bucket
     redis.call('HINCRBY', key, 'a', admitted)
@@ -60,17 +89,46 @@ for i, base in ipairs(KEYS) do
       redis.call('PEXPIRE', hot, ttl_ms)
     end
   end
-  local ca, co, oa, oo = 0, 0, 0, 0
+  local ca, co, oa, oo, ahead = 0, 0, 0, 0, 0
   for b = bucket - buckets + 1, bucket do
     local v = redis.call('HMGET', base .. ':' .. b, 'a', 'o', own_a, own_o)
-    ca = ca + (tonumber(v[1]) or 0)
+    local a = tonumber(v[1]) or 0
+    ca = ca + a
     co = co + (tonumber(v[2]) or 0)
     oa = oa + (tonumber(v[3]) or 0)
     oo = oo + (tonumber(v[4]) or 0)
+    if b >= next_first then
+      ahead = ahead + a
+    end
   end
+  -- The claim: this node's fair part of the room, less what the other
+  -- nodes already claimed of it. Claims past their expiry are ignored
+  -- (a node that stopped syncing) and dropped.
+  local claims = base .. ':r'
+  local others = 0
+  local kv = redis.call('HGETALL', claims)
+  for k = 1, #kv, 2 do
+    local c, e = string.match(kv[k + 1], '^(%d+):(%d+)$')
+    if kv[k] ~= node and c and tonumber(e) > now_ms then
+      others = others + tonumber(c)
+    elseif kv[k] ~= node then
+      redis.call('HDEL', claims, kv[k])
+    end
+  end
+  local room = math.max(limit - ahead, 0)
+  local fair
+  if co > 0 then
+    fair = math.floor(room * math.min(oo, co) / co)
+  else
+    fair = math.floor(room / alive)
+  end
+  local claim = math.max(0, math.min(fair, room - others))
+  redis.call('HSET', claims, node, string.format('%d:%d', claim, now_ms + hold_ms))
+  redis.call('PEXPIRE', claims, math.max(hold_ms, ttl_ms))
   out[#out + 1] = ca
   out[#out + 1] = co
   out[#out + 1] = oa
   out[#out + 1] = oo
+  out[#out + 1] = claim
 end
 return out

@@ -308,45 +308,6 @@ pub fn estimate_at(slots: &[[u64; 2]; RING], bucket_ns: u64, buckets: u32, at_ns
     whole(cache.estimate(cache.elapsed(at_ns), current).packets)
 }
 
-/// How much faster than the limit's steady rate a node may admit between
-/// two syncs ([`paced_share`]): room to catch up after a slow tick,
-/// without letting a freed window be spent at the offered rate.
-pub const PACE: f64 = 1.3;
-
-/// This node's share of the headroom for the next interval, paced: at
-/// most [`PACE`] times its part (`own_offered / cluster_offered`, or
-/// `1 / nodes` before anything was offered) of the limit's steady rate
-/// over one interval, `L x T / W`.
-///
-/// Why: without pacing, a flood spends a window's whole headroom as soon
-/// as it frees, at the offered rate (5L in the tests), and the nodes'
-/// unsynchronised ticks then over-admit what the others admitted since
-/// their last sync *at that rate*: the error bound's `L x delta / W`
-/// assumes admissions at the limit's rate. Paced, the cluster admits at
-/// most `PACE x L / W` per second, so the bound holds with `PACE x L`
-/// for `L`, and admissions spread over the window instead of arriving in
-/// bursts that leave the next window empty.
-pub fn paced_share(
-    share: u64,
-    limit: u64,
-    interval: Duration,
-    window: Duration,
-    own_offered: u64,
-    cluster_offered: u64,
-    nodes: u32,
-) -> u64 {
-    if window.is_zero() {
-        return share;
-    }
-    let steady = limit as f64 * PACE * interval.as_secs_f64() / window.as_secs_f64();
-    let part = if cluster_offered == 0 {
-        1.0 / f64::from(nodes.max(1))
-    } else {
-        own_offered.min(cluster_offered) as f64 / cluster_offered as f64
-    };
-    share.min((steady * part).ceil() as u64)
-}
-
 /// A packet estimate in whole frames (the window's fixed point).
 pub fn whole(estimate: u64) -> u64 {
     estimate >> WEIGHT_SHIFT
@@ -388,20 +349,6 @@ mod tests {
             t.advance(&ring(&[(101, 9), (99, 7), (100, 8), (102, 6)]), 93),
             9
         );
-    }
-
-    #[test]
-    fn shares_are_paced_to_the_limits_rate() {
-        let (t, w) = (Duration::from_millis(100), Duration::from_secs(1));
-        // L = 1000: 100 per interval at the steady rate, 130 paced; a
-        // third of the offered traffic: 44 (rounded up).
-        assert_eq!(paced_share(1000, 1000, t, w, 1, 3, 3), 44);
-        assert_eq!(paced_share(1000, 1000, t, w, 3, 3, 3), 130);
-        // The headroom share is smaller: it wins.
-        assert_eq!(paced_share(20, 1000, t, w, 3, 3, 3), 20);
-        // Nothing offered yet: split by nodes.
-        assert_eq!(paced_share(1000, 1000, t, w, 0, 0, 2), 65);
-        assert_eq!(paced_share(7, 1000, t, Duration::ZERO, 0, 0, 2), 7);
     }
 
     #[test]

@@ -143,9 +143,8 @@ struct Tracked {
     allowance: Option<Vec<u64>>,
 }
 
-/// A tick's reports by window (bucket ms, buckets): (report key, report,
-/// the rule's packet limit).
-type Groups = HashMap<(u64, u32), Vec<(String, Report, u64)>>;
+/// A tick's reports by window (bucket ms, buckets): (report key, report).
+type Groups = HashMap<(u64, u32), Vec<(String, Report)>>;
 
 /// The sync task's state.
 pub struct Sync {
@@ -232,6 +231,10 @@ impl Sync {
             },
         );
         config.timeout = self.config.timeout;
+        // A claim is spent until the next tick, and holds the other nodes
+        // back as long as this node's kernel keeps the share it became.
+        config.claim_horizon = self.config.sync_interval;
+        config.claim_hold = 3 * self.config.sync_interval;
         config
     }
 
@@ -343,8 +346,8 @@ impl Sync {
                     key: text.clone(),
                     admitted,
                     offered,
+                    limit: rule.allowance_packets,
                 },
-                rule.allowance_packets,
             ));
         }
         for text in gone {
@@ -451,37 +454,26 @@ impl Sync {
     }
 
     /// Connects if needed, lists hot sources once per window, heartbeats
-    /// and syncs; returns the nodes alive and each report's share of the
-    /// headroom (`cluster::share::node_allowance` less its own admitted).
+    /// and syncs; returns the nodes alive and each report's claim
+    /// (`cluster::share::node_claim`).
     async fn redis(&mut self, groups: &Groups) -> Result<(u32, Vec<(String, u64)>), StoreError> {
         if self.store.is_none() {
             self.store = Some(Store::connect(&self.store_config()).await?);
         }
         let store = self.store.as_ref().expect("connected above");
         let node = self.config.node.clone();
-        let interval = self.config.sync_interval;
         let nodes = store
             .heartbeat(&node, alive_period(self.config.sync_interval))
             .await?;
         let mut allowances = Vec::new();
         for (&(bucket_ms, buckets), entries) in groups {
             let spec = WindowSpec::new(Duration::from_millis(bucket_ms), buckets)?;
-            let reports: Vec<Report> = entries.iter().map(|(_, r, _)| r.clone()).collect();
+            let reports: Vec<Report> = entries.iter().map(|(_, r)| r.clone()).collect();
             let totals = store.sync(&node, spec, &reports).await?;
-            for ((text, _, limit), totals) in entries.iter().zip(totals) {
-                // This node's share of the headroom: the allowance beyond
-                // what it already admitted in Redis's window.
-                let own = totals.own_admitted.min(totals.cluster_admitted);
-                let share = tick::paced_share(
-                    totals.allowance(*limit, nodes).saturating_sub(own),
-                    *limit,
-                    interval,
-                    spec.window(),
-                    totals.own_offered,
-                    totals.cluster_offered,
-                    nodes,
-                );
-                allowances.push((text.clone(), share));
+            for ((text, _), totals) in entries.iter().zip(totals) {
+                // What this node may admit until its next tick, claimed in
+                // Redis (`share::node_claim`).
+                allowances.push((text.clone(), totals.claim));
             }
         }
         // Sources hot on other nodes, once per (longest) window: they are
