@@ -267,3 +267,96 @@ impl Drop for RedisServer {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
+
+/// The primary's port of [`RedisServer::start_sentinel`] (its replica is
+/// the next port).
+pub const SENTINEL_PRIMARY_PORT: u16 = 6380;
+/// The Sentinel's port.
+pub const SENTINEL_PORT: u16 = 26379;
+/// The name the Sentinel monitors the primary under.
+pub const SENTINEL_MASTER: &str = "xl-primary";
+
+impl RedisServer {
+    /// A primary on [`SENTINEL_PRIMARY_PORT`], a replica of it on the next
+    /// port, and one Sentinel on [`SENTINEL_PORT`] monitoring the primary
+    /// as [`SENTINEL_MASTER`] (quorum 1, down after 300 ms, so a failover
+    /// takes a second or two); returns once the Sentinel reports the
+    /// primary and its replica. `urls()` is then primary, replica,
+    /// Sentinel; [`RedisServer::sentinel_url`] the Sentinel's.
+    pub fn start_sentinel() -> Self {
+        let mut server = Self::empty("rsentinel");
+        let (primary, replica) = (SENTINEL_PRIMARY_PORT, SENTINEL_PRIMARY_PORT + 1);
+        server.spawn(primary, &[]);
+        server.wait_ping(primary);
+        server.spawn(replica, &["--replicaof", "127.0.0.1", &primary.to_string()]);
+        server.wait_ping(replica);
+        // Sentinel rewrites its configuration file: it needs one of its own.
+        let conf = server.dir.join("sentinel.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "port {SENTINEL_PORT}\nbind 127.0.0.1\ndir {dir}\n\
+                 sentinel monitor {SENTINEL_MASTER} 127.0.0.1 {primary} 1\n\
+                 sentinel down-after-milliseconds {SENTINEL_MASTER} 300\n\
+                 sentinel failover-timeout {SENTINEL_MASTER} 2000\n",
+                dir = server.dir.display()
+            ),
+        )
+        .unwrap_or_else(|e| panic!("{}: {e}", conf.display()));
+        let log_path = server.dir.join(format!("{SENTINEL_PORT}.log"));
+        let log = File::create(&log_path).unwrap_or_else(|e| panic!("{}: {e}", log_path.display()));
+        let child = server
+            .ns
+            .command("redis-server")
+            .arg(&conf)
+            .arg("--sentinel")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("dup log"))
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start redis-server --sentinel: {e}"));
+        server.children.push((SENTINEL_PORT, child));
+        server.wait_ping(SENTINEL_PORT);
+        let ready = wait_until(START_LIMIT, Duration::from_millis(20), || {
+            server
+                .try_cli(SENTINEL_PORT, &["sentinel", "replicas", SENTINEL_MASTER])
+                .filter(|out| out.contains(&replica.to_string()))
+        });
+        assert!(
+            ready.is_some(),
+            "the Sentinel never saw the replica of {SENTINEL_MASTER}"
+        );
+        server
+    }
+
+    /// The Sentinel's URL (what `mode = "sentinel"` is configured with).
+    pub fn sentinel_url(&self) -> String {
+        format!("redis://127.0.0.1:{SENTINEL_PORT}")
+    }
+
+    /// The port the Sentinel names as the primary now.
+    pub fn sentinel_primary_port(&self) -> Option<u16> {
+        let out = self.try_cli(
+            SENTINEL_PORT,
+            &["sentinel", "get-master-addr-by-name", SENTINEL_MASTER],
+        )?;
+        out.lines().nth(1)?.trim().parse().ok()
+    }
+
+    /// SIGKILLs the server on `port` only (a primary dying).
+    pub fn kill_port(&self, port: u16) {
+        let (_, child) = self
+            .children
+            .iter()
+            .find(|(p, _)| *p == port)
+            .unwrap_or_else(|| panic!("no redis-server on port {port}"));
+        kill(Pid::from_raw(child.id() as i32), Signal::SIGKILL)
+            .unwrap_or_else(|e| panic!("SIGKILL to redis-server {port}: {e}"));
+    }
+
+    /// `redis-cli -p <port> args`: its output, panics unless it exits 0.
+    pub fn cli_on(&self, port: u16, args: &[&str]) -> String {
+        self.try_cli(port, args)
+            .unwrap_or_else(|| panic!("redis-cli -p {port} {args:?} failed"))
+    }
+}

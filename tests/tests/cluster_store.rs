@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use limiter_tests::redis::RedisServer;
+use limiter_tests::{redis::RedisServer, wait_until};
 use limiter_user::cluster::{
     node_claim,
     store::{
@@ -599,4 +599,55 @@ where
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+}
+
+#[test]
+fn a_sentinel_names_the_primary_and_the_store_follows_a_failover() {
+    use limiter_tests::redis::{SENTINEL_MASTER, SENTINEL_PRIMARY_PORT};
+    let server = RedisServer::start_sentinel();
+    let mut config = StoreConfig::new(vec![server.sentinel_url()], Mode::Sentinel);
+    config.timeout = Duration::from_secs(2);
+    config.sentinel_master = Some(SENTINEL_MASTER.into());
+    let window = long_window();
+    let key = "192.0.2.77/32|default";
+    let first = server.block_on(|| async {
+        let store = connect(&config).await;
+        store.sync("a", window, &[report(key, 3, 4)]).await.unwrap()[0]
+    });
+    assert_eq!(counts(&first), [3, 4, 3, 4]);
+    // The counts went to the primary (and replicated).
+    let on_primary = server.cli_on(SENTINEL_PRIMARY_PORT, &["--scan", "--pattern", "xl:*"]);
+    assert!(on_primary.contains(key), "{on_primary}");
+    // Without a master name, a clear error.
+    let mut nameless = config.clone();
+    nameless.sentinel_master = None;
+    let e = server.block_on(|| async { Store::connect(&nameless).await.err() });
+    assert!(matches!(e, Some(StoreError::NoSentinelMaster)), "{e:?}");
+    // Replication is asynchronous: wait until the replica has the counts.
+    let replicated = wait_until(Duration::from_secs(10), Duration::from_millis(20), || {
+        let keys = server.cli_on(SENTINEL_PRIMARY_PORT + 1, &["--scan", "--pattern", "xl:*"]);
+        keys.contains(key).then_some(())
+    });
+    assert!(replicated.is_some(), "the replica never got the counts");
+    // The primary dies: the Sentinel promotes the replica, and a store
+    // connected again through the Sentinel (what the daemon does after a
+    // failed tick) syncs there, with the replicated counts.
+    server.kill_port(SENTINEL_PRIMARY_PORT);
+    let promoted = wait_until(Duration::from_secs(20), Duration::from_millis(50), || {
+        server
+            .sentinel_primary_port()
+            .filter(|&p| p == SENTINEL_PRIMARY_PORT + 1)
+    });
+    assert!(
+        promoted.is_some(),
+        "the Sentinel never promoted the replica"
+    );
+    let after = wait_until(Duration::from_secs(10), Duration::from_millis(50), || {
+        server.block_on(|| async {
+            let store = Store::connect(&config).await.ok()?;
+            store.sync("a", window, &[report(key, 1, 1)]).await.ok()
+        })
+    })
+    .expect("no sync through the Sentinel after the failover")[0];
+    assert_eq!(counts(&after), [4, 5, 4, 5]);
 }

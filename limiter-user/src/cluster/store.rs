@@ -30,6 +30,7 @@ use redis::{
     aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig},
     cluster::ClusterClientBuilder,
     cluster_async::ClusterConnection,
+    sentinel::{SentinelClient, SentinelServerType},
     Cmd, Pipeline, RedisError, RedisFuture, Script, Value,
 };
 
@@ -74,6 +75,8 @@ pub enum StoreError {
     Prefix(String),
     #[error("no Redis URL given")]
     NoUrl,
+    #[error("mode `sentinel` needs the name the Sentinels monitor the primary under")]
+    NoSentinelMaster,
     #[error("mode `single` takes exactly one Redis URL, got {0}")]
     SingleWithSeveralUrls(usize),
     #[error("cannot connect to Redis at {target}: {source}")]
@@ -108,11 +111,15 @@ pub enum StoreError {
     },
 }
 
-/// Single instance or Redis Cluster (the `[cluster] mode` setting).
+/// Single instance, Redis Cluster, or a primary found through Redis
+/// Sentinel (the `[cluster] mode` setting).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
     Single,
     Cluster,
+    /// The URLs are Sentinels; the primary they monitor under
+    /// [`StoreConfig::sentinel_master`] is used as a single instance.
+    Sentinel,
 }
 
 /// How to reach Redis.
@@ -132,6 +139,9 @@ pub struct StoreConfig {
     /// How long a node's claim holds the others back if it does not sync
     /// again: as long as its kernel keeps the share (three intervals).
     pub claim_hold: Duration,
+    /// With [`Mode::Sentinel`]: the name the Sentinels monitor the primary
+    /// under (`sentinel monitor <name> ...`).
+    pub sentinel_master: Option<String>,
 }
 
 impl StoreConfig {
@@ -145,6 +155,7 @@ impl StoreConfig {
             prefix: "xl".into(),
             claim_horizon: Duration::from_millis(100),
             claim_hold: Duration::from_millis(300),
+            sentinel_master: None,
         }
     }
 }
@@ -317,22 +328,25 @@ impl Store {
                     return Err(StoreError::SingleWithSeveralUrls(infos.len()));
                 }
                 let client = redis::Client::open(infos.remove(0)).map_err(connect_err)?;
-                // Few reconnection retries: the sync loop calls again next
-                // tick anyway, and a refused connection should say so now
-                // rather than after seconds of backoff.
-                let manager_config = ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(timeout))
-                    .set_response_timeout(Some(timeout))
-                    .set_number_of_retries(1)
-                    .set_max_delay(timeout);
-                let manager = bounded(
-                    "connect",
-                    timeout * 4,
-                    ConnectionManager::new_with_config(client, manager_config),
-                )
-                .await?
-                .map_err(connect_err)?;
-                Connection::Single(manager)
+                Connection::Single(single(client, timeout).await.map_err(connect_err)?)
+            }
+            Mode::Sentinel => {
+                let master = config
+                    .sentinel_master
+                    .clone()
+                    .ok_or(StoreError::NoSentinelMaster)?;
+                let mut sentinels =
+                    SentinelClient::build(infos, master, None, SentinelServerType::Master)
+                        .map_err(connect_err)?;
+                // Asks the Sentinels (in order) for the primary and checks
+                // its role; the connection then goes to that address. After
+                // a failover the old address refuses writes or is gone: the
+                // sync loop drops the store on a failed tick and connects
+                // again through the Sentinels (`daemon::cluster`).
+                let client = bounded("connect", timeout * 4, sentinels.async_get_client())
+                    .await?
+                    .map_err(connect_err)?;
+                Connection::Single(single(client, timeout).await.map_err(connect_err)?)
             }
             Mode::Cluster => {
                 let client = ClusterClientBuilder::new(infos)
@@ -476,7 +490,7 @@ impl Store {
     pub async fn hot_sources(&self, within: Duration) -> Result<Vec<String>, StoreError> {
         let within_ms = ms(within);
         let groups: Vec<Vec<u16>> = match self.mode {
-            Mode::Single => vec![(0..GROUPS).collect()],
+            Mode::Single | Mode::Sentinel => vec![(0..GROUPS).collect()],
             Mode::Cluster => (0..GROUPS).map(|g| vec![g]).collect(),
         };
         let calls = groups.iter().map(|groups| async move {
@@ -521,6 +535,30 @@ impl Store {
         self.nodes_alive
             .store(count, std::sync::atomic::Ordering::Relaxed);
         Ok(count)
+    }
+}
+
+/// A connection manager on `client` with few reconnection retries: the
+/// sync loop calls again next tick anyway, and a refused connection should
+/// say so now rather than after seconds of backoff. Bounded by four
+/// timeouts.
+async fn single(client: redis::Client, timeout: Duration) -> Result<ConnectionManager, RedisError> {
+    let manager_config = ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(timeout))
+        .set_response_timeout(Some(timeout))
+        .set_number_of_retries(1)
+        .set_max_delay(timeout);
+    match tokio::time::timeout(
+        timeout * 4,
+        ConnectionManager::new_with_config(client, manager_config),
+    )
+    .await
+    {
+        Ok(result) => result,
+        Err(_) => Err(RedisError::from(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("no connection within {:?}", timeout * 4),
+        ))),
     }
 }
 
@@ -631,7 +669,7 @@ fn check_report(report: &Report) -> Result<(), StoreError> {
 /// in order otherwise; at most [`MAX_BATCH`] per call.
 pub fn batches(mode: Mode, reports: &[Report]) -> Vec<Vec<usize>> {
     let groups: Vec<Vec<usize>> = match mode {
-        Mode::Single => vec![(0..reports.len()).collect()],
+        Mode::Single | Mode::Sentinel => vec![(0..reports.len()).collect()],
         Mode::Cluster => {
             let mut by_group: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
             for (index, report) in reports.iter().enumerate() {

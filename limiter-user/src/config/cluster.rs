@@ -35,7 +35,8 @@ pub const MAX_NODE_NAME: usize = 64;
 /// Port of a `redis://` URL that names none.
 pub const DEFAULT_REDIS_PORT: u16 = 6379;
 
-/// `cluster.mode`: one Redis, or the seed nodes of a Redis Cluster.
+/// `cluster.mode`: one Redis, the seed nodes of a Redis Cluster, or the
+/// Sentinels of a primary with replicas.
 #[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum ClusterMode {
@@ -44,6 +45,9 @@ pub enum ClusterMode {
     Single,
     /// A Redis Cluster; the URLs are seed nodes (one is enough).
     Cluster,
+    /// Redis Sentinel: the URLs are Sentinels, which name the primary
+    /// monitored as `cluster.sentinel_master` (followed across failovers).
+    Sentinel,
 }
 
 impl ClusterMode {
@@ -51,6 +55,7 @@ impl ClusterMode {
         match self {
             ClusterMode::Single => "single",
             ClusterMode::Cluster => "cluster",
+            ClusterMode::Sentinel => "sentinel",
         }
     }
 }
@@ -85,6 +90,10 @@ pub struct ClusterSection {
     /// Cluster with `mode = "cluster"`.
     pub redis: Vec<String>,
     pub mode: ClusterMode,
+    /// With `mode = "sentinel"`: the name the Sentinels monitor the
+    /// primary under.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sentinel_master: Option<String>,
     /// This node's name in the cluster; unset: the hostname (kept unset
     /// in the file so that `--save` does not pin one machine's name).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -108,6 +117,7 @@ impl Default for ClusterSection {
         Self {
             redis: Vec::new(),
             mode: ClusterMode::Single,
+            sentinel_master: None,
             node: None,
             sync_interval: Duration::from_millis(100),
             timeout: Duration::from_millis(50),
@@ -130,6 +140,7 @@ impl fmt::Debug for ClusterSection {
         f.debug_struct("ClusterSection")
             .field("redis", &redis)
             .field("mode", &self.mode)
+            .field("sentinel_master", &self.sentinel_master)
             .field("node", &self.node)
             .field("sync_interval", &self.sync_interval)
             .field("timeout", &self.timeout)
@@ -181,6 +192,8 @@ impl fmt::Debug for RedisUrl {
 pub struct ClusterConfig {
     pub redis: Vec<RedisUrl>,
     pub mode: ClusterMode,
+    /// Set exactly when `mode` is `Sentinel`.
+    pub sentinel_master: Option<String>,
     /// This node's name (the configured one, else the hostname).
     pub node: String,
     pub sync_interval: Duration,
@@ -228,17 +241,24 @@ impl ClusterSection {
                     ),
                 ))
             }
-            ClusterMode::Cluster => {
+            ClusterMode::Cluster | ClusterMode::Sentinel => {
+                let what = match self.mode {
+                    ClusterMode::Cluster => "a Redis Cluster",
+                    _ => "a Sentinel",
+                };
                 for (i, url) in redis.iter().enumerate() {
                     if matches!(url.endpoint, RedisEndpoint::Unix { .. }) {
                         return Err(field(
                             &format!("redis[{i}]"),
                             format!(
-                                "{}: a Redis Cluster is reached over TCP (redis://host:port), \
+                                "{}: {what} is reached over TCP (redis://host:port), \
                                  not a Unix socket",
                                 url.redacted()
                             ),
                         ));
+                    }
+                    if self.mode == ClusterMode::Sentinel {
+                        continue;
                     }
                     if url.db != 0 {
                         return Err(field(
@@ -250,6 +270,30 @@ impl ClusterSection {
             }
             ClusterMode::Single => {}
         }
+        let sentinel_master = match (self.mode, &self.sentinel_master) {
+            (ClusterMode::Sentinel, None) => {
+                return Err(field(
+                    "sentinel_master",
+                    "unset with mode = \"sentinel\": give the name the Sentinels monitor the \
+                     primary under (sentinel monitor <name> ...)",
+                ))
+            }
+            (ClusterMode::Sentinel, Some(name)) => {
+                check_node_name(name)
+                    .map_err(|m| field("sentinel_master", format!("{name:?} {m}")))?;
+                Some(name.clone())
+            }
+            (mode, Some(_)) => {
+                return Err(field(
+                    "sentinel_master",
+                    format!(
+                        "only applies with mode = \"sentinel\" (mode is \"{}\")",
+                        mode.name()
+                    ),
+                ))
+            }
+            (_, None) => None,
+        };
         let node = match &self.node {
             Some(node) => {
                 check_node_name(node).map_err(|m| field("node", format!("{node:?} {m}")))?;
@@ -313,6 +357,7 @@ impl ClusterSection {
         Ok(ClusterConfig {
             redis,
             mode: self.mode,
+            sentinel_master,
             node,
             sync_interval: self.sync_interval,
             timeout: self.timeout,

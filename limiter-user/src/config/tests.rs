@@ -400,6 +400,17 @@ fn redis_urls_of_every_supported_form_are_accepted() {
 }
 
 #[test]
+fn a_sentinel_section_names_its_sentinels_and_the_primary() {
+    let text = "[cluster]\nredis = [\"redis://10.0.0.1:26379\", \"redis://10.0.0.2:26379\"]\n\
+                mode = \"sentinel\"\nsentinel_master = \"xl-primary\"\nnode = \"n1\"\n";
+    let config = Config::parse(text, "sentinel.toml").unwrap();
+    let cluster = config.cluster.unwrap();
+    assert_eq!(cluster.mode, ClusterMode::Sentinel);
+    assert_eq!(cluster.sentinel_master.as_deref(), Some("xl-primary"));
+    assert_eq!(cluster.redis.len(), 2);
+}
+
+#[test]
 fn bad_cluster_sections_are_rejected_with_the_field_named() {
     let section = |lines: &str| format!("[cluster]\n{lines}\n");
     let with_urls = |urls: &str, more: &str| section(&format!("redis = [{urls}]\n{more}"));
@@ -467,6 +478,28 @@ fn bad_cluster_sections_are_rejected_with_the_field_named() {
         (
             with_urls("\"redis://a/1\"", "mode = \"cluster\""),
             "cluster.redis[0]: redis://a/1: a Redis Cluster has only database 0",
+        ),
+        (
+            with_urls("\"redis://a:26379\"", "mode = \"sentinel\""),
+            "cluster.sentinel_master: unset with mode = \"sentinel\"",
+        ),
+        (
+            with_urls(
+                "\"unix:///run/sentinel.sock\"",
+                "mode = \"sentinel\"\nsentinel_master = \"m\"",
+            ),
+            "cluster.redis[0]: unix:///run/sentinel.sock: a Sentinel is reached over TCP",
+        ),
+        (
+            with_urls(
+                "\"redis://a:26379\"",
+                "mode = \"sentinel\"\nsentinel_master = \"has space\"",
+            ),
+            "cluster.sentinel_master: \"has space\"",
+        ),
+        (
+            with_urls("\"redis://a\"", "sentinel_master = \"m\""),
+            "cluster.sentinel_master: only applies with mode = \"sentinel\" (mode is \"single\")",
         ),
         (
             with_urls("\"redis://a\"", "mode = \"sharded\""),

@@ -228,8 +228,10 @@ impl Sync {
             match self.config.mode {
                 ClusterMode::Single => Mode::Single,
                 ClusterMode::Cluster => Mode::Cluster,
+                ClusterMode::Sentinel => Mode::Sentinel,
             },
         );
+        config.sentinel_master = self.config.sentinel_master.clone();
         config.timeout = self.config.timeout;
         // A claim is spent until the next tick, and holds the other nodes
         // back as long as this node's kernel keeps the share it became.
@@ -398,6 +400,13 @@ impl Sync {
             }
             Err(e) => {
                 self.metrics.redis_errors.inc();
+                // Behind Sentinel the primary may have moved: ask the
+                // Sentinels again next tick (a single instance's or a
+                // Redis Cluster's connection reconnects and follows the
+                // topology on its own).
+                if self.config.mode == ClusterMode::Sentinel {
+                    self.store = None;
+                }
                 if self.health.failure(now) == Some(Change::Degraded) {
                     warn!(error = %e, grace = ?self.config.grace, fallback = self.config.fallback.name(),
                         "cluster: 3 sync ticks failed, node degraded: keeping the last shares for the grace period, then the fallback");
