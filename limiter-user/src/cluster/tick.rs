@@ -308,6 +308,33 @@ pub fn estimate_at(slots: &[[u64; 2]; RING], bucket_ns: u64, buckets: u32, at_ns
     whole(cache.estimate(cache.elapsed(at_ns), current).packets)
 }
 
+/// A node's claim split over its interfaces in proportion to what each was
+/// offered since the last tick (rounded down, the remainder to the
+/// interface offered the most), so the parts add up to the claim: a source
+/// arriving on several interfaces of one node admits the node's claim,
+/// not the claim on each. Nothing offered anywhere: an even split.
+pub fn split_claim(claim: u64, offered: &[u64]) -> Vec<u64> {
+    if offered.is_empty() {
+        return Vec::new();
+    }
+    // u128: the offered counts of a long outage summed, times the claim.
+    let total: u128 = offered.iter().map(|&o| u128::from(o)).sum();
+    let mut parts: Vec<u64> = if total == 0 {
+        vec![claim / offered.len() as u64; offered.len()]
+    } else {
+        offered
+            .iter()
+            .map(|&o| (u128::from(claim) * u128::from(o) / total) as u64)
+            .collect()
+    };
+    let rest = claim - parts.iter().sum::<u64>();
+    let busiest = (0..offered.len())
+        .max_by_key(|&i| (offered[i], std::cmp::Reverse(i)))
+        .unwrap_or(0);
+    parts[busiest] += rest;
+    parts
+}
+
 /// A packet estimate in whole frames (the window's fixed point).
 pub fn whole(estimate: u64) -> u64 {
     estimate >> WEIGHT_SHIFT
@@ -349,6 +376,23 @@ mod tests {
             t.advance(&ring(&[(101, 9), (99, 7), (100, 8), (102, 6)]), 93),
             9
         );
+    }
+
+    #[test]
+    fn a_claim_is_split_over_interfaces_by_offered() {
+        // One interface: all of it.
+        assert_eq!(split_claim(100, &[7]), vec![100]);
+        assert_eq!(split_claim(100, &[0]), vec![100]);
+        // By offered; the remainder to the busiest.
+        assert_eq!(split_claim(100, &[3, 1]), vec![75, 25]);
+        assert_eq!(split_claim(10, &[1, 1, 1]), vec![4, 3, 3]);
+        assert_eq!(split_claim(10, &[1, 5, 0]), vec![1, 9, 0]);
+        // Nothing offered this tick: even.
+        assert_eq!(split_claim(9, &[0, 0]), vec![5, 4]);
+        assert!(split_claim(9, &[]).is_empty());
+        for (claim, offered) in [(1000u64, vec![1u64, 2, 3, 4]), (7, vec![u64::MAX, 1])] {
+            assert_eq!(split_claim(claim, &offered).iter().sum::<u64>(), claim);
+        }
     }
 
     #[test]

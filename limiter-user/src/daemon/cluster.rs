@@ -138,6 +138,9 @@ struct Tracked {
     /// Its count per interface as the kernel will estimate it at the next
     /// tick if nothing more is admitted (`tick::estimate_at`).
     estimate: Vec<u64>,
+    /// Frames offered per interface since the last tick: how the node's
+    /// claim is split over its interfaces (`tick::split_claim`).
+    offered_now: Vec<u64>,
     /// The allowance written per interface at its last successful sync
     /// (kept while failing).
     allowance: Option<Vec<u64>>,
@@ -278,6 +281,7 @@ impl Sync {
                 admitted: vec![AdmittedTracker::default(); count],
                 offered: vec![OfferedTracker::default(); count],
                 estimate: vec![0; count],
+                offered_now: vec![0; count],
                 allowance: None,
             })
             .active = now;
@@ -329,7 +333,10 @@ impl Sync {
                         .filter(|t| t.second + 1 >= second)
                         .map(|t| t.current.packets)
                         .sum();
-                    offered += tracked.offered[i].advance(total, current);
+                    tracked.offered_now[i] = tracked.offered[i].advance(total, current);
+                    offered += tracked.offered_now[i];
+                } else {
+                    tracked.offered_now[i] = 0;
                 }
             }
             // Frame classes other than the budget's count in other SOURCES
@@ -384,11 +391,15 @@ impl Sync {
                         // differ (kernel clock, Redis TIME), and an
                         // absolute allowance would let the kernel re-admit
                         // what its window forgot before Redis's did.
+                        // One claim per node: split over the interfaces the
+                        // source arrives on, or each would admit it all.
+                        let parts = tick::split_claim(share, &tracked.offered_now);
                         tracked.allowance = Some(
                             tracked
                                 .estimate
                                 .iter()
-                                .map(|e| e.saturating_add(share))
+                                .zip(parts)
+                                .map(|(e, part)| e.saturating_add(part))
                                 .collect(),
                         );
                     }
