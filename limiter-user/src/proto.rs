@@ -164,6 +164,9 @@ pub struct ClusterSettings {
     /// This node's name.
     pub node: String,
     pub mode: ClusterMode,
+    /// With `mode = "sentinel"`: the primary's name at the Sentinels.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sentinel_master: Option<String>,
     /// Redis URLs with any password replaced by `***`.
     pub redis: Vec<String>,
     #[serde(with = "humantime_serde")]
@@ -186,6 +189,7 @@ impl ClusterStatus {
             settings: cluster.map(|c| ClusterSettings {
                 node: c.node.clone(),
                 mode: c.mode,
+                sentinel_master: c.sentinel_master.clone(),
                 redis: c.redis.iter().map(|u| u.redacted().to_string()).collect(),
                 sync_interval: c.sync_interval,
                 timeout: c.timeout,

@@ -73,7 +73,10 @@ fn render_cluster(cluster: &ClusterStatus) -> String {
          {live}",
         c.node,
         c.mode.name(),
-        c.redis.join(", "),
+        match &c.sentinel_master {
+            Some(m) => format!("{} (primary {m})", c.redis.join(", ")),
+            None => c.redis.join(", "),
+        },
         cluster.cluster_rules,
         if cluster.cluster_rules == 1 { "" } else { "s" },
         humantime::format_duration(c.sync_interval),
