@@ -87,6 +87,11 @@ struct Args {
     /// Do not rewrite docs/benchmarks.md and its plots.
     #[arg(long)]
     no_docs: bool,
+    /// The load part's per-call Redis timeout, ms (the lab's 50 by
+    /// default; docs are not written otherwise): a diagnostic, to tell a
+    /// tick's Redis work outlasting the timeout from it outlasting T.
+    #[arg(long, default_value_t = 50)]
+    load_timeout_ms: u64,
 }
 
 /// One error case: sync interval, nodes, cluster or node scope.
@@ -199,15 +204,15 @@ fn timeout_ms(interval_ms: u64) -> u64 {
 }
 
 /// Node `i`'s cluster configuration: `cluster_lab::node_config`'s, with
-/// the timeout fitted to the interval.
-fn cluster_config(i: usize, interval_ms: u64) -> String {
+/// a timeout of `timeout_ms` for the sync interval.
+fn cluster_config(i: usize, interval_ms: u64, timeout_ms: u64) -> String {
     format!(
         "[daemon]\ntick = \"100ms\"\n\n\
          [cluster]\nredis = [\"redis://{}:{PORT}\"]\nnode = \"node-{i}\"\n\
          sync_interval = \"{interval_ms}ms\"\ntimeout = \"{}ms\"\nthreshold = 0.25\n\n\
          [default]\npps = {L}\nwindow = \"1s\"\nscope = \"cluster\"\ndry_run = false\n",
         redis_addr(i),
-        timeout_ms(interval_ms)
+        timeout_ms
     )
 }
 
@@ -223,7 +228,7 @@ fn run_error_case(case: ErrorCase, args: &Args, interrupted: &AtomicBool) -> Opt
     let mut lab = ClusterLab::new(case.nodes);
     lab.start_daemons(|i| {
         if case.cluster {
-            cluster_config(i, case.interval_ms)
+            cluster_config(i, case.interval_ms, timeout_ms(case.interval_ms))
         } else {
             node_scope_config()
         }
@@ -291,6 +296,7 @@ fn run_error_case(case: ErrorCase, args: &Args, interrupted: &AtomicBool) -> Opt
 /// One load case's slices.
 struct LoadResult {
     hot: u32,
+    timeout_ms: u64,
     slices: Vec<(RedisLoad, DaemonLoad)>,
     synced_sources: f64,
     degraded: f64,
@@ -322,6 +328,7 @@ impl LoadResult {
     fn json(&self) -> String {
         serde_json::json!({
             "bench": "cluster", "part": "load", "interval_ms": 100, "nodes": 1,
+            "timeout_ms": self.timeout_ms,
             "hot_sources": self.hot, "slices": self.slices.len(),
             "redis_calls_per_s": self.med(|s| s.0.calls_per_s),
             "redis_commands_per_s": self.med(|s| s.0.commands_per_s),
@@ -340,7 +347,7 @@ impl LoadResult {
 
 fn run_load(args: &Args, hot: &[u32], interrupted: &AtomicBool) -> Vec<LoadResult> {
     let mut lab = ClusterLab::new(1);
-    lab.start_daemons(|i| cluster_config(i, 100));
+    lab.start_daemons(|i| cluster_config(i, 100, args.load_timeout_ms));
     let daemon = lab.daemon(0);
     daemon.wait_metric("xdp_limiter_cluster_nodes_alive", |v| v == 1.0);
     let mut announced = 0;
@@ -378,6 +385,7 @@ fn run_load(args: &Args, hot: &[u32], interrupted: &AtomicBool) -> Vec<LoadResul
         let end = DaemonSample::take(daemon);
         let result = LoadResult {
             hot: h,
+            timeout_ms: args.load_timeout_ms,
             slices,
             synced_sources: end.synced_sources,
             degraded: end.degraded,
@@ -471,7 +479,8 @@ fn main() {
     }
     eprintln!("done in {:.0} s", started.elapsed().as_secs_f64());
     let complete = errors.len() == 6 && loads.len() == HOT.len();
-    if args.no_docs || args.quick || args.only.is_some() || !complete {
+    if args.no_docs || args.quick || args.only.is_some() || args.load_timeout_ms != 50 || !complete
+    {
         return;
     }
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
