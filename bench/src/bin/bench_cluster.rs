@@ -300,6 +300,10 @@ struct LoadResult {
     slices: Vec<(RedisLoad, DaemonLoad)>,
     synced_sources: f64,
     degraded: f64,
+    /// `node degraded` and `node recovered` log lines over the slices:
+    /// how often the node flapped.
+    degradations: usize,
+    recoveries: usize,
 }
 
 impl LoadResult {
@@ -310,7 +314,8 @@ impl LoadResult {
     fn line(&self) -> String {
         format!(
             "{:>7} hot: Redis {:>6.0} calls/s {:>9.0} cmds/s CPU {:>5.1}%  daemon {:>6.2} ms CPU/tick  \
-             tick {:>6.1} ms  {:>4.1} ticks/s  over 100 ms {:>5.1}%  failed {:>5.1}%  synced {:.0}{}",
+             tick {:>6.1} ms  {:>4.1} ticks/s  over 100 ms {:>5.1}%  failed {:>5.1}%  synced {:.0}  \
+             degraded/recovered {}/{}{}",
             self.hot,
             self.med(|s| s.0.calls_per_s),
             self.med(|s| s.0.commands_per_s),
@@ -321,6 +326,8 @@ impl LoadResult {
             self.med(|s| s.1.over_100ms_pct),
             self.med(|s| s.1.failed_pct),
             self.synced_sources,
+            self.degradations,
+            self.recoveries,
             if self.degraded > 0.0 { "  DEGRADED" } else { "" }
         )
     }
@@ -339,6 +346,7 @@ impl LoadResult {
             "ticks_over_100ms_pct": self.med(|s| s.1.over_100ms_pct),
             "failed_ticks_pct": self.med(|s| s.1.failed_pct),
             "synced_sources_last": self.synced_sources,
+            "degradations": self.degradations, "recoveries": self.recoveries,
             "degraded_at_end": self.degraded > 0.0,
         })
         .to_string()
@@ -374,6 +382,13 @@ fn run_load(args: &Args, hot: &[u32], interrupted: &AtomicBool) -> Vec<LoadResul
             "the daemon stopped ticking with {h} hot sources:\n{}",
             daemon.log()
         );
+        let flaps = |log: &str| {
+            (
+                log.matches("node degraded").count(),
+                log.matches("node recovered").count(),
+            )
+        };
+        let before = flaps(&daemon.log());
         let mut slices = Vec::new();
         for _ in 0..args.slices {
             let (r0, d0) = (RedisSample::take(&lab.redis), DaemonSample::take(daemon));
@@ -383,12 +398,15 @@ fn run_load(args: &Args, hot: &[u32], interrupted: &AtomicBool) -> Vec<LoadResul
             slices.push((RedisLoad::between(&r0, &r1), DaemonLoad::between(&d0, &d1)));
         }
         let end = DaemonSample::take(daemon);
+        let after = flaps(&daemon.log());
         let result = LoadResult {
             hot: h,
             timeout_ms: args.load_timeout_ms,
             slices,
             synced_sources: end.synced_sources,
             degraded: end.degraded,
+            degradations: after.0 - before.0,
+            recoveries: after.1 - before.1,
         };
         eprintln!("{}", result.line());
         println!("{}", result.json());
@@ -548,13 +566,13 @@ fn write_docs(
     writeln!(
         md,
         "#### Load: one node, T = 100 ms, sources announced hot in Redis (medians of the slices)\n\n\
-         | hot sources | Redis script calls/s | Redis commands/s | Redis CPU | daemon CPU per tick | tick (mean) | ticks/s | ticks over 100 ms | failed ticks | synced at the end |\n\
-         |---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+         | hot sources | Redis script calls/s | Redis commands/s | Redis CPU | daemon CPU per tick | tick (mean) | ticks/s | ticks over 100 ms | failed ticks | synced at the end | degraded / recovered |\n\
+         |---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     )?;
     for l in loads {
         writeln!(
             md,
-            "| {} | {:.0} | {:.0} | {:.1}% | {:.2} ms | {:.1} ms | {:.1} | {:.0}% | {:.0}% | {:.0}{} |",
+            "| {} | {:.0} | {:.0} | {:.1}% | {:.2} ms | {:.1} ms | {:.1} | {:.0}% | {:.0}% | {:.0}{} | {} / {} |",
             l.hot,
             l.med(|s| s.0.calls_per_s),
             l.med(|s| s.0.commands_per_s),
@@ -565,7 +583,9 @@ fn write_docs(
             l.med(|s| s.1.over_100ms_pct),
             l.med(|s| s.1.failed_pct),
             l.synced_sources,
-            if l.degraded > 0.0 { " (degraded)" } else { "" }
+            if l.degraded > 0.0 { " (degraded)" } else { "" },
+            l.degradations,
+            l.recoveries
         )?;
     }
     writeln!(md, "\n{END}")?;
