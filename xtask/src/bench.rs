@@ -28,9 +28,9 @@ pub enum Which {
     /// Cluster-wide limits through Redis, in a multi-node lab (real
     /// daemons, one redis-server): error against the sync interval (50,
     /// 100, 250 ms) and the node count (2, 3, 5) with node scope as the
-    /// baseline, and Redis and daemon load at 1,000, 10,000 and 100,000
-    /// hot sources; rewrites its section of docs/benchmarks.md. About 4
-    /// minutes.
+    /// baseline, and Redis and daemon load at 1,000, (5,000,) 10,000 and
+    /// 100,000 hot sources; rewrites its section of docs/benchmarks.md.
+    /// About 4 minutes.
     Cluster {
         /// Arguments for the benchmark (see `-- --help`).
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
