@@ -651,3 +651,59 @@ fn a_sentinel_names_the_primary_and_the_store_follows_a_failover() {
     .expect("no sync through the Sentinel after the failover")[0];
     assert_eq!(counts(&after), [4, 5, 4, 5]);
 }
+
+#[test]
+fn a_sync_that_part_of_redis_cannot_serve_syncs_the_rest() {
+    use limiter_tests::redis::CLUSTER_PORT;
+    use limiter_user::cluster::store::key_slot;
+    let server = RedisServer::start_cluster();
+    let mut config = StoreConfig::new(server.urls(), Mode::Cluster);
+    config.timeout = Duration::from_secs(2);
+    config.bulk_timeout = Duration::from_secs(2);
+    let window = long_window();
+    let reports: Vec<Report> = (0..300u64)
+        .map(|i| report(&format!("10.8.{}.{}/32|r", i / 256, i % 256), 1, 2))
+        .collect();
+    // The slot ranges of the primary about to die.
+    let dead = CLUSTER_PORT + 1;
+    let nodes = server.cli(&["cluster", "nodes"]);
+    let line = nodes
+        .lines()
+        .find(|l| l.contains(&format!(":{dead}@")))
+        .unwrap_or_else(|| panic!("no node on {dead}: {nodes}"));
+    let ranges: Vec<(u16, u16)> = line
+        .split_whitespace()
+        .skip(8)
+        .map(|r| match r.split_once('-') {
+            Some((a, b)) => (a.parse().unwrap(), b.parse().unwrap()),
+            None => (r.parse().unwrap(), r.parse().unwrap()),
+        })
+        .collect();
+    assert!(!ranges.is_empty(), "{line}");
+    let on_dead = |r: &Report| {
+        let slot = key_slot(format!("g{}", group(&r.key)).as_bytes());
+        ranges.iter().any(|&(a, b)| (a..=b).contains(&slot))
+    };
+    let outcome = server.block_on(|| async {
+        let store = connect(&config).await;
+        server.kill_port(dead);
+        store
+            .sync_partial("a", window, &reports, Duration::from_secs(2))
+            .await
+            .unwrap()
+    });
+    // Exactly the reports of the dead primary's slots are missing; the
+    // others are synced.
+    let mut missing = 0;
+    for (r, t) in reports.iter().zip(&outcome.totals) {
+        assert_eq!(t.is_none(), on_dead(r), "{}: {t:?}", r.key);
+        if let Some(t) = t {
+            assert_eq!(counts(t), [1, 2, 1, 2]);
+        } else {
+            missing += 1;
+        }
+    }
+    assert!(missing > 0 && missing < reports.len(), "{missing} missing");
+    assert!(outcome.failed_batches > 0);
+    assert!(outcome.error.is_some());
+}

@@ -129,8 +129,15 @@ pub struct StoreConfig {
     /// nodes of a Redis Cluster.
     pub urls: Vec<String>,
     pub mode: Mode,
-    /// Bound on every Redis call (and on connecting).
+    /// Bound on every Redis call (and on connecting), except the calls of
+    /// one sync and the hot-source listing, which share `bulk_timeout`.
     pub timeout: Duration,
+    /// Bound on a whole [`Store::sync_partial`] or [`Store::hot_sources`]:
+    /// their calls go out together and Redis serves them one after the
+    /// other, so the last waits for all the others; bounding each by
+    /// `timeout` would fail a sync that is merely large. The daemon gives
+    /// them what is left of its tick.
+    pub bulk_timeout: Duration,
     /// Prefix of every key, so several deployments can share a Redis.
     pub prefix: String,
     /// How far ahead a sync claims room (`sync.lua`): the sync interval,
@@ -152,6 +159,7 @@ impl StoreConfig {
             urls,
             mode,
             timeout: Duration::from_millis(50),
+            bulk_timeout: Duration::from_millis(50),
             prefix: "xl".into(),
             claim_horizon: Duration::from_millis(100),
             claim_hold: Duration::from_millis(300),
@@ -240,6 +248,15 @@ pub struct Totals {
     pub claim: u64,
 }
 
+/// What [`Store::sync_partial`] got: each report's totals (`None` when its
+/// batch failed), the first error and how many batches failed.
+#[derive(Debug, Default)]
+pub struct SyncOutcome {
+    pub totals: Vec<Option<Totals>>,
+    pub error: Option<StoreError>,
+    pub failed_batches: usize,
+}
+
 /// Either kind of connection, so the script calls are written once. Both
 /// are cheap to clone (a handle on one multiplexed connection), which lets
 /// a sync run its batches concurrently.
@@ -283,6 +300,7 @@ pub struct Store {
     mode: Mode,
     timeout: Duration,
     prefix: String,
+    bulk_timeout: Duration,
     claim_horizon: Duration,
     claim_hold: Duration,
     /// Nodes alive at the last heartbeat: how a sync splits the room of a
@@ -318,6 +336,9 @@ impl Store {
         }
         let target = urls.join(", ");
         let timeout = config.timeout;
+        // The crate's own bound on a reply: the longest of ours (each call
+        // is also bounded by `timeout` or a bulk budget around it).
+        let response = config.timeout.max(config.bulk_timeout);
         let connect_err = |source| StoreError::Connect {
             target: target.clone(),
             source,
@@ -328,7 +349,11 @@ impl Store {
                     return Err(StoreError::SingleWithSeveralUrls(infos.len()));
                 }
                 let client = redis::Client::open(infos.remove(0)).map_err(connect_err)?;
-                Connection::Single(single(client, timeout).await.map_err(connect_err)?)
+                Connection::Single(
+                    single(client, timeout, response)
+                        .await
+                        .map_err(connect_err)?,
+                )
             }
             Mode::Sentinel => {
                 let master = config
@@ -346,12 +371,16 @@ impl Store {
                 let client = bounded("connect", timeout * 4, sentinels.async_get_client())
                     .await?
                     .map_err(connect_err)?;
-                Connection::Single(single(client, timeout).await.map_err(connect_err)?)
+                Connection::Single(
+                    single(client, timeout, response)
+                        .await
+                        .map_err(connect_err)?,
+                )
             }
             Mode::Cluster => {
                 let client = ClusterClientBuilder::new(infos)
                     .connection_timeout(timeout)
-                    .response_timeout(timeout)
+                    .response_timeout(response)
                     .retries(1)
                     .build()
                     .map_err(connect_err)?;
@@ -366,6 +395,7 @@ impl Store {
             mode: config.mode,
             timeout,
             prefix: config.prefix.clone(),
+            bulk_timeout: config.bulk_timeout,
             claim_horizon: config.claim_horizon,
             claim_hold: config.claim_hold,
             nodes_alive: std::sync::atomic::AtomicU32::new(1),
@@ -420,17 +450,40 @@ impl Store {
     /// Adds each report's deltas to the current bucket as `node` and
     /// returns, in the order of `reports`, the window totals after that.
     ///
-    /// Reports are sent in batches (by hash slot in cluster mode, up to
-    /// [`MAX_BATCH`] per call) that run concurrently, each under the
-    /// timeout. All or nothing for the caller: on an error some batches may
-    /// have been counted and others not; the caller drops those deltas
-    /// rather than replaying them (a replay could double-count).
+    /// All or nothing for the caller: [`Store::sync_partial`] within
+    /// `bulk_timeout`, and the first error if any batch failed.
     pub async fn sync(
         &self,
         node: &str,
         window: WindowSpec,
         reports: &[Report],
     ) -> Result<Vec<Totals>, StoreError> {
+        let outcome = self
+            .sync_partial(node, window, reports, self.bulk_timeout)
+            .await?;
+        if let Some(e) = outcome.error {
+            return Err(e);
+        }
+        Ok(outcome.totals.into_iter().flatten().collect())
+    }
+
+    /// As [`Store::sync`], batch by batch: reports are sent in batches (by
+    /// hash slot in cluster mode, up to [`MAX_BATCH`] per call, in the
+    /// order of `reports` otherwise) that go out together and all end
+    /// within `budget` (Redis serves them in the order sent, so put first
+    /// what matters most). A batch that fails or is cut at the budget
+    /// leaves its reports `None` (and its error in `error`) without
+    /// failing the others: a Redis that is reachable but cannot serve
+    /// every hot source in one tick syncs some of them, not none. The
+    /// caller drops the deltas of a failed batch rather than replaying
+    /// them (Redis may have counted them before the cut).
+    pub async fn sync_partial(
+        &self,
+        node: &str,
+        window: WindowSpec,
+        reports: &[Report],
+        budget: Duration,
+    ) -> Result<SyncOutcome, StoreError> {
         check_node(node)?;
         for report in reports {
             check_report(report)?;
@@ -438,15 +491,27 @@ impl Store {
         let batches = batches(self.mode, reports);
         let calls = batches
             .iter()
-            .map(|batch| self.sync_batch(node, window, reports, batch));
-        let replies = try_join_all(calls).await?;
-        let mut totals = vec![Totals::default(); reports.len()];
+            .map(|batch| self.sync_batch(node, window, reports, batch, budget));
+        let replies = join_all(calls).await;
+        let mut outcome = SyncOutcome {
+            totals: vec![None; reports.len()],
+            error: None,
+            failed_batches: 0,
+        };
         for (batch, reply) in batches.iter().zip(replies) {
-            for (&index, total) in batch.iter().zip(reply) {
-                totals[index] = total;
+            match reply {
+                Ok(reply) => {
+                    for (&index, total) in batch.iter().zip(reply) {
+                        outcome.totals[index] = Some(total);
+                    }
+                }
+                Err(e) => {
+                    outcome.failed_batches += 1;
+                    outcome.error.get_or_insert(e);
+                }
             }
         }
-        Ok(totals)
+        Ok(outcome)
     }
 
     async fn sync_batch(
@@ -455,6 +520,7 @@ impl Store {
         window: WindowSpec,
         reports: &[Report],
         batch: &[usize],
+        budget: Duration,
     ) -> Result<Vec<Totals>, StoreError> {
         let mut call = self.sync.prepare_invoke();
         call.arg(node)
@@ -476,9 +542,9 @@ impl Store {
                 .arg(report.limit);
         }
         let mut con = self.con.clone();
-        let reply: Vec<i64> = bounded("sync", self.timeout, call.invoke_async(&mut con))
+        let reply: Vec<i64> = bounded("sync", budget, call.invoke_async(&mut con))
             .await?
-            .map_err(|source| call_error("sync", self.timeout, source))?;
+            .map_err(|source| call_error("sync", budget, source))?;
         parse_sync_reply(&reply, batch.len())
     }
 
@@ -502,11 +568,11 @@ impl Store {
             let mut con = self.con.clone();
             bounded(
                 "hot sources",
-                self.timeout,
+                self.bulk_timeout,
                 call.invoke_async::<Vec<String>>(&mut con),
             )
             .await?
-            .map_err(|source| call_error("hot sources", self.timeout, source))
+            .map_err(|source| call_error("hot sources", self.bulk_timeout, source))
         });
         Ok(try_join_all(calls).await?.into_iter().flatten().collect())
     }
@@ -542,10 +608,14 @@ impl Store {
 /// sync loop calls again next tick anyway, and a refused connection should
 /// say so now rather than after seconds of backoff. Bounded by four
 /// timeouts.
-async fn single(client: redis::Client, timeout: Duration) -> Result<ConnectionManager, RedisError> {
+async fn single(
+    client: redis::Client,
+    timeout: Duration,
+    response: Duration,
+) -> Result<ConnectionManager, RedisError> {
     let manager_config = ConnectionManagerConfig::new()
         .set_connection_timeout(Some(timeout))
-        .set_response_timeout(Some(timeout))
+        .set_response_timeout(Some(response))
         .set_number_of_retries(1)
         .set_max_delay(timeout);
     match tokio::time::timeout(
@@ -571,6 +641,34 @@ async fn bounded<T>(
     tokio::time::timeout(after, future)
         .await
         .map_err(|_| StoreError::Timeout { op, after })
+}
+
+/// Awaits every future concurrently, to the end of each.
+async fn join_all<T>(futures: impl Iterator<Item = impl Future<Output = T>>) -> Vec<T> {
+    let mut set: Vec<_> = futures.map(Box::pin).collect();
+    let mut results: Vec<Option<T>> = set.iter().map(|_| None).collect();
+    // Polled together on this task, as in `try_join_all`.
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (f, slot) in set.iter_mut().zip(results.iter_mut()) {
+            if slot.is_none() {
+                match f.as_mut().poll(cx) {
+                    std::task::Poll::Ready(value) => *slot = Some(value),
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
+    })
+    .await;
+    results
+        .into_iter()
+        .map(|r| r.expect("every future finished"))
+        .collect()
 }
 
 /// Awaits every future concurrently; the first error wins.

@@ -44,7 +44,7 @@ use limiter_common::{
     SourceTraffic, WindowState,
 };
 use tokio::sync::mpsc;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::{events::RuleNames, metrics::ClusterMetrics};
 use crate::{
@@ -144,10 +144,15 @@ struct Tracked {
     /// The allowance written per interface at its last successful sync
     /// (kept while failing).
     allowance: Option<Vec<u64>>,
+    /// When it was last synced: a tick sends the stalest sources first,
+    /// so a Redis that cannot serve every hot source in one tick serves
+    /// them in turn.
+    synced: Option<Instant>,
 }
 
-/// A tick's reports by window (bucket ms, buckets): (report key, report).
-type Groups = HashMap<(u64, u32), Vec<(String, Report)>>;
+/// A tick's reports by window (bucket ms, buckets): (report key, report,
+/// when it was last synced).
+type Groups = HashMap<(u64, u32), Vec<(String, Report, Option<Instant>)>>;
 
 /// The sync task's state.
 pub struct Sync {
@@ -176,6 +181,10 @@ fn monotonic_ns() -> u64 {
         .expect("CLOCK_MONOTONIC is always available");
     ts.tv_sec() as u64 * 1_000_000_000 + ts.tv_nsec() as u64
 }
+
+/// Time kept at the end of a tick to write the kernel's maps after the
+/// syncs.
+const WRITE_MARGIN: Duration = Duration::from_millis(5);
 
 /// How long a node counts as alive after its last heartbeat: five sync
 /// intervals (at least half a second), so one slow tick on a loaded
@@ -236,6 +245,8 @@ impl Sync {
         );
         config.sentinel_master = self.config.sentinel_master.clone();
         config.timeout = self.config.timeout;
+        // A sync's batches and the hot listing may take the whole tick.
+        config.bulk_timeout = self.config.sync_interval;
         // A claim is spent until the next tick, and holds the other nodes
         // back as long as this node's kernel keeps the share it became.
         config.claim_horizon = self.config.sync_interval;
@@ -283,6 +294,7 @@ impl Sync {
                 estimate: vec![0; count],
                 offered_now: vec![0; count],
                 allowance: None,
+                synced: None,
             })
             .active = now;
     }
@@ -342,9 +354,13 @@ impl Sync {
             // Frame classes other than the budget's count in other SOURCES
             // entries: offered is never below admitted.
             let offered = offered.max(admitted);
+            // Kept two windows after its last traffic or hot listing: the
+            // listing is renewed once a window, so one window would drop
+            // (and re-create, from a fresh reading) a source kept only by
+            // it whenever a tick starts just after the window.
             if offered > 0 {
                 tracked.active = started;
-            } else if started.duration_since(tracked.active) > window {
+            } else if started.duration_since(tracked.active) > 2 * window {
                 gone.push(text.clone());
                 continue;
             }
@@ -357,14 +373,20 @@ impl Sync {
                     offered,
                     limit: rule.allowance_packets,
                 },
+                tracked.synced,
             ));
+        }
+        // Stalest first (never synced before all): Redis serves a tick's
+        // calls in the order sent.
+        for entries in groups.values_mut() {
+            entries.sort_by_key(|(_, _, synced)| *synced);
         }
         for text in gone {
             self.tracked.remove(&text);
         }
         // (c) Redis, cut at the tick's deadline.
         let budget = deadline.saturating_duration_since(Instant::now());
-        let outcome = tokio::time::timeout(budget, self.redis(&groups)).await;
+        let outcome = tokio::time::timeout(budget, self.redis(&groups, deadline)).await;
         let outcome = match outcome {
             Ok(result) => result,
             Err(_) => Err(StoreError::Timeout {
@@ -386,6 +408,7 @@ impl Sync {
                 let count = allowances.len();
                 for (text, share) in allowances {
                     if let Some(tracked) = self.tracked.get_mut(&text) {
+                        tracked.synced = Some(now);
                         // Relative to the kernel's own count, not Redis's
                         // view of this node: the two windows' bucket edges
                         // differ (kernel clock, Redis TIME), and an
@@ -473,10 +496,21 @@ impl Sync {
         }
     }
 
-    /// Connects if needed, lists hot sources once per window, heartbeats
-    /// and syncs; returns the nodes alive and each report's claim
-    /// (`cluster::share::node_claim`).
-    async fn redis(&mut self, groups: &Groups) -> Result<(u32, Vec<(String, u64)>), StoreError> {
+    /// Connects if needed, heartbeats, syncs and lists hot sources once
+    /// per window; returns the nodes alive and the claim of each report
+    /// synced (`cluster::share::node_claim`).
+    ///
+    /// The heartbeat is bounded by the call timeout (a hung Redis shows
+    /// there first). The syncs share what is left of the tick: a batch cut
+    /// at the deadline fails only its sources, which keep their last
+    /// allowance and go first next tick; the tick fails only when nothing
+    /// synced. A failed hot listing is retried a window later without
+    /// failing the tick.
+    async fn redis(
+        &mut self,
+        groups: &Groups,
+        deadline: Instant,
+    ) -> Result<(u32, Vec<(String, u64)>), StoreError> {
         if self.store.is_none() {
             self.store = Some(Store::connect(&self.store_config()).await?);
         }
@@ -486,15 +520,33 @@ impl Sync {
             .heartbeat(&node, alive_period(self.config.sync_interval))
             .await?;
         let mut allowances = Vec::new();
+        let (mut failed, mut first_error) = (0usize, None);
         for (&(bucket_ms, buckets), entries) in groups {
             let spec = WindowSpec::new(Duration::from_millis(bucket_ms), buckets)?;
-            let reports: Vec<Report> = entries.iter().map(|(_, r)| r.clone()).collect();
-            let totals = store.sync(&node, spec, &reports).await?;
-            for ((text, _), totals) in entries.iter().zip(totals) {
-                // What this node may admit until its next tick, claimed in
-                // Redis (`share::node_claim`).
-                allowances.push((text.clone(), totals.claim));
+            let reports: Vec<Report> = entries.iter().map(|(_, r, _)| r.clone()).collect();
+            // A few ms of the tick are kept to write the kernel's maps.
+            let budget = deadline
+                .saturating_duration_since(Instant::now())
+                .saturating_sub(WRITE_MARGIN);
+            let outcome = store.sync_partial(&node, spec, &reports, budget).await?;
+            failed += outcome.failed_batches;
+            if first_error.is_none() {
+                first_error = outcome.error;
             }
+            for ((text, _, _), totals) in entries.iter().zip(outcome.totals) {
+                if let Some(totals) = totals {
+                    allowances.push((text.clone(), totals.claim));
+                }
+            }
+        }
+        if let Some(e) = first_error {
+            if allowances.is_empty() {
+                return Err(e);
+            }
+            self.metrics.redis_errors.inc();
+            self.metrics.partial_ticks.inc();
+            debug!(failed, synced = allowances.len(), error = %e,
+                "cluster: part of the hot sources not synced this tick (they go first next tick)");
         }
         // Sources hot on other nodes, once per (longest) window: they are
         // synced from the next tick on.
@@ -505,17 +557,24 @@ impl Sync {
             .unwrap_or(Duration::from_secs(1));
         let due = self.last_hot_list.is_none_or(|t| t.elapsed() >= window);
         if due {
-            let keys = store.hot_sources(window).await?;
-            let now = Instant::now();
-            self.last_hot_list = Some(now);
-            let known: HashSet<String> = self.tracked.keys().cloned().collect();
-            for key in keys {
-                if known.contains(&key) {
-                    if let Some(t) = self.tracked.get_mut(&key) {
-                        t.active = now;
+            self.last_hot_list = Some(Instant::now());
+            match store.hot_sources(window).await {
+                Ok(keys) => {
+                    let now = Instant::now();
+                    let known: HashSet<String> = self.tracked.keys().cloned().collect();
+                    for key in keys {
+                        if known.contains(&key) {
+                            if let Some(t) = self.tracked.get_mut(&key) {
+                                t.active = now;
+                            }
+                        } else if let Some((source, rule)) = parse_report_key(&key) {
+                            self.track(source, rule, now);
+                        }
                     }
-                } else if let Some((source, rule)) = parse_report_key(&key) {
-                    self.track(source, rule, now);
+                }
+                Err(e) => {
+                    self.metrics.redis_errors.inc();
+                    warn!(error = %e, "cluster: cannot list the sources hot on other nodes (retried in a window)");
                 }
             }
         }

@@ -54,8 +54,11 @@ pub struct Metrics {
 pub struct ClusterMetrics {
     /// Duration of each sync tick (Redis calls and map writes).
     pub sync_duration: Histogram,
-    /// Failed Redis calls (connect, sync, heartbeat, hot sources).
+    /// Redis failures (connect, sync, heartbeat, hot sources), at most one
+    /// per tick and one per hot listing.
     pub redis_errors: IntCounter,
+    /// Ticks that synced only part of the hot sources.
+    pub partial_ticks: IntCounter,
     /// 1 while degraded (3 failed ticks in a row, until a sync succeeds).
     pub degraded: IntGauge,
     /// Sources carried by the last sync.
@@ -92,7 +95,15 @@ impl ClusterMetrics {
                 registry,
                 IntCounter::with_opts(Opts::new(
                     "xdp_limiter_cluster_redis_errors_total",
-                    "Cluster sync ticks that failed on Redis (connect, sync, heartbeat or hot sources: error or timeout).",
+                    "Cluster sync ticks with a Redis failure (connect, heartbeat or sync: error or timeout), whether the tick failed or synced part of its sources, plus failed hot-source listings.",
+                ))
+                .expect("valid metric"),
+            ),
+            partial_ticks: registered(
+                registry,
+                IntCounter::with_opts(Opts::new(
+                    "xdp_limiter_cluster_partial_ticks_total",
+                    "Cluster sync ticks that synced only part of the hot sources (Redis could not serve them all within the tick; the rest go first next tick).",
                 ))
                 .expect("valid metric"),
             ),
