@@ -239,6 +239,40 @@ impl ClusterLab {
         })
     }
 
+    /// Several flows at once, each `(source, node, rate)`: `source` (an
+    /// address of [`LIGHT_PREFIX`], or [`SOURCE`]) sends to `node` at
+    /// `rate` datagrams per second for `duration`, paced like
+    /// [`ClusterLab::flood`]; returns what each flow sent. The sinks count
+    /// [`SOURCE`] only, so other sources' frames are never in their bins.
+    pub fn flood_flows(&self, flows: &[(Ipv4Addr, usize, u64)], duration: Duration) -> Vec<u64> {
+        self.traffic.enter(|| {
+            let sockets: Vec<UdpSocket> = flows
+                .iter()
+                .map(|(source, _, _)| {
+                    UdpSocket::bind(SocketAddrV4::new(*source, 0))
+                        .unwrap_or_else(|e| panic!("bind {source}: {e}"))
+                })
+                .collect();
+            let start = Instant::now();
+            let mut sent = vec![0u64; flows.len()];
+            let data = [5u8; 32];
+            while start.elapsed() < duration {
+                let elapsed = start.elapsed().as_secs_f64();
+                for (k, &(_, node, rate)) in flows.iter().enumerate() {
+                    let due = (rate as f64 * elapsed) as u64;
+                    while sent[k] < due {
+                        let _ = sockets[k]
+                            .send_to(&data, SocketAddrV4::new(node_addr(node), SINK_PORT));
+                        sent[k] += 1;
+                    }
+                }
+                // Pacing, not synchronization.
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            sent
+        })
+    }
+
     /// `count` light sources (10.100.0.1 on, in [`LIGHT_PREFIX`]), each
     /// sending `per_source` datagrams, to node `k % nodes`, then `k + 1`,
     /// and so on, paced evenly over `duration`; returns the datagrams
