@@ -107,6 +107,46 @@ fn time_until_all(
     })
 }
 
+/// Seconds since midnight UTC now (the daemons' log clock).
+fn wall_of_day() -> f64 {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after the epoch");
+    now.as_secs_f64() % 86_400.0
+}
+
+/// When (seconds since midnight UTC) the first line of `log` containing
+/// `needle` was logged: the daemon's log lines start with an RFC 3339 UTC
+/// timestamp (`2026-11-24T09:15:15.123456Z`).
+fn logged_at(log: &str, needle: &str) -> Option<f64> {
+    let line = log.lines().find(|l| l.contains(needle))?;
+    let stamp = line.split_whitespace().next()?;
+    let time = stamp.split_once('T')?.1.trim_end_matches('Z');
+    let mut parts = time.split(':');
+    let (h, m, sec) = (parts.next()?, parts.next()?, parts.next()?);
+    Some(
+        h.parse::<f64>().ok()? * 3600.0
+            + m.parse::<f64>().ok()? * 60.0
+            + sec.parse::<f64>().ok()?,
+    )
+}
+
+/// How long after `since` (seconds of day) each node logged `needle`, in
+/// seconds, from the daemons' own timestamps (no scrape delay); negative
+/// if before.
+fn logged_after(lab: &ClusterLab, nodes: &[usize], needle: &str, since: f64) -> Vec<f64> {
+    nodes
+        .iter()
+        .map(|&i| {
+            let log = lab.daemon(i).log();
+            let at = logged_at(&log, needle)
+                .unwrap_or_else(|| panic!("node {i} never logged {needle:?}:\n{log}"));
+            // Across midnight: the nearest of the day's two readings.
+            (at - since + 43_200.0).rem_euclid(86_400.0) - 43_200.0
+        })
+        .collect()
+}
+
 /// Every node's `xdp_limiter_cluster_redis_errors_total`.
 fn redis_errors(lab: &ClusterLab) -> Vec<f64> {
     (0..lab.nodes.len())
@@ -384,6 +424,7 @@ fn redis_hung(hang: Hang) {
             wait_for(sink_start + Duration::from_secs(2));
             let before: Vec<_> = (0..NODES).map(|i| hist(lab.daemon(i))).collect();
             let hung_at = Instant::now();
+            let hung_wall = wall_of_day();
             let sleeper = match hang {
                 Hang::Stop => {
                     lab.redis.pause();
@@ -422,6 +463,7 @@ fn redis_hung(hang: Hang) {
                     Instant::now()
                 }
             };
+            let resumed_wall = wall_of_day();
             let recovered_after = time_until_all(
                 &lab,
                 &[0, 1, 2],
@@ -437,13 +479,14 @@ fn redis_hung(hang: Hang) {
                 .map(|(b, a)| (a.0 - b.0, a.1 - b.1, a.2 - b.2))
                 .collect();
             (
-                hung_at,
-                resumed_at,
+                (hung_at, hung_wall),
+                (resumed_at, resumed_wall),
                 degraded_after.unwrap(),
                 recovered_after,
                 ticks,
             )
         });
+    let ((hung_at, hung_wall), (resumed_at, resumed_wall)) = (hung_at, resumed_at);
     let per_node: Vec<Vec<u64>> = sinks.into_iter().map(|s| s.finish()).collect();
     let total = cluster_bins(&per_node);
     eprintln!(
@@ -451,8 +494,28 @@ fn redis_hung(hang: Hang) {
          recovered on every node {recovered_after:?} after Redis answered again; \
          ticks during the hang per node (count, <= 100 ms, <= 50 ms): {ticks:?}"
     );
-    // Degraded within 3T plus the timeout (350 ms); the scrape of three
-    // daemons and a tick's phase add up to about 200 ms of observation.
+    // Degraded within 3T plus the timeout (350 ms), by the daemons' own
+    // log timestamps (+ 30 ms: a loaded 2-core machine schedules a tick
+    // late); seen in the metrics, with three scrapes of delay, within
+    // 550 ms.
+    let logged = logged_after(&lab, &[0, 1, 2], "node degraded", hung_wall);
+    let relogged = logged_after(&lab, &[0, 1, 2], "node recovered", resumed_wall);
+    eprintln!(
+        "{hang:?}: degraded logged {logged:?} after the hang, recovered logged {relogged:?} after Redis answered"
+    );
+    for (i, &after) in logged.iter().enumerate() {
+        assert!(
+            (0.0..=(3 * T + TIMEOUT).as_secs_f64() + 0.03).contains(&after),
+            "{hang:?}: node {i} logged degraded {after:.3} s after the hang (3T + timeout = 350 ms)"
+        );
+    }
+    // (Before the test saw Redis answer is fine: negative.)
+    for (i, &after) in relogged.iter().enumerate() {
+        assert!(
+            after <= (W + 2 * T).as_secs_f64(),
+            "{hang:?}: node {i} logged recovered {after:.3} s after Redis answered (W + 2T)"
+        );
+    }
     assert!(
         degraded_after <= 3 * T + TIMEOUT + Duration::from_millis(200),
         "{hang:?}: degraded {degraded_after:?} after the hang (3T + timeout = 350 ms)"
@@ -571,6 +634,7 @@ fn redis_killed_and_restarted_recovers_within_w_plus_2t() {
         wait_for(killed_at + Duration::from_millis(1000));
         lab.redis.restart();
         let restarted_at = Instant::now();
+        let restarted_wall = wall_of_day();
         let recovered_after = time_until_all(
             &lab,
             &[0, 1, 2],
@@ -580,6 +644,14 @@ fn redis_killed_and_restarted_recovers_within_w_plus_2t() {
             Duration::from_secs(5),
         );
         flood.join().expect("flood");
+        let relogged = logged_after(&lab, &[0, 1, 2], "node recovered", restarted_wall);
+        eprintln!("restart: recovered logged {relogged:?} after Redis answered");
+        for (i, &after) in relogged.iter().enumerate() {
+            assert!(
+                after <= (W + 2 * T).as_secs_f64(),
+                "node {i} logged recovered {after:.3} s after the restart (W + 2T)"
+            );
+        }
         (restarted_at, recovered_after)
     });
     let per_node: Vec<Vec<u64>> = sinks.into_iter().map(|s| s.finish()).collect();
@@ -631,6 +703,7 @@ fn one_node_cut_off_from_redis_keeps_the_cluster_within_l_plus_its_fallback_cap(
         let flood = scope.spawn(|| lab.flood(&EVEN_5L, duration));
         wait_for(sink_start + Duration::from_secs(2));
         let cut_at = Instant::now();
+        let cut_wall = wall_of_day();
         lab.nodes[0].ns.ip(&["link", "set", "veth-r0", "down"]);
         let degraded = time_until_all(
             &lab,
@@ -657,6 +730,13 @@ fn one_node_cut_off_from_redis_keeps_the_cluster_within_l_plus_its_fallback_cap(
         eprintln!("cut off: node 0 degraded after {degraded:?}, the others saw 2 nodes alive after {alive:?}");
         assert!(alive.is_some(), "the others never saw node 0 go");
         flood.join().expect("flood");
+        // Degraded within 3T plus the timeout, by node 0's log timestamp.
+        let logged = logged_after(&lab, &[0], "node degraded", cut_wall)[0];
+        eprintln!("cut off: node 0 logged degraded {logged:?} after the cut");
+        assert!(
+            (0.0..=(3 * T + TIMEOUT).as_secs_f64() + 0.03).contains(&logged),
+            "node 0 logged degraded {logged:.3} s after the cut (3T + timeout = 350 ms, + 30 ms)"
+        );
         cut_at
     });
     let per_node: Vec<Vec<u64>> = sinks.into_iter().map(|s| s.finish()).collect();
