@@ -5,6 +5,9 @@
 //! - [`RedisServer::start`]: one instance, no persistence;
 //! - [`RedisServer::start_cluster`]: a 3-primary Redis Cluster on loopback
 //!   ports (`redis-cli --cluster create`), no replicas;
+//!   [`RedisServer::start_cluster_announcing`]: the same on an address other
+//!   namespaces can be routed to;
+//! - [`RedisServer::restart`]: kill and start again on the same ports;
 //! - [`RedisServer::block_on`]: runs async client code on a current-thread
 //!   tokio runtime on a thread inside the namespace;
 //! - [`RedisServer::cli`]: `redis-cli` inside the namespace, for what the
@@ -17,9 +20,13 @@
 use std::{
     fs::File,
     future::Future,
+    net::Ipv4Addr,
     path::PathBuf,
     process::{Child, Stdio},
-    sync::atomic::{AtomicUsize, Ordering},
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Mutex, MutexGuard,
+    },
     time::Duration,
 };
 
@@ -39,9 +46,21 @@ const START_LIMIT: Duration = Duration::from_secs(15);
 
 static NEXT_DIR: AtomicUsize = AtomicUsize::new(0);
 
+/// One `redis-server` process and how it was started (to restart it).
+struct Server {
+    port: u16,
+    bind: String,
+    extra: Vec<String>,
+    child: Child,
+}
+
 /// One or several `redis-server` processes in their own namespace.
 pub struct RedisServer {
-    children: Vec<(u16, Child)>,
+    // Behind a lock so a test can restart the servers while other threads
+    // (a flood, the daemons' observers) hold the lab by reference.
+    children: Mutex<Vec<Server>>,
+    /// The address URLs name (127.0.0.1, or the announced address).
+    host: Ipv4Addr,
     dir: PathBuf,
     // Dropped after the servers are killed (fields drop after `drop`).
     ns: NetNs,
@@ -72,29 +91,53 @@ impl RedisServer {
     /// on every node).
     pub fn start_cluster() -> Self {
         let mut server = Self::empty("rcluster");
+        server.cluster_on("127.0.0.1", &[]);
+        server
+    }
+
+    /// As [`RedisServer::start_cluster`], but every primary listens on
+    /// every address of its namespace and the cluster is built on, and
+    /// announces (`cluster-announce-ip`, so MOVED redirections and `CLUSTER
+    /// SLOTS` name it), `address`, added to the namespace's loopback:
+    /// clients in other namespaces with a route to `address` reach every
+    /// primary (a lab routes it over its veths).
+    pub fn start_cluster_announcing(address: Ipv4Addr) -> Self {
+        let mut server = Self::empty("rcluster");
+        server
+            .ns
+            .ip(&["addr", "add", &format!("{address}/32"), "dev", "lo"]);
+        server.host = address;
+        let announce = address.to_string();
+        server.cluster_on(
+            "* -::*",
+            &["--protected-mode", "no", "--cluster-announce-ip", &announce],
+        );
+        server
+    }
+
+    fn cluster_on(&mut self, bind: &str, extra: &[&str]) {
         let ports: Vec<u16> = (0..3).map(|i| CLUSTER_PORT + i).collect();
         for &port in &ports {
             let conf = format!("nodes-{port}.conf");
-            server.spawn(
-                port,
-                &[
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-config-file",
-                    &conf,
-                    "--cluster-node-timeout",
-                    "5000",
-                ],
-            );
+            let mut args = vec![
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                &conf,
+                "--cluster-node-timeout",
+                "5000",
+            ];
+            args.extend_from_slice(extra);
+            self.spawn_bound(port, bind, &args);
         }
         for &port in &ports {
-            server.wait_ping(port);
+            self.wait_ping(port);
         }
-        let addresses: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+        let addresses: Vec<String> = ports.iter().map(|p| format!("{}:{p}", self.host)).collect();
         let mut args = vec!["--cluster", "create"];
         args.extend(addresses.iter().map(String::as_str));
         args.extend(["--cluster-replicas", "0", "--cluster-yes"]);
-        let out = server
+        let out = self
             .ns
             .command("redis-cli")
             .args(&args)
@@ -108,8 +151,7 @@ impl RedisServer {
         );
         for &port in &ports {
             let ok = wait_until(START_LIMIT, Duration::from_millis(20), || {
-                server
-                    .try_cli(port, &["cluster", "info"])
+                self.try_cli(port, &["cluster", "info"])
                     .filter(|info| info.contains("cluster_state:ok"))
             });
             assert!(
@@ -117,7 +159,6 @@ impl RedisServer {
                 "Redis Cluster node {port} never reached cluster_state:ok"
             );
         }
-        server
     }
 
     fn empty(tag: &str) -> Self {
@@ -125,7 +166,8 @@ impl RedisServer {
         let dir = std::env::temp_dir().join(format!("xlt-{tag}-{}-{id}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
         Self {
-            children: Vec::new(),
+            children: Mutex::new(Vec::new()),
+            host: Ipv4Addr::LOCALHOST,
             dir,
             ns: NetNs::new(tag),
         }
@@ -138,16 +180,32 @@ impl RedisServer {
     }
 
     fn spawn_bound(&mut self, port: u16, bind: &str, extra: &[&str]) {
+        let extra: Vec<String> = extra.iter().map(|a| a.to_string()).collect();
+        let child = self.spawn_child(port, bind, &extra);
+        self.servers().push(Server {
+            port,
+            bind: bind.to_string(),
+            extra,
+            child,
+        });
+    }
+
+    fn spawn_child(&self, port: u16, bind: &str, extra: &[String]) -> Child {
         let log_path = self.dir.join(format!("{port}.log"));
-        let log = File::create(&log_path).unwrap_or_else(|e| panic!("{}: {e}", log_path.display()));
+        let log = File::options()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .unwrap_or_else(|e| panic!("{}: {e}", log_path.display()));
         let port_text = port.to_string();
         let dir = self.dir.to_string_lossy().into_owned();
-        let child = self
-            .ns
+        self.ns
             .command("redis-server")
             .args(["--port", &port_text, "--bind", bind])
             .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
             .args(["--dir", &dir, "--logfile", ""])
+            // `DEBUG SLEEP` (a hung server) from redis-cli in the namespace.
+            .args(["--enable-debug-command", "local"])
             .args(extra)
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("dup log"))
@@ -155,11 +213,36 @@ impl RedisServer {
             .spawn()
             .unwrap_or_else(|e| {
                 panic!("cannot start redis-server (is it installed? `cargo xtask setup`): {e}")
-            });
-        self.children.push((port, child));
+            })
     }
 
-    fn wait_ping(&mut self, port: u16) {
+    fn servers(&self) -> MutexGuard<'_, Vec<Server>> {
+        self.children.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn ports(&self) -> Vec<u16> {
+        self.servers().iter().map(|s| s.port).collect()
+    }
+
+    /// Kills every server (SIGKILL) and starts it again on the same port
+    /// with the same options, empty (no persistence); returns once each
+    /// answers PING. A Redis Cluster's servers would restart with their
+    /// node files: only single instances are restarted by the tests.
+    pub fn restart(&self) {
+        let mut servers = self.servers();
+        for server in servers.iter_mut() {
+            let _ = server.child.kill();
+            let _ = server.child.wait();
+            server.child = self.spawn_child(server.port, &server.bind, &server.extra);
+        }
+        let ports: Vec<u16> = servers.iter().map(|s| s.port).collect();
+        drop(servers);
+        for port in ports {
+            self.wait_ping(port);
+        }
+    }
+
+    fn wait_ping(&self, port: u16) {
         let answered = wait_until(START_LIMIT, Duration::from_millis(10), || {
             self.try_cli(port, &["ping"]).filter(|r| r.trim() == "PONG")
         });
@@ -172,14 +255,14 @@ impl RedisServer {
 
     /// The URL of the single instance (or of the first cluster node).
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.children[0].0)
+        format!("redis://{}:{}", self.host, self.ports()[0])
     }
 
     /// Every server's URL (a Redis Cluster's seeds).
     pub fn urls(&self) -> Vec<String> {
-        self.children
+        self.ports()
             .iter()
-            .map(|(port, _)| format!("redis://127.0.0.1:{port}"))
+            .map(|port| format!("redis://{}:{port}", self.host))
             .collect()
     }
 
@@ -190,7 +273,7 @@ impl RedisServer {
     /// The process id of the first server (`ip netns exec` execs it, so
     /// this is redis-server itself).
     pub fn pid(&self) -> Pid {
-        Pid::from_raw(self.children[0].1.id() as i32)
+        Pid::from_raw(self.servers()[0].child.id() as i32)
     }
 
     /// Kills every server (SIGKILL): connections are reset and refused
@@ -210,18 +293,45 @@ impl RedisServer {
     }
 
     fn signal(&self, signal: Signal) {
-        for (port, child) in &self.children {
-            kill(Pid::from_raw(child.id() as i32), signal)
-                .unwrap_or_else(|e| panic!("{signal} to redis-server {port}: {e}"));
+        for server in self.servers().iter() {
+            kill(Pid::from_raw(server.child.id() as i32), signal)
+                .unwrap_or_else(|e| panic!("{signal} to redis-server {}: {e}", server.port));
         }
     }
 
     /// `redis-cli -p <first port> args` inside the namespace: its output;
     /// panics unless it exits 0.
     pub fn cli(&self, args: &[&str]) -> String {
-        let port = self.children[0].0;
+        let port = self.ports()[0];
+        self.cli_at(port, args)
+    }
+
+    /// `redis-cli -p <port> args` inside the namespace (any server of a
+    /// Redis Cluster): its output; panics unless it exits 0.
+    pub fn cli_at(&self, port: u16, args: &[&str]) -> String {
         self.try_cli(port, args)
             .unwrap_or_else(|| panic!("redis-cli -p {port} {args:?} failed"))
+    }
+
+    /// The ports of every server (a Redis Cluster's primaries).
+    pub fn server_ports(&self) -> Vec<u16> {
+        self.ports()
+    }
+
+    /// `INFO stats`'s `total_commands_processed` summed over every server:
+    /// every command Redis ran, those inside scripts included (and the
+    /// `INFO` itself).
+    pub fn commands_processed(&self) -> u64 {
+        self.ports()
+            .iter()
+            .map(|&port| {
+                let info = self.cli_at(port, &["info", "stats"]);
+                info.lines()
+                    .find_map(|l| l.strip_prefix("total_commands_processed:"))
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+                    .unwrap_or_else(|| panic!("no total_commands_processed in {info}"))
+            })
+            .sum()
     }
 
     fn try_cli(&self, port: u16, args: &[&str]) -> Option<String> {
@@ -259,10 +369,10 @@ impl RedisServer {
 
 impl Drop for RedisServer {
     fn drop(&mut self) {
-        for (_, child) in &mut self.children {
+        for server in self.servers().iter_mut() {
             // SIGKILL also ends a stopped process.
-            let _ = child.kill();
-            let _ = child.wait();
+            let _ = server.child.kill();
+            let _ = server.child.wait();
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }

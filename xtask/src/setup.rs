@@ -3,7 +3,8 @@
 //! ../shared/notes/toolchain.md for why this recipe).
 //!
 //! 1. Debian packages: rustc-web/cargo-web with the prebuilt BPF `core`,
-//!    its clippy, and the tools the tests drive (ip, ping, redis-server).
+//!    its clippy, and the tools the tests drive (ip, ping, redis-server,
+//!    libfaketime).
 //!    Debian starts and enables redis-server as a service on install; the
 //!    tests start their own servers in namespaces, so setup stops and
 //!    disables that service.
@@ -41,6 +42,9 @@ const DEBIAN_PACKAGES: &[&str] = &[
     // redis-server (and redis-cli, in redis-tools) in a namespace.
     "redis-server",
     "redis-tools",
+    // The cluster scenario with one node's wall clock 2 s off
+    // (tests/tests/cluster_scenarios.rs preloads libfaketime).
+    "faketime",
 ];
 /// The rustup toolchain name the eBPF build uses (defined with the rest of
 /// that build in `limiter-ebpf-build`).
