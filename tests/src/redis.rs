@@ -425,7 +425,12 @@ impl RedisServer {
             .stderr(log)
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start redis-server --sentinel: {e}"));
-        server.children.push((SENTINEL_PORT, child));
+        server.servers().push(Server {
+            port: SENTINEL_PORT,
+            bind: "127.0.0.1".into(),
+            extra: Vec::new(),
+            child,
+        });
         server.wait_ping(SENTINEL_PORT);
         let ready = wait_until(START_LIMIT, Duration::from_millis(20), || {
             server
@@ -455,18 +460,12 @@ impl RedisServer {
 
     /// SIGKILLs the server on `port` only (a primary dying).
     pub fn kill_port(&self, port: u16) {
-        let (_, child) = self
-            .children
+        let servers = self.servers();
+        let server = servers
             .iter()
-            .find(|(p, _)| *p == port)
+            .find(|s| s.port == port)
             .unwrap_or_else(|| panic!("no redis-server on port {port}"));
-        kill(Pid::from_raw(child.id() as i32), Signal::SIGKILL)
+        kill(Pid::from_raw(server.child.id() as i32), Signal::SIGKILL)
             .unwrap_or_else(|e| panic!("SIGKILL to redis-server {port}: {e}"));
-    }
-
-    /// `redis-cli -p <port> args`: its output, panics unless it exits 0.
-    pub fn cli_on(&self, port: u16, args: &[&str]) -> String {
-        self.try_cli(port, args)
-            .unwrap_or_else(|| panic!("redis-cli -p {port} {args:?} failed"))
     }
 }

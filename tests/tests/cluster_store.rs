@@ -616,7 +616,7 @@ fn a_sentinel_names_the_primary_and_the_store_follows_a_failover() {
     });
     assert_eq!(counts(&first), [3, 4, 3, 4]);
     // The counts went to the primary (and replicated).
-    let on_primary = server.cli_on(SENTINEL_PRIMARY_PORT, &["--scan", "--pattern", "xl:*"]);
+    let on_primary = server.cli_at(SENTINEL_PRIMARY_PORT, &["--scan", "--pattern", "xl:*"]);
     assert!(on_primary.contains(key), "{on_primary}");
     // Without a master name, a clear error.
     let mut nameless = config.clone();
@@ -625,7 +625,7 @@ fn a_sentinel_names_the_primary_and_the_store_follows_a_failover() {
     assert!(matches!(e, Some(StoreError::NoSentinelMaster)), "{e:?}");
     // Replication is asynchronous: wait until the replica has the counts.
     let replicated = wait_until(Duration::from_secs(10), Duration::from_millis(20), || {
-        let keys = server.cli_on(SENTINEL_PRIMARY_PORT + 1, &["--scan", "--pattern", "xl:*"]);
+        let keys = server.cli_at(SENTINEL_PRIMARY_PORT + 1, &["--scan", "--pattern", "xl:*"]);
         keys.contains(key).then_some(())
     });
     assert!(replicated.is_some(), "the replica never got the counts");
