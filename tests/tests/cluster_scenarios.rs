@@ -159,8 +159,8 @@ fn redis_errors(lab: &ClusterLab) -> Vec<f64> {
 
 /// The scenario-1 bounds on the windows of a flood of `duration` that
 /// started at bin `first`: every full window from 2 s on within
-/// 0.75L..1.1L (upper bound as the issue asks; the lower one as measured,
-/// see docs/cluster.md), mean at least 0.88L. Returns (mean, min, max).
+/// 0.9L..1.1L, as the issue asks, and the mean at least 0.95L. Returns
+/// (mean, min, max).
 fn assert_held_to_l(per_node: &[Vec<u64>], first: usize, duration: Duration) -> (f64, u64, u64) {
     let total = cluster_bins(per_node);
     let from = first + 20;
@@ -176,14 +176,14 @@ fn assert_held_to_l(per_node: &[Vec<u64>], first: usize, duration: Duration) -> 
              bins {total:?}; per node {per_node:?}"
         );
         assert!(
-            sum >= 750,
-            "window {k} after 2 s admitted {sum} cluster-wide (under 0.75L); \
+            sum >= 900,
+            "window {k} after 2 s admitted {sum} cluster-wide (under 0.9L); \
              bins {total:?}; per node {per_node:?}"
         );
     }
     assert!(
-        mean >= 880.0,
-        "mean window {mean} below 0.88L: {sums:?}; bins {total:?}"
+        mean >= 950.0,
+        "mean window {mean} below 0.95L: {sums:?}; bins {total:?}"
     );
     (mean, min, max)
 }
@@ -361,15 +361,19 @@ fn fifty_thousand_light_sources_stay_unsynced_and_redis_load_follows_the_formula
     );
 }
 
-/// "Normal" after Redis answers again, on the windows ending W + 2T after
-/// it or later: none above 1.1L (the issue's bound, met); not closed
-/// either: none below 0.6L and the mean at least 0.8L. Measured: lowest
-/// window 0.68L to 0.82L, mean 0.84L to 0.90L: the burst of the first
-/// synced interval (Redis lost the outage's counts, so the first shares
-/// are large, though paced) leaves the window a second later and the
-/// cluster dips, as the cold burst of scenario 1 echoes; 0.9L is not met
-/// (docs/cluster.md, the scenario table).
-fn assert_normal_after(what: &str, normal: &[u64], total: &[u64]) {
+/// "Normal" after Redis answers again: the windows ending W + 2T after it
+/// or later within 0.9L..1.1L, as scenario 1; and the windows straddling
+/// the recovery (`straddling`) at most 1.1L too: Redis lost the outage's
+/// counts, and without the recovery cap (`cluster::tick::recovery_cap`)
+/// the first claims handed out `L` again on top of what the fallback had
+/// admitted (1.19L to 1.29L measured).
+fn assert_normal_after(what: &str, normal: &[u64], straddling: &[u64], total: &[u64]) {
+    for &sum in straddling {
+        assert!(
+            sum <= 1100,
+            "{what}: {sum} in a window straddling the recovery (over 1.1L): {total:?}"
+        );
+    }
     let (mean, min, max) = summary(normal);
     let lowest_at = normal.iter().position(|&s| s == min).unwrap_or(0);
     eprintln!(
@@ -381,13 +385,13 @@ fn assert_normal_after(what: &str, normal: &[u64], total: &[u64]) {
             "{what}: {sum} in a window ending W + 2T after recovery or later (over 1.1L): {total:?}"
         );
         assert!(
-            sum >= 600,
-            "{what}: {sum} in a window ending W + 2T after recovery or later (under 0.6L): {total:?}"
+            sum >= 900,
+            "{what}: {sum} in a window ending W + 2T after recovery or later (under 0.9L): {total:?}"
         );
     }
     assert!(
-        mean >= 800.0,
-        "{what}: mean window {mean} after recovery under 0.8L: {normal:?}"
+        mean >= 950.0,
+        "{what}: mean window {mean} after recovery under 0.95L: {normal:?}"
     );
 }
 
@@ -586,7 +590,7 @@ fn redis_hung(hang: Hang) {
         normal.len() >= 10,
         "too few windows after recovery: {total:?}"
     );
-    assert_normal_after(&format!("{hang:?}"), &normal, &total);
+    assert_normal_after(&format!("{hang:?}"), &normal, &straddling, &total);
     for i in 0..NODES {
         let log = lab.daemon(i).log();
         assert_eq!(log.matches("node degraded").count(), 1, "node {i}:\n{log}");
@@ -681,7 +685,7 @@ fn redis_killed_and_restarted_recovers_within_w_plus_2t() {
         normal.len() >= 10,
         "too few windows after the restart: {total:?}"
     );
-    assert_normal_after("restart", &normal, &total);
+    assert_normal_after("restart", &normal, &straddling, &total);
     // Every node syncs again against the new server: all three heartbeat
     // into it.
     let members = lab.redis.cli(&["zcard", "xl:nodes"]);
@@ -788,10 +792,10 @@ fn one_node_cut_off_from_redis_keeps_the_cluster_within_l_plus_its_fallback_cap(
 
 /// Scenario 8: node 2 leaves (its traffic moves to the others and its
 /// daemon stops). Its admissions leave Redis's window within W; the
-/// survivors admit about L in every window ending W + 2T after the
-/// removal or later (the issue's 0.9L is not met: see the bound below).
+/// survivors admit 0.9L..1.1L in every window ending W + 2T after the
+/// removal or later.
 #[test]
-fn a_node_removed_leaves_the_survivors_near_l_from_w_plus_2t_on() {
+fn a_node_removed_leaves_the_survivors_at_least_0_9l_from_w_plus_2t_on() {
     let _one = one_lab();
     let lab = lab("");
     let sinks: Vec<_> = (0..NODES).map(|i| lab.sink(i)).collect();
@@ -843,16 +847,13 @@ fn a_node_removed_leaves_the_survivors_near_l_from_w_plus_2t_on() {
             sum <= 1100,
             "{sum} admitted by the survivors (over 1.1L): {total:?}"
         );
-        // The issue asks 0.9L; measured lowest 0.83L to 0.87L (the
-        // lower bound of sliding windows is weak, as in scenario 1): at
-        // least 0.75L, as scenario 1 asserts.
         assert!(
-            sum >= 750,
+            sum >= 900,
             "the survivors admitted {sum} in a window ending W + 2T after the removal or later \
-             (under 0.75L): {per_node:?}"
+             (under 0.9L): {per_node:?}"
         );
     }
-    assert!(mean >= 880.0, "mean {mean} under 0.88L: {sums_after:?}");
+    assert!(mean >= 950.0, "mean {mean} under 0.95L: {sums_after:?}");
 }
 
 /// Scenario 9: node 1's wall clock 2 s ahead (libfaketime, monotonic

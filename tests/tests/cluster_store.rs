@@ -129,22 +129,26 @@ fn claims_reserve_the_room_until_replaced_or_expired() {
         let b = nb.sync("b", window, &[report(src, 0, 40)]).await.unwrap()[0];
         assert_eq!(b.claim, node_claim(100, 0, 100, 40, 1, 100));
         assert_eq!(b.claim, 0);
-        // a stops syncing: once its claim expired (Redis time), b gets
-        // its fair part.
+        // a stops syncing: once its claim expired (Redis time), b is the
+        // only node claiming and its fair part is the whole room.
         let started = Instant::now();
         let freed = wait_until_async(Duration::from_secs(5), || async {
             let b = nb.sync("b", window, &[report(src, 0, 0)]).await.unwrap()[0];
-            (b.claim == 40).then_some(b)
+            (b.claim == 100).then_some(b)
         })
         .await;
         assert!(freed.is_some(), "a's claim never expired");
         assert!(started.elapsed() >= Duration::from_millis(250));
-        // a spent 50 and syncs: its own old claim is replaced (not counted
-        // against it), b's 40 stands: room 50 less 40.
+        // a comes back having spent 50: b's claim holds the rest.
         let a = na.sync("a", window, &[report(src, 50, 50)]).await.unwrap()[0];
         assert_eq!(a.cluster_admitted, 50);
-        assert_eq!(a.claim, node_claim(100, 50, 150, 110, 1, 40));
-        assert_eq!(a.claim, 10);
+        assert_eq!(a.claim, node_claim(100, 50, 150, 110, 1, 100));
+        assert_eq!(a.claim, 0);
+        // b syncs again: its own old claim is replaced (not counted against
+        // it) and a, claiming again, counts in the split: 50 x 40 / 150.
+        let b = nb.sync("b", window, &[report(src, 0, 0)]).await.unwrap()[0];
+        assert_eq!(b.claim, node_claim(100, 50, 150, 40, 1, 0));
+        assert_eq!(b.claim, 13);
     });
 }
 

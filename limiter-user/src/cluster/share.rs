@@ -44,7 +44,7 @@ pub enum Fallback {
 ///
 /// ```text
 /// room  = max(L - ahead_admitted, 0)
-/// fair  = floor(room x own_offered / cluster_offered)
+/// fair  = floor(room x own_offered / claimers_offered)
 ///         (floor(room / nodes alive) while nothing was offered)
 /// claim = max(0, min(fair, room - others_claimed))
 /// ```
@@ -58,20 +58,24 @@ pub enum Fallback {
 /// out of the room is what keeps two nodes from handing out the same room
 /// whatever the order of their ticks, so claims never add up past the
 /// room (see the proptest) and no pacing is needed to bound the error.
+/// `claimers_offered` is this node's offered traffic over the window plus
+/// that of the other nodes with a live claim (as of their last sync): a
+/// node that left stops diluting the others' parts when its claim
+/// expires, not a window later when its counts leave the window.
 pub fn node_claim(
     limit: u64,
     ahead_admitted: u64,
-    cluster_offered: u64,
+    claimers_offered: u64,
     own_offered: u64,
     nodes_alive: u32,
     others_claimed: u64,
 ) -> u64 {
     let room = limit.saturating_sub(ahead_admitted);
-    let fair = if cluster_offered == 0 {
+    let fair = if claimers_offered == 0 {
         room / u64::from(nodes_alive.max(1))
     } else {
-        let own = own_offered.min(cluster_offered);
-        (u128::from(room) * u128::from(own) / u128::from(cluster_offered)) as u64
+        let own = own_offered.min(claimers_offered);
+        (u128::from(room) * u128::from(own) / u128::from(claimers_offered)) as u64
     };
     fair.min(room.saturating_sub(others_claimed))
 }

@@ -28,8 +28,9 @@
 -- Other nodes read it to sync sources hot elsewhere (Store::hot_sources).
 --
 -- Claim key "<KEYS[i]>:r", a hash: field a node's name, value
---   "<claim>:<expires ms>", what that node may still admit until its next
---   sync (see the claim below).
+--   "<claim>:<expires ms>:<offered>", what that node may still admit until
+--   its next sync and what it was offered over the window then (see the
+--   claim below).
 --
 -- Returns {bucket, ca1, co1, oa1, oo1, claim1, ca2, ...}.
 --
@@ -37,9 +38,14 @@
 -- arithmetic in Rust, and cluster_store.rs checks they agree):
 --   room  = max(L - admitted over the buckets still in the window at
 --           now + horizon, 0)
---   fair  = floor(room x own offered / cluster offered)
+--   fair  = floor(room x own offered / (own offered + the offered of the
+--           other nodes with a live claim))
 --           (floor(room / nodes alive) while nothing was offered)
 --   claim = max(0, min(fair, room - the other nodes' live claims))
+-- The fair part counts only nodes still claiming: a node that left (or
+-- whose traffic moved away and stopped syncing the source) stops
+-- diluting the others' parts as soon as its claim expires, not a window
+-- later when its offered counts leave.
 -- Claims reserve room: another node's claim is room it may admit before
 -- it reports, so no two nodes hand out the same room however their ticks
 -- interleave; the claims over nodes never exceed the room. The horizon
@@ -105,25 +111,27 @@ for i, base in ipairs(KEYS) do
   -- nodes already claimed of it. Claims past their expiry are ignored
   -- (a node that stopped syncing) and dropped.
   local claims = base .. ':r'
-  local others = 0
+  local others, claimers_offered = 0, oo
   local kv = redis.call('HGETALL', claims)
   for k = 1, #kv, 2 do
-    local c, e = string.match(kv[k + 1], '^(%d+):(%d+)$')
+    local c, e, o = string.match(kv[k + 1], '^(%d+):(%d+):(%d+)$')
     if kv[k] ~= node and c and tonumber(e) > now_ms then
       others = others + tonumber(c)
+      claimers_offered = claimers_offered + tonumber(o)
     elseif kv[k] ~= node then
       redis.call('HDEL', claims, kv[k])
     end
   end
   local room = math.max(limit - ahead, 0)
   local fair
-  if co > 0 then
-    fair = math.floor(room * math.min(oo, co) / co)
+  if claimers_offered > 0 then
+    fair = math.floor(room * oo / claimers_offered)
   else
     fair = math.floor(room / alive)
   end
   local claim = math.max(0, math.min(fair, room - others))
-  redis.call('HSET', claims, node, string.format('%d:%d', claim, now_ms + hold_ms))
+  redis.call('HSET', claims, node,
+    string.format('%d:%d:%d', claim, now_ms + hold_ms, oo))
   redis.call('PEXPIRE', claims, math.max(hold_ms, ttl_ms))
   out[#out + 1] = ca
   out[#out + 1] = co

@@ -272,6 +272,20 @@ pub fn fallback_limit(policy: Fallback, limit: u64, nodes_alive: u32) -> u64 {
     }
 }
 
+/// The cap on a source's allowance (a window total on this node) for one
+/// window after the node recovers from being degraded: the fallback
+/// policy's cap, as while degraded.
+///
+/// Why: outage counts are not replayed (a replay would hold them in Redis
+/// a window longer than in the kernels), so Redis sees an empty window
+/// while the kernels' windows still hold what the fallback admitted; the
+/// claims alone would hand out `L` again on top of it (measured: windows
+/// straddling the recovery at 1.19L to 1.29L). Under `split` the nodes
+/// stay within `L` together until the outage has left the window.
+pub fn recovery_cap(policy: Fallback, limit: u64, nodes_alive: u32) -> u64 {
+    fallback_limit(policy, limit, nodes_alive)
+}
+
 /// The bucket a kernel time falls in, for [`AdmittedTracker::advance`]'s
 /// first reading.
 pub fn first_bucket_of_window(now_ns: u64, bucket_ns: u64, buckets: u32) -> u64 {
@@ -525,5 +539,7 @@ mod tests {
         assert_eq!((s.cold_divisor, s.threshold_permille), (1, 1000));
         assert_eq!(fallback_limit(Fallback::Split, 1000, 3), 333);
         assert_eq!(fallback_limit(Fallback::Local, 1000, 3), 1000);
+        assert_eq!(recovery_cap(Fallback::Split, 1000, 3), 333);
+        assert_eq!(recovery_cap(Fallback::Local, 1000, 3), 1000);
     }
 }

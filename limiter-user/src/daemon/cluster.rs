@@ -144,6 +144,9 @@ struct Tracked {
     /// The allowance written per interface at its last successful sync
     /// (kept while failing).
     allowance: Option<Vec<u64>>,
+    /// Its rule's packet limit and window, as of the last tick.
+    limit: u64,
+    window: Duration,
     /// When it was last synced: a tick sends the stalest sources first,
     /// so a Redis that cannot serve every hot source in one tick serves
     /// them in turn.
@@ -165,6 +168,9 @@ pub struct Sync {
     health: Health,
     nodes_alive: u32,
     last_hot_list: Option<Instant>,
+    /// Until when, after a recovery, each source stays held to the
+    /// fallback cap (`recovery_cap`).
+    recovering_until: Option<Instant>,
     metrics: ClusterMetrics,
     live: SharedLive,
 }
@@ -218,6 +224,7 @@ pub fn start(
         health: Health::default(),
         nodes_alive: 0,
         last_hot_list: None,
+        recovering_until: None,
         metrics,
         live,
     };
@@ -294,6 +301,8 @@ impl Sync {
                 estimate: vec![0; count],
                 offered_now: vec![0; count],
                 allowance: None,
+                limit: 0,
+                window: Duration::ZERO,
                 synced: None,
             })
             .active = now;
@@ -323,6 +332,8 @@ impl Sync {
             };
             let window =
                 Duration::from_nanos(rule.bucket_ns.saturating_mul(u64::from(rule.buckets)));
+            tracked.limit = rule.allowance_packets;
+            tracked.window = window;
             let (mut admitted, mut offered) = (0u64, 0u64);
             for (i, (_, maps)) in self.ifaces.iter().enumerate() {
                 if let Ok(state) = maps.windows.get(&tracked.key, 0) {
@@ -402,7 +413,20 @@ impl Sync {
                 self.nodes_alive = nodes;
                 if self.health.success() == Some(Change::Recovered) {
                     info!(nodes, "cluster: Redis reachable again, node recovered (outage counts not replayed)");
+                    // Redis holds nothing of what the nodes admitted while
+                    // degraded (dropped, or lost with a restart), but the
+                    // kernels' windows still do: for one window the
+                    // fallback cap stays on top of the claims, or the
+                    // cluster would admit the outage's L again.
+                    let window = self
+                        .tracked
+                        .values()
+                        .map(|t| t.window)
+                        .max()
+                        .unwrap_or_default();
+                    self.recovering_until = Some(now + window);
                 }
+                let recovering = self.recovering_until.is_some_and(|until| now < until);
                 let expires =
                     share_expiry(kernel_now, self.config.sync_interval, Phase::Normal, now);
                 let count = allowances.len();
@@ -417,14 +441,24 @@ impl Sync {
                         // One claim per node: split over the interfaces the
                         // source arrives on, or each would admit it all.
                         let parts = tick::split_claim(share, &tracked.offered_now);
-                        tracked.allowance = Some(
-                            tracked
-                                .estimate
-                                .iter()
-                                .zip(parts)
-                                .map(|(e, part)| e.saturating_add(part))
-                                .collect(),
-                        );
+                        let mut allowance: Vec<u64> = tracked
+                            .estimate
+                            .iter()
+                            .zip(parts)
+                            .map(|(e, part)| e.saturating_add(part))
+                            .collect();
+                        if recovering {
+                            let cap = tick::recovery_cap(
+                                policy(self.config.fallback),
+                                tracked.limit,
+                                nodes,
+                            );
+                            let caps = tick::split_claim(cap, &tracked.offered_now);
+                            for (a, cap) in allowance.iter_mut().zip(caps) {
+                                *a = (*a).min(cap);
+                            }
+                        }
+                        tracked.allowance = Some(allowance);
                     }
                 }
                 if let Some(expires) = expires {
