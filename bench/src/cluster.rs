@@ -121,8 +121,12 @@ pub struct DaemonSample {
     pub ticks: f64,
     pub tick_s: f64,
     pub ticks_within_100ms: f64,
-    /// Failed ticks (`xdp_limiter_cluster_redis_errors_total`).
-    pub failed: f64,
+    /// Ticks with a Redis failure (`xdp_limiter_cluster_redis_errors_total`:
+    /// failed ticks, partial ones and failed hot listings).
+    pub errors: f64,
+    /// Ticks that synced only part of the sources
+    /// (`xdp_limiter_cluster_partial_ticks_total`).
+    pub partial: f64,
     pub synced_sources: f64,
     pub degraded: f64,
 }
@@ -139,7 +143,8 @@ impl DaemonSample {
             ticks: get(&format!("{SYNC}_count")),
             tick_s: get(&format!("{SYNC}_sum")),
             ticks_within_100ms: get(&format!("{SYNC}_bucket{{le=\"0.1\"}}")),
-            failed: get("xdp_limiter_cluster_redis_errors_total"),
+            errors: get("xdp_limiter_cluster_redis_errors_total"),
+            partial: get("xdp_limiter_cluster_partial_ticks_total"),
             synced_sources: get("xdp_limiter_cluster_synced_sources"),
             degraded: get("xdp_limiter_cluster_degraded"),
         }
@@ -156,7 +161,10 @@ pub struct DaemonLoad {
     pub tick_ms: f64,
     /// Ticks over 100 ms, percent.
     pub over_100ms_pct: f64,
-    /// Failed ticks, percent.
+    /// Ticks that synced only part of the hot sources, percent.
+    pub partial_pct: f64,
+    /// Failed ticks (nothing synced) and failed hot listings, percent of
+    /// the ticks.
     pub failed_pct: f64,
 }
 
@@ -175,7 +183,8 @@ impl DaemonLoad {
             over_100ms_pct: per_tick(
                 100.0 * (ticks - (b.ticks_within_100ms - a.ticks_within_100ms)),
             ),
-            failed_pct: per_tick(100.0 * (b.failed - a.failed)),
+            partial_pct: per_tick(100.0 * (b.partial - a.partial)),
+            failed_pct: per_tick(100.0 * ((b.errors - a.errors) - (b.partial - a.partial))),
         }
     }
 }

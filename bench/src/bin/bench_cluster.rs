@@ -10,17 +10,17 @@
 //!   give every sliding 1 s window from 2 s into the flood on: their mean,
 //!   lowest, 95th percentile and highest, against L and the documented
 //!   bound `L x (delta / W) x (1 - 1/N)` (`cluster::share::error_bound`,
-//!   delta = T + 1 ms; docs/cluster.md takes it with 1.3L since shares are
-//!   paced). Cases: T = 50, 100, 250 ms at N = 3; N = 2, 3, 5 at T = 100 ms;
+//!   delta = T + 1 ms). Cases: T = 50, 100, 250 ms at N = 3; N = 2, 3, 5 at T = 100 ms;
 //!   the baseline, measured in the same run, is the same flood under
 //!   node-scoped rules (each node admits L: the cluster gets N x L).
 //! - **Load.** One node, T = 100 ms, with 0 (the baseline), 1,000, 10,000
 //!   and 100,000 sources (and 5,000) announced hot in Redis as another node would
 //!   (`cluster::announce_hot`): the daemon lists them and syncs every one
 //!   each tick. Redis's script calls and commands per second and its CPU,
-//!   the daemon's CPU per tick, tick duration, ticks over T and failed
-//!   ticks. The synthetic sources carry no traffic on the measured node,
-//!   so each costs `B` `HMGET` per tick in Redis, not the `B + 6` commands
+//!   the daemon's CPU per tick, tick duration, ticks over T, ticks that
+//!   synced only part of the sources, and failed ticks. The synthetic
+//!   sources carry no traffic on the measured node, so each costs `B`
+//!   `HMGET` and the claim's 3 commands per tick in Redis, not the `B + 9`
 //!   of a source with deltas (docs/cluster.md, "Redis load").
 //!
 //! Prints a line per case and one JSON line per case; with every case run
@@ -111,16 +111,10 @@ impl ErrorCase {
         }
     }
 
-    /// `error_bound` with L and with 1.3L (shares are paced up to 1.3
-    /// times the limit's rate), delta = T + a 1 ms round trip.
-    fn bounds(&self) -> (f64, f64) {
+    /// `error_bound`, delta = T + a 1 ms round trip.
+    fn bound(&self) -> f64 {
         let delta = Duration::from_millis(self.interval_ms + 1);
-        let w = Duration::from_secs(1);
-        let n = self.nodes as u32;
-        (
-            error_bound(L, delta, w, n),
-            error_bound(L * 13 / 10, delta, w, n),
-        )
+        error_bound(L, delta, Duration::from_secs(1), self.nodes as u32)
     }
 }
 
@@ -151,9 +145,9 @@ impl ErrorResult {
         let (min, ..) = self.stat(|r| r.spread.min);
         let (p95, ..) = self.stat(|r| r.spread.p95);
         let (max, _, worst) = self.stat(|r| r.spread.max);
-        let (bound, paced) = self.case.bounds();
+        let bound = self.case.bound();
         let bound = if self.case.cluster {
-            format!("bound {bound:.0} (1.3L: {paced:.0})")
+            format!("bound {bound:.0}")
         } else {
             "(no bound: each node admits L)".into()
         };
@@ -166,7 +160,7 @@ impl ErrorResult {
     }
 
     fn json(&self) -> String {
-        let (bound, paced) = self.case.bounds();
+        let bound = self.case.bound();
         let runs: Vec<_> = self
             .runs
             .iter()
@@ -189,7 +183,7 @@ impl ErrorResult {
             "limit": L, "window_ms": 1000, "offered_pps": 5 * L,
             "mean": mean, "min": min, "p95": p95, "max": max, "max_worst_run": worst,
             "over_admission_max": max - L as f64,
-            "bound": bound, "bound_paced": paced,
+            "bound": bound,
             "runs": runs,
         })
         .to_string()
@@ -314,7 +308,7 @@ impl LoadResult {
     fn line(&self) -> String {
         format!(
             "{:>7} hot: Redis {:>6.0} calls/s {:>9.0} cmds/s CPU {:>5.1}%  daemon {:>6.2} ms CPU/tick  \
-             tick {:>6.1} ms  {:>4.1} ticks/s  over 100 ms {:>5.1}%  failed {:>5.1}%  synced {:.0}  \
+             tick {:>6.1} ms  {:>4.1} ticks/s  over 100 ms {:>5.1}%  partial {:>5.1}%  failed {:>5.1}%  synced {:.0}  \
              degraded/recovered {}/{}{}",
             self.hot,
             self.med(|s| s.0.calls_per_s),
@@ -324,6 +318,7 @@ impl LoadResult {
             self.med(|s| s.1.tick_ms),
             self.med(|s| s.1.ticks_per_s),
             self.med(|s| s.1.over_100ms_pct),
+            self.med(|s| s.1.partial_pct),
             self.med(|s| s.1.failed_pct),
             self.synced_sources,
             self.degradations,
@@ -344,6 +339,7 @@ impl LoadResult {
             "tick_ms": self.med(|s| s.1.tick_ms),
             "ticks_per_s": self.med(|s| s.1.ticks_per_s),
             "ticks_over_100ms_pct": self.med(|s| s.1.over_100ms_pct),
+            "partial_ticks_pct": self.med(|s| s.1.partial_pct),
             "failed_ticks_pct": self.med(|s| s.1.failed_pct),
             "synced_sources_last": self.synced_sources,
             "degradations": self.degradations, "recoveries": self.recoveries,
@@ -537,17 +533,16 @@ fn write_docs(
         md,
         "#### Error: 1 s windows (sliding, 100 ms steps) from 2 s into a 5L flood split evenly, L = {L}\n\n\
          Medians over the runs (the highest window's range in brackets); *bound* is \
-         `error_bound` with L and, as built (paced shares), with 1.3L.\n\n\
-         | case | mean | lowest | p95 | highest | highest - L | bound (1.3L) |\n|---|---:|---:|---:|---:|---:|---:|"
+         `error_bound`, the documented bound on over-admission.\n\n\
+         | case | mean | lowest | p95 | highest | highest - L | bound |\n|---|---:|---:|---:|---:|---:|---:|"
     )?;
     for e in errors {
         let (mean, ..) = e.stat(|r| r.spread.mean);
         let (min, ..) = e.stat(|r| r.spread.min);
         let (p95, ..) = e.stat(|r| r.spread.p95);
         let (max, lo, hi) = e.stat(|r| r.spread.max);
-        let (bound, paced) = e.case.bounds();
         let bound = if e.case.cluster {
-            format!("{bound:.0} ({paced:.0})")
+            format!("{:.0}", e.case.bound())
         } else {
             "n/a".into()
         };
@@ -566,13 +561,13 @@ fn write_docs(
     writeln!(
         md,
         "#### Load: one node, T = 100 ms, sources announced hot in Redis (medians of the slices)\n\n\
-         | hot sources | Redis script calls/s | Redis commands/s | Redis CPU | daemon CPU per tick | tick (mean) | ticks/s | ticks over 100 ms | failed ticks | synced at the end | degraded / recovered |\n\
-         |---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+         | hot sources | Redis script calls/s | Redis commands/s | Redis CPU | daemon CPU per tick | tick (mean) | ticks/s | ticks over 100 ms | partial ticks | failed ticks | synced at the end | degraded / recovered |\n\
+         |---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     )?;
     for l in loads {
         writeln!(
             md,
-            "| {} | {:.0} | {:.0} | {:.1}% | {:.2} ms | {:.1} ms | {:.1} | {:.0}% | {:.0}% | {:.0}{} | {} / {} |",
+            "| {} | {:.0} | {:.0} | {:.1}% | {:.2} ms | {:.1} ms | {:.1} | {:.0}% | {:.0}% | {:.0}% | {:.0}{} | {} / {} |",
             l.hot,
             l.med(|s| s.0.calls_per_s),
             l.med(|s| s.0.commands_per_s),
@@ -581,6 +576,7 @@ fn write_docs(
             l.med(|s| s.1.tick_ms),
             l.med(|s| s.1.ticks_per_s),
             l.med(|s| s.1.over_100ms_pct),
+            l.med(|s| s.1.partial_pct),
             l.med(|s| s.1.failed_pct),
             l.synced_sources,
             if l.degraded > 0.0 { " (degraded)" } else { "" },
@@ -599,7 +595,7 @@ fn write_docs(
     std::fs::write(doc, out)?;
 
     // The plots: highest, mean and lowest window (median over runs, range
-    // over runs) with L and L + bound (1.3L).
+    // over runs) with L and L + bound.
     let plot = |file: &str, title: &str, x_desc: &str, pick: &dyn Fn(&ErrorCase) -> Option<f64>| {
         let mut highest = Vec::new();
         let mut mean = Vec::new();
@@ -614,7 +610,7 @@ fn write_docs(
             mean.push((x, m, lo, hi));
             let (m, lo, hi) = e.stat(|r| r.spread.min);
             lowest.push((x, m, lo, hi));
-            let b = L as f64 + e.case.bounds().1;
+            let b = L as f64 + e.case.bound();
             bound.push((x, b, b, b));
             limit.push((x, L as f64, L as f64, L as f64));
         }
@@ -643,7 +639,7 @@ fn write_docs(
                     points: lowest,
                 },
                 Series {
-                    label: "L + bound (1.3L)".into(),
+                    label: "L + bound".into(),
                     points: bound,
                 },
                 Series {
