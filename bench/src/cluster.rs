@@ -2,19 +2,11 @@
 //! (`demo-cluster`) share on top of the multi-node lab
 //! (`limiter_tests::cluster_lab`): Redis's own counters (commands by name,
 //! CPU), a daemon's sync figures (metrics and /proc), window statistics,
-//! synthetic hot sources, and a flood that stops on request.
+//! synthetic hot sources.
 
-use std::{
-    collections::BTreeMap,
-    io::Write as _,
-    net::{SocketAddrV4, UdpSocket},
-    process::Stdio,
-    sync::atomic::{AtomicBool, Ordering},
-    time::{Duration, Instant},
-};
+use std::{collections::BTreeMap, io::Write as _, process::Stdio, time::Instant};
 
 use limiter_tests::{
-    cluster_lab::{node_addr, ClusterLab, SINK_PORT, SOURCE},
     daemon::{parse_metric, Daemon},
     redis::RedisServer,
 };
@@ -284,40 +276,6 @@ pub fn announce_hot(redis: &RedisServer, from: u32, to: u32) {
         "redis-cli --pipe failed: {text}{}",
         String::from_utf8_lossy(&out.stderr)
     );
-}
-
-/// Sends from [`SOURCE`] at `rates[i]` datagrams per second to node `i`
-/// until `stop` is set or `limit` passes, paced in 10 ms slices (as
-/// `ClusterLab::flood`, which cannot be stopped early); what was sent per
-/// node is added to `sent` as it goes.
-pub fn flood_until(
-    lab: &ClusterLab,
-    rates: &[u64],
-    limit: Duration,
-    stop: &AtomicBool,
-    sent: &[std::sync::atomic::AtomicU64],
-) {
-    lab.traffic.enter(|| {
-        let socket = UdpSocket::bind(SocketAddrV4::new(SOURCE, 0)).expect("bind the source");
-        let start = Instant::now();
-        let mut done = vec![0u64; rates.len()];
-        let data = [7u8; 32];
-        while start.elapsed() < limit && !stop.load(Ordering::Relaxed) {
-            let elapsed = start.elapsed().as_secs_f64();
-            for (i, &rate) in rates.iter().enumerate() {
-                // Catch up with the rate's schedule: a late slice does not
-                // lower the rate.
-                let due = (rate as f64 * elapsed) as u64;
-                while done[i] < due {
-                    let _ = socket.send_to(&data, SocketAddrV4::new(node_addr(i), SINK_PORT));
-                    done[i] += 1;
-                    sent[i].fetch_add(1, Ordering::Relaxed);
-                }
-            }
-            // Pacing, not synchronization: the next slice of the rate.
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    });
 }
 
 #[cfg(test)]

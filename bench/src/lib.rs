@@ -20,3 +20,21 @@
 
 pub mod cluster;
 pub mod e2e;
+
+use std::sync::{atomic::AtomicBool, Arc};
+
+/// A flag set by SIGINT, SIGTERM or SIGHUP: the drivers check it between
+/// runs and stop cleanly (namespaces, daemons and servers go as they
+/// unwind).
+pub fn interrupt_flag() -> Arc<AtomicBool> {
+    let interrupted = Arc::new(AtomicBool::new(false));
+    for signal in [
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGHUP,
+    ] {
+        signal_hook::flag::register(signal, Arc::clone(&interrupted))
+            .expect("install a signal handler");
+    }
+    interrupted
+}

@@ -20,7 +20,7 @@
 use std::{
     net::{Ipv4Addr, SocketAddrV4, UdpSocket},
     sync::{
-        atomic::{AtomicBool, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
         Arc, Mutex,
     },
     thread::JoinHandle,
@@ -177,27 +177,41 @@ impl ClusterLab {
     /// `i`, for `duration`, paced in 10 ms slices; returns what was sent
     /// per node. Bounded: `sum(rates) x duration` datagrams in all.
     pub fn flood(&self, rates: &[u64], duration: Duration) -> Vec<u64> {
+        let sent: Vec<AtomicU64> = rates.iter().map(|_| AtomicU64::new(0)).collect();
+        self.flood_until(rates, duration, &AtomicBool::new(false), &sent);
+        sent.iter().map(|s| s.load(Ordering::Relaxed)).collect()
+    }
+
+    /// As [`ClusterLab::flood`], until `stop` is set or `limit` passes;
+    /// what was sent per node is added to `sent` as it goes (the demo
+    /// shows it live and stops on Ctrl-C).
+    pub fn flood_until(
+        &self,
+        rates: &[u64],
+        limit: Duration,
+        stop: &AtomicBool,
+        sent: &[AtomicU64],
+    ) {
         self.traffic.enter(|| {
             let socket = UdpSocket::bind(SocketAddrV4::new(SOURCE, 0)).expect("bind the source");
-            let slice = Duration::from_millis(10);
             let start = Instant::now();
-            let mut sent = vec![0u64; rates.len()];
+            let mut done = vec![0u64; rates.len()];
             let data = [7u8; 32];
-            while start.elapsed() < duration {
+            while start.elapsed() < limit && !stop.load(Ordering::Relaxed) {
                 let elapsed = start.elapsed().as_secs_f64();
                 for (i, &rate) in rates.iter().enumerate() {
                     // Catch up to the rate's schedule (so a late slice
                     // does not lower the rate).
                     let due = (rate as f64 * elapsed) as u64;
-                    while sent[i] < due {
+                    while done[i] < due {
                         let _ = socket.send_to(&data, SocketAddrV4::new(node_addr(i), SINK_PORT));
-                        sent[i] += 1;
+                        done[i] += 1;
+                        sent[i].fetch_add(1, Ordering::Relaxed);
                     }
                 }
                 // Pacing, not synchronization: the next slice of the rate.
-                std::thread::sleep(slice);
+                std::thread::sleep(Duration::from_millis(10));
             }
-            sent
         })
     }
 

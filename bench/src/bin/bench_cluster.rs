@@ -30,10 +30,7 @@
 
 use std::{
     path::{Path, PathBuf},
-    sync::{
-        atomic::{AtomicBool, Ordering},
-        Arc,
-    },
+    sync::atomic::{AtomicBool, Ordering},
     time::{Duration, Instant},
 };
 
@@ -413,15 +410,7 @@ fn run_load(args: &Args, hot: &[u32], interrupted: &AtomicBool) -> Vec<LoadResul
 
 fn main() {
     let args = Args::parse();
-    let interrupted = Arc::new(AtomicBool::new(false));
-    for signal in [
-        signal_hook::consts::SIGINT,
-        signal_hook::consts::SIGTERM,
-        signal_hook::consts::SIGHUP,
-    ] {
-        signal_hook::flag::register(signal, Arc::clone(&interrupted))
-            .expect("install a signal handler");
-    }
+    let interrupted = limiter_bench::interrupt_flag();
     let args = if args.quick {
         Args {
             runs: 1,

@@ -20,7 +20,6 @@ use std::{
     time::{Duration, Instant},
 };
 
-use limiter_bench::cluster::flood_until;
 use limiter_tests::{
     cluster_lab::{node_addr, node_if, redis_addr, ClusterLab, SINK_PORT, SOURCE},
     daemon::{parse_metric, Daemon},
@@ -94,10 +93,7 @@ fn state(daemon: &Daemon) -> String {
 }
 
 fn main() {
-    let stop = Arc::new(AtomicBool::new(false));
-    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register(signal, Arc::clone(&stop)).expect("install a signal handler");
-    }
+    let stop = limiter_bench::interrupt_flag();
     println!(
         "== lab: {NODES} node namespaces, each with its own xdp-limiter guarding its veth with XDP;\n   \
          one redis-server on a separate network; the source {SOURCE} floods at {} pps,\n   \
@@ -123,7 +119,7 @@ fn main() {
     let total = Duration::from_secs(WITH_REDIS + WITHOUT_REDIS);
     let mut killed_at = None;
     thread::scope(|scope| {
-        scope.spawn(|| flood_until(&lab, &rates, total, &stop, &sent));
+        scope.spawn(|| lab.flood_until(&rates, total, &stop, &sent));
         let start = Instant::now();
         println!(
             "{:>4}  {:>15} {:>15} {:>15}  {:>15}  node states",
