@@ -1,21 +1,54 @@
 //! The ring-buffer event the kernel sends when a source starts being
-//! refused (rate-limited per CPU, so a spoofed flood cannot flood the log).
+//! refused, or when a cluster-scoped source gets hot on this node
+//! (rate-limited per CPU, so a spoofed flood cannot flood the log).
 
 use crate::SourceKey;
 
-/// A source began to be refused (dropped, or would-drop in dry-run).
+/// What a [`LimitEvent`] reports.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventKind {
+    /// A source began to be refused (an episode of refusals).
+    Limited = 0,
+    /// A cluster-scoped source's window on this node reached the cluster
+    /// threshold (`ClusterState::threshold_permille`) of its effective
+    /// allowance, or was refused: the daemon syncs it. Once per window.
+    ClusterHot = 1,
+}
+
+impl EventKind {
+    /// The kind a byte encodes (`None` for any other byte).
+    #[inline(always)]
+    pub const fn from_u8(value: u8) -> Option<EventKind> {
+        match value {
+            0 => Some(EventKind::Limited),
+            1 => Some(EventKind::ClusterHot),
+            _ => None,
+        }
+    }
+}
+
+/// A source began to be refused (dropped, or would-drop in dry-run), or
+/// a cluster-scoped source got hot ([`LimitEvent::kind`]).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LimitEvent {
+    /// [`EventKind::Limited`]: the source's key (its frame class as the
+    /// class). [`EventKind::ClusterHot`]: its window key (the rule's
+    /// `budget` byte as the class), the key of its `CLUSTER_SHARES` entry.
     pub key: SourceKey,
-    /// The `RULES` index that refused it.
+    /// The `RULES` index that refused it (or whose window got hot).
     pub rule: u32,
-    /// Kernel monotonic (coarse) time of the first refusal, ns.
+    /// Kernel monotonic (coarse) time of the first refusal (or of the
+    /// frame that found the window hot), ns.
     pub at_ns: u64,
     /// Non-zero when the rule or the global configuration is in dry-run
     /// ([`LimitEvent::dry_run`]).
     dry_run: u8,
-    _pad: [u8; 7],
+    /// An [`EventKind`] value; 0, limited, in events of daemons before
+    /// cluster limits.
+    kind: u8,
+    _pad: [u8; 6],
 }
 
 impl LimitEvent {
@@ -28,7 +61,22 @@ impl LimitEvent {
             rule,
             at_ns,
             dry_run: dry_run as u8,
-            _pad: [0; 7],
+            kind: EventKind::Limited as u8,
+            _pad: [0; 6],
+        }
+    }
+
+    /// The event for the cluster-scoped source whose window key is
+    /// `window_key`, hot under rule `rule` at `at_ns`.
+    #[inline(always)]
+    pub const fn cluster_hot(window_key: SourceKey, rule: u32, at_ns: u64) -> Self {
+        Self {
+            key: window_key,
+            rule,
+            at_ns,
+            dry_run: 0,
+            kind: EventKind::ClusterHot as u8,
+            _pad: [0; 6],
         }
     }
 
@@ -36,6 +84,12 @@ impl LimitEvent {
     #[inline(always)]
     pub const fn dry_run(&self) -> bool {
         self.dry_run != 0
+    }
+
+    /// What the event reports; `None` for a byte no [`EventKind`] encodes.
+    #[inline(always)]
+    pub const fn kind(&self) -> Option<EventKind> {
+        EventKind::from_u8(self.kind)
     }
 }
 
@@ -69,5 +123,22 @@ mod tests {
         let event = LimitEvent::new(key, 3, 7, false);
         assert!(!event.dry_run());
         assert_eq!((event.key, event.rule, event.at_ns), (key, 3, 7));
+    }
+
+    #[test]
+    fn the_kind_reads_back_and_limited_is_the_old_zero_byte() {
+        let key = SourceKey::v4([192, 0, 2, 1]);
+        assert_eq!(
+            LimitEvent::new(key, 3, 7, true).kind(),
+            Some(EventKind::Limited)
+        );
+        let hot = LimitEvent::cluster_hot(key, 4, 9);
+        assert_eq!(hot.kind(), Some(EventKind::ClusterHot));
+        assert!(!hot.dry_run());
+        assert_eq!((hot.key, hot.rule, hot.at_ns), (key, 4, 9));
+        // The kind byte is the first byte after the dry-run flag, where
+        // earlier layouts had zero padding.
+        assert_eq!(core::mem::offset_of!(LimitEvent, kind), 20 + 4 + 8 + 1);
+        assert_eq!(EventKind::from_u8(2), None);
     }
 }

@@ -17,6 +17,7 @@
 #[cfg(any(test, feature = "user"))]
 extern crate std;
 
+pub mod cluster;
 pub mod event;
 pub mod keys;
 pub mod maps;
@@ -26,9 +27,10 @@ pub mod state;
 pub mod stats;
 pub mod window;
 
-pub use event::LimitEvent;
+pub use cluster::{ClusterShare, ClusterState};
+pub use event::{EventKind, LimitEvent};
 pub use keys::{prefix_mask, AddressFamily, SourceKey};
 pub use maps::{names, DEFAULT_MAX_HOT_SOURCES, DEFAULT_MAX_SOURCES, MAP_LAYOUT_VERSION};
-pub use rules::{Action, Config, Rule, RuleRefs, TrafficClass};
+pub use rules::{Action, Config, Rule, RuleRefs, Scope, TrafficClass};
 pub use state::{Hold, SourceTraffic, WindowState};
 pub use stats::{Counter, Outcome};

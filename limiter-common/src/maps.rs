@@ -13,6 +13,7 @@
 use core::mem::size_of;
 
 use crate::{
+    cluster::{ClusterShare, ClusterState, DEFAULT_MAX_CLUSTER_SOURCES},
     rules::{PrefixKeyV4, PrefixKeyV6, RULE_SLOTS},
     state::Hold,
     Config, Counter, Outcome, Rule, RuleRefs, SourceKey, SourceTraffic, WindowState,
@@ -21,7 +22,7 @@ use crate::{
 /// Version of the map layouts (keys, values and their field order). Bump it
 /// on any change: a daemon never adopts pinned maps of another version,
 /// since sizes alone do not reveal a reordered field.
-pub const MAP_LAYOUT_VERSION: u32 = 4;
+pub const MAP_LAYOUT_VERSION: u32 = 5;
 
 /// Default capacity of the exact tier (`WINDOWS`, one shared window per
 /// source); userspace sets the real size (`max_sources`) before loading.
@@ -315,8 +316,39 @@ pub const HOLDS: MapSpec = MapSpec {
     pinned: true,
 };
 
+/// This node's allowance per cluster-scoped source, written by the daemon:
+/// the window key (`SourceKey` with the rule's `budget` byte as class) ->
+/// `ClusterShare`. LRU: the daemon's inserts evict the least recently used
+/// share when full (that source falls back to the cold cap). Pinned: a
+/// restarted daemon finds its sources still held to their shares, which
+/// expire on their own (`expires_ns`), rather than all thrown back to the
+/// cold cap at once.
+pub const CLUSTER_SHARES: MapSpec = MapSpec {
+    name: "CLUSTER_SHARES",
+    kind: MapKind::LruHash,
+    key_size: bytes::<SourceKey>(),
+    value_size: bytes::<ClusterShare>(),
+    max_entries: DEFAULT_MAX_CLUSTER_SOURCES,
+    sizing: Sizing::Fixed,
+    pinned: true,
+};
+
+/// The cluster state (an array of one `ClusterState`), refreshed by the
+/// daemon every sync. Pinned: while a restarted daemon catches up, the
+/// kernel keeps judging by the last refresh, and falls back on its own
+/// once it is stale, as it would with the daemon gone.
+pub const CLUSTER: MapSpec = MapSpec {
+    name: "CLUSTER",
+    kind: MapKind::Array,
+    key_size: INDEX,
+    value_size: bytes::<ClusterState>(),
+    max_entries: 1,
+    sizing: Sizing::Fixed,
+    pinned: true,
+};
+
 /// Every map of the program.
-pub const ALL: [MapSpec; 15] = [
+pub const ALL: [MapSpec; 17] = [
     SOURCES,
     WINDOWS,
     WINDOW_SEED,
@@ -332,6 +364,8 @@ pub const ALL: [MapSpec; 15] = [
     EVENT_BUDGET,
     SKETCH,
     HOLDS,
+    CLUSTER_SHARES,
+    CLUSTER,
 ];
 
 /// The maps the daemon pins, in table order.
@@ -384,6 +418,8 @@ pub mod names {
     pub const EVENT_BUDGET: &str = super::EVENT_BUDGET.name;
     pub const SKETCH: &str = super::SKETCH.name;
     pub const HOLDS: &str = super::HOLDS.name;
+    pub const CLUSTER_SHARES: &str = super::CLUSTER_SHARES.name;
+    pub const CLUSTER: &str = super::CLUSTER.name;
 }
 
 #[cfg(test)]
@@ -401,7 +437,7 @@ mod tests {
 
     #[test]
     fn the_daemon_pins_the_state_and_rule_maps() {
-        let pinned: [&str; 10] = PINNED.map(|spec| spec.name);
+        let pinned: [&str; 12] = PINNED.map(|spec| spec.name);
         assert_eq!(
             pinned,
             [
@@ -414,7 +450,9 @@ mod tests {
                 "PREFIXES_V4",
                 "PREFIXES_V6",
                 "SKETCH",
-                "HOLDS"
+                "HOLDS",
+                "CLUSTER_SHARES",
+                "CLUSTER"
             ]
         );
     }
@@ -427,17 +465,22 @@ mod tests {
         assert_eq!(STATS.expected_max_entries(1000, 10), Some(Outcome::COUNT));
         assert_eq!(SKETCH.expected_max_entries(1000, 10), Some(1 << 16));
         assert_eq!(PREFIXES_V4.expected_max_entries(1000, 10), None);
+        assert_eq!(
+            CLUSTER_SHARES.expected_max_entries(1000, 10),
+            Some(DEFAULT_MAX_CLUSTER_SOURCES)
+        );
+        assert_eq!(CLUSTER.expected_max_entries(1000, 10), Some(1));
     }
 
     #[test]
     fn sizes_of_the_layout() {
         // The sizes a pinned map of this layout version has.
-        let sizes: [(&str, u32, u32); 10] = PINNED.map(|s| (s.name, s.key_size, s.value_size));
+        let sizes: [(&str, u32, u32); 12] = PINNED.map(|s| (s.name, s.key_size, s.value_size));
         assert_eq!(
             sizes,
             [
                 ("SOURCES", 20, 200),
-                ("WINDOWS", 20, 280),
+                ("WINDOWS", 20, 288),
                 ("STATS", 4, 16),
                 ("CONFIG", 4, 80),
                 ("RULES", 4, 64),
@@ -446,6 +489,8 @@ mod tests {
                 ("PREFIXES_V6", 21, 132),
                 ("SKETCH", 4, 8),
                 ("HOLDS", 20, 16),
+                ("CLUSTER_SHARES", 20, 16),
+                ("CLUSTER", 4, 32),
             ]
         );
     }

@@ -65,6 +65,45 @@ pub const fn rules_base(generation: u32) -> u32 {
     half(generation) as u32 * MAX_RULES
 }
 
+/// Where a rule's budget is held: on this node alone, or shared by every
+/// node of a cluster (docs/cluster.md). Userspace reads and writes it by
+/// name (`node`, `cluster`).
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(
+    feature = "user",
+    derive(serde::Serialize, serde::Deserialize, clap::ValueEnum),
+    serde(rename_all = "lowercase")
+)]
+pub enum Scope {
+    /// The limit holds per node (every rule before cluster limits).
+    #[default]
+    Node = 0,
+    /// The limit holds for the whole cluster: nodes share what they
+    /// admitted through Redis and each admits its share.
+    Cluster = 1,
+}
+
+impl Scope {
+    /// The scope a byte encodes (`None` for any other byte).
+    #[inline(always)]
+    pub const fn from_u8(value: u8) -> Option<Scope> {
+        match value {
+            0 => Some(Scope::Node),
+            1 => Some(Scope::Cluster),
+            _ => None,
+        }
+    }
+
+    /// The lowercase name, as configuration and output spell it.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Scope::Node => "node",
+            Scope::Cluster => "cluster",
+        }
+    }
+}
+
 /// What a rule does with matching traffic. Userspace reads and writes it
 /// by name (`limit`, `allow`, `deny`) in files, on the command line and on
 /// the control socket.
@@ -147,7 +186,10 @@ pub struct Rule {
     /// add more than 1/100 of the rule's allowance to a window (0 for small
     /// allowances and for rules with a penalty, which must see every frame).
     pub cheap_frames: u8,
-    _pad: [u8; 4],
+    /// A [`Scope`] value ([`Rule::scope`]); 0, node, in maps written
+    /// before cluster limits.
+    scope: u8,
+    _pad: [u8; 3],
 }
 
 impl Rule {
@@ -167,8 +209,20 @@ impl Rule {
             dry_run: dry_run as u8,
             budget: 0,
             cheap_frames: 0,
-            _pad: [0; 4],
+            scope: Scope::Node as u8,
+            _pad: [0; 3],
         }
+    }
+
+    /// Where the rule's budget is held; `None` for a byte no [`Scope`]
+    /// encodes.
+    #[inline(always)]
+    pub const fn scope(&self) -> Option<Scope> {
+        Scope::from_u8(self.scope)
+    }
+
+    pub fn set_scope(&mut self, scope: Scope) {
+        self.scope = scope as u8;
     }
 
     /// What the rule does; `None` for a byte no [`Action`] encodes (a

@@ -137,6 +137,10 @@ pub struct WindowState {
     /// Bucket width the slots are tagged with; a rule change that alters
     /// it clears the slots.
     pub bucket_ns: u64,
+    /// When this window was last reported hot to the cluster sync (ns; 0:
+    /// never): a cluster-scoped source is reported at most once per
+    /// window length, whichever CPU finds it hot (compare-and-swap).
+    pub hot_reported_ns: u64,
 }
 
 impl WindowState {
@@ -145,6 +149,7 @@ impl WindowState {
         blocked_until_ns: 0,
         blocked_tag: 0,
         bucket_ns: 0,
+        hot_reported_ns: 0,
     };
 
     /// Whether a penalty armed by the rule tagged `block_tag` holds at
@@ -266,6 +271,6 @@ mod tests {
             8 + 4 * 16 + 4 + 4 + 8 + 4 + 4 + 8 + 8 + cache + 8 + 4 + 4
         );
         assert_eq!(core::mem::size_of::<Hold>(), 16);
-        assert_eq!(core::mem::size_of::<WindowState>(), RING * 16 + 3 * 8);
+        assert_eq!(core::mem::size_of::<WindowState>(), RING * 16 + 4 * 8);
     }
 }

@@ -46,6 +46,31 @@
 //! evict it, and penalties and refusals also live in `HOLDS`, which never
 //! evicts: a window created again for a held source comes back blocked or
 //! exhausted, whichever CPU creates it.
+//!
+//! Cluster scope (`Scope::Cluster`, `limiter_common::cluster`). A node
+//! rule pays one byte test on the rule in hand, in `limit_window`. A
+//! cluster rule's window is the same window, admitted against the
+//! source's effective packet allowance instead of the rule's: its share
+//! (`CLUSTER_SHARES`, by window key) while the cluster state (`CLUSTER`)
+//! is fresh and the share unexpired, else the cold cap, and the fallback
+//! cap once the state is stale; read on every frame that reaches the
+//! window. Exactness across CPUs holds as above for the allowance each
+//! CPU read: the compare-and-swap on the current slot admits a frame only
+//! while the count stays within the allowance that CPU compared it with,
+//! so a window never admits more than the largest effective allowance
+//! read during it (the daemon's new share, when it raises one) and no
+//! admitted frame goes uncounted. What keeps every frame of a cluster
+//! source in its window: no leases (`lease` 1: a lease's unused frames
+//! would count as admitted traffic to the sync, and the allowance may
+//! shrink within a bucket), no cheap-tier frames (`cheap_frames` 0,
+//! which userspace's push enforces for cluster rules), and no first frame
+//! admitted without a window when the effective allowance is 0. A CPU's
+//! hold (`hold_until_ns`) is computed against the allowance it read, so a
+//! share raised meanwhile applies from the end of the hold (at most the
+//! rest of a bucket). A window that reaches `threshold_permille` of its
+//! effective allowance, or refuses a frame, is reported once per window
+//! length (`WindowState::hot_reported_ns`, claimed by compare-and-swap)
+//! as a `ClusterHot` event keyed by the window key.
 
 use core::ptr::{addr_of, read_volatile};
 
@@ -60,15 +85,15 @@ use limiter_common::{
     sketch,
     state::{FIRST_CREATED, FIRST_HERE},
     window::{self, Admission, WindowCache, WindowParams, PACKETS, RING},
-    Action, AddressFamily, Config, Counter, Hold, LimitEvent, Outcome, Rule, SourceKey,
-    SourceTraffic,
+    Action, AddressFamily, ClusterState, Config, Counter, Hold, LimitEvent, Outcome, Rule, Scope,
+    SourceKey, SourceTraffic,
 };
 use limiter_ebpf::parse::Packet;
 
 use crate::{
     maps::{
-        self, CONFIG, FRAME_KEY, HOLDS, PREFIXES_V4, PREFIXES_V6, RULES, SOURCES, TRAFFIC_SEED,
-        WINDOWS, WINDOW_SEED,
+        self, CLUSTER, CLUSTER_SHARES, CONFIG, FRAME_KEY, HOLDS, PREFIXES_V4, PREFIXES_V6, RULES,
+        SOURCES, TRAFFIC_SEED, WINDOWS, WINDOW_SEED,
     },
     shared::{self, SharedWindow},
 };
@@ -522,8 +547,18 @@ fn limit_window(
     let dry_run = flags & LIMIT_DRY_RUN != 0;
     let unwindowed_first = flags & LIMIT_UNWINDOWED_FIRST != 0;
     let exact_tier = flags & LIMIT_EXACT_TIER != 0;
-    let params = params(rule);
+    let mut params = params(rule);
     let key = &key.with_class(rule.budget);
+    // A node rule pays this one byte test; a cluster rule is admitted
+    // against its effective allowance (see "Cluster scope" above).
+    let cluster = if rule.scope() == Some(Scope::Cluster) {
+        CLUSTER.get(0)
+    } else {
+        None
+    };
+    if let Some(state) = cluster {
+        params.allowance_packets = cluster_allowance(state, key, rule, now);
+    }
     // Consumed by the first frame that gets here (a source's first frame
     // under a limit always does: a rule change clears hold and lease), so
     // the hold and lease paths never touch it. Read back from the map value,
@@ -536,7 +571,7 @@ fn limit_window(
     // without a window (see the module docs); byte limits need the window.
     let packet_only = unwindowed_first
         && rule.allowance_bytes == window::UNLIMITED
-        && rule.allowance_packets != 0;
+        && params.allowance_packets != 0;
     let (window, created) = match WINDOWS.get_ptr_mut(key) {
         Some(state) => (SharedWindow(state), false),
         None => {
@@ -589,17 +624,37 @@ fn limit_window(
         traffic.window = WindowCache::refresh(&window, &params, now);
         traffic.lease_left = 0;
     }
-    let lease = if exact_tier {
+    // No leases for cluster rules: a lease's unused frames count as
+    // admitted, which the cluster sync would read as traffic this node
+    // admitted, and the effective allowance may shrink within a bucket.
+    let lease = if exact_tier || cluster.is_some() {
         1
     } else {
         u64::from(rule.lease_packets)
     };
     match window::try_admit_cached(&window, &traffic.window, &params, now, len, lease) {
-        Admission::Admitted { granted, half_used } => {
+        Admission::Admitted {
+            granted,
+            half_used,
+            packets,
+        } => {
             traffic.lease_left = (granted - 1) as u32;
+            if let Some(state) = cluster {
+                if state.is_hot(packets, params.allowance_packets) {
+                    report_hot(&window, key, rule, traffic.rule, now);
+                }
+            }
             Some(LIMIT_ADMITTED | if half_used { LIMIT_HALF_USED } else { 0 })
         }
         Admission::Refused { hold_until_ns } => {
+            if let Some(state) = cluster {
+                // Refused: the window is at its effective allowance, past
+                // any threshold (a cap of 0 admits nothing that could
+                // cross one); reported unless reporting is off.
+                if state.is_hot(u64::MAX, params.allowance_packets) {
+                    report_hot(&window, key, rule, traffic.rule, now);
+                }
+            }
             traffic.hold_until_ns = if rule.block_ns != 0 && !dry_run {
                 arm_penalty(&window, key, rule, now)
             } else {
@@ -615,6 +670,32 @@ fn limit_window(
             };
             Some(0)
         }
+    }
+}
+
+/// The packet allowance a cluster-scoped source's window (keyed `wkey`)
+/// is held to now: `ClusterState::effective_allowance`, with the source's
+/// share looked up only while the cluster state is fresh.
+#[inline(always)]
+fn cluster_allowance(state: &ClusterState, wkey: &SourceKey, rule: &Rule, now: u64) -> u64 {
+    state.effective_allowance(rule.allowance_packets, now, || {
+        let share = CLUSTER_SHARES.get_ptr(wkey)?;
+        // SAFETY: a live map value; the daemon replaces a share as a
+        // whole element (a hash map update swaps in a new element), so
+        // the copy is one share's.
+        Some(unsafe { *share })
+    })
+}
+
+/// Tells the daemon that the cluster-scoped source whose window is
+/// `window` (keyed `wkey`) is hot under rule `index`, once per window
+/// length whichever CPU finds it so, within the CPU's event budget (a
+/// report the budget drops waits for the next window: the source is
+/// still hot then, or did not matter).
+#[inline(always)]
+fn report_hot(window: &SharedWindow, wkey: &SourceKey, rule: &Rule, index: u32, now: u64) {
+    if window.claim_hot_report(now, rule.bucket_ns * u64::from(rule.buckets)) {
+        maps::send_cluster_hot(wkey, index, now);
     }
 }
 

@@ -15,6 +15,7 @@ use aya_ebpf::{
     },
 };
 use limiter_common::{
+    cluster::{ClusterShare, ClusterState},
     event::EVENTS_PER_CPU_PER_SECOND,
     maps as spec,
     rules::{PrefixKeyV4, PrefixKeyV6},
@@ -98,6 +99,18 @@ pub static PREFIXES_V6: LpmTrie<PrefixKeyV6, RuleRefs> =
     LpmTrie::with_max_entries(spec::PREFIXES_V6.max_entries, 0);
 const _: () = spec::PREFIXES_V6.check::<Key<PrefixKeyV6>, RuleRefs>("PREFIXES_V6");
 
+/// This node's allowance per cluster-scoped source (window key), written
+/// by the daemon (`limiter_common::cluster`).
+#[map(name = "CLUSTER_SHARES")]
+pub static CLUSTER_SHARES: LruHashMap<SourceKey, ClusterShare> =
+    LruHashMap::with_max_entries(spec::CLUSTER_SHARES.max_entries, 0);
+const _: () = spec::CLUSTER_SHARES.check::<SourceKey, ClusterShare>("CLUSTER_SHARES");
+
+/// The cluster state the daemon refreshes every sync (one entry).
+#[map(name = "CLUSTER")]
+pub static CLUSTER: Array<ClusterState> = Array::with_max_entries(spec::CLUSTER.max_entries, 0);
+const _: () = spec::CLUSTER.check::<u32, ClusterState>("CLUSTER");
+
 /// Frames dropped (or would-be dropped) per `RULES` index, per CPU.
 #[map(name = "RULE_DROPS")]
 pub static RULE_DROPS: PerCpuArray<u64> =
@@ -113,7 +126,8 @@ pub fn count_rule_drop(index: u32) {
     }
 }
 
-/// "Source limited" events for the daemon's log.
+/// "Source limited" events for the daemon's log, and "cluster hot" events
+/// for its cluster sync.
 #[map(name = "EVENTS")]
 pub static EVENTS: RingBuf = RingBuf::with_byte_size(spec::EVENTS.max_entries, 0);
 const _: () = spec::EVENTS.check_name("EVENTS");
@@ -140,6 +154,35 @@ pub fn send_event(event: &LimitEvent, second: u64) {
         count(Outcome::EventDropped, 0);
         return;
     }
+    budget[1] += 1;
+}
+
+/// Sends a cluster-hot event for the window keyed `wkey` under rule
+/// `index` at `now`, within the same per-CPU budget as [`send_event`]
+/// (else counts `event_dropped`). Written in place in the ring, not built
+/// on the stack: it runs inside `limit`, whose frame and its caller's
+/// must fit the 512 bytes of BPF stack together.
+#[inline(always)]
+pub fn send_cluster_hot(wkey: &SourceKey, index: u32, now: u64) {
+    let Some(budget) = EVENT_BUDGET.get_ptr_mut(0) else {
+        return;
+    };
+    // SAFETY: this CPU's slot of an array element.
+    let budget = unsafe { &mut *budget };
+    let second = now / 1_000_000_000;
+    if budget[0] != second {
+        *budget = [second, 0];
+    }
+    if budget[1] >= EVENTS_PER_CPU_PER_SECOND {
+        count(Outcome::EventDropped, 0);
+        return;
+    }
+    let Some(mut entry) = EVENTS.reserve::<LimitEvent>(0) else {
+        count(Outcome::EventDropped, 0);
+        return;
+    };
+    entry.write(LimitEvent::cluster_hot(*wkey, index, now));
+    entry.submit(0);
     budget[1] += 1;
 }
 

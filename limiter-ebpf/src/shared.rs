@@ -59,6 +59,28 @@ impl SharedWindow {
         unsafe { read_volatile(addr_of_mut!((*self.0).bucket_ns)) }
     }
 
+    /// Claims this window's report to the cluster sync at `now_ns`: true
+    /// for exactly one caller per `window_ns` (compare-and-swap on
+    /// `hot_reported_ns`, so two CPUs finding the window hot at once send
+    /// one event between them).
+    #[inline(always)]
+    pub fn claim_hot_report(&self, now_ns: u64, window_ns: u64) -> bool {
+        let word = unsafe_field_hot_reported(self.0);
+        // SAFETY: aligned u64 inside a live map value; a racing writer
+        // stores whole words.
+        let last = unsafe { read_volatile(word) };
+        if last != 0 && now_ns.wrapping_sub(last) < window_ns {
+            return false;
+        }
+        // SAFETY: as above; BPF_CMPXCHG is atomic.
+        let (_, swapped) = unsafe {
+            atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(
+                word, last, now_ns,
+            )
+        };
+        swapped
+    }
+
     /// Records a new bucket width (after clearing the slots). Several CPUs
     /// may do this at once after a rule change; they write the same value.
     #[inline(always)]
@@ -66,6 +88,13 @@ impl SharedWindow {
         // SAFETY: as above.
         unsafe { write_volatile(addr_of_mut!((*self.0).bucket_ns), value) }
     }
+}
+
+/// The address of a window's `hot_reported_ns`.
+#[inline(always)]
+fn unsafe_field_hot_reported(state: *mut WindowState) -> *mut u64 {
+    // SAFETY: a field projection of a valid map value (no read).
+    unsafe { addr_of_mut!((*state).hot_reported_ns) }
 }
 
 impl SlotRead for SharedWindow {

@@ -11,6 +11,7 @@
 //! - `lock`, `fault`: cross-process locks and start-up fault injection.
 
 pub mod cli;
+pub mod cluster;
 pub mod config;
 pub mod daemon;
 pub mod fault;

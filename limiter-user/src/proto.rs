@@ -5,7 +5,12 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::{config::RuleSection, kernel::Attachment};
+use std::time::Duration;
+
+use crate::{
+    config::{ClusterConfig, ClusterMode, Fallback, RuleSection},
+    kernel::Attachment,
+};
 
 /// Bumped on any incompatible change of the messages below.
 pub const PROTOCOL_VERSION: u32 = 1;
@@ -110,6 +115,91 @@ pub struct Status {
     /// Rules in force, the default rule included.
     pub rules: usize,
     pub interfaces: Vec<InterfaceStatus>,
+    /// The cluster this daemon runs with (`configured: false` without
+    /// `[cluster]`). Absent from a daemon older than cluster scopes.
+    #[serde(default)]
+    pub cluster: ClusterStatus,
+}
+
+/// `status`'s `cluster` block: the `[cluster]` settings in force (URLs
+/// without passwords), how many rules are cluster-scoped, and the sync's
+/// live state (`live`, absent without `[cluster]`).
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+pub struct ClusterStatus {
+    /// Whether the daemon runs with a `[cluster]` section.
+    pub configured: bool,
+    /// Rules in force with `scope = "cluster"`, the default rule included.
+    pub cluster_rules: usize,
+    /// The settings; `None` when not configured.
+    #[serde(skip_serializing_if = "Option::is_none", flatten)]
+    pub settings: Option<ClusterSettings>,
+    /// The sync's live state; `None` when not configured (or from a
+    /// daemon without the sync).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub live: Option<Box<ClusterLive>>,
+}
+
+/// What the cluster sync last saw (`daemon::cluster`).
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+pub struct ClusterLive {
+    /// Nodes alive at the last heartbeat (the last known while Redis
+    /// fails; 0 before the first).
+    pub nodes_alive: u32,
+    /// Milliseconds since the last successful sync; `None`: never.
+    pub last_sync_age_ms: Option<u64>,
+    /// Degraded: 3 or more failed ticks in a row.
+    pub degraded: bool,
+    /// Cluster-scoped sources the last sync carried.
+    pub synced_sources: usize,
+    /// The fallback policy in force (`split` or `local`) once degraded
+    /// past the grace period; `None` otherwise.
+    pub fallback_in_force: Option<Fallback>,
+    /// Failed ticks since the daemon started.
+    pub failed_ticks: u64,
+}
+
+/// The `[cluster]` settings a daemon runs with, as `status` shows them.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+pub struct ClusterSettings {
+    /// This node's name.
+    pub node: String,
+    pub mode: ClusterMode,
+    /// With `mode = "sentinel"`: the primary's name at the Sentinels.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sentinel_master: Option<String>,
+    /// Redis URLs with any password replaced by `***`.
+    pub redis: Vec<String>,
+    #[serde(with = "humantime_serde")]
+    pub sync_interval: Duration,
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+    pub threshold: f64,
+    pub fallback: Fallback,
+    #[serde(with = "humantime_serde")]
+    pub grace: Duration,
+}
+
+impl ClusterStatus {
+    /// The block for a daemon running with `cluster` and `cluster_rules`
+    /// cluster-scoped rules.
+    pub fn new(cluster: Option<&ClusterConfig>, cluster_rules: usize) -> Self {
+        Self {
+            configured: cluster.is_some(),
+            cluster_rules,
+            settings: cluster.map(|c| ClusterSettings {
+                node: c.node.clone(),
+                mode: c.mode,
+                sentinel_master: c.sentinel_master.clone(),
+                redis: c.redis.iter().map(|u| u.redacted().to_string()).collect(),
+                sync_interval: c.sync_interval,
+                timeout: c.timeout,
+                threshold: c.threshold,
+                fallback: c.fallback,
+                grace: c.grace,
+            }),
+            live: None,
+        }
+    }
 }
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
@@ -232,6 +322,97 @@ mod tests {
             .unwrap(),
             r#"{"version":1,"command":"status"}"#
         );
+    }
+
+    #[test]
+    fn a_rule_edit_carries_its_scope_and_a_node_rule_is_spelled_as_before() {
+        use limiter_common::Scope;
+        let rule = RuleSection {
+            cidr: Some("192.0.2.0/24".parse().unwrap()),
+            pps: Some(10),
+            scope: Scope::Cluster,
+            ..RuleSection::default()
+        };
+        let request = Request::Rules {
+            edit: RuleEdit::Add { rule: rule.clone() },
+            save: true,
+        };
+        let line = serde_json::to_string(&RequestLine {
+            version: PROTOCOL_VERSION,
+            request: request.clone(),
+        })
+        .unwrap();
+        assert!(line.contains(r#""scope":"cluster""#), "{line}");
+        assert_eq!(parse_request(&line), Ok(request));
+        // A node rule leaves scope out, as a client older than scopes
+        // sends it; such a request still means node.
+        let node = RuleSection {
+            scope: Scope::Node,
+            ..rule
+        };
+        let line = serde_json::to_string(&RequestLine {
+            version: PROTOCOL_VERSION,
+            request: Request::Rules {
+                edit: RuleEdit::Set { rule: node.clone() },
+                save: false,
+            },
+        })
+        .unwrap();
+        assert!(!line.contains("scope"), "{line}");
+        let Ok(Request::Rules {
+            edit: RuleEdit::Set { rule },
+            ..
+        }) = parse_request(&line)
+        else {
+            panic!("{line}")
+        };
+        assert_eq!(rule.scope, Scope::Node);
+        let err = parse_request(
+            r#"{"version":1,"command":"rules","save":false,"edit":{"op":"add","rule":{"cidr":"10.0.0.0/8","pps":1,"scope":"galaxy"}}}"#,
+        )
+        .unwrap_err();
+        assert!(err.contains("unknown variant `galaxy`"), "{err}");
+    }
+
+    #[test]
+    fn status_carries_the_cluster_block_configured_or_not() {
+        let config = crate::config::Config::parse(
+            "[cluster]\nredis = [\"redis://:pw@10.0.0.1:6380\"]\nnode = \"edge-1\"\n\n\
+             [default]\npps = 10\nscope = \"cluster\"\n",
+            "t",
+        )
+        .unwrap();
+        let with = Status {
+            cluster: ClusterStatus::new(config.cluster.as_ref(), 1),
+            ..Status::default()
+        };
+        let value = serde_json::to_value(ResponseLine::ok(Reply::Status(with.clone()))).unwrap();
+        let cluster = &value["ok"]["cluster"];
+        assert_eq!(cluster["configured"], true);
+        assert_eq!(cluster["cluster_rules"], 1);
+        assert_eq!(cluster["node"], "edge-1");
+        assert_eq!(cluster["mode"], "single");
+        assert_eq!(cluster["redis"][0], "redis://:***@10.0.0.1:6380");
+        assert_eq!(cluster["sync_interval"], "100ms");
+        assert_eq!(cluster["timeout"], "50ms");
+        assert_eq!(cluster["threshold"], 0.25);
+        assert_eq!(cluster["fallback"], "split");
+        assert_eq!(cluster["grace"], "10s");
+        assert!(!value.to_string().contains("pw"), "{value}");
+        let back: ResponseLine = serde_json::from_value(value).unwrap();
+        assert_eq!(back.response, Response::Ok(Reply::Status(with)));
+
+        let without = Status::default();
+        let value = serde_json::to_value(&without).unwrap();
+        assert_eq!(
+            value["cluster"],
+            serde_json::json!({"configured": false, "cluster_rules": 0})
+        );
+        assert_eq!(serde_json::from_value::<Status>(value).unwrap(), without);
+        // A daemon older than cluster scopes sends no block at all.
+        let old = r#"{"version":"0","generation":1,"dry_run":false,"rules":1,"interfaces":[]}"#;
+        let old: Status = serde_json::from_str(old).unwrap();
+        assert!(!old.cluster.configured);
     }
 
     #[test]

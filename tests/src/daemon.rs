@@ -233,10 +233,26 @@ impl Daemon {
         Self::start_with(ns, files, args, Some(soft))
     }
 
+    /// As [`Daemon::start`], with extra environment (e.g. `LD_PRELOAD` of
+    /// libfaketime for a node whose clock is off).
+    pub fn start_with_env(ns: &NetNs, files: &Files, args: &[&str], env: &[(&str, &str)]) -> Self {
+        Self::start_full(ns, files, args, env, None)
+    }
+
     fn start_with(ns: &NetNs, files: &Files, args: &[&str], nofile_soft: Option<u64>) -> Self {
+        Self::start_full(ns, files, args, &[], nofile_soft)
+    }
+
+    fn start_full(
+        ns: &NetNs,
+        files: &Files,
+        args: &[&str],
+        env: &[(&str, &str)],
+        nofile_soft: Option<u64>,
+    ) -> Self {
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let log = files.dir.join(format!("daemon-{n}.log"));
-        let child = spawn_with(ns, files, args, &log, &[], nofile_soft);
+        let child = spawn_with(ns, files, args, &log, env, nofile_soft);
         let mut daemon = Self {
             child: Some(child),
             log,

@@ -5,6 +5,8 @@
 //!   and its counters read back.
 //! - [`netns`]: network namespaces and veth pairs that always clean up.
 //! - [`lab`]: a sender and a receiver namespace joined by a veth pair.
+//! - [`cluster_lab`]: several node namespaces with their own daemons, one
+//!   traffic namespace and a real Redis on a separate network.
 //! - [`daemon`]: the real `xdp-limiter` binary run, scraped and signalled.
 //! - [`model`]: a reference model of the documented parse and rule
 //!   semantics; [`fuzz`]: random and mutated frames checked against it
@@ -16,12 +18,14 @@
 //! Everything here needs root and a BPF-capable kernel, and panics with
 //! context when it lacks them: tests never skip.
 
+pub mod cluster_lab;
 pub mod daemon;
 pub mod fuzz;
 pub mod lab;
 pub mod model;
 pub mod netns;
 pub mod packets;
+pub mod redis;
 pub mod testrun;
 
 /// Calls `poll` every `every` until it returns something, for at most

@@ -25,6 +25,17 @@ pub enum Which {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Cluster-wide limits through Redis, in a multi-node lab (real
+    /// daemons, one redis-server): error against the sync interval (50,
+    /// 100, 250 ms) and the node count (2, 3, 5) with node scope as the
+    /// baseline, and Redis and daemon load at 1,000, (5,000,) 10,000 and
+    /// 100,000 hot sources; rewrites its section of docs/benchmarks.md.
+    /// About 4 minutes.
+    Cluster {
+        /// Arguments for the benchmark (see `-- --help`).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
 }
 
 pub fn run(which: Which) -> anyhow::Result<()> {
@@ -33,8 +44,10 @@ pub fn run(which: Which) -> anyhow::Result<()> {
         Which::Xdp => ("bench-xdp", Vec::new()),
         Which::Aggregate => ("bench-aggregate", Vec::new()),
         Which::E2e { args } => ("bench-e2e", args),
+        Which::Cluster { args } => ("bench-cluster", args),
     };
-    // The e2e benchmark runs the real daemon: build it (release) too.
+    // The e2e and cluster benchmarks run the real daemon: build it
+    // (release) too.
     run::status(
         Command::new("cargo")
             .current_dir(&root)

@@ -1,11 +1,13 @@
 //! `cargo xtask demo`: builds the daemon and the demo driver (release) and
-//! runs the driver, which sets up and tears down its own lab.
+//! runs the driver, which sets up and tears down its own lab. With
+//! `--cluster` the driver is `demo-cluster` (three nodes, one Redis).
 
 use std::process::Command;
 
 use crate::run;
 
-pub fn run() -> anyhow::Result<()> {
+pub fn run(cluster: bool) -> anyhow::Result<()> {
+    let bin = if cluster { "demo-cluster" } else { "demo" };
     let root = run::workspace_root();
     run::status(
         Command::new("cargo")
@@ -19,10 +21,10 @@ pub fn run() -> anyhow::Result<()> {
                 "-p",
                 "limiter-bench",
             ])
-            .args(["--bin", "xdp-limiter", "--bin", "demo"]),
+            .args(["--bin", "xdp-limiter", "--bin", bin]),
     )?;
     run::status(
-        Command::new(root.join("target/release/demo"))
+        Command::new(root.join("target/release").join(bin))
             .env("XDP_LIMITER_BIN", root.join("target/release/xdp-limiter")),
     )
 }

@@ -34,7 +34,13 @@ enum Command {
     },
     /// The main job: a throwaway netns lab, the daemon in enforce mode, a
     /// mix of light and heavy senders, live per-source results and metrics.
-    Demo,
+    Demo {
+        /// The cluster-wide variant: three nodes and one Redis, a source
+        /// spread over them held at its limit cluster-wide, then Redis
+        /// killed and the fallback shown.
+        #[arg(long)]
+        cluster: bool,
+    },
     /// Benchmarks that print comparable figures against a baseline measured
     /// in the same run.
     Bench {
@@ -76,9 +82,9 @@ fn main() -> anyhow::Result<()> {
             setup::run()?;
             build::run(!debug)
         }
-        Command::Demo => {
+        Command::Demo { cluster } => {
             setup::run()?;
-            demo::run()
+            demo::run(cluster)
         }
         Command::Bench { which } => {
             setup::run()?;

@@ -3,7 +3,11 @@
 //! ../shared/notes/toolchain.md for why this recipe).
 //!
 //! 1. Debian packages: rustc-web/cargo-web with the prebuilt BPF `core`,
-//!    its clippy, and the tools the tests drive (ip, ping).
+//!    its clippy, and the tools the tests drive (ip, ping, redis-server,
+//!    libfaketime).
+//!    Debian starts and enables redis-server as a service on install; the
+//!    tests start their own servers in namespaces, so setup stops and
+//!    disables that service.
 //! 2. A rustup toolchain `debian` linked to /usr.
 //! 3. A one-symlink LLVM prefix for the LLVM major that rustc uses.
 //! 4. bpf-linker, at a pinned version, built against that LLVM.
@@ -34,6 +38,13 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "nftables",
     "iptables",
     "fonts-dejavu-core",
+    // The cluster store tests (tests/src/redis.rs) run their own
+    // redis-server (and redis-cli, in redis-tools) in a namespace.
+    "redis-server",
+    "redis-tools",
+    // The cluster scenario with one node's wall clock 2 s off
+    // (tests/tests/cluster_scenarios.rs preloads libfaketime).
+    "faketime",
 ];
 /// The rustup toolchain name the eBPF build uses (defined with the rest of
 /// that build in `limiter-ebpf-build`).
@@ -43,6 +54,7 @@ const LIB_DIR: &str = "/usr/lib/x86_64-linux-gnu";
 
 pub fn run() -> anyhow::Result<()> {
     install_debian_packages()?;
+    quiet_redis_service()?;
     link_toolchain()?;
     let llvm_major = llvm_major()?;
     let prefix = llvm_shim(llvm_major)?;
@@ -72,6 +84,41 @@ fn install_debian_packages() -> anyhow::Result<()> {
             .args(&missing)
             .env("DEBIAN_FRONTEND", "noninteractive"),
     )
+}
+
+/// Stops and disables the system's redis-server service if the package's
+/// install started or enabled it: nothing of the tests needs it, and a
+/// server on 6379 left running would take memory and confuse a reader of
+/// `ss -ltn` (the tests' servers live in namespaces of their own).
+fn quiet_redis_service() -> anyhow::Result<()> {
+    if Path::new("/run/systemd/system").exists() {
+        let enabled =
+            run::stdout_ok(Command::new("systemctl").args(["is-enabled", "redis-server.service"]))
+                .is_some_and(|s| s.trim() == "enabled");
+        let active = run::output(Command::new("systemctl").args([
+            "is-active",
+            "--quiet",
+            "redis-server.service",
+        ]))
+        .is_some_and(|o| o.status.success());
+        if enabled || active {
+            eprintln!("setup: stopping and disabling the redis-server service");
+            run::status(Command::new("systemctl").args([
+                "disable",
+                "--now",
+                "redis-server.service",
+            ]))?;
+        }
+    } else if Path::new("/etc/init.d/redis-server").exists()
+        && run::output(Command::new("/etc/init.d/redis-server").arg("status"))
+            .is_some_and(|o| o.status.success())
+    {
+        // No systemd (containers): the package's init script may have
+        // started it.
+        eprintln!("setup: stopping the redis-server service");
+        run::status(Command::new("/etc/init.d/redis-server").arg("stop"))?;
+    }
+    Ok(())
 }
 
 fn link_toolchain() -> anyhow::Result<()> {

@@ -12,7 +12,6 @@
 use std::{
     path::PathBuf,
     process::Command,
-    sync::{atomic::AtomicBool, Arc},
     time::{Duration, Instant},
 };
 
@@ -113,15 +112,7 @@ fn main() {
             })
             .collect()
     };
-    let interrupted = Arc::new(AtomicBool::new(false));
-    for signal in [
-        signal_hook::consts::SIGINT,
-        signal_hook::consts::SIGTERM,
-        signal_hook::consts::SIGHUP,
-    ] {
-        signal_hook::flag::register(signal, Arc::clone(&interrupted))
-            .expect("install a signal handler");
-    }
+    let interrupted = limiter_bench::interrupt_flag();
     let timing = Timing {
         warmup: Duration::from_secs_f64(args.warmup),
         measure: Duration::from_secs_f64(args.measure),

@@ -27,10 +27,7 @@ use std::{
     collections::{BTreeMap, BTreeSet},
     net::{Ipv4Addr, SocketAddr, TcpStream},
     path::Path,
-    sync::{
-        atomic::{AtomicBool, AtomicU64, Ordering},
-        Arc,
-    },
+    sync::atomic::{AtomicBool, AtomicU64, Ordering},
     thread,
     time::{Duration, Instant},
 };
@@ -130,11 +127,7 @@ fn main() {
             && args.sample_every > 0.0,
         "durations must be positive"
     );
-    let interrupted = Arc::new(AtomicBool::new(false));
-    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register(signal, Arc::clone(&interrupted))
-            .expect("install a signal handler");
-    }
+    let interrupted = limiter_bench::interrupt_flag();
     // Everything the run made is dropped inside `soak`: exit only after.
     let code = soak(&args, &interrupted);
     std::process::exit(code);

@@ -56,6 +56,10 @@ pub enum Admission {
         /// With this admission the window is at least half used (packets
         /// or bytes): the source is near its limit.
         half_used: bool,
+        /// The window's packet estimate with this admission (the granted
+        /// frames included), fixed point: what the cluster threshold is
+        /// checked against (`ClusterState::is_hot`).
+        packets: u64,
     },
     /// Refused; no frame can be admitted before `hold_until_ns`, so the
     /// caller may refuse until then without looking at the window.
@@ -234,7 +238,11 @@ pub fn try_admit_cached<S: SlotWrite + ?Sized>(
         ) {
             let half_used = half_used(est.packets, granted, params.allowance_packets)
                 || half_used(est.bytes, len, params.allowance_bytes);
-            return Admission::Admitted { granted, half_used };
+            return Admission::Admitted {
+                granted,
+                half_used,
+                packets: est.packets + (granted << WEIGHT_SHIFT),
+            };
         }
         if count_bytes {
             give_back_bytes(slots, slot, cache.bucket, len);
@@ -274,6 +282,34 @@ mod tests {
 
         fn store(&self, slot: usize, field: usize, value: u64) {
             self.0.store(slot, field, value)
+        }
+    }
+
+    #[test]
+    fn an_admission_reports_the_packet_estimate_with_what_it_granted() {
+        let params = WindowParams {
+            bucket_ns: 100,
+            buckets: 10,
+            allowance_packets: 1000,
+            allowance_bytes: UNLIMITED,
+        };
+        let ring = AtomicRing::default();
+        let now = 1_050;
+        let cache = WindowCache::refresh(&ring, &params, now);
+        for n in 1..=3 {
+            match try_admit_cached(&ring, &cache, &params, now, 60, 1) {
+                Admission::Admitted { packets, .. } => assert_eq!(packets, n * WEIGHT_ONE),
+                refused => panic!("frame {n}: {refused:?}"),
+            }
+        }
+        match try_admit_cached(&ring, &cache, &params, now, 60, 8) {
+            Admission::Admitted {
+                granted, packets, ..
+            } => {
+                assert_eq!(granted, 8);
+                assert_eq!(packets, 11 * WEIGHT_ONE);
+            }
+            refused => panic!("{refused:?}"),
         }
     }
 

@@ -6,7 +6,7 @@ use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use clap::{Args, Parser, Subcommand};
 use ipnet::IpNet;
-use limiter_common::Action;
+use limiter_common::{Action, Scope};
 
 use super::{top::SortBy, units, Output};
 use crate::config::{AttachMode, PortsSpec, ProtocolSpec, DEFAULT_PIN_DIR, DEFAULT_SOCKET};
@@ -244,6 +244,11 @@ pub struct LimitArgs {
     /// Count would-be drops, drop nothing.
     #[arg(long)]
     pub dry_run: bool,
+    /// Where the limit holds: per node, or for the whole cluster (a
+    /// packet `limit` without --block or --bps; needs [cluster] in the
+    /// daemon's configuration).
+    #[arg(long, value_enum, default_value = "node")]
+    pub scope: Scope,
 }
 
 impl LimitArgs {
@@ -258,6 +263,7 @@ impl LimitArgs {
             window: Duration::from_secs(1),
             block: None,
             dry_run: false,
+            scope: Scope::Node,
         }
     }
 }

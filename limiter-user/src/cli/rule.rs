@@ -32,6 +32,7 @@ pub fn section(cidr: Option<IpNet>, m: &MatchArgs, l: &LimitArgs) -> RuleSection
         window: l.window,
         block: l.block,
         dry_run: Some(l.dry_run),
+        scope: l.scope,
     }
 }
 
@@ -83,14 +84,15 @@ pub fn list(socket: &Path, output: Output) -> anyhow::Result<()> {
     match output {
         Output::Json => println!(
             "{}",
-            serde_json::to_string_pretty(
-                &serde_json::json!({ "default": default, "rules": rules })
-            )?
+            serde_json::to_string_pretty(&serde_json::json!({
+                "default": with_scope(&default)?,
+                "rules": rules.iter().map(with_scope).collect::<Result<Vec<_>, _>>()?,
+            }))?
         ),
         Output::Text => {
             println!(
-                "{:<10} {:<20} {:<18} {:<7} limits",
-                "rule", "cidr", "match", "action"
+                "{:<10} {:<20} {:<18} {:<7} {:<7} limits",
+                "rule", "cidr", "match", "action", "scope"
             );
             println!("{}", line(&rule_name(0), &default));
             for (i, rule) in rules.iter().enumerate() {
@@ -99,6 +101,17 @@ pub fn list(socket: &Path, output: Output) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// A rule as JSON with its scope always spelled out: the file form leaves
+/// `node` implicit, but a script reading `rule ls` should not have to know
+/// that default.
+fn with_scope(rule: &RuleSection) -> serde_json::Result<serde_json::Value> {
+    let mut value = serde_json::to_value(rule)?;
+    if let Some(object) = value.as_object_mut() {
+        object.insert("scope".into(), rule.scope.name().into());
+    }
+    Ok(value)
 }
 
 fn line(name: &str, r: &RuleSection) -> String {
@@ -145,8 +158,9 @@ fn line(name: &str, r: &RuleSection) -> String {
     } else {
         matches.join(" ")
     };
+    let scope = r.scope.name();
     format!(
-        "{name:<10} {cidr:<20} {matches:<18} {action:<7} {}",
+        "{name:<10} {cidr:<20} {matches:<18} {action:<7} {scope:<7} {}",
         limits.join(", ")
     )
 }

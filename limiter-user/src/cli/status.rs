@@ -1,9 +1,9 @@
-//! `xdp-limiter status`.
+//! `xdp-limiter status`: the daemon, its interfaces and its cluster.
 
 use std::path::Path;
 
 use super::{client, Output};
-use crate::proto::{Reply, Request, Status};
+use crate::proto::{ClusterStatus, Reply, Request, Status};
 
 pub fn run(socket: &Path, output: Output) -> anyhow::Result<()> {
     let Reply::Status(status) = client::request(socket, Request::Status)? else {
@@ -41,5 +41,105 @@ pub fn render(status: &Status) -> String {
             i.dropped_pps
         ));
     }
+    text.push_str(&render_cluster(&status.cluster));
     text
+}
+
+/// The `cluster:` lines of the human form.
+fn render_cluster(cluster: &ClusterStatus) -> String {
+    let Some(c) = cluster.settings.as_ref().filter(|_| cluster.configured) else {
+        return "cluster: not configured (every rule is node-scoped)\n".into();
+    };
+    let live = match &cluster.live {
+        None => "sync: no live state reported\n".to_string(),
+        Some(l) => format!(
+            "sync: {} node{} alive, last sync {}, {}, {} synced source{}{}\n",
+            l.nodes_alive,
+            if l.nodes_alive == 1 { "" } else { "s" },
+            l.last_sync_age_ms
+                .map_or("never".into(), |ms| format!("{ms} ms ago")),
+            if l.degraded { "DEGRADED" } else { "healthy" },
+            l.synced_sources,
+            if l.synced_sources == 1 { "" } else { "s" },
+            l.fallback_in_force.map_or(String::new(), |f| format!(
+                ", fallback {} in force",
+                f.name()
+            )),
+        ),
+    };
+    format!(
+        "cluster: node {}, {} Redis {}, {} cluster-scoped rule{}\n  \
+         sync every {}, timeout {}, threshold {}, fallback {} after {} of grace\n  \
+         {live}",
+        c.node,
+        c.mode.name(),
+        match &c.sentinel_master {
+            Some(m) => format!("{} (primary {m})", c.redis.join(", ")),
+            None => c.redis.join(", "),
+        },
+        cluster.cluster_rules,
+        if cluster.cluster_rules == 1 { "" } else { "s" },
+        humantime::format_duration(c.sync_interval),
+        humantime::format_duration(c.timeout),
+        c.threshold,
+        c.fallback.name(),
+        humantime::format_duration(c.grace),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    #[test]
+    fn the_human_form_shows_the_cluster_or_says_there_is_none() {
+        let none = render(&Status::default());
+        assert!(
+            none.ends_with("cluster: not configured (every rule is node-scoped)\n"),
+            "{none}"
+        );
+        let config = Config::parse(
+            "[cluster]\nredis = [\"redis://u:pw@h:7000\", \"redis://h2:7000\"]\nmode = \"cluster\"\n\
+             node = \"n1\"\ngrace = \"1m\"\n",
+            "t",
+        )
+        .unwrap();
+        let status = Status {
+            cluster: ClusterStatus::new(config.cluster.as_ref(), 2),
+            ..Status::default()
+        };
+        let text = render(&status);
+        assert!(
+            text.contains(
+                "cluster: node n1, cluster Redis redis://u:***@h:7000, redis://h2:7000, \
+                 2 cluster-scoped rules\n  sync every 100ms, timeout 50ms, threshold 0.25, \
+                 fallback split after 1m of grace\n  sync: no live state reported"
+            ),
+            "{text}"
+        );
+        let status = Status {
+            cluster: ClusterStatus {
+                live: Some(Box::new(crate::proto::ClusterLive {
+                    nodes_alive: 3,
+                    last_sync_age_ms: Some(42),
+                    degraded: true,
+                    synced_sources: 1,
+                    fallback_in_force: Some(crate::config::Fallback::Split),
+                    failed_ticks: 9,
+                })),
+                ..status.cluster
+            },
+            ..Status::default()
+        };
+        let text = render(&status);
+        assert!(
+            text.contains(
+                "sync: 3 nodes alive, last sync 42 ms ago, DEGRADED, 1 synced source, \
+                 fallback split in force\n"
+            ),
+            "{text}"
+        );
+        assert!(!text.contains("pw"), "{text}");
+    }
 }

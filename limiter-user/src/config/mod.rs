@@ -6,16 +6,19 @@
 //!
 //! `schema` is the file's form (what serde reads and `--save` writes, and
 //! what the control protocol carries for rules); `validate` turns it into
-//! the typed [`Config`] the daemon runs. The daemon, the CLI and the wire
+//! the typed [`Config`] the daemon runs; `cluster` is the `[cluster]`
+//! section in both forms. The daemon, the CLI and the wire
 //! protocol all import from here; this module imports none of them.
 
+mod cluster;
 mod schema;
 mod validate;
 
 use std::path::{Path, PathBuf};
 
+pub use cluster::*;
 pub use schema::*;
-pub use validate::check_frame_sizes;
+pub use validate::{check_cluster_in_force, check_frame_sizes};
 
 use crate::rules::{RuleError, RuleSet};
 
@@ -54,6 +57,10 @@ pub enum ConfigError {
 pub struct Config {
     pub daemon: DaemonSection,
     pub rules: RuleSet,
+    /// `[cluster]` validated; `None`: no cluster (every rule node-scoped).
+    /// The daemon keeps the one it started with across reloads (a change
+    /// takes effect on restart, as `[daemon]` does).
+    pub cluster: Option<ClusterConfig>,
     pub file: FileConfig,
     /// The file's text as the daemon last read or wrote it (`None`: no
     /// file): `--save` refuses to overwrite a file that changed since.

@@ -5,10 +5,10 @@
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use ipnet::IpNet;
-use limiter_common::Action;
+use limiter_common::{Action, Scope};
 use serde::{Deserialize, Serialize};
 
-use super::{DEFAULT_METRICS_ADDR, DEFAULT_PIN_DIR, DEFAULT_SOCKET};
+use super::{ClusterSection, DEFAULT_METRICS_ADDR, DEFAULT_PIN_DIR, DEFAULT_SOCKET};
 use crate::rules::{PROTO_ICMP, PROTO_ICMPV6, PROTO_TCP, PROTO_UDP};
 
 /// How to attach to an interface (the file's `daemon.mode`, and `run
@@ -33,6 +33,9 @@ pub struct FileConfig {
     pub limits: LimitsSection,
     pub default: RuleSection,
     pub rules: Vec<RuleSection>,
+    /// `[cluster]`; absent: no cluster, every rule is node-scoped.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<ClusterSection>,
 }
 
 /// `[daemon]`: how the daemon runs. Changing these needs a restart.
@@ -212,6 +215,14 @@ pub struct RuleSection {
     /// Dry-run this rule. Unset: true for `[default]`, false for rules.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub dry_run: Option<bool>,
+    /// `node` (the default) or `cluster`. Written only when `cluster`, so
+    /// files and requests of node rules stay as they were before scopes.
+    #[serde(default, skip_serializing_if = "is_node")]
+    pub scope: Scope,
+}
+
+fn is_node(scope: &Scope) -> bool {
+    *scope == Scope::Node
 }
 
 impl Default for RuleSection {
@@ -229,6 +240,7 @@ impl Default for RuleSection {
             window: Duration::from_secs(1),
             block: None,
             dry_run: None,
+            scope: Scope::Node,
         }
     }
 }
@@ -256,6 +268,7 @@ impl RuleSection {
         "window",
         "block",
         "dry_run",
+        "scope",
     ];
 
     /// Whether `other` names the same rule: same prefix and match.

@@ -203,6 +203,7 @@ pub(crate) fn rule_with_every_key() -> RuleSection {
         bytes_per_second: Some(10_000),
         block: Some(Duration::from_secs(30)),
         dry_run: Some(true),
+        scope: limiter_common::Scope::Cluster,
         ..RuleSection::default()
     }
 }
@@ -220,4 +221,577 @@ fn rule_keys_are_the_keys_a_rule_has() {
     keys.sort_unstable();
     want.sort_unstable();
     assert_eq!(keys, want);
+}
+
+// ---- [cluster] and rule scopes ----
+
+use limiter_common::Scope;
+
+/// A `[cluster]` section with `extra` lines, and a cluster-scoped default.
+fn cluster_file(extra: &str) -> String {
+    format!(
+        "[cluster]\nredis = [\"redis://10.0.0.1:6379\"]\n{extra}\n\n\
+         [default]\npps = 100\nscope = \"cluster\"\n"
+    )
+}
+
+#[test]
+fn no_cluster_section_means_no_cluster() {
+    let config = Config::builtin();
+    assert_eq!(config.cluster, None);
+    assert_eq!(config.file.cluster, None);
+    assert!(!config.file.to_toml().contains("[cluster]"));
+    assert_eq!(config.rules.default.scope, Scope::Node);
+}
+
+#[test]
+fn a_cluster_section_has_the_documented_defaults() {
+    let config = Config::parse(&cluster_file(""), "cluster.toml").unwrap();
+    let cluster = config.cluster.expect("configured");
+    assert_eq!(cluster.mode, ClusterMode::Single);
+    let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    assert_eq!(
+        cluster.node,
+        hostname.trim(),
+        "the node defaults to the hostname"
+    );
+    assert_eq!(cluster.sync_interval, Duration::from_millis(100));
+    assert_eq!(cluster.timeout, Duration::from_millis(50));
+    assert_eq!(cluster.threshold, 0.25);
+    assert_eq!(cluster.fallback, Fallback::Split);
+    assert_eq!(cluster.grace, Duration::from_secs(10));
+    assert_eq!(
+        cluster.redis[0].endpoint,
+        RedisEndpoint::Tcp {
+            host: "10.0.0.1".into(),
+            port: 6379
+        }
+    );
+    assert_eq!(config.rules.default.scope, Scope::Cluster);
+    // The hostname is not written back: the file stays portable.
+    assert_eq!(config.file.cluster.as_ref().unwrap().node, None);
+    assert!(!config.file.to_toml().contains("node ="));
+}
+
+#[test]
+fn a_full_cluster_section_parses_and_survives_a_round_trip() {
+    let text = r#"
+        [cluster]
+        redis = ["redis://:secret@10.0.0.1:7000", "redis://10.0.0.2:7000", "redis://[2001:db8::1]"]
+        mode = "cluster"
+        node = "edge-1.par"
+        sync_interval = "250ms"
+        timeout = "100ms"
+        threshold = 0.5
+        fallback = "local"
+        grace = "30s"
+
+        [default]
+        pps = 1000
+
+        [[rules]]
+        cidr = "192.0.2.0/24"
+        protocol = "udp"
+        ports = "53"
+        pps = 50
+        burst_packets = 10
+        window = "10s"
+        scope = "cluster"
+
+        [[rules]]
+        cidr = "198.51.100.0/24"
+        pps = 5
+        scope = "node"
+    "#;
+    let config = Config::parse(text, "cluster.toml").unwrap();
+    let cluster = config.cluster.clone().unwrap();
+    assert_eq!(cluster.mode, ClusterMode::Cluster);
+    assert_eq!(cluster.node, "edge-1.par");
+    assert_eq!(cluster.sync_interval, Duration::from_millis(250));
+    assert_eq!(cluster.timeout, Duration::from_millis(100));
+    assert_eq!(cluster.threshold, 0.5);
+    assert_eq!(cluster.fallback, Fallback::Local);
+    assert_eq!(cluster.grace, Duration::from_secs(30));
+    assert_eq!(cluster.redis.len(), 3);
+    assert_eq!(cluster.redis[0].redacted(), "redis://:***@10.0.0.1:7000");
+    assert_eq!(cluster.redis[0].url, "redis://:secret@10.0.0.1:7000");
+    assert_eq!(
+        cluster.redis[2].endpoint,
+        RedisEndpoint::Tcp {
+            host: "[2001:db8::1]".into(),
+            port: 6379
+        }
+    );
+    let debug = format!("{config:?}");
+    assert!(
+        !debug.contains("secret"),
+        "Debug leaks the password: {debug}"
+    );
+    assert_eq!(config.rules.default.scope, Scope::Node);
+    assert_eq!(config.rules.rules[0].scope, Scope::Cluster);
+    assert_eq!(config.rules.rules[1].scope, Scope::Node);
+
+    let toml = config.file.to_toml();
+    assert!(toml.contains("scope = \"cluster\""), "{toml}");
+    assert_eq!(
+        toml.matches("scope =").count(),
+        1,
+        "node scopes stay implicit: {toml}"
+    );
+    let again = Config::parse(&toml, "round trip").unwrap();
+    assert_eq!(again.rules, config.rules);
+    assert_eq!(again.cluster, config.cluster);
+    assert_eq!(again.file, config.file);
+}
+
+#[test]
+fn redis_urls_of_every_supported_form_are_accepted() {
+    for (url, endpoint, db, shown) in [
+        (
+            "redis://localhost",
+            RedisEndpoint::Tcp {
+                host: "localhost".into(),
+                port: 6379,
+            },
+            0,
+            "redis://localhost",
+        ),
+        (
+            "redis://user:pw@redis.example:6380/3",
+            RedisEndpoint::Tcp {
+                host: "redis.example".into(),
+                port: 6380,
+            },
+            3,
+            "redis://user:***@redis.example:6380/3",
+        ),
+        (
+            "redis://limiter@10.0.0.1/",
+            RedisEndpoint::Tcp {
+                host: "10.0.0.1".into(),
+                port: 6379,
+            },
+            0,
+            "redis://limiter@10.0.0.1/",
+        ),
+        (
+            "unix:///run/redis/redis.sock",
+            RedisEndpoint::Unix {
+                path: "/run/redis/redis.sock".into(),
+            },
+            0,
+            "unix:///run/redis/redis.sock",
+        ),
+        (
+            "redis+unix:///run/redis.sock?db=2&user=u&pass=pw",
+            RedisEndpoint::Unix {
+                path: "/run/redis.sock".into(),
+            },
+            2,
+            "redis+unix:///run/redis.sock?db=2&user=u&pass=***",
+        ),
+    ] {
+        let parsed = parse_redis_url(url).unwrap_or_else(|e| panic!("{url}: {e}"));
+        assert_eq!(parsed.endpoint, endpoint, "{url}");
+        assert_eq!(parsed.db, db, "{url}");
+        assert_eq!(parsed.redacted(), shown, "{url}");
+        assert_eq!(parsed.url, url);
+    }
+}
+
+#[test]
+fn a_sentinel_section_names_its_sentinels_and_the_primary() {
+    let text = "[cluster]\nredis = [\"redis://10.0.0.1:26379\", \"redis://10.0.0.2:26379\"]\n\
+                mode = \"sentinel\"\nsentinel_master = \"xl-primary\"\nnode = \"n1\"\n";
+    let config = Config::parse(text, "sentinel.toml").unwrap();
+    let cluster = config.cluster.unwrap();
+    assert_eq!(cluster.mode, ClusterMode::Sentinel);
+    assert_eq!(cluster.sentinel_master.as_deref(), Some("xl-primary"));
+    assert_eq!(cluster.redis.len(), 2);
+}
+
+#[test]
+fn bad_cluster_sections_are_rejected_with_the_field_named() {
+    let section = |lines: &str| format!("[cluster]\n{lines}\n");
+    let with_urls = |urls: &str, more: &str| section(&format!("redis = [{urls}]\n{more}"));
+    for (text, expect) in [
+        // URLs.
+        (section(""), "cluster.redis: no Redis URL"),
+        (with_urls("", ""), "cluster.redis: no Redis URL"),
+        (
+            with_urls("\"http://10.0.0.1\"", ""),
+            "cluster.redis[0]: unsupported scheme \"http\"",
+        ),
+        (
+            with_urls("\"rediss://10.0.0.1\"", ""),
+            "cluster.redis[0]: rediss:// (TLS) is not supported",
+        ),
+        (
+            with_urls("\"10.0.0.1:6379\"", ""),
+            "cluster.redis[0]: \"10.0.0.1:6379\" is not a URL",
+        ),
+        (
+            with_urls("\"redis://:pw@\"", ""),
+            "cluster.redis[0]: redis://:***@: no host",
+        ),
+        (
+            with_urls("\"redis://h:0\"", ""),
+            "cluster.redis[0]: redis://h:0: port \"0\" is not 1..=65535",
+        ),
+        (
+            with_urls("\"redis://h:99999\"", ""),
+            "cluster.redis[0]: redis://h:99999: port",
+        ),
+        (
+            with_urls("\"redis://h/x\"", ""),
+            "cluster.redis[0]: redis://h/x: database \"x\" is not a number",
+        ),
+        (
+            with_urls("\"redis://h?timeout=1\"", ""),
+            "cluster.redis[0]: redis://h?timeout=1: query parameters are not supported",
+        ),
+        (
+            with_urls("\"redis://[::1\"", ""),
+            "cluster.redis[0]: redis://[::1: unclosed '['",
+        ),
+        (
+            with_urls("\"unix://run/redis.sock\"", ""),
+            "cluster.redis[0]: unix://run/redis.sock: the socket's path must be absolute",
+        ),
+        (
+            with_urls("\"unix:///run/redis.sock?timeout=5\"", ""),
+            "cluster.redis[0]: unknown parameter \"timeout\"",
+        ),
+        (
+            with_urls("\"redis://a\", \"redis://a\"", "mode = \"cluster\""),
+            "cluster.redis[1]: redis://a is listed twice (also redis[0])",
+        ),
+        // Modes.
+        (
+            with_urls("\"redis://a\", \"redis://b\"", ""),
+            "cluster.redis: 2 URLs with mode = \"single\"",
+        ),
+        (
+            with_urls("\"unix:///run/redis.sock\"", "mode = \"cluster\""),
+            "cluster.redis[0]: unix:///run/redis.sock: a Redis Cluster is reached over TCP",
+        ),
+        (
+            with_urls("\"redis://a/1\"", "mode = \"cluster\""),
+            "cluster.redis[0]: redis://a/1: a Redis Cluster has only database 0",
+        ),
+        (
+            with_urls("\"redis://a:26379\"", "mode = \"sentinel\""),
+            "cluster.sentinel_master: unset with mode = \"sentinel\"",
+        ),
+        (
+            with_urls(
+                "\"unix:///run/sentinel.sock\"",
+                "mode = \"sentinel\"\nsentinel_master = \"m\"",
+            ),
+            "cluster.redis[0]: unix:///run/sentinel.sock: a Sentinel is reached over TCP",
+        ),
+        (
+            with_urls(
+                "\"redis://a:26379\"",
+                "mode = \"sentinel\"\nsentinel_master = \"has space\"",
+            ),
+            "cluster.sentinel_master: \"has space\"",
+        ),
+        (
+            with_urls("\"redis://a\"", "sentinel_master = \"m\""),
+            "cluster.sentinel_master: only applies with mode = \"sentinel\" (mode is \"single\")",
+        ),
+        (
+            with_urls("\"redis://a\"", "mode = \"sharded\""),
+            "unknown variant `sharded`",
+        ),
+        // The node's name.
+        (
+            with_urls("\"redis://a\"", "node = \"\""),
+            "cluster.node: \"\" is empty",
+        ),
+        (
+            with_urls("\"redis://a\"", "node = \"edge 1\""),
+            "cluster.node: \"edge 1\" contains ' '",
+        ),
+        (
+            with_urls("\"redis://a\"", "node = \"edge:1\""),
+            "cluster.node: \"edge:1\" contains ':'",
+        ),
+        (
+            with_urls("\"redis://a\"", "node = \"{edge}\""),
+            "cluster.node: \"{edge}\" contains '{'",
+        ),
+        (
+            with_urls("\"redis://a\"", "node = \"n\\u0007\""),
+            "cluster.node: \"n\\u{7}\" contains '\\u{7}'",
+        ),
+        (
+            with_urls("\"redis://a\"", &format!("node = \"{}\"", "n".repeat(65))),
+            "cluster.node: \"nnn",
+        ),
+        // Durations and fractions.
+        (
+            with_urls("\"redis://a\"", "sync_interval = \"5ms\"\ntimeout = \"1ms\""),
+            "cluster.sync_interval: 5ms is outside 10ms..=10s",
+        ),
+        (
+            with_urls("\"redis://a\"", "sync_interval = \"11s\""),
+            "cluster.sync_interval: 11s is outside 10ms..=10s",
+        ),
+        (
+            with_urls("\"redis://a\"", "sync_interval = \"fast\""),
+            "sync_interval",
+        ),
+        (
+            with_urls("\"redis://a\"", "timeout = \"100ms\""),
+            "cluster.timeout: 100ms must be at least 1ms and shorter than cluster.sync_interval (100ms)",
+        ),
+        (
+            with_urls("\"redis://a\"", "sync_interval = \"20ms\""),
+            "cluster.timeout: 50ms must be at least 1ms and shorter than cluster.sync_interval (20ms)",
+        ),
+        (
+            with_urls("\"redis://a\"", "timeout = \"0s\""),
+            "cluster.timeout: 0ns must be at least 1ms",
+        ),
+        (
+            with_urls("\"redis://a\"", "threshold = 0.0"),
+            "cluster.threshold: 0 is outside (0, 1]",
+        ),
+        (
+            with_urls("\"redis://a\"", "threshold = 1.5"),
+            "cluster.threshold: 1.5 is outside (0, 1]",
+        ),
+        (
+            with_urls("\"redis://a\"", "threshold = nan"),
+            "cluster.threshold: NaN is outside (0, 1]",
+        ),
+        (
+            with_urls("\"redis://a\"", "threshold = -0.25"),
+            "cluster.threshold: -0.25 is outside (0, 1]",
+        ),
+        (
+            with_urls("\"redis://a\"", "grace = \"200ms\""),
+            "cluster.grace: 200ms is outside 300ms..=1h: at least 3 x cluster.sync_interval",
+        ),
+        (
+            with_urls("\"redis://a\"", "sync_interval = \"10s\"\ntimeout = \"1s\""),
+            "cluster.grace: 10s is outside 30s..=1h",
+        ),
+        (
+            with_urls("\"redis://a\"", "grace = \"2h\""),
+            "cluster.grace: 7200s is outside 300ms..=1h",
+        ),
+        (
+            with_urls("\"redis://a\"", "fallback = \"open\""),
+            "unknown variant `open`",
+        ),
+        (
+            with_urls("\"redis://a\"", "colour = 1"),
+            "unknown field `colour`",
+        ),
+    ] {
+        rejected(&text, expect);
+    }
+}
+
+#[test]
+fn cluster_scoped_rules_are_refused_where_this_version_cannot_share_them() {
+    let cluster = "[cluster]\nredis = [\"redis://a\"]\n\n";
+    for (rules, expect) in [
+        (
+            "[[rules]]\ncidr = \"10.0.0.0/8\"\naction = \"allow\"\nscope = \"cluster\"",
+            "rules[0].scope: only a `limit` rule can be cluster-scoped, not `allow`",
+        ),
+        (
+            "[[rules]]\ncidr = \"10.0.0.0/8\"\naction = \"deny\"\nscope = \"cluster\"",
+            "rules[0].scope: only a `limit` rule can be cluster-scoped, not `deny`",
+        ),
+        (
+            "[[rules]]\ncidr = \"10.0.0.0/8\"\npps = 5\nblock = \"1m\"\nscope = \"cluster\"",
+            "rules[0].block: a cluster-scoped rule cannot carry a penalty",
+        ),
+        (
+            "[[rules]]\ncidr = \"10.0.0.0/8\"\npps = 5\nbytes_per_second = 100000\nscope = \"cluster\"",
+            "rules[0].bytes_per_second: a cluster-scoped rule limits packets only",
+        ),
+        (
+            "[[rules]]\ncidr = \"10.0.0.0/8\"\npps = 5\nburst_bytes = 3000\nscope = \"cluster\"",
+            "rules[0].bytes_per_second: a cluster-scoped rule limits packets only",
+        ),
+        (
+            "[default]\naction = \"allow\"\nscope = \"cluster\"",
+            "default.scope: only a `limit` rule",
+        ),
+        (
+            "[[rules]]\ncidr = \"10.0.0.0/8\"\npps = 5\nscope = \"planet\"",
+            "unknown variant `planet`",
+        ),
+    ] {
+        rejected(&format!("{cluster}{rules}\n"), expect);
+    }
+    // A byte-only default gets no built-in packet rate: said so.
+    rejected(
+        &format!("{cluster}[default]\nbytes_per_second = 1000000\nscope = \"cluster\"\n"),
+        "default.bytes_per_second: a cluster-scoped rule limits packets only",
+    );
+}
+
+#[test]
+fn a_cluster_scoped_rule_without_a_cluster_section_is_refused_naming_it() {
+    rejected(
+        "[[rules]]\ncidr = \"10.0.0.0/8\"\npps = 5\n\n[[rules]]\ncidr = \"10.1.0.0/16\"\n\
+         pps = 5\nscope = \"cluster\"\n",
+        "rules[1].scope: a cluster-scoped rule needs a [cluster] section",
+    );
+    rejected(
+        "[default]\npps = 5\nscope = \"cluster\"\n",
+        "default.scope: a cluster-scoped rule needs a [cluster] section",
+    );
+    // Node scope spelled out needs nothing.
+    Config::parse("[default]\npps = 5\nscope = \"node\"\n", "node.toml").unwrap();
+}
+
+#[test]
+fn cluster_rules_need_the_cluster_the_daemon_runs_with() {
+    let with = Config::parse(&cluster_file(""), "cluster.toml").unwrap();
+    let without = Config::builtin();
+    check_cluster_in_force(&with.rules, with.cluster.as_ref()).unwrap();
+    check_cluster_in_force(&without.rules, None).unwrap();
+    let err = check_cluster_in_force(&with.rules, None)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with("default.scope: the daemon runs without [cluster]")
+            && err.contains("restart"),
+        "{err}"
+    );
+}
+
+#[test]
+fn node_names_are_checked_as_documented() {
+    for good in ["a", "edge-1", "edge_1.par.example", &"n".repeat(64)] {
+        assert_eq!(check_node_name(good), Ok(()), "{good}");
+    }
+    for bad in ["", "a b", "a:b", "a{b}", "a*", "a/b", "é", &"n".repeat(65)] {
+        assert!(check_node_name(bad).is_err(), "{bad:?} accepted");
+    }
+}
+
+#[test]
+fn the_shipped_cluster_example_is_valid_once_uncommented() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../dist/config.toml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let start = text
+        .find("# [cluster]")
+        .expect("a commented [cluster] example");
+    let (plain, example) = text.split_at(start);
+    let uncommented: String = example
+        .lines()
+        .map(|line| line.strip_prefix("# ").unwrap_or(line))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let config = Config::parse(&format!("{plain}{uncommented}\n"), "example").unwrap();
+    let cluster = config.cluster.expect("[cluster] once uncommented");
+    assert_eq!(cluster.node, "edge-1");
+    assert_eq!(cluster.redis[0].redacted(), "redis://:***@10.0.0.5:6379");
+    let https = config.rules.rules.last().unwrap();
+    assert_eq!(https.scope, Scope::Cluster);
+    assert_eq!(https.matches.ports, Some((443, 443)));
+    assert_eq!(config.rules.rules.len(), 3);
+}
+
+mod cluster_fuzz {
+    //! `[cluster]` sections of random keys and edge values: validation
+    //! never panics, and a refusal names a `cluster.` field or is TOML's.
+    use proptest::{prelude::*, sample::select};
+
+    use super::*;
+
+    const KEYS: &[&str] = &[
+        "redis",
+        "mode",
+        "node",
+        "sync_interval",
+        "timeout",
+        "threshold",
+        "fallback",
+        "grace",
+    ];
+    const VALUES: &[&str] = &[
+        "[\"redis://a\"]",
+        "[\"redis://a\", \"redis://b\"]",
+        "[\"redis://:p@[::1]:1/2\"]",
+        "[\"rediss://a\"]",
+        "[\"unix:///s?db=1&pass=x\"]",
+        "[\"unix://\"]",
+        "[\"redis://\"]",
+        "[\"redis://@:\"]",
+        "[\"redis://[\"]",
+        "[\"redis://a:b:c@d:e/f?g#h\"]",
+        "[\"://\"]",
+        "[\"é://é@é\"]",
+        "[]",
+        "[1]",
+        "\"single\"",
+        "\"cluster\"",
+        "\"split\"",
+        "\"local\"",
+        "\"\"",
+        "\"edge-1\"",
+        "\"a b\"",
+        "\"0s\"",
+        "\"1ns\"",
+        "\"10ms\"",
+        "\"9ms\"",
+        "\"10s\"",
+        "\"11s\"",
+        "\"1h\"",
+        "\"100y\"",
+        "0",
+        "1",
+        "0.25",
+        "1.0000001",
+        "-0.0",
+        "nan",
+        "inf",
+        "1e308",
+        "true",
+    ];
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+        #[test]
+        fn random_cluster_sections_never_panic_and_refusals_name_the_field(
+            entries in proptest::collection::vec((select(KEYS), select(VALUES)), 0..8),
+        ) {
+            let mut text = String::from("[cluster]\n");
+            let mut seen = Vec::new();
+            for (key, value) in entries {
+                // A duplicate key is TOML's error, not ours: keep the first.
+                if !seen.contains(&key) {
+                    seen.push(key);
+                    text.push_str(&format!("{key} = {value}\n"));
+                }
+            }
+            match Config::parse(&text, "fuzz.toml") {
+                Ok(config) => prop_assert!(config.cluster.is_some()),
+                Err(ConfigError::Field { field, .. }) => {
+                    prop_assert!(field.starts_with("cluster."), "{field}: {text}")
+                }
+                Err(ConfigError::Parse { .. }) => {}
+                Err(other) => prop_assert!(false, "{other}: {text}"),
+            }
+        }
+
+        #[test]
+        fn any_text_as_a_redis_url_is_parsed_or_refused_without_a_panic(text in "\\PC{0,40}") {
+            for url in [text.clone(), format!("redis://{text}"), format!("unix://{text}")] {
+                if let Ok(parsed) = parse_redis_url(&url) {
+                    prop_assert_eq!(parsed.url, url);
+                }
+            }
+        }
+    }
 }

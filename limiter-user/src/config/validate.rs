@@ -5,10 +5,10 @@
 use std::time::Duration;
 
 use super::{
-    parse_ports, Config, ConfigError, FileConfig, PortsSpec, ProtocolSpec, RuleSection,
-    DEFAULT_PPS, MAX_SOURCES,
+    parse_ports, ClusterConfig, Config, ConfigError, FileConfig, PortsSpec, ProtocolSpec,
+    RuleSection, DEFAULT_PPS, MAX_SOURCES,
 };
-use limiter_common::{Action, AddressFamily};
+use limiter_common::{Action, AddressFamily, Scope};
 
 use crate::rules::{compile, rule_name, Limits, Match, RuleError, RuleSet, RuleSpec};
 
@@ -69,6 +69,7 @@ impl FileConfig {
                 ));
             }
         }
+        let cluster = self.cluster.as_ref().map(|c| c.validate()).transpose()?;
         let default = rule_spec(&self.default, &rule_name(0), true)?;
         let rules = self
             .rules
@@ -96,9 +97,20 @@ impl FileConfig {
             ),
             e => e.into(),
         })?;
+        // After the rules compiled: what is wrong with a rule itself (an
+        // allow rule cannot be cluster-scoped at all) is the first thing to
+        // fix, before a missing section.
+        if let Some(name) = first_cluster_rule(&set).filter(|_| cluster.is_none()) {
+            return Err(field(
+                format!("{name}.scope"),
+                "a cluster-scoped rule needs a [cluster] section (the Redis URLs its nodes \
+                 share the budget through); add one, or leave scope out for a per-node limit",
+            ));
+        }
         Ok(Config {
             daemon: self.daemon,
             rules: set,
+            cluster,
             file,
             text: None,
         })
@@ -185,7 +197,35 @@ fn rule_spec(section: &RuleSection, name: &str, is_default: bool) -> Result<Rule
             block: section.block,
         },
         dry_run,
+        scope: section.scope,
     })
+}
+
+/// The name of the first cluster-scoped rule of `rules` (`default` first).
+fn first_cluster_rule(rules: &RuleSet) -> Option<String> {
+    std::iter::once(&rules.default)
+        .chain(&rules.rules)
+        .position(|spec| spec.scope == Scope::Cluster)
+        .map(rule_name)
+}
+
+/// Checks that `rules` has no cluster-scoped rule unless the daemon runs
+/// with a cluster (`running`): `[cluster]` takes effect on restart, so a
+/// reload or an edit that brings cluster-scoped rules to a daemon started
+/// without one is refused (rather than run as node limits unannounced).
+pub fn check_cluster_in_force(
+    rules: &RuleSet,
+    running: Option<&ClusterConfig>,
+) -> Result<(), ConfigError> {
+    match first_cluster_rule(rules) {
+        Some(name) if running.is_none() => Err(field(
+            format!("{name}.scope"),
+            "the daemon runs without [cluster] (it was started without one, and [cluster] \
+             takes effect on restart): restart it with [cluster] in its configuration to use \
+             cluster-scoped rules",
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// Ethernet header and one VLAN tag on top of the MTU: the largest frame

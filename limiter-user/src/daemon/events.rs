@@ -12,7 +12,7 @@ use std::{
 };
 
 use aya::maps::{MapData, RingBuf};
-use limiter_common::{event::EPISODE_GAP_NS, LimitEvent, SourceKey};
+use limiter_common::{event::EPISODE_GAP_NS, EventKind, LimitEvent, SourceKey};
 use tokio::io::unix::AsyncFd;
 use tracing::{info, warn};
 
@@ -20,10 +20,15 @@ use tracing::{info, warn};
 pub type RuleNames = Arc<RwLock<Vec<(u32, String)>>>;
 
 /// Logs the events of one interface until the task is dropped.
+///
+/// Cluster-hot events go to `cluster` (the sync task), when there is one;
+/// a full queue drops the event (the kernel reports the source again the
+/// next window).
 pub fn watch(
     iface: String,
     ring: RingBuf<MapData>,
     names: RuleNames,
+    cluster: Option<tokio::sync::mpsc::Sender<LimitEvent>>,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         // SAFETY: the ring buffer owns its map fd for its whole life and
@@ -49,7 +54,12 @@ pub fn watch(
             let ring = guard.get_inner_mut();
             while let Some(item) = ring.next() {
                 if let Some(event) = parse(&item) {
-                    if episodes.starts(&event) {
+                    if let Some(cluster) = &cluster {
+                        if event.kind() == Some(EventKind::ClusterHot) {
+                            let _ = cluster.try_send(event);
+                        }
+                    }
+                    if is_logged(&event) && episodes.starts(&event) {
                         log(&iface, &event, &names);
                     }
                 }
@@ -97,6 +107,13 @@ impl Episodes {
     }
 }
 
+/// Whether `event` is one this log shows: only "source limited" events.
+/// Cluster-hot events name sources for the cluster sync, which consumes
+/// them from this ring.
+pub fn is_logged(event: &LimitEvent) -> bool {
+    event.kind() == Some(EventKind::Limited)
+}
+
 /// A `LimitEvent` from ring-buffer bytes (`None` if the size is wrong).
 pub fn parse(bytes: &[u8]) -> Option<LimitEvent> {
     if bytes.len() != size_of::<LimitEvent>() {
@@ -134,6 +151,13 @@ mod tests {
 
     fn event(last_octet: u8, rule: u32, at_ns: u64) -> LimitEvent {
         LimitEvent::new(SourceKey::v4([192, 0, 2, last_octet]), rule, at_ns, false)
+    }
+
+    #[test]
+    fn cluster_hot_events_are_not_logged_as_limited() {
+        assert!(is_logged(&event(1, 0, 1_000)));
+        let hot = LimitEvent::cluster_hot(SourceKey::v4([192, 0, 2, 1]), 0, 1_000);
+        assert!(!is_logged(&hot));
     }
 
     #[test]

@@ -3,18 +3,23 @@
 //! applied to every interface or refused with nothing changed.
 
 use ipnet::IpNet;
-use limiter_common::Action;
+use limiter_common::{Action, Scope};
 use tracing::info;
 
 use super::{edit, state::Daemon};
 use crate::{
     config,
     kernel::{self, penalty},
-    proto::{InterfaceStatus, Reply, Request, ResponseLine, RuleEdit, Status, TopSource},
+    proto::{
+        ClusterStatus, InterfaceStatus, Reply, Request, ResponseLine, RuleEdit, Status, TopSource,
+    },
     rules::rule_name,
 };
 
-/// What the loop does with a request.
+/// What the loop does with a request. One per control request, moved
+/// once: boxing the answer to shrink the enum would only add an
+/// allocation.
+#[allow(clippy::large_enum_variant)]
 pub enum Handled {
     /// Send this answer.
     Answer(ResponseLine),
@@ -79,6 +84,19 @@ impl Daemon {
                     }
                 })
                 .collect(),
+            cluster: ClusterStatus {
+                live: self
+                    .cluster_live
+                    .as_ref()
+                    .and_then(|l| l.lock().ok().map(|l| Box::new(l.status()))),
+                ..ClusterStatus::new(
+                    self.config.cluster.as_ref(),
+                    std::iter::once(&self.config.rules.default)
+                        .chain(&self.config.rules.rules)
+                        .filter(|r| r.scope == Scope::Cluster)
+                        .count(),
+                )
+            },
         }
     }
 
@@ -171,6 +189,10 @@ impl Daemon {
         let (file, mut fresh, what) = edit::apply_rule_edit(&self.config.file, edit)?;
         super::startup::apply_overrides(&mut fresh, &self.options);
         config::check_frame_sizes(&fresh.rules, &fresh.daemon.interfaces)
+            .map_err(|e| format!("rejected: {e}"))?;
+        // The file may have gained a [cluster] since the daemon started
+        // (reloaded, not yet restarted): the one in force decides.
+        config::check_cluster_in_force(&fresh.rules, self.config.cluster.as_ref())
             .map_err(|e| format!("rejected: {e}"))?;
         let generation = self
             .push(&fresh.rules)

@@ -9,8 +9,8 @@ use hyper::{body::Bytes, service::service_fn, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use limiter_common::{rules::MAX_RULES, Outcome};
 use prometheus::{
-    core::Collector, Encoder, GaugeVec, Histogram, HistogramOpts, IntCounterVec, IntGaugeVec, Opts,
-    Registry, TextEncoder,
+    core::Collector, Encoder, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec,
+    IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 use tokio::net::TcpListener;
 use tracing::debug;
@@ -40,8 +40,93 @@ pub struct Metrics {
     runs: IntCounterVec,
     ns_per_run: GaugeVec,
     pub aggregation: Histogram,
+    /// The cluster sync's metrics (registered whether or not `[cluster]`
+    /// is configured, so dashboards see zeros rather than gaps).
+    pub cluster: ClusterMetrics,
     /// Last kernel totals per series, to turn totals into increments.
     last: HashMap<String, u64>,
+}
+
+/// The cluster sync's metrics (`daemon::cluster`), cheap handles the
+/// sync task keeps (prometheus metrics are shared, clones update the same
+/// series).
+#[derive(Clone)]
+pub struct ClusterMetrics {
+    /// Duration of each sync tick (Redis calls and map writes).
+    pub sync_duration: Histogram,
+    /// Redis failures (connect, sync, heartbeat, hot sources), at most one
+    /// per tick and one per hot listing.
+    pub redis_errors: IntCounter,
+    /// Ticks that synced only part of the hot sources.
+    pub partial_ticks: IntCounter,
+    /// 1 while degraded (3 failed ticks in a row, until a sync succeeds).
+    pub degraded: IntGauge,
+    /// Sources carried by the last sync.
+    pub synced_sources: IntGauge,
+    /// Nodes alive at the last heartbeat (the last known while failing).
+    pub nodes_alive: IntGauge,
+    /// 1 while the fallback policy is applied, by policy.
+    pub fallback: IntGaugeVec,
+}
+
+impl ClusterMetrics {
+    fn new(registry: &Registry) -> Self {
+        let one = |name: &str, help: &str| {
+            registered(
+                registry,
+                IntGauge::with_opts(Opts::new(name, help)).expect("valid metric"),
+            )
+        };
+        Self {
+            sync_duration: registered(
+                registry,
+                Histogram::with_opts(
+                    HistogramOpts::new(
+                        "xdp_limiter_cluster_sync_duration_seconds",
+                        "Duration of one cluster sync tick (Redis calls and map writes).",
+                    )
+                    .buckets(vec![
+                        0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+                    ]),
+                )
+                .expect("valid metric"),
+            ),
+            redis_errors: registered(
+                registry,
+                IntCounter::with_opts(Opts::new(
+                    "xdp_limiter_cluster_redis_errors_total",
+                    "Cluster sync ticks with a Redis failure (connect, heartbeat or sync: error or timeout), whether the tick failed or synced part of its sources, plus failed hot-source listings.",
+                ))
+                .expect("valid metric"),
+            ),
+            partial_ticks: registered(
+                registry,
+                IntCounter::with_opts(Opts::new(
+                    "xdp_limiter_cluster_partial_ticks_total",
+                    "Cluster sync ticks that synced only part of the hot sources (Redis could not serve them all within the tick; the rest go first next tick).",
+                ))
+                .expect("valid metric"),
+            ),
+            degraded: one(
+                "xdp_limiter_cluster_degraded",
+                "1 while the node is degraded (3 failed sync ticks in a row, until one succeeds).",
+            ),
+            synced_sources: one(
+                "xdp_limiter_cluster_synced_sources",
+                "Cluster-scoped sources carried by the last sync.",
+            ),
+            nodes_alive: one(
+                "xdp_limiter_cluster_nodes_alive",
+                "Nodes alive at the last heartbeat (the last known while Redis fails).",
+            ),
+            fallback: gauge(
+                registry,
+                "xdp_limiter_cluster_fallback",
+                "1 while the fallback policy (label policy: split or local) is applied: degraded past the grace period.",
+                &["policy"],
+            ),
+        }
+    }
 }
 
 /// `metric`, registered with `registry` (so none can be left out).
@@ -178,6 +263,7 @@ impl Metrics {
                 )
                 .expect("valid metric"),
             ),
+            cluster: ClusterMetrics::new(&registry),
             last: HashMap::new(),
             registry,
         };

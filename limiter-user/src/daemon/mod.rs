@@ -9,6 +9,7 @@
 //! in place.
 
 pub mod aggregate;
+pub mod cluster;
 pub mod conns;
 pub mod control;
 pub mod edit;
@@ -67,6 +68,37 @@ pub async fn run(options: RunOptions) -> anyhow::Result<()> {
         info!(iface = %iface.instance.iface, mode = iface.instance.attachment.as_str(), generation = daemon.generation, "protecting");
     }
 
+    // The cluster sync, with [cluster]: cluster-hot events reach it from
+    // every interface's watcher.
+    let (cluster_tx, cluster_rx) = tokio::sync::mpsc::channel(cluster::EVENT_QUEUE);
+    let mut cluster_task = None;
+    if let Some(cluster_config) = daemon.config.cluster.clone() {
+        let live = cluster::SharedLive::default();
+        let ifaces: Vec<String> = daemon
+            .ifaces
+            .iter()
+            .map(|i| i.instance.iface.clone())
+            .collect();
+        match cluster::start(
+            cluster_config,
+            &settings.pin_dir,
+            &ifaces,
+            daemon.names.clone(),
+            cluster_rx,
+            daemon.metrics.cluster.clone(),
+            live.clone(),
+        ) {
+            Ok(task) => {
+                daemon.cluster_live = Some(live);
+                cluster_task = Some(task);
+                info!("cluster sync started");
+            }
+            Err(e) => {
+                warn!(error = %e, "cannot start the cluster sync; cluster rules fall back in the kernel")
+            }
+        }
+    }
+    let cluster_events = cluster_task.as_ref().map(|_| cluster_tx);
     let mut watchers = Vec::new();
     for iface in &mut daemon.ifaces {
         let instance = &mut iface.instance;
@@ -75,6 +107,7 @@ pub async fn run(options: RunOptions) -> anyhow::Result<()> {
                 instance.iface.clone(),
                 ring,
                 daemon.names.clone(),
+                cluster_events.clone(),
             )),
             None => {
                 warn!(iface = %instance.iface, "no event ring buffer; limit events are not logged")
@@ -115,6 +148,9 @@ pub async fn run(options: RunOptions) -> anyhow::Result<()> {
     control::remove(&settings.control_socket);
     for watcher in watchers {
         watcher.abort();
+    }
+    if let Some(task) = cluster_task {
+        task.abort();
     }
     let failed = startup::shutdown(
         daemon.into_instances(),

@@ -44,6 +44,9 @@ pub struct Daemon {
     /// counters and events of either resolve to a name.
     pub(super) names: RuleNames,
     pub(super) metrics: Metrics,
+    /// The cluster sync's live state, for `status` (`None` without
+    /// `[cluster]`).
+    pub(super) cluster_live: Option<super::cluster::SharedLive>,
 }
 
 /// One protected interface and what the daemon has seen of it.
@@ -77,6 +80,7 @@ impl Daemon {
             generation: 0,
             names: RuleNames::default(),
             metrics: Metrics::new(),
+            cluster_live: None,
         }
     }
 
@@ -188,12 +192,19 @@ impl Daemon {
             }
         };
         apply_overrides(&mut fresh, &self.options);
-        if let Err(e) = config::check_frame_sizes(&fresh.rules, &fresh.daemon.interfaces) {
+        if let Err(e) =
+            config::check_frame_sizes(&fresh.rules, &fresh.daemon.interfaces).and_then(|()| {
+                config::check_cluster_in_force(&fresh.rules, self.config.cluster.as_ref())
+            })
+        {
             error!(error = %e, "SIGHUP: configuration rejected; the running one stays in force");
             return None;
         }
         if fresh.daemon != self.config.daemon {
             warn!("SIGHUP: [daemon] settings changed; they take effect on restart");
+        }
+        if fresh.cluster != self.config.cluster {
+            warn!("SIGHUP: [cluster] settings changed; they take effect on restart");
         }
         let generation = match self.push(&fresh.rules) {
             Ok(generation) => generation,
@@ -207,7 +218,8 @@ impl Daemon {
             "SIGHUP: configuration reloaded"
         );
         // Later rule edits start from what was reloaded, not from the old
-        // file; [daemon] settings keep what the daemon runs with.
+        // file; [daemon] and [cluster] settings keep what the daemon runs
+        // with.
         self.config.rules = fresh.rules;
         self.config.file = fresh.file;
         self.config.text = fresh.text;

@@ -12,7 +12,8 @@ use aya::{
 use limiter_common::{
     names,
     rules::{PrefixKeyV4, PrefixKeyV6},
-    Config, Counter, Hold, Rule, RuleRefs, SourceKey, SourceTraffic, WindowState,
+    ClusterShare, ClusterState, Config, Counter, Hold, Rule, RuleRefs, SourceKey, SourceTraffic,
+    WindowState,
 };
 
 use super::MapsError;
@@ -42,6 +43,11 @@ pub struct Maps {
     pub sketch: Array<MapData, u64>,
     /// Penalties apart from the windows.
     pub holds: HashMap<MapData, SourceKey, Hold>,
+    /// This node's allowance per cluster-scoped source, by window key (an
+    /// LRU hash; written through `kernel::cluster`).
+    pub cluster_shares: HashMap<MapData, SourceKey, ClusterShare>,
+    /// The cluster state (one entry; written through `kernel::cluster`).
+    pub cluster: Array<MapData, ClusterState>,
 }
 
 /// Moves map `name` out of `ebpf` as `T`.
@@ -55,7 +61,7 @@ fn take<T: TryFrom<Map, Error = aya::maps::MapError>>(
 
 impl Maps {
     /// How many maps a `Maps` holds.
-    pub const COUNT: usize = 11;
+    pub const COUNT: usize = 13;
 
     /// Moves the maps out of a freshly loaded object.
     pub(super) fn take(ebpf: &mut Ebpf) -> Result<Self, MapsError> {
@@ -71,6 +77,8 @@ impl Maps {
             events: Some(take(ebpf, names::EVENTS)?),
             sketch: take(ebpf, names::SKETCH)?,
             holds: take(ebpf, names::HOLDS)?,
+            cluster_shares: take(ebpf, names::CLUSTER_SHARES)?,
+            cluster: take(ebpf, names::CLUSTER)?,
         })
     }
 

@@ -1,8 +1,9 @@
 //! Everything that talks to the kernel: the embedded XDP object loaded once
 //! (`object`), its maps opened once into typed handles (`maps`), pins and
 //! bpffs (`pins`), attaching to an interface and adopting what an earlier
-//! daemon pinned (`attach`), pushing rules (`push`), and reading the
-//! counters back (`read`, `batch`).
+//! daemon pinned (`attach`), pushing rules (`push`), reading the
+//! counters back (`read`, `batch`), and writing what the cluster sync
+//! decides (`cluster`).
 //!
 //! The daemon, the CLI's `check` and `detach`, and the tests build on this
 //! module; nothing here knows about the daemon's loop or the control
@@ -10,6 +11,7 @@
 
 pub mod attach;
 pub mod batch;
+pub mod cluster;
 pub mod maps;
 pub mod object;
 pub mod penalty;

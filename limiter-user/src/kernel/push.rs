@@ -29,7 +29,7 @@ use limiter_common::{
     Config, RuleRefs,
 };
 
-use super::{possible_cpus, Maps, MapsError};
+use super::{cluster, possible_cpus, Maps, MapsError};
 use crate::rules::{compile, Compiled, RuleError, RuleSet};
 
 /// Why a push failed. A `Rules` error leaves the kernel untouched.
@@ -116,6 +116,7 @@ fn prepare(
     }
     for i in 0..MAX_RULES {
         let mut rule = compiled.rules.get(i as usize).copied().unwrap_or_default();
+        cluster::kernel_ready(&mut rule);
         if rule.block_ns != 0 {
             rule.block_tag = live_tags
                 .iter()

@@ -124,8 +124,8 @@ pub fn compile(set: &RuleSet, base: u32, cpus: u32) -> Result<Compiled, RuleErro
 }
 
 /// What rule `index` of a set is and does, as a number: its prefix and
-/// match, its compiled limits and action, and whether it is enforced (its
-/// own or the global dry-run). Never 0.
+/// match, its compiled limits and action, whether it is enforced (its
+/// own or the global dry-run) and its scope. Never 0.
 fn fingerprint(index: usize, spec: &RuleSpec, rule: &Rule, global_dry_run: bool) -> u64 {
     let mut hash = fnv::FnvHasher::default();
     if index == 0 {
@@ -144,6 +144,12 @@ fn fingerprint(index: usize, spec: &RuleSpec, rule: &Rule, global_dry_run: bool)
         u64::from(spec.dry_run || global_dry_run),
     ] {
         hash.write_u64(value);
+    }
+    // Only a cluster scope is hashed, so node rules keep the fingerprints
+    // they had before scopes existed (an upgrade does not restart every
+    // source's window), while a change of scope is a changed rule.
+    if spec.scope != Scope::Node {
+        hash.write_u64(u64::from(spec.scope as u8));
     }
     hash.finish().max(1)
 }
@@ -203,6 +209,9 @@ fn compile_rule(spec: &RuleSpec, name: &str, buckets: u32, cpus: u32) -> Result<
             rule: name.into(),
             block,
         });
+    }
+    if spec.scope == Scope::Cluster {
+        check_cluster_rule(spec, name)?;
     }
     if spec.action == Action::Limit && limits.pps.is_none() && limits.bytes_per_second.is_none() {
         return Err(RuleError::NoLimit { rule: name.into() });
@@ -264,7 +273,33 @@ fn compile_rule(spec: &RuleSpec, name: &str, buckets: u32, cpus: u32) -> Result<
     rule.block_ns = limits.block.map_or(0, |b| b.as_nanos() as u64);
     rule.buckets = buckets;
     rule.lease_packets = lease_packets;
+    rule.set_scope(spec.scope);
     Ok(rule)
+}
+
+/// What a cluster-scoped rule may be in this first version (documented in
+/// docs/configuration.md, "Cluster scope"): a `limit` on packets, without
+/// a penalty. The kernel holds each cluster-scoped source to one packet
+/// allowance that the daemon refreshes from the cluster's counts; a byte
+/// budget would need a second shared count per source, and a penalty is
+/// per-node state that the other nodes would never see.
+fn check_cluster_rule(spec: &RuleSpec, name: &str) -> Result<(), RuleError> {
+    if spec.action != Action::Limit {
+        return Err(RuleError::ClusterNotLimit {
+            rule: name.into(),
+            action: spec.action,
+        });
+    }
+    if spec.limits.bytes_per_second.is_some() || spec.limits.burst_bytes != 0 {
+        return Err(RuleError::ClusterBytes { rule: name.into() });
+    }
+    if spec.limits.block.is_some() {
+        return Err(RuleError::ClusterBlock { rule: name.into() });
+    }
+    if spec.limits.pps.is_none() {
+        return Err(RuleError::ClusterNoPps { rule: name.into() });
+    }
+    Ok(())
 }
 
 /// The frames of a source that the cheap tier may judge per epoch under
@@ -275,11 +310,15 @@ fn compile_rule(spec: &RuleSpec, name: &str, buckets: u32, cpus: u32) -> Result<
 /// `T * (ceil(W / epoch) + 1) <= allowance / CHEAP_SHARE` (a window of `W`
 /// overlaps at most that many epochs), for bytes counting every frame as
 /// [`CHEAP_FRAME_BYTES`]; at most [`MAX_CHEAP_FRAMES`]. None under a
-/// penalty: a blocked source must have every frame dropped.
+/// penalty: a blocked source must have every frame dropped. None for a
+/// cluster-scoped limit either: every frame of such a source must be
+/// counted, because what one node admits uncounted, N nodes admit N times
+/// and the cluster's shares are computed from the counts (the kernel's
+/// share accounting relies on this).
 fn cheap_frames(spec: &RuleSpec, rule: &Rule) -> u8 {
     match spec.action {
         Action::Allow | Action::Deny => sketch::HOT_FRAMES as u8,
-        Action::Limit if rule.block_ns != 0 => 0,
+        Action::Limit if rule.block_ns != 0 || spec.scope == Scope::Cluster => 0,
         Action::Limit => {
             let window_ns = rule.bucket_ns * u64::from(rule.buckets);
             let epochs = window_ns.div_ceil(sketch::EPOCH_NS) + 1;

@@ -36,7 +36,7 @@ use limiter_common::{
     },
     sketch,
     window::{MAX_BUCKETS_PER_WINDOW, MAX_BYTES, MAX_PACKETS, UNLIMITED},
-    Action, AddressFamily, Config, Rule, RuleRefs, TrafficClass,
+    Action, AddressFamily, Config, Rule, RuleRefs, Scope, TrafficClass,
 };
 
 mod compile;
@@ -126,6 +126,10 @@ pub struct RuleSpec {
     pub limits: Limits,
     /// Count would-be drops, drop nothing.
     pub dry_run: bool,
+    /// Whether the limit holds per node or for the whole cluster (see
+    /// [`RuleError::ClusterNotLimit`] and its neighbours for what a
+    /// cluster-scoped rule may be).
+    pub scope: Scope,
 }
 
 impl RuleSpec {
@@ -140,6 +144,7 @@ impl RuleSpec {
                 ..Limits::default()
             },
             dry_run: false,
+            scope: Scope::Node,
         }
     }
 
@@ -151,6 +156,7 @@ impl RuleSpec {
             action,
             limits: Limits::default(),
             dry_run: false,
+            scope: Scope::Node,
         }
     }
 }
@@ -248,6 +254,29 @@ pub enum RuleError {
          frame ({MIN_FRAME_BYTES} bytes); raise bytes_per_second, window or burst_bytes"
     )]
     BytesBelowFrame { rule: String, allowance: u64 },
+    /// Allow and deny need no budget, so there is nothing to share.
+    #[error(
+        "{rule}.scope: only a `limit` rule can be cluster-scoped, not `{action}` (an allow or \
+         deny rule needs no shared budget; leave scope out)",
+        action = action.name()
+    )]
+    ClusterNotLimit { rule: String, action: Action },
+    /// First version: a penalty is per-node state the sync does not carry.
+    #[error(
+        "{rule}.block: a cluster-scoped rule cannot carry a penalty in this version (a block \
+         would hold on the node that saw the excess only); remove block, or keep the rule \
+         node-scoped"
+    )]
+    ClusterBlock { rule: String },
+    /// First version: the nodes share packet counts only.
+    #[error(
+        "{rule}.bytes_per_second: a cluster-scoped rule limits packets only in this version \
+         (nodes share packet counts); remove bytes_per_second and burst_bytes, or keep the \
+         rule node-scoped"
+    )]
+    ClusterBytes { rule: String },
+    #[error("{rule}.pps: a cluster-scoped rule needs a packet rate (pps)")]
+    ClusterNoPps { rule: String },
     #[error("{rule}.block: {block:?} is longer than the maximum 24h (use action = \"deny\")")]
     BlockTooLong { rule: String, block: Duration },
     #[error("{rule}.ports: port range {min}-{max} is reversed")]

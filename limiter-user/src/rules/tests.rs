@@ -451,3 +451,116 @@ fn cheap_max_is_the_largest_cheap_frames_and_untiered_sets_have_none() {
         "tiers off: no cheap frames anywhere"
     );
 }
+
+/// `rule` made cluster-scoped.
+fn cluster(mut rule: RuleSpec) -> RuleSpec {
+    rule.scope = Scope::Cluster;
+    rule
+}
+
+#[test]
+fn a_cluster_scoped_rule_compiles_with_its_scope_and_every_frame_counted() {
+    let node = limit_with(100_000, |_| {});
+    let c = compile(
+        &tiered(vec![node.clone(), cluster(net_rule("198.51.100.0/24"))]),
+        0,
+        2,
+    )
+    .unwrap();
+    assert_eq!(c.rules[0].scope(), Some(Scope::Node), "the default");
+    assert_eq!(c.rules[1].scope(), Some(Scope::Node));
+    assert_eq!(c.rules[2].scope(), Some(Scope::Cluster));
+    assert!(
+        c.rules[1].cheap_frames > 0,
+        "a node limit keeps its cheap frames"
+    );
+    assert_eq!(
+        cheap_frames_of(cluster(node)),
+        0,
+        "every frame of a cluster-scoped source is counted for the cluster"
+    );
+    // The default rule may be cluster-scoped too.
+    let mut all = set(vec![]);
+    all.default.scope = Scope::Cluster;
+    assert_eq!(
+        compile(&all, 0, 2).unwrap().rules[0].scope(),
+        Some(Scope::Cluster)
+    );
+}
+
+/// A 100,000 pps limit for `cidr`.
+fn net_rule(cidr: &str) -> RuleSpec {
+    RuleSpec::limit(net(cidr), 100_000)
+}
+
+#[test]
+fn a_change_of_scope_is_a_changed_rule_and_node_fingerprints_are_as_before() {
+    let a = RuleSpec::limit(net("192.0.2.0/24"), 100);
+    let node = compile(&set(vec![a.clone()]), 0, 2).unwrap();
+    let shared = compile(&set(vec![cluster(a)]), 0, 2).unwrap();
+    assert_ne!(node.rules[1].fingerprint, shared.rules[1].fingerprint);
+    assert_eq!(
+        node.rules[0].fingerprint, shared.rules[0].fingerprint,
+        "the other rules are unchanged"
+    );
+    // FNV-1a of the prefix, the match and the compiled values, as before
+    // scopes existed: an upgrade does not make every node rule "changed"
+    // (which would restart every source's window).
+    assert_eq!(node.rules[1].fingerprint, 17_174_103_617_853_971_262);
+}
+
+#[test]
+fn cluster_scoped_rules_are_packet_limits_without_penalties() {
+    let ten_pps = || cluster(RuleSpec::limit(net("192.0.2.0/24"), 10));
+    let error = |rule: RuleSpec| compile(&set(vec![rule]), 0, 2).unwrap_err();
+    for action in [Action::Allow, Action::Deny] {
+        let rule = cluster(RuleSpec::with_action(net("192.0.2.0/24"), action));
+        assert_eq!(
+            error(rule),
+            RuleError::ClusterNotLimit {
+                rule: "rules[0]".into(),
+                action
+            }
+        );
+    }
+    let mut blocking = ten_pps();
+    blocking.limits.block = Some(Duration::from_secs(30));
+    assert_eq!(
+        error(blocking),
+        RuleError::ClusterBlock {
+            rule: "rules[0]".into()
+        }
+    );
+    let mut bytes = ten_pps();
+    bytes.limits.bytes_per_second = Some(1_000_000);
+    assert_eq!(
+        error(bytes),
+        RuleError::ClusterBytes {
+            rule: "rules[0]".into()
+        }
+    );
+    let mut bytes_only = ten_pps();
+    bytes_only.limits.pps = None;
+    bytes_only.limits.bytes_per_second = Some(1_000_000);
+    assert!(matches!(error(bytes_only), RuleError::ClusterBytes { .. }));
+    let mut nothing = ten_pps();
+    nothing.limits.pps = None;
+    assert_eq!(
+        error(nothing),
+        RuleError::ClusterNoPps {
+            rule: "rules[0]".into()
+        }
+    );
+    // Bursts, matches and dry-run are fine.
+    let mut dns = ten_pps();
+    dns.limits.burst_packets = 5;
+    dns.dry_run = true;
+    dns.matches = Match {
+        protocol: Some(PROTO_UDP),
+        ports: Some((53, 53)),
+        tcp_syn: false,
+    };
+    let c = compile(&set(vec![dns]), 0, 2).unwrap();
+    assert_eq!(c.rules[1].allowance_packets, 15);
+    assert_eq!(c.rules[1].scope(), Some(Scope::Cluster));
+}

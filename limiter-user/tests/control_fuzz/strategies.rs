@@ -7,7 +7,7 @@ use std::{
 };
 
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
-use limiter_common::Action;
+use limiter_common::{Action, Scope};
 use limiter_user::{
     config::{PortsSpec, ProtocolSpec, RuleSection},
     proto::{Request, RequestLine, RuleEdit, PROTOCOL_VERSION},
@@ -130,6 +130,7 @@ pub(crate) fn wild_rule() -> BoxedStrategy<RuleSection> {
             duration(),
             option::of(duration()),
             option::of(any::<bool>()),
+            scope(),
         ),
     )
         .prop_map(section)
@@ -170,6 +171,7 @@ pub(crate) fn plausible_rule() -> BoxedStrategy<RuleSection> {
             (1u64..=60).prop_map(Duration::from_secs),
             option::of((1u64..=3600).prop_map(Duration::from_secs)),
             option::of(any::<bool>()),
+            scope(),
         ),
     )
         .prop_map(section)
@@ -187,14 +189,20 @@ pub(crate) type Fields = (
         bool,
     ),
     (Option<u64>, Option<u64>, u64, u64),
-    (Duration, Option<Duration>, Option<bool>),
+    (Duration, Option<Duration>, Option<bool>, Scope),
 );
+
+/// Mostly node, sometimes cluster: the example file has no [cluster], so a
+/// cluster-scoped rule is a refusal the edits must survive.
+fn scope() -> impl Strategy<Value = Scope> {
+    prop::bool::weighted(0.1).prop_map(|cluster| if cluster { Scope::Cluster } else { Scope::Node })
+}
 
 pub(crate) fn section(
     (
         (cidr, action, protocol, ports, tcp_syn),
         (pps, bytes_per_second, burst_packets, burst_bytes),
-        (window, block, dry_run),
+        (window, block, dry_run, scope),
     ): Fields,
 ) -> RuleSection {
     RuleSection {
@@ -210,6 +218,7 @@ pub(crate) fn section(
         window,
         block,
         dry_run,
+        scope,
     }
 }
 

@@ -1,0 +1,635 @@
+//! The cluster sync task (issue 13): with `[cluster]` configured, one task
+//! per daemon ties the Redis store (`crate::cluster::store`) to the
+//! kernel's cluster maps of every protected interface. Every sync interval
+//! `T` (ticks never overlap: `MissedTickBehavior::Skip`, and the Redis part
+//! of a tick is cut at `T`), it:
+//!
+//! 1. gathers the hot cluster sources: reported by the kernel's
+//!    cluster-hot events (forwarded by the event watchers through a
+//!    channel), synced with traffic within the last window, or listed hot
+//!    by Redis (`Store::hot_sources`, once per window);
+//! 2. reads this node's admitted (the shared window's slots) and offered
+//!    (the per-CPU totals) deltas per source since the last tick
+//!    (`cluster::tick`; formed every tick, so a failed sync's deltas are
+//!    dropped and never replayed);
+//! 3. calls `Store::heartbeat` and `Store::sync` (each under the
+//!    configured timeout, the whole under `T`);
+//! 4. writes each source's allowance into `CLUSTER_SHARES` and the state
+//!    into `CLUSTER` (refreshed every tick, even a failed one: the
+//!    kernel's own fallback is for a daemon that stopped ticking).
+//!
+//! Failures: three failed ticks in a row make the node degraded (one log
+//! line); the last shares are kept, pushed forward but never past the end
+//! of the grace period; then the state carries the fallback policy's
+//! divisor as the cold divisor, so every source is held to `L / nodes
+//! alive` (`split`) or `L` (`local`): never open. The first successful
+//! tick recovers (one log line).
+//!
+//! The task opens the interfaces' pinned maps itself (the daemon pins them
+//! all), so it never waits on the daemon's main loop and the main loop
+//! never waits on Redis.
+
+use std::{
+    collections::{HashMap, HashSet},
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use aya::maps::{Array, HashMap as BpfHashMap, Map, MapData, PerCpuHashMap};
+use limiter_common::{
+    names,
+    rules::{rules_base, MAX_RULES},
+    ClusterShare, ClusterState, Config, EventKind, LimitEvent, Rule, Scope, SourceKey,
+    SourceTraffic, WindowState,
+};
+use tokio::sync::mpsc;
+use tracing::{debug, info, warn};
+
+use super::{events::RuleNames, metrics::ClusterMetrics};
+use crate::{
+    cluster::{
+        tick::{
+            self, first_bucket_of_window, kernel_state, parse_report_key, report_key, share_expiry,
+            AdmittedTracker, Change, Health, OfferedTracker, Phase,
+        },
+        Fallback as ShareFallback, Mode, Report, Store, StoreConfig, StoreError, WindowSpec,
+    },
+    config::{ClusterConfig, ClusterMode, Fallback},
+    kernel::pins,
+    proto::ClusterLive,
+};
+
+/// Cluster-hot events queued for the sync task at most; the kernel sends
+/// at most 64 events per CPU and second, so this is only reached if the
+/// task stalls, and then an event lost is a source synced one window
+/// later (its next report).
+pub const EVENT_QUEUE: usize = 4096;
+
+/// What `status` shows of the sync, updated by the task every tick.
+#[derive(Debug, Default)]
+pub struct Live {
+    nodes_alive: u32,
+    last_sync: Option<Instant>,
+    degraded: bool,
+    synced_sources: usize,
+    fallback_in_force: Option<Fallback>,
+    failed_ticks: u64,
+}
+
+pub type SharedLive = Arc<Mutex<Live>>;
+
+impl Live {
+    pub fn status(&self) -> ClusterLive {
+        ClusterLive {
+            nodes_alive: self.nodes_alive,
+            last_sync_age_ms: self
+                .last_sync
+                .map(|t| t.elapsed().as_millis().min(u128::from(u64::MAX)) as u64),
+            degraded: self.degraded,
+            synced_sources: self.synced_sources,
+            fallback_in_force: self.fallback_in_force,
+            failed_ticks: self.failed_ticks,
+        }
+    }
+}
+
+/// One interface's maps, opened from their pins.
+struct IfaceMaps {
+    sources: PerCpuHashMap<MapData, SourceKey, SourceTraffic>,
+    windows: BpfHashMap<MapData, SourceKey, WindowState>,
+    rules: Array<MapData, Rule>,
+    config: Array<MapData, Config>,
+    shares: BpfHashMap<MapData, SourceKey, ClusterShare>,
+    cluster: Array<MapData, ClusterState>,
+}
+
+fn open<T: TryFrom<Map, Error = aya::maps::MapError>>(dir: &Path, name: &str) -> anyhow::Result<T> {
+    let path = dir.join(name);
+    let data = MapData::from_pin(&path)
+        .map_err(|e| anyhow::anyhow!("cannot open pinned map {}: {e}", path.display()))?;
+    let map = Map::from_map_data(data)?;
+    Ok(T::try_from(map)?)
+}
+
+impl IfaceMaps {
+    fn open(pin_dir: &Path, iface: &str) -> anyhow::Result<Self> {
+        let dir: PathBuf = pins::maps_dir(&pins::iface_dir(pin_dir, iface));
+        Ok(Self {
+            sources: open(&dir, names::SOURCES)?,
+            windows: open(&dir, names::WINDOWS)?,
+            rules: open(&dir, names::RULES)?,
+            config: open(&dir, names::CONFIG)?,
+            shares: open(&dir, names::CLUSTER_SHARES)?,
+            cluster: open(&dir, names::CLUSTER)?,
+        })
+    }
+}
+
+/// A cluster source being synced.
+struct Tracked {
+    key: SourceKey,
+    rule: String,
+    /// Last time it was reported hot, carried deltas, or was listed hot by
+    /// Redis: it is dropped a window after.
+    active: Instant,
+    admitted: Vec<AdmittedTracker>,
+    offered: Vec<OfferedTracker>,
+    /// Its count per interface as the kernel will estimate it at the next
+    /// tick if nothing more is admitted (`tick::estimate_at`).
+    estimate: Vec<u64>,
+    /// Frames offered per interface since the last tick: how the node's
+    /// claim is split over its interfaces (`tick::split_claim`).
+    offered_now: Vec<u64>,
+    /// The allowance written per interface at its last successful sync
+    /// (kept while failing).
+    allowance: Option<Vec<u64>>,
+    /// Its rule's packet limit and window, as of the last tick.
+    limit: u64,
+    window: Duration,
+    /// When it was last synced: a tick sends the stalest sources first,
+    /// so a Redis that cannot serve every hot source in one tick serves
+    /// them in turn.
+    synced: Option<Instant>,
+}
+
+/// A tick's reports by window (bucket ms, buckets): (report key, report,
+/// when it was last synced).
+type Groups = HashMap<(u64, u32), Vec<(String, Report, Option<Instant>)>>;
+
+/// The sync task's state.
+pub struct Sync {
+    config: ClusterConfig,
+    ifaces: Vec<(String, IfaceMaps)>,
+    store: Option<Store>,
+    names: RuleNames,
+    events: mpsc::Receiver<LimitEvent>,
+    tracked: HashMap<String, Tracked>,
+    health: Health,
+    nodes_alive: u32,
+    last_hot_list: Option<Instant>,
+    /// Until when, after a recovery, each source stays held to the
+    /// fallback cap (`recovery_cap`).
+    recovering_until: Option<Instant>,
+    metrics: ClusterMetrics,
+    live: SharedLive,
+}
+
+fn policy(fallback: Fallback) -> ShareFallback {
+    match fallback {
+        Fallback::Split => ShareFallback::Split,
+        Fallback::Local => ShareFallback::Local,
+    }
+}
+
+fn monotonic_ns() -> u64 {
+    let ts = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+        .expect("CLOCK_MONOTONIC is always available");
+    ts.tv_sec() as u64 * 1_000_000_000 + ts.tv_nsec() as u64
+}
+
+/// Time kept at the end of a tick to write the kernel's maps after the
+/// syncs.
+const WRITE_MARGIN: Duration = Duration::from_millis(5);
+
+/// How long a node counts as alive after its last heartbeat: five sync
+/// intervals (at least half a second), so one slow tick on a loaded
+/// machine does not make it vanish from the others' divisors, while a
+/// stopped daemon leaves them within about half a second.
+fn alive_period(interval: Duration) -> Duration {
+    (interval * 5).max(Duration::from_millis(500))
+}
+
+/// Starts the sync task for `ifaces` (pinned under `pin_dir`).
+pub fn start(
+    config: ClusterConfig,
+    pin_dir: &Path,
+    ifaces: &[String],
+    names: RuleNames,
+    events: mpsc::Receiver<LimitEvent>,
+    metrics: ClusterMetrics,
+    live: SharedLive,
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    let mut opened = Vec::with_capacity(ifaces.len());
+    for iface in ifaces {
+        opened.push((iface.clone(), IfaceMaps::open(pin_dir, iface)?));
+    }
+    let mut sync = Sync {
+        config,
+        ifaces: opened,
+        store: None,
+        names,
+        events,
+        tracked: HashMap::new(),
+        health: Health::default(),
+        nodes_alive: 0,
+        last_hot_list: None,
+        recovering_until: None,
+        metrics,
+        live,
+    };
+    Ok(tokio::spawn(async move {
+        let mut interval = tokio::time::interval(sync.config.sync_interval);
+        // A slow tick is cut at the deadline and the next one starts on the
+        // schedule: missed ticks are skipped, never run back to back.
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        loop {
+            interval.tick().await;
+            sync.tick().await;
+        }
+    }))
+}
+
+impl Sync {
+    fn store_config(&self) -> StoreConfig {
+        let mut config = StoreConfig::new(
+            self.config.redis.iter().map(|u| u.url.clone()).collect(),
+            match self.config.mode {
+                ClusterMode::Single => Mode::Single,
+                ClusterMode::Cluster => Mode::Cluster,
+                ClusterMode::Sentinel => Mode::Sentinel,
+            },
+        );
+        config.sentinel_master = self.config.sentinel_master.clone();
+        config.timeout = self.config.timeout;
+        // A sync's batches and the hot listing may take the whole tick.
+        config.bulk_timeout = self.config.sync_interval;
+        // A claim is spent until the next tick, and holds the other nodes
+        // back as long as this node's kernel keeps the share it became.
+        config.claim_horizon = self.config.sync_interval;
+        config.claim_hold = 3 * self.config.sync_interval;
+        config
+    }
+
+    /// The live generation's rules by name: (RULES index, rule).
+    fn live_rules(&self) -> HashMap<String, Rule> {
+        let Some((_, maps)) = self.ifaces.first() else {
+            return HashMap::new();
+        };
+        let Ok(config) = maps.config.get(&0, 0) else {
+            return HashMap::new();
+        };
+        let base = rules_base(config.generation);
+        let names = self.names.read().map(|n| n.clone()).unwrap_or_default();
+        names
+            .into_iter()
+            .filter(|(index, _)| (base..base + MAX_RULES).contains(index))
+            .filter_map(|(index, name)| maps.rules.get(&index, 0).ok().map(|rule| (name, rule)))
+            .filter(|(_, rule)| rule.scope() == Some(Scope::Cluster))
+            .collect()
+    }
+
+    fn rule_name(&self, index: u32) -> Option<String> {
+        let names = self.names.read().ok()?;
+        names
+            .iter()
+            .find(|(i, _)| *i == index)
+            .map(|(_, n)| n.clone())
+    }
+
+    fn track(&mut self, key: SourceKey, rule: String, now: Instant) {
+        let count = self.ifaces.len();
+        let text = report_key(&key, &rule);
+        self.tracked
+            .entry(text)
+            .or_insert_with(|| Tracked {
+                key,
+                rule,
+                active: now,
+                admitted: vec![AdmittedTracker::default(); count],
+                offered: vec![OfferedTracker::default(); count],
+                estimate: vec![0; count],
+                offered_now: vec![0; count],
+                allowance: None,
+                limit: 0,
+                window: Duration::ZERO,
+                synced: None,
+            })
+            .active = now;
+    }
+
+    async fn tick(&mut self) {
+        let started = Instant::now();
+        let deadline = started + self.config.sync_interval;
+        // (a) Sources the kernel reported hot since the last tick.
+        while let Ok(event) = self.events.try_recv() {
+            if event.kind() == Some(EventKind::ClusterHot) {
+                if let Some(rule) = self.rule_name(event.rule) {
+                    self.track(event.key, rule, started);
+                }
+            }
+        }
+        let rules = self.live_rules();
+        // (b) Deltas since the last tick, formed whatever the sync's outcome.
+        let kernel_now = monotonic_ns();
+        let mut groups: Groups = HashMap::new();
+        let mut gone = Vec::new();
+        for (text, tracked) in &mut self.tracked {
+            let Some(rule) = rules.get(&tracked.rule) else {
+                // Not a cluster rule (any more) in the live generation.
+                gone.push(text.clone());
+                continue;
+            };
+            let window =
+                Duration::from_nanos(rule.bucket_ns.saturating_mul(u64::from(rule.buckets)));
+            tracked.limit = rule.allowance_packets;
+            tracked.window = window;
+            let (mut admitted, mut offered) = (0u64, 0u64);
+            for (i, (_, maps)) in self.ifaces.iter().enumerate() {
+                if let Ok(state) = maps.windows.get(&tracked.key, 0) {
+                    let words = state.slots.map(|slot| slot[0]);
+                    let first =
+                        first_bucket_of_window(kernel_now, state.bucket_ns.max(1), rule.buckets);
+                    admitted += tracked.admitted[i].advance(&words, first);
+                    tracked.estimate[i] = tick::estimate_at(
+                        &state.slots,
+                        state.bucket_ns,
+                        rule.buckets,
+                        kernel_now + self.config.sync_interval.as_nanos() as u64,
+                    );
+                }
+                if let Ok(per_cpu) = maps.sources.get(&tracked.key, 0) {
+                    let second = kernel_now / 1_000_000_000;
+                    let total: u64 = per_cpu.iter().map(|t| t.total.packets).sum();
+                    let current: u64 = per_cpu
+                        .iter()
+                        .filter(|t| t.second + 1 >= second)
+                        .map(|t| t.current.packets)
+                        .sum();
+                    tracked.offered_now[i] = tracked.offered[i].advance(total, current);
+                    offered += tracked.offered_now[i];
+                } else {
+                    tracked.offered_now[i] = 0;
+                }
+            }
+            // Frame classes other than the budget's count in other SOURCES
+            // entries: offered is never below admitted.
+            let offered = offered.max(admitted);
+            // Kept two windows after its last traffic or hot listing: the
+            // listing is renewed once a window, so one window would drop
+            // (and re-create, from a fresh reading) a source kept only by
+            // it whenever a tick starts just after the window.
+            if offered > 0 {
+                tracked.active = started;
+            } else if started.duration_since(tracked.active) > 2 * window {
+                gone.push(text.clone());
+                continue;
+            }
+            let bucket_ms = (rule.bucket_ns / 1_000_000).max(1);
+            groups.entry((bucket_ms, rule.buckets)).or_default().push((
+                text.clone(),
+                Report {
+                    key: text.clone(),
+                    admitted,
+                    offered,
+                    limit: rule.allowance_packets,
+                },
+                tracked.synced,
+            ));
+        }
+        // Stalest first (never synced before all): Redis serves a tick's
+        // calls in the order sent.
+        for entries in groups.values_mut() {
+            entries.sort_by_key(|(_, _, synced)| *synced);
+        }
+        for text in gone {
+            self.tracked.remove(&text);
+        }
+        // (c) Redis, cut at the tick's deadline.
+        let budget = deadline.saturating_duration_since(Instant::now());
+        let outcome = tokio::time::timeout(budget, self.redis(&groups, deadline)).await;
+        let outcome = match outcome {
+            Ok(result) => result,
+            Err(_) => Err(StoreError::Timeout {
+                op: "sync tick",
+                after: self.config.sync_interval,
+            }),
+        };
+        // (d) The kernel.
+        let now = Instant::now();
+        let kernel_now = monotonic_ns();
+        let synced = match outcome {
+            Ok((nodes, allowances)) => {
+                self.nodes_alive = nodes;
+                if self.health.success() == Some(Change::Recovered) {
+                    info!(nodes, "cluster: Redis reachable again, node recovered (outage counts not replayed)");
+                    // Redis holds nothing of what the nodes admitted while
+                    // degraded (dropped, or lost with a restart), but the
+                    // kernels' windows still do: for one window the
+                    // fallback cap stays on top of the claims, or the
+                    // cluster would admit the outage's L again.
+                    let window = self
+                        .tracked
+                        .values()
+                        .map(|t| t.window)
+                        .max()
+                        .unwrap_or_default();
+                    self.recovering_until = Some(now + window);
+                }
+                let recovering = self.recovering_until.is_some_and(|until| now < until);
+                let expires =
+                    share_expiry(kernel_now, self.config.sync_interval, Phase::Normal, now);
+                let count = allowances.len();
+                for (text, share) in allowances {
+                    if let Some(tracked) = self.tracked.get_mut(&text) {
+                        tracked.synced = Some(now);
+                        // Relative to the kernel's own count, not Redis's
+                        // view of this node: the two windows' bucket edges
+                        // differ (kernel clock, Redis TIME), and an
+                        // absolute allowance would let the kernel re-admit
+                        // what its window forgot before Redis's did.
+                        // One claim per node: split over the interfaces the
+                        // source arrives on, or each would admit it all.
+                        let parts = tick::split_claim(share, &tracked.offered_now);
+                        let mut allowance: Vec<u64> = tracked
+                            .estimate
+                            .iter()
+                            .zip(parts)
+                            .map(|(e, part)| e.saturating_add(part))
+                            .collect();
+                        if recovering {
+                            let cap = tick::recovery_cap(
+                                policy(self.config.fallback),
+                                tracked.limit,
+                                nodes,
+                            );
+                            let caps = tick::split_claim(cap, &tracked.offered_now);
+                            for (a, cap) in allowance.iter_mut().zip(caps) {
+                                *a = (*a).min(cap);
+                            }
+                        }
+                        tracked.allowance = Some(allowance);
+                    }
+                }
+                if let Some(expires) = expires {
+                    self.write_shares(expires);
+                }
+                Some(count)
+            }
+            Err(e) => {
+                self.metrics.redis_errors.inc();
+                // Behind Sentinel the primary may have moved: ask the
+                // Sentinels again next tick (a single instance's or a
+                // Redis Cluster's connection reconnects and follows the
+                // topology on its own).
+                if self.config.mode == ClusterMode::Sentinel {
+                    self.store = None;
+                }
+                if self.health.failure(now) == Some(Change::Degraded) {
+                    warn!(error = %e, grace = ?self.config.grace, fallback = self.config.fallback.name(),
+                        "cluster: 3 sync ticks failed, node degraded: keeping the last shares for the grace period, then the fallback");
+                }
+                let phase = self.health.phase(now, self.config.grace);
+                if let Some(expires) =
+                    share_expiry(kernel_now, self.config.sync_interval, phase, now)
+                {
+                    self.write_shares(expires);
+                }
+                None
+            }
+        };
+        let phase = self.health.phase(now, self.config.grace);
+        let state = kernel_state(
+            kernel_now,
+            self.config.sync_interval,
+            self.nodes_alive,
+            policy(self.config.fallback),
+            self.config.threshold,
+            phase,
+        );
+        for (iface, maps) in &mut self.ifaces {
+            if let Err(e) = maps.cluster.set(0, state, 0) {
+                warn!(%iface, error = %e, "cluster: cannot write the cluster state");
+            }
+        }
+        // Operators.
+        let fallback = (phase == Phase::Fallback).then_some(self.config.fallback);
+        self.metrics.degraded.set(i64::from(self.health.degraded()));
+        self.metrics.nodes_alive.set(i64::from(self.nodes_alive));
+        for f in [Fallback::Split, Fallback::Local] {
+            self.metrics
+                .fallback
+                .with_label_values(&[f.name()])
+                .set(i64::from(fallback == Some(f)));
+        }
+        if let Some(count) = synced {
+            self.metrics.synced_sources.set(count as i64);
+        }
+        self.metrics
+            .sync_duration
+            .observe(started.elapsed().as_secs_f64());
+        if let Ok(mut live) = self.live.lock() {
+            live.nodes_alive = self.nodes_alive;
+            live.degraded = self.health.degraded();
+            live.fallback_in_force = fallback;
+            live.failed_ticks = self.health.failed_ticks;
+            if let Some(count) = synced {
+                live.last_sync = Some(now);
+                live.synced_sources = count;
+            }
+        }
+    }
+
+    /// Connects if needed, heartbeats, syncs and lists hot sources once
+    /// per window; returns the nodes alive and the claim of each report
+    /// synced (`cluster::share::node_claim`).
+    ///
+    /// The heartbeat is bounded by the call timeout (a hung Redis shows
+    /// there first). The syncs share what is left of the tick: a batch cut
+    /// at the deadline fails only its sources, which keep their last
+    /// allowance and go first next tick; the tick fails only when nothing
+    /// synced. A failed hot listing is retried a window later without
+    /// failing the tick.
+    async fn redis(
+        &mut self,
+        groups: &Groups,
+        deadline: Instant,
+    ) -> Result<(u32, Vec<(String, u64)>), StoreError> {
+        if self.store.is_none() {
+            self.store = Some(Store::connect(&self.store_config()).await?);
+        }
+        let store = self.store.as_ref().expect("connected above");
+        let node = self.config.node.clone();
+        let nodes = store
+            .heartbeat(&node, alive_period(self.config.sync_interval))
+            .await?;
+        let mut allowances = Vec::new();
+        let (mut failed, mut first_error) = (0usize, None);
+        for (&(bucket_ms, buckets), entries) in groups {
+            let spec = WindowSpec::new(Duration::from_millis(bucket_ms), buckets)?;
+            let reports: Vec<Report> = entries.iter().map(|(_, r, _)| r.clone()).collect();
+            // A few ms of the tick are kept to write the kernel's maps.
+            let budget = deadline
+                .saturating_duration_since(Instant::now())
+                .saturating_sub(WRITE_MARGIN);
+            let outcome = store.sync_partial(&node, spec, &reports, budget).await?;
+            failed += outcome.failed_batches;
+            if first_error.is_none() {
+                first_error = outcome.error;
+            }
+            for ((text, _, _), totals) in entries.iter().zip(outcome.totals) {
+                if let Some(totals) = totals {
+                    allowances.push((text.clone(), totals.claim));
+                }
+            }
+        }
+        if let Some(e) = first_error {
+            if allowances.is_empty() {
+                return Err(e);
+            }
+            self.metrics.redis_errors.inc();
+            self.metrics.partial_ticks.inc();
+            debug!(failed, synced = allowances.len(), error = %e,
+                "cluster: part of the hot sources not synced this tick (they go first next tick)");
+        }
+        // Sources hot on other nodes, once per (longest) window: they are
+        // synced from the next tick on.
+        let window = groups
+            .keys()
+            .map(|&(ms, b)| Duration::from_millis(ms * u64::from(b)))
+            .max()
+            .unwrap_or(Duration::from_secs(1));
+        let due = self.last_hot_list.is_none_or(|t| t.elapsed() >= window);
+        if due {
+            self.last_hot_list = Some(Instant::now());
+            match store.hot_sources(window).await {
+                Ok(keys) => {
+                    let now = Instant::now();
+                    let known: HashSet<String> = self.tracked.keys().cloned().collect();
+                    for key in keys {
+                        if known.contains(&key) {
+                            if let Some(t) = self.tracked.get_mut(&key) {
+                                t.active = now;
+                            }
+                        } else if let Some((source, rule)) = parse_report_key(&key) {
+                            self.track(source, rule, now);
+                        }
+                    }
+                }
+                Err(e) => {
+                    self.metrics.redis_errors.inc();
+                    warn!(error = %e, "cluster: cannot list the sources hot on other nodes (retried in a window)");
+                }
+            }
+        }
+        Ok((nodes, allowances))
+    }
+
+    /// Writes every tracked source's last allowance with `expires_ns`.
+    fn write_shares(&mut self, expires_ns: u64) {
+        for tracked in self.tracked.values() {
+            let Some(allowance) = &tracked.allowance else {
+                continue;
+            };
+            for ((iface, maps), &allowance) in self.ifaces.iter_mut().zip(allowance) {
+                let share = ClusterShare {
+                    allowance_packets: allowance,
+                    expires_ns,
+                };
+                if let Err(e) = maps.shares.insert(tracked.key, share, 0) {
+                    warn!(%iface, error = %e, "cluster: cannot write a share");
+                }
+            }
+        }
+    }
+}

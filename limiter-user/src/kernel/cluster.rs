@@ -1,0 +1,107 @@
+//! Writing what the cluster sync decides into one program instance's
+//! maps: a source's share (`CLUSTER_SHARES`, keyed by its window key), its
+//! removal, and the cluster state (`CLUSTER`); and what a push must make
+//! true of a cluster-scoped rule for the kernel to hold it exactly
+//! ([`kernel_ready`]). The kernel's side: `limiter_common::cluster` and
+//! `limiter-ebpf/src/limit.rs`.
+
+use aya::maps::MapError;
+use limiter_common::{names, ClusterShare, ClusterState, Rule, Scope, SourceKey};
+
+use super::{Maps, MapsError};
+
+/// The key a source's share is stored under: its key with the rule's
+/// `budget` byte as class, as its window is keyed (and as a cluster-hot
+/// event names it).
+pub fn share_key(source: &SourceKey, rule: &Rule) -> SourceKey {
+    source.with_class(rule.budget)
+}
+
+/// Writes (or replaces) the share of the source whose window key is
+/// `window_key`. A full map evicts its least recently used share.
+pub fn write_share(
+    maps: &mut Maps,
+    window_key: &SourceKey,
+    share: ClusterShare,
+) -> Result<(), MapsError> {
+    maps.cluster_shares
+        .insert(window_key, share, 0)
+        .map_err(MapsError::on(names::CLUSTER_SHARES))
+}
+
+/// Removes a source's share (it is then held to the cold cap); true if it
+/// had one.
+pub fn remove_share(maps: &mut Maps, window_key: &SourceKey) -> Result<bool, MapsError> {
+    match maps.cluster_shares.remove(window_key) {
+        Ok(()) => Ok(true),
+        Err(MapError::KeyNotFound) => Ok(false),
+        Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::ENOENT) => {
+            Ok(false)
+        }
+        Err(e) => Err(MapsError::on(names::CLUSTER_SHARES)(e)),
+    }
+}
+
+/// A source's share, if it has one (expired or not).
+pub fn share(maps: &Maps, window_key: &SourceKey) -> Result<Option<ClusterShare>, MapsError> {
+    match maps.cluster_shares.get(window_key, 0) {
+        Ok(share) => Ok(Some(share)),
+        Err(MapError::KeyNotFound) => Ok(None),
+        Err(e) => Err(MapsError::on(names::CLUSTER_SHARES)(e)),
+    }
+}
+
+/// Writes the cluster state (every sync: its `refreshed_ns` is what keeps
+/// the kernel from falling back on its own).
+pub fn write_state(maps: &mut Maps, state: ClusterState) -> Result<(), MapsError> {
+    maps.cluster
+        .set(0, state, 0)
+        .map_err(MapsError::on(names::CLUSTER))
+}
+
+/// The cluster state as the kernel reads it.
+pub fn state(maps: &Maps) -> Result<ClusterState, MapsError> {
+    maps.cluster
+        .get(&0, 0)
+        .map_err(MapsError::on(names::CLUSTER))
+}
+
+/// Makes a compiled rule what the kernel needs of a cluster-scoped rule
+/// (a node rule is left as it is): no cheap-tier frames, since every
+/// frame of a cluster source must be counted in its window, which is
+/// what the sync reports and the share bounds; and no lease (the kernel
+/// grants none to cluster rules anyway).
+pub fn kernel_ready(rule: &mut Rule) {
+    if rule.scope() == Some(Scope::Cluster) {
+        rule.cheap_frames = 0;
+        rule.lease_packets = 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use limiter_common::Action;
+
+    use super::*;
+
+    #[test]
+    fn a_cluster_rule_gets_no_cheap_frames_and_a_node_rule_keeps_its_own() {
+        let mut rule = Rule::new(Action::Limit, false);
+        rule.cheap_frames = 9;
+        rule.lease_packets = 8;
+        let node = rule;
+        kernel_ready(&mut rule);
+        assert_eq!(rule, node, "a node rule is untouched");
+        rule.set_scope(Scope::Cluster);
+        kernel_ready(&mut rule);
+        assert_eq!((rule.cheap_frames, rule.lease_packets), (0, 1));
+    }
+
+    #[test]
+    fn the_share_key_is_the_window_key() {
+        let mut rule = Rule::new(Action::Limit, false);
+        rule.budget = 3;
+        let source = SourceKey::v4([192, 0, 2, 1]).with_class(1);
+        assert_eq!(share_key(&source, &rule), source.with_class(3));
+    }
+}

@@ -1,0 +1,441 @@
+//! The smallest multi-node lab for cluster-scoped limits (issue 13): one
+//! traffic namespace with a veth to each node namespace, each node with
+//! its own real daemon (and XDP program) guarding that veth, and a real
+//! `redis-server` in a namespace of its own reached from every node over a
+//! separate veth network, so XDP never sees (nor filters) Redis traffic.
+//!
+//! ```text
+//!             traffic ns                           redis ns (redis-server)
+//!  veth-t<i> 10.10.<i>.2  ──  veth-n<i> 10.10.<i>.1 (XDP, node i)
+//!                              veth-r<i> 10.20.<i>.2 ── veth-s<i> 10.20.<i>.1
+//! ```
+//!
+//! The flooding source [`SOURCE`] is the same address at every node (on
+//! the traffic namespace's loopback; datagrams to node `i` leave by
+//! `veth-t<i>`), as one client spread by a load balancer. What each node
+//! admitted is counted independently by a UDP socket in the node's
+//! namespace ([`Sink`]), in 100 ms bins by arrival time, never from the
+//! daemons' counters.
+
+use std::{
+    net::{Ipv4Addr, SocketAddrV4, UdpSocket},
+    sync::{
+        atomic::{AtomicBool, AtomicU64, Ordering},
+        Arc, Mutex,
+    },
+    thread::JoinHandle,
+    time::{Duration, Instant},
+};
+
+use crate::{
+    daemon::{Daemon, Files},
+    netns::{NetNs, Veth},
+    redis::{RedisServer, PORT},
+};
+
+/// The one source every node sees.
+pub const SOURCE: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 3);
+/// Light sources ([`ClusterLab::spray`]): any address of 10.100.0.0/16 is
+/// local in the traffic namespace (a `local` route), so a socket binds to
+/// each without 65,536 addresses on an interface.
+pub const LIGHT_PREFIX: &str = "10.100.0.0/16";
+/// The address a Redis Cluster in the lab announces
+/// ([`RedisServer::start_cluster_announcing`]), routed from every node
+/// over its own Redis veth.
+pub const REDIS_CLUSTER_ADDR: Ipv4Addr = Ipv4Addr::new(10, 30, 0, 1);
+/// The sinks' UDP port.
+pub const SINK_PORT: u16 = 9000;
+/// Width of a sink's bins.
+pub const BIN: Duration = Duration::from_millis(100);
+
+/// Node `i`'s guarded interface (in its namespace).
+pub fn node_if(i: usize) -> String {
+    format!("veth-n{i}")
+}
+
+/// Node `i`'s address on the traffic network.
+pub fn node_addr(i: usize) -> Ipv4Addr {
+    Ipv4Addr::new(10, 10, i as u8, 1)
+}
+
+/// Redis's address as node `i` reaches it.
+pub fn redis_addr(i: usize) -> Ipv4Addr {
+    Ipv4Addr::new(10, 20, i as u8, 1)
+}
+
+pub struct Node {
+    pub ns: NetNs,
+    pub files: Files,
+    pub daemon: Option<Daemon>,
+}
+
+pub struct ClusterLab {
+    pub traffic: NetNs,
+    pub nodes: Vec<Node>,
+    pub redis: RedisServer,
+}
+
+impl ClusterLab {
+    /// `nodes` node namespaces wired to a traffic namespace and to a fresh
+    /// Redis; no daemon yet ([`ClusterLab::start_daemons`]).
+    pub fn new(nodes: usize) -> Self {
+        Self::with_redis(nodes, RedisServer::start_on_all_addresses())
+    }
+
+    /// As [`ClusterLab::new`] with `redis` (a single instance listening on
+    /// every address, or [`RedisServer::start_cluster_announcing`] on
+    /// [`REDIS_CLUSTER_ADDR`]) in the Redis namespace.
+    pub fn with_redis(nodes: usize, redis: RedisServer) -> Self {
+        let traffic = NetNs::new("ctx");
+        traffic.sysctl("net.ipv6.conf.all.disable_ipv6", "1");
+        traffic.ip(&["link", "set", "lo", "up"]);
+        traffic.ip(&["addr", "add", &format!("{SOURCE}/32"), "dev", "lo"]);
+        traffic.ip(&["route", "add", "local", LIGHT_PREFIX, "dev", "lo"]);
+        let mut all = Vec::with_capacity(nodes);
+        for i in 0..nodes {
+            let ns = NetNs::new(&format!("cn{i}"));
+            ns.sysctl("net.ipv6.conf.all.disable_ipv6", "1");
+            ns.sysctl("net.ipv6.conf.default.disable_ipv6", "1");
+            ns.ip(&["link", "set", "lo", "up"]);
+            let (t_if, n_if) = (format!("veth-t{i}"), node_if(i));
+            Veth::connect(&traffic, &t_if, &ns, &n_if);
+            traffic.ip(&["addr", "add", &format!("10.10.{i}.2/24"), "dev", &t_if]);
+            ns.ip(&["addr", "add", &format!("{}/24", node_addr(i)), "dev", &n_if]);
+            // The source is reached back through the traffic veth (nothing
+            // answers it, but reverse-path checks must find a route).
+            ns.ip(&["route", "add", &format!("{SOURCE}/32"), "dev", &n_if]);
+            ns.ip(&["route", "add", LIGHT_PREFIX, "dev", &n_if]);
+            let (r_if, s_if) = (format!("veth-r{i}"), format!("veth-s{i}"));
+            Veth::connect(&ns, &r_if, redis.ns(), &s_if);
+            ns.ip(&["addr", "add", &format!("10.20.{i}.2/24"), "dev", &r_if]);
+            redis.ns().ip(&[
+                "addr",
+                "add",
+                &format!("{}/24", redis_addr(i)),
+                "dev",
+                &s_if,
+            ]);
+            ns.ip(&[
+                "route",
+                "add",
+                &format!("{REDIS_CLUSTER_ADDR}/32"),
+                "via",
+                &redis_addr(i).to_string(),
+                "dev",
+                &r_if,
+            ]);
+            all.push(Node {
+                ns,
+                files: Files::new(),
+                daemon: None,
+            });
+        }
+        Self {
+            traffic,
+            nodes: all,
+            redis,
+        }
+    }
+
+    /// Starts every node's daemon with `config(i)` as its configuration.
+    pub fn start_daemons(&mut self, config: impl Fn(usize) -> String) {
+        self.start_daemons_with_env(config, |_| Vec::new());
+    }
+
+    /// As [`ClusterLab::start_daemons`], node `i`'s daemon with the extra
+    /// environment `env(i)` (e.g. libfaketime for a clock that is off).
+    pub fn start_daemons_with_env(
+        &mut self,
+        config: impl Fn(usize) -> String,
+        env: impl Fn(usize) -> Vec<(String, String)>,
+    ) {
+        for (i, node) in self.nodes.iter_mut().enumerate() {
+            node.files.write_config(&config(i));
+            let path = node.files.config();
+            let env = env(i);
+            let env: Vec<(&str, &str)> =
+                env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+            node.daemon = Some(Daemon::start_with_env(
+                &node.ns,
+                &node.files,
+                &["-i", &node_if(i), "-c", path.to_str().unwrap()],
+                &env,
+            ));
+        }
+    }
+
+    pub fn daemon(&self, i: usize) -> &Daemon {
+        self.nodes[i].daemon.as_ref().expect("daemon started")
+    }
+
+    /// A sink on node `i`.
+    pub fn sink(&self, i: usize) -> Sink {
+        Sink::start(&self.nodes[i].ns, node_addr(i))
+    }
+
+    /// Sends from [`SOURCE`] at `rates[i]` datagrams per second to node
+    /// `i`, for `duration`, paced in 10 ms slices; returns what was sent
+    /// per node. Bounded: `sum(rates) x duration` datagrams in all.
+    pub fn flood(&self, rates: &[u64], duration: Duration) -> Vec<u64> {
+        let sent: Vec<AtomicU64> = rates.iter().map(|_| AtomicU64::new(0)).collect();
+        self.flood_until(rates, duration, &AtomicBool::new(false), &sent);
+        sent.iter().map(|s| s.load(Ordering::Relaxed)).collect()
+    }
+
+    /// As [`ClusterLab::flood`], until `stop` is set or `limit` passes;
+    /// what was sent per node is added to `sent` as it goes (the demo
+    /// shows it live and stops on Ctrl-C).
+    pub fn flood_until(
+        &self,
+        rates: &[u64],
+        limit: Duration,
+        stop: &AtomicBool,
+        sent: &[AtomicU64],
+    ) {
+        self.traffic.enter(|| {
+            let socket = UdpSocket::bind(SocketAddrV4::new(SOURCE, 0)).expect("bind the source");
+            let start = Instant::now();
+            let mut done = vec![0u64; rates.len()];
+            let data = [7u8; 32];
+            while start.elapsed() < limit && !stop.load(Ordering::Relaxed) {
+                let elapsed = start.elapsed().as_secs_f64();
+                for (i, &rate) in rates.iter().enumerate() {
+                    // Catch up to the rate's schedule (so a late slice
+                    // does not lower the rate).
+                    let due = (rate as f64 * elapsed) as u64;
+                    while done[i] < due {
+                        let _ = socket.send_to(&data, SocketAddrV4::new(node_addr(i), SINK_PORT));
+                        done[i] += 1;
+                        sent[i].fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                // Pacing, not synchronization: the next slice of the rate.
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        })
+    }
+
+    /// As [`ClusterLab::flood`] in phases: `(duration, rates)` one after
+    /// the other (a node's rate may drop to 0: the load balancer took it
+    /// out). Bounded like `flood`; returns what was sent per node.
+    pub fn flood_phases(&self, phases: &[(Duration, Vec<u64>)]) -> Vec<u64> {
+        let nodes = phases.iter().map(|(_, r)| r.len()).max().unwrap_or(0);
+        let total: Duration = phases.iter().map(|(d, _)| *d).sum();
+        // Datagrams due to node `i` `at` into the flood.
+        let due = |i: usize, at: Duration| -> u64 {
+            let (mut begin, mut sum) = (Duration::ZERO, 0.0);
+            for (length, rates) in phases {
+                let end = begin + *length;
+                let overlap = at.min(end).saturating_sub(begin);
+                sum += rates.get(i).copied().unwrap_or(0) as f64 * overlap.as_secs_f64();
+                begin = end;
+            }
+            sum as u64
+        };
+        self.traffic.enter(|| {
+            let socket = UdpSocket::bind(SocketAddrV4::new(SOURCE, 0)).expect("bind the source");
+            let start = Instant::now();
+            let mut sent = vec![0u64; nodes];
+            let data = [7u8; 32];
+            while start.elapsed() < total {
+                let elapsed = start.elapsed();
+                for (i, sent) in sent.iter_mut().enumerate() {
+                    let due = due(i, elapsed);
+                    while *sent < due {
+                        let _ = socket.send_to(&data, SocketAddrV4::new(node_addr(i), SINK_PORT));
+                        *sent += 1;
+                    }
+                }
+                // Pacing, not synchronization.
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            sent
+        })
+    }
+
+    /// Several flows at once, each `(source, node, rate)`: `source` (an
+    /// address of [`LIGHT_PREFIX`], or [`SOURCE`]) sends to `node` at
+    /// `rate` datagrams per second for `duration`, paced like
+    /// [`ClusterLab::flood`]; returns what each flow sent. The sinks count
+    /// [`SOURCE`] only, so other sources' frames are never in their bins.
+    pub fn flood_flows(&self, flows: &[(Ipv4Addr, usize, u64)], duration: Duration) -> Vec<u64> {
+        self.traffic.enter(|| {
+            let sockets: Vec<UdpSocket> = flows
+                .iter()
+                .map(|(source, _, _)| {
+                    UdpSocket::bind(SocketAddrV4::new(*source, 0))
+                        .unwrap_or_else(|e| panic!("bind {source}: {e}"))
+                })
+                .collect();
+            let start = Instant::now();
+            let mut sent = vec![0u64; flows.len()];
+            let data = [5u8; 32];
+            while start.elapsed() < duration {
+                let elapsed = start.elapsed().as_secs_f64();
+                for (k, &(_, node, rate)) in flows.iter().enumerate() {
+                    let due = (rate as f64 * elapsed) as u64;
+                    while sent[k] < due {
+                        let _ = sockets[k]
+                            .send_to(&data, SocketAddrV4::new(node_addr(node), SINK_PORT));
+                        sent[k] += 1;
+                    }
+                }
+                // Pacing, not synchronization.
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            sent
+        })
+    }
+
+    /// `count` light sources (10.100.0.1 on, in [`LIGHT_PREFIX`]), each
+    /// sending `per_source` datagrams, to node `k % nodes`, then `k + 1`,
+    /// and so on, paced evenly over `duration`; returns the datagrams
+    /// sent. Bounded: `count x per_source` datagrams.
+    pub fn spray(&self, count: u32, per_source: u32, duration: Duration) -> u64 {
+        assert!(count < 65_535, "{count} sources do not fit the /16");
+        let nodes = self.nodes.len() as u32;
+        self.traffic.enter(|| {
+            let start = Instant::now();
+            let data = [9u8; 32];
+            let mut sent = 0u64;
+            for k in 1..=count {
+                // Pacing: source k is due at k / count of the duration.
+                let due = duration.mul_f64(f64::from(k) / f64::from(count));
+                if let Some(wait) = due.checked_sub(start.elapsed()) {
+                    std::thread::sleep(wait);
+                }
+                let addr = Ipv4Addr::new(10, 100, (k >> 8) as u8, k as u8);
+                let socket = UdpSocket::bind(SocketAddrV4::new(addr, 0))
+                    .unwrap_or_else(|e| panic!("bind {addr}: {e}"));
+                for f in 0..per_source {
+                    let node = ((k + f) % nodes) as usize;
+                    if socket
+                        .send_to(&data, SocketAddrV4::new(node_addr(node), SINK_PORT))
+                        .is_ok()
+                    {
+                        sent += 1;
+                    }
+                }
+            }
+            sent
+        })
+    }
+}
+
+/// A UDP socket counting what reaches one node, in [`BIN`] bins from its
+/// start, on a thread of its own.
+pub struct Sink {
+    start: Instant,
+    bins: Arc<Mutex<Vec<u64>>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Sink {
+    fn start(ns: &NetNs, addr: Ipv4Addr) -> Self {
+        let socket = ns
+            .enter(|| UdpSocket::bind(SocketAddrV4::new(addr, SINK_PORT)).expect("bind the sink"));
+        nix::sys::socket::setsockopt(&socket, nix::sys::socket::sockopt::RcvBufForce, &(8 << 20))
+            .expect("receive buffer");
+        socket
+            .set_read_timeout(Some(Duration::from_millis(20)))
+            .expect("read timeout");
+        let bins = Arc::new(Mutex::new(Vec::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let start = Instant::now();
+        let thread = {
+            let (bins, stop) = (bins.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 2048];
+                while !stop.load(Ordering::Relaxed) {
+                    if let Ok((_, from)) = socket.recv_from(&mut buf) {
+                        if from.ip() != SOURCE {
+                            continue;
+                        }
+                        let bin = (start.elapsed().as_nanos() / BIN.as_nanos()) as usize;
+                        let mut bins = bins.lock().unwrap();
+                        if bins.len() <= bin {
+                            bins.resize(bin + 1, 0);
+                        }
+                        bins[bin] += 1;
+                    }
+                }
+            })
+        };
+        Self {
+            start,
+            bins,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// When its bin 0 started.
+    pub fn started(&self) -> Instant {
+        self.start
+    }
+
+    /// Stops counting; the bins.
+    pub fn finish(mut self) -> Vec<u64> {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            thread.join().expect("sink thread");
+        }
+        self.bins.lock().unwrap().clone()
+    }
+}
+
+impl Drop for Sink {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// A daemon configuration for node `i` of a cluster lab: every source
+/// limited to `pps` per `window`, cluster-scoped; sync every `interval`.
+pub fn node_config(i: usize, pps: u64, window: &str, interval: &str, extra: &str) -> String {
+    format!(
+        "[daemon]\ntick = \"100ms\"\n\n\
+         [cluster]\nredis = [\"redis://{}:{PORT}\"]\nnode = \"node-{i}\"\n\
+         sync_interval = \"{interval}\"\ntimeout = \"50ms\"\nthreshold = 0.25\n{extra}\n\
+         [default]\npps = {pps}\nwindow = \"{window}\"\nscope = \"cluster\"\ndry_run = false\n",
+        redis_addr(i)
+    )
+}
+
+/// Sums per-node bins into cluster-wide bins (as long as the longest).
+pub fn cluster_bins(per_node: &[Vec<u64>]) -> Vec<u64> {
+    let len = per_node.iter().map(Vec::len).max().unwrap_or(0);
+    (0..len)
+        .map(|b| {
+            per_node
+                .iter()
+                .map(|bins| bins.get(b).copied().unwrap_or(0))
+                .sum()
+        })
+        .collect()
+}
+
+/// [`node_config`] for a Redis Cluster: `urls` are its seed nodes
+/// (`mode = "cluster"`).
+pub fn node_config_redis_cluster(i: usize, pps: u64, urls: &[String], extra: &str) -> String {
+    let single = format!("redis = [\"redis://{}:{PORT}\"]", redis_addr(i));
+    let seeds: Vec<String> = urls.iter().map(|u| format!("\"{u}\"")).collect();
+    let config = node_config(i, pps, "1s", "100ms", extra);
+    assert!(config.contains(&single), "{config}");
+    config.replace(
+        &single,
+        &format!("redis = [{}]\nmode = \"cluster\"", seeds.join(", ")),
+    )
+}
+
+/// Sliding sums of `width` bins: element `k` covers bins `k..k + width`.
+pub fn windows(bins: &[u64], width: usize) -> Vec<u64> {
+    if bins.len() < width {
+        return Vec::new();
+    }
+    bins.windows(width).map(|w| w.iter().sum()).collect()
+}

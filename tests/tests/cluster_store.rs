@@ -1,0 +1,713 @@
+//! The cluster store (limiter-user/src/cluster/store.rs and its Lua
+//! scripts) against a real `redis-server` in a namespace of its own: nodes
+//! sharing totals, the sliding window on Redis time, key TTLs, heartbeats,
+//! NOSCRIPT recovery, timeouts on a hung server, clear connection errors,
+//! and the same sync through a 3-primary Redis Cluster.
+
+use std::time::{Duration, Instant};
+
+use limiter_tests::{redis::RedisServer, wait_until};
+use limiter_user::cluster::{
+    node_claim,
+    store::{
+        batches, group, Mode, Report, Store, StoreConfig, StoreError, Totals, WindowSpec, MAX_BATCH,
+    },
+};
+
+/// A report under a cluster-wide limit of 100.
+fn report(key: &str, admitted: u64, offered: u64) -> Report {
+    Report {
+        key: key.into(),
+        admitted,
+        offered,
+        limit: 100,
+    }
+}
+
+fn config(server: &RedisServer) -> StoreConfig {
+    let mut config = StoreConfig::new(vec![server.url()], Mode::Single);
+    // Generous for a shared 2-core machine; the timeout test sets its own.
+    config.timeout = Duration::from_secs(2);
+    config
+}
+
+async fn connect(config: &StoreConfig) -> Store {
+    Store::connect(config)
+        .await
+        .unwrap_or_else(|e| panic!("connect {:?}: {e}", config.urls))
+}
+
+/// A long window (10 x 1 s): nothing slides out during a test.
+fn long_window() -> WindowSpec {
+    WindowSpec::new(Duration::from_secs(1), 10).unwrap()
+}
+
+/// Redis TIME in milliseconds, through redis-cli.
+fn redis_time_ms(server: &RedisServer) -> u64 {
+    let out = server.cli(&["time"]);
+    let mut lines = out
+        .lines()
+        .map(|l| l.trim().parse::<u64>().expect("TIME line"));
+    let (secs, micros) = (lines.next().unwrap(), lines.next().unwrap());
+    secs * 1000 + micros / 1000
+}
+
+fn counts(t: &Totals) -> [u64; 4] {
+    [
+        t.cluster_admitted,
+        t.cluster_offered,
+        t.own_admitted,
+        t.own_offered,
+    ]
+}
+
+#[test]
+fn nodes_read_the_same_cluster_totals_and_their_own() {
+    let server = RedisServer::start();
+    let config = config(&server);
+    let window = long_window();
+    let before = redis_time_ms(&server);
+    let (a, b, c) = server.block_on(|| async {
+        // One store (connection) per node, as on real nodes.
+        let (na, nb, nc) = (
+            connect(&config).await,
+            connect(&config).await,
+            connect(&config).await,
+        );
+        let src = "192.0.2.3/32|default";
+        let other = "198.51.100.0/24|web";
+        let a = na
+            .sync("a", window, &[report(src, 10, 20), report(other, 1, 1)])
+            .await
+            .unwrap();
+        let b = nb.sync("b", window, &[report(src, 5, 30)]).await.unwrap();
+        // Node c saw nothing of them: zero deltas only read.
+        let c = nc
+            .sync("c", window, &[report(src, 0, 0), report(other, 0, 0)])
+            .await
+            .unwrap();
+        (a, b, c)
+    });
+    let after = redis_time_ms(&server);
+    assert_eq!(counts(&a[0]), [10, 20, 10, 20]);
+    assert_eq!(counts(&a[1]), [1, 1, 1, 1]);
+    assert_eq!(counts(&b[0]), [15, 50, 5, 30]);
+    assert_eq!(counts(&c[0]), [15, 50, 0, 0]);
+    assert_eq!(counts(&c[1]), [1, 1, 0, 0]);
+    // Buckets come from Redis TIME.
+    for t in a.iter().chain(&b).chain(&c) {
+        assert!(
+            (before / 1000..=after / 1000).contains(&t.bucket),
+            "bucket {} outside Redis time {before}..{after} ms",
+            t.bucket
+        );
+    }
+    // The claims (`share::node_claim`, computed in the script): a came
+    // first and claims all the room its traffic is entitled to (L 100 -
+    // 10 admitted, a alone offered); b's fair part (85 x 30 / 50 = 51) is
+    // held back by a's live claim (90 of a room of 85); c offered nothing.
+    assert_eq!([a[0].claim, a[1].claim], [90, 99]);
+    assert_eq!(b[0].claim, node_claim(100, 15, 50, 30, 3, 90));
+    assert_eq!(b[0].claim, 0);
+    assert_eq!(c[0].claim, 0);
+}
+
+#[test]
+fn claims_reserve_the_room_until_replaced_or_expired() {
+    let server = RedisServer::start();
+    let mut config = config(&server);
+    // Claims hold 300 ms unless their node syncs again.
+    config.claim_hold = Duration::from_millis(300);
+    let window = long_window();
+    let src = "192.0.2.9/32|default";
+    server.block_on(|| async {
+        let (na, nb) = (connect(&config).await, connect(&config).await);
+        // a offered 60 and is the only sender so far: the whole room.
+        let a = na.sync("a", window, &[report(src, 0, 60)]).await.unwrap()[0];
+        assert_eq!(a.claim, 100, "{a:?}");
+        // b's fair part is 40, but a claimed all the room: nothing yet.
+        let b = nb.sync("b", window, &[report(src, 0, 40)]).await.unwrap()[0];
+        assert_eq!(b.claim, node_claim(100, 0, 100, 40, 1, 100));
+        assert_eq!(b.claim, 0);
+        // a stops syncing: once its claim expired (Redis time), b is the
+        // only node claiming and its fair part is the whole room.
+        let started = Instant::now();
+        let freed = wait_until_async(Duration::from_secs(5), || async {
+            let b = nb.sync("b", window, &[report(src, 0, 0)]).await.unwrap()[0];
+            (b.claim == 100).then_some(b)
+        })
+        .await;
+        assert!(freed.is_some(), "a's claim never expired");
+        assert!(started.elapsed() >= Duration::from_millis(250));
+        // a comes back having spent 50: b's claim holds the rest.
+        let a = na.sync("a", window, &[report(src, 50, 50)]).await.unwrap()[0];
+        assert_eq!(a.cluster_admitted, 50);
+        assert_eq!(a.claim, node_claim(100, 50, 150, 110, 1, 100));
+        assert_eq!(a.claim, 0);
+        // b syncs again: its own old claim is replaced (not counted against
+        // it) and a, claiming again, counts in the split: 50 x 40 / 150.
+        let b = nb.sync("b", window, &[report(src, 0, 0)]).await.unwrap()[0];
+        assert_eq!(b.claim, node_claim(100, 50, 150, 40, 1, 0));
+        assert_eq!(b.claim, 13);
+    });
+}
+
+#[test]
+fn the_window_slides_on_redis_time() {
+    let server = RedisServer::start();
+    let config = config(&server);
+    // 4 x 50 ms: counts leave the window 200 ms after their bucket.
+    let window = WindowSpec::new(Duration::from_millis(50), 4).unwrap();
+    server.block_on(|| async {
+        let store = connect(&config).await;
+        let key = "203.0.113.9/32|default";
+        let first = store.sync("a", window, &[report(key, 7, 9)]).await.unwrap()[0];
+        assert_eq!(counts(&first), [7, 9, 7, 9]);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut polls = 0;
+        loop {
+            let t = store.sync("a", window, &[report(key, 0, 0)]).await.unwrap()[0];
+            polls += 1;
+            if t.bucket < first.bucket + 4 {
+                // Still inside the window: still counted.
+                assert_eq!(
+                    counts(&t),
+                    [7, 9, 7, 9],
+                    "bucket {} (first {})",
+                    t.bucket,
+                    first.bucket
+                );
+            } else {
+                assert_eq!(
+                    counts(&t),
+                    [0, 0, 0, 0],
+                    "bucket {} (first {})",
+                    t.bucket,
+                    first.bucket
+                );
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "Redis time never passed the window"
+            );
+            // Polling interval, not synchronization: the loop ends on the
+            // bucket Redis reports.
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert!(polls > 1, "the window ended before a second read");
+        // New deltas land in the new window only.
+        let t = store.sync("a", window, &[report(key, 2, 3)]).await.unwrap()[0];
+        assert_eq!(counts(&t), [2, 3, 2, 3]);
+    });
+}
+
+#[test]
+fn every_key_expires_a_window_and_two_buckets_after_its_last_write() {
+    let server = RedisServer::start();
+    let config = config(&server);
+    let window = long_window();
+    // More reports than one call takes: batches, answered in order.
+    let n = MAX_BATCH * 2 + 10;
+    let reports: Vec<Report> = (0..n as u64)
+        .map(|i| report(&format!("10.{}.{}.1/32|r", i / 256, i % 256), i, 2 * i + 1))
+        .collect();
+    let totals = server.block_on(|| async {
+        let store = connect(&config).await;
+        let totals = store.sync("a", window, &reports).await.unwrap();
+        store.heartbeat("a", window.window()).await.unwrap();
+        totals
+    });
+    for (i, t) in totals.iter().enumerate() {
+        let i = i as u64;
+        assert_eq!(counts(t), [i, 2 * i + 1, i, 2 * i + 1], "report {i}");
+    }
+    let keys = server.cli(&["--scan", "--pattern", "xl:*"]);
+    let keys: Vec<&str> = keys.lines().collect();
+    // One bucket key and one claim key per report (each written once), a
+    // hot set per group used, and the node set.
+    let groups: std::collections::BTreeSet<u16> = reports.iter().map(|r| group(&r.key)).collect();
+    assert_eq!(keys.len(), 2 * n + groups.len() + 1, "{keys:?}");
+    let ttl_max = window.ttl().as_millis() as i64;
+    for key in keys {
+        if key.ends_with(":hot") {
+            assert!(key.starts_with("xl:{g") && key.ends_with("}:hot"), "{key}");
+        } else if key != "xl:nodes" {
+            // xl:{g<group>}:<source key>:<bucket>, or :r for its claims
+            let (head, bucket) = key.rsplit_once(':').unwrap();
+            assert!(head.starts_with("xl:{g") && head.ends_with("|r"), "{key}");
+            assert!(bucket.parse::<u64>().is_ok() || bucket == "r", "{key}");
+        }
+        let pttl: i64 = server.cli(&["pttl", key]).trim().parse().unwrap();
+        assert!(pttl > 0 && pttl <= ttl_max * 2, "{key}: PTTL {pttl}");
+        if key != "xl:nodes" {
+            assert!(pttl <= ttl_max, "{key}: PTTL {pttl} > {ttl_max}");
+        }
+    }
+}
+
+#[test]
+fn sources_hot_on_any_node_are_listed_for_a_window() {
+    let server = RedisServer::start();
+    let config = config(&server);
+    // 4 x 50 ms: hot sources are forgotten 200 ms after their last deltas.
+    let window = WindowSpec::new(Duration::from_millis(50), 4).unwrap();
+    let (hot, light) = ("192.0.2.50/32|default", "192.0.2.51/32|default");
+    server.block_on(|| async {
+        let (a, b, c) = (
+            connect(&config).await,
+            connect(&config).await,
+            connect(&config).await,
+        );
+        assert!(c.hot_sources(window.window()).await.unwrap().is_empty());
+        a.sync("a", window, &[report(hot, 1, 5)]).await.unwrap();
+        // A read without deltas does not make a source hot.
+        b.sync("b", window, &[report(light, 0, 0)]).await.unwrap();
+        assert_eq!(c.hot_sources(window.window()).await.unwrap(), vec![hot]);
+        // Forgotten once a window passes with no deltas (Redis time).
+        let start = Instant::now();
+        let gone = wait_until_async(Duration::from_secs(10), || async {
+            c.hot_sources(window.window())
+                .await
+                .unwrap()
+                .is_empty()
+                .then_some(())
+        })
+        .await;
+        assert!(gone.is_some(), "{hot} listed forever");
+        assert!(
+            start.elapsed() >= Duration::from_millis(100),
+            "{:?}",
+            start.elapsed()
+        );
+    });
+}
+
+#[test]
+fn the_heartbeat_counts_nodes_alive_and_forgets_silent_ones() {
+    let server = RedisServer::start();
+    let config = config(&server);
+    let alive = Duration::from_millis(300);
+    server.block_on(|| async {
+        let store = connect(&config).await;
+        assert_eq!(store.heartbeat("a", alive).await.unwrap(), 1);
+        assert_eq!(store.heartbeat("b", alive).await.unwrap(), 2);
+        assert_eq!(store.heartbeat("c", alive).await.unwrap(), 3);
+        // A node's second heartbeat is still one node.
+        assert_eq!(store.heartbeat("a", alive).await.unwrap(), 3);
+        let start = Instant::now();
+        // Only a keeps beating: b and c go once silent for `alive`.
+        let alone = wait_until_async(Duration::from_secs(5), || async {
+            let n = store.heartbeat("a", alive).await.unwrap();
+            assert!((1..=3).contains(&n), "{n} nodes");
+            (n == 1).then_some(())
+        })
+        .await;
+        assert!(alone.is_some(), "silent nodes never pruned");
+        let took = start.elapsed();
+        assert!(
+            took >= Duration::from_millis(200),
+            "pruned after {took:?} only"
+        );
+        assert!(matches!(
+            store.heartbeat("", alive).await,
+            Err(StoreError::Node(_))
+        ));
+        assert!(store.heartbeat("a", Duration::ZERO).await.is_err());
+    });
+}
+
+#[test]
+fn scripts_are_reloaded_after_script_flush() {
+    let server = RedisServer::start();
+    let config = config(&server);
+    let window = long_window();
+    let key = "192.0.2.77/32|default";
+    let sha = limiter_user_sync_sha();
+    let t = server.block_on(|| async {
+        // The same store (connection) before and after the flush: connecting
+        // again would load the scripts and hide the NOSCRIPT path.
+        let store = connect(&config).await;
+        store.sync("a", window, &[report(key, 1, 2)]).await.unwrap();
+        store.heartbeat("a", window.window()).await.unwrap();
+        assert_eq!(server.cli(&["script", "exists", &sha]).trim(), "1");
+        assert_eq!(server.cli(&["script", "flush"]).trim(), "OK");
+        assert_eq!(server.cli(&["script", "exists", &sha]).trim(), "0");
+        let t = store.sync("a", window, &[report(key, 3, 4)]).await.unwrap();
+        assert_eq!(store.heartbeat("a", window.window()).await.unwrap(), 1);
+        t
+    });
+    // Both scripts met NOSCRIPT (the server says so) and were loaded and
+    // run again: counted once, not lost.
+    let errors = server.cli(&["info", "errorstats"]);
+    assert!(
+        errors.contains("errorstat_NOSCRIPT:count=2"),
+        "expected two NOSCRIPT replies: {errors}"
+    );
+    assert_eq!(counts(&t[0]), [4, 6, 4, 6]);
+    assert_eq!(server.cli(&["script", "exists", &sha]).trim(), "1");
+}
+
+/// The SHA1 the store's sync script is called by.
+fn limiter_user_sync_sha() -> String {
+    redis::Script::new(include_str!("../../limiter-user/src/cluster/sync.lua"))
+        .get_hash()
+        .to_owned()
+}
+
+#[test]
+fn a_hung_server_costs_a_timeout_not_a_hang() {
+    let server = RedisServer::start();
+    let mut config = config(&server);
+    config.timeout = Duration::from_millis(100);
+    let window = long_window();
+    let key = "192.0.2.8/32|default";
+    server.block_on(|| async {
+        let store = connect(&config).await;
+        store.sync("a", window, &[report(key, 1, 1)]).await.unwrap();
+        server.pause();
+        // Several batches, bounded together (they run concurrently), not
+        // one timeout after another.
+        let mut many = vec![report(key, 1, 1)];
+        many.extend(
+            (0..3 * MAX_BATCH).map(|i| report(&format!("10.8.{}.{}/32|r", i / 256, i % 256), 0, 1)),
+        );
+        let start = Instant::now();
+        let e = store.sync("a", window, &many).await.unwrap_err();
+        let took = start.elapsed();
+        assert!(
+            matches!(e, StoreError::Timeout { op: "sync", .. }),
+            "expected a timeout, got {e}"
+        );
+        assert!(took < Duration::from_secs(1), "sync took {took:?}");
+        let start = Instant::now();
+        let e = store.heartbeat("a", window.window()).await.unwrap_err();
+        assert!(
+            matches!(
+                e,
+                StoreError::Timeout {
+                    op: "heartbeat",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(start.elapsed() < Duration::from_secs(1));
+        server.resume();
+        // The same store recovers once the server answers again.
+        let back = wait_until_async(Duration::from_secs(10), || async {
+            store.sync("a", window, &[report(key, 0, 0)]).await.ok()
+        })
+        .await
+        .expect("sync never recovered after SIGCONT");
+        // The first delta counted; the timed-out ones may or may not have
+        // reached Redis (the server read them before stopping or after).
+        assert!((1..=2).contains(&back[0].cluster_admitted), "{:?}", back[0]);
+    });
+}
+
+#[test]
+fn connection_errors_are_clear() {
+    let server = RedisServer::start();
+    server.block_on(|| async {
+        // Nothing listens on 6390 in the namespace.
+        let mut config = StoreConfig::new(vec!["redis://127.0.0.1:6390".into()], Mode::Single);
+        config.timeout = Duration::from_millis(200);
+        let start = Instant::now();
+        let e = Store::connect(&config)
+            .await
+            .err()
+            .expect("connected to nothing");
+        assert!(
+            start.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            start.elapsed()
+        );
+        let text = format!(
+            "{e}: {}",
+            std::error::Error::source(&e)
+                .map(|s| s.to_string())
+                .unwrap_or_default()
+        );
+        assert!(matches!(e, StoreError::Connect { .. }), "{text}");
+        assert!(text.contains("127.0.0.1:6390"), "{text}");
+        assert!(text.to_lowercase().contains("refused"), "{text}");
+
+        // The same through the Redis Cluster client.
+        let mut cluster = StoreConfig::new(
+            vec![
+                "redis://127.0.0.1:6390".into(),
+                "redis://127.0.0.1:6391".into(),
+            ],
+            Mode::Cluster,
+        );
+        cluster.timeout = Duration::from_millis(200);
+        let start = Instant::now();
+        let e = Store::connect(&cluster)
+            .await
+            .err()
+            .expect("connected to nothing");
+        assert!(
+            start.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            start.elapsed()
+        );
+        assert!(matches!(e, StoreError::Connect { .. }), "{e}");
+        assert!(e.to_string().contains("127.0.0.1:6391"), "{e}");
+        assert!(e.to_string().to_lowercase().contains("refused"), "{e}");
+
+        let bad = StoreConfig::new(vec!["http://nope".into()], Mode::Single);
+        assert!(matches!(
+            Store::connect(&bad).await,
+            Err(StoreError::Url { .. })
+        ));
+        let none = StoreConfig::new(vec![], Mode::Single);
+        assert!(matches!(
+            Store::connect(&none).await,
+            Err(StoreError::NoUrl)
+        ));
+        let two = StoreConfig::new(vec![server.url(), server.url()], Mode::Single);
+        assert!(matches!(
+            Store::connect(&two).await,
+            Err(StoreError::SingleWithSeveralUrls(2))
+        ));
+        let mut braces = StoreConfig::new(vec![server.url()], Mode::Single);
+        braces.prefix = "x{y}".into();
+        assert!(matches!(
+            Store::connect(&braces).await,
+            Err(StoreError::Prefix(_))
+        ));
+    });
+}
+
+#[test]
+fn bad_reports_are_refused_before_anything_is_written() {
+    let server = RedisServer::start();
+    let config = config(&server);
+    server.block_on(|| async {
+        let store = connect(&config).await;
+        let w = long_window();
+        let good = report("192.0.2.1/32|default", 1, 1);
+        let e = store
+            .sync("a", w, &[good.clone(), report("", 1, 1)])
+            .await
+            .unwrap_err();
+        assert!(matches!(e, StoreError::Key(_)), "{e}");
+        let e = store
+            .sync("a", w, &[good.clone(), report("k", 2, 1)])
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("exceeds offered"), "{e}");
+        let e = store.sync("", w, &[good]).await.unwrap_err();
+        assert!(matches!(e, StoreError::Node(_)), "{e}");
+    });
+    assert_eq!(server.cli(&["dbsize"]).trim(), "0");
+}
+
+#[test]
+fn a_redis_cluster_takes_the_same_sync_without_cross_slot_errors() {
+    let server = RedisServer::start_cluster();
+    let mut config = StoreConfig::new(server.urls(), Mode::Cluster);
+    config.timeout = Duration::from_secs(2);
+    let window = long_window();
+    // Sources all over the slot space, some sharing a slot.
+    let reports: Vec<Report> = (0..600u64)
+        .map(|i| report(&format!("10.9.{}.{}/32|r", i / 256, i % 256), 1, 2))
+        .collect();
+    let (a, b, nodes) = server.block_on(|| async {
+        let na = connect(&config).await;
+        let nb = connect(&config).await;
+        let a = na.sync("a", window, &reports).await.unwrap();
+        let b = nb.sync("b", window, &reports).await.unwrap();
+        na.heartbeat("a", window.window()).await.unwrap();
+        let nodes = nb.heartbeat("b", window.window()).await.unwrap();
+        (a, b, nodes)
+    });
+    assert!(a.iter().all(|t| counts(t) == [1, 2, 1, 2]), "{:?}", &a[..3]);
+    assert!(b.iter().all(|t| counts(t) == [2, 4, 1, 2]), "{:?}", &b[..3]);
+    assert_eq!(nodes, 2);
+    // The keys really are spread over the three primaries.
+    let per_node: Vec<u64> = server
+        .urls()
+        .iter()
+        .map(|url| {
+            let port = url.rsplit(':').next().unwrap();
+            server
+                .ns()
+                .run("redis-cli", &["-p", port, "dbsize"])
+                .stdout
+                .iter()
+                .map(|&c| c as char)
+                .collect::<String>()
+                .trim()
+                .parse()
+                .unwrap()
+        })
+        .collect();
+    assert!(per_node.iter().all(|&n| n > 0), "{per_node:?}");
+    // 600 bucket keys, 600 claim keys, a hot set per group used, and the
+    // node set.
+    let groups: std::collections::BTreeSet<u16> = reports.iter().map(|r| group(&r.key)).collect();
+    assert_eq!(
+        per_node.iter().sum::<u64>(),
+        1200 + groups.len() as u64 + 1,
+        "{per_node:?}"
+    );
+    // One EVALSHA per group batch per node and one per heartbeat, no more
+    // (no retries, no per-source calls): far fewer calls than sources.
+    let calls: u64 = server
+        .urls()
+        .iter()
+        .map(|url| {
+            let port = url.rsplit(':').next().unwrap();
+            let out = server
+                .ns()
+                .run("redis-cli", &["-p", port, "info", "commandstats"]);
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            text.lines()
+                .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+                .map(|rest| rest.split(',').next().unwrap().parse::<u64>().unwrap())
+                .unwrap_or(0)
+        })
+        .sum();
+    let per_sync = batches(Mode::Cluster, &reports).len() as u64;
+    assert!(per_sync < 300, "{per_sync} calls for 600 sources");
+    assert_eq!(calls, 2 * per_sync + 2);
+    // Every source was synced with deltas: all hot, listed once each.
+    let mut hot = server.block_on(|| async {
+        connect(&config)
+            .await
+            .hot_sources(window.window())
+            .await
+            .unwrap()
+    });
+    hot.sort_unstable();
+    let mut keys: Vec<String> = reports.iter().map(|r| r.key.clone()).collect();
+    keys.sort_unstable();
+    assert_eq!(hot, keys);
+}
+
+/// `limiter_tests::wait_until`'s async twin, for polls that call the store.
+async fn wait_until_async<T, F, Fut>(limit: Duration, mut poll: F) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(v) = poll().await {
+            return Some(v);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[test]
+fn a_sentinel_names_the_primary_and_the_store_follows_a_failover() {
+    use limiter_tests::redis::{SENTINEL_MASTER, SENTINEL_PRIMARY_PORT};
+    let server = RedisServer::start_sentinel();
+    let mut config = StoreConfig::new(vec![server.sentinel_url()], Mode::Sentinel);
+    config.timeout = Duration::from_secs(2);
+    config.sentinel_master = Some(SENTINEL_MASTER.into());
+    let window = long_window();
+    let key = "192.0.2.77/32|default";
+    let first = server.block_on(|| async {
+        let store = connect(&config).await;
+        store.sync("a", window, &[report(key, 3, 4)]).await.unwrap()[0]
+    });
+    assert_eq!(counts(&first), [3, 4, 3, 4]);
+    // The counts went to the primary (and replicated).
+    let on_primary = server.cli_at(SENTINEL_PRIMARY_PORT, &["--scan", "--pattern", "xl:*"]);
+    assert!(on_primary.contains(key), "{on_primary}");
+    // Without a master name, a clear error.
+    let mut nameless = config.clone();
+    nameless.sentinel_master = None;
+    let e = server.block_on(|| async { Store::connect(&nameless).await.err() });
+    assert!(matches!(e, Some(StoreError::NoSentinelMaster)), "{e:?}");
+    // Replication is asynchronous: wait until the replica has the counts.
+    let replicated = wait_until(Duration::from_secs(10), Duration::from_millis(20), || {
+        let keys = server.cli_at(SENTINEL_PRIMARY_PORT + 1, &["--scan", "--pattern", "xl:*"]);
+        keys.contains(key).then_some(())
+    });
+    assert!(replicated.is_some(), "the replica never got the counts");
+    // The primary dies: the Sentinel promotes the replica, and a store
+    // connected again through the Sentinel (what the daemon does after a
+    // failed tick) syncs there, with the replicated counts.
+    server.kill_port(SENTINEL_PRIMARY_PORT);
+    let promoted = wait_until(Duration::from_secs(20), Duration::from_millis(50), || {
+        server
+            .sentinel_primary_port()
+            .filter(|&p| p == SENTINEL_PRIMARY_PORT + 1)
+    });
+    assert!(
+        promoted.is_some(),
+        "the Sentinel never promoted the replica"
+    );
+    let after = wait_until(Duration::from_secs(10), Duration::from_millis(50), || {
+        server.block_on(|| async {
+            let store = Store::connect(&config).await.ok()?;
+            store.sync("a", window, &[report(key, 1, 1)]).await.ok()
+        })
+    })
+    .expect("no sync through the Sentinel after the failover")[0];
+    assert_eq!(counts(&after), [4, 5, 4, 5]);
+}
+
+#[test]
+fn a_sync_that_part_of_redis_cannot_serve_syncs_the_rest() {
+    use limiter_tests::redis::CLUSTER_PORT;
+    use limiter_user::cluster::store::key_slot;
+    let server = RedisServer::start_cluster();
+    let mut config = StoreConfig::new(server.urls(), Mode::Cluster);
+    config.timeout = Duration::from_secs(2);
+    config.bulk_timeout = Duration::from_secs(2);
+    let window = long_window();
+    let reports: Vec<Report> = (0..300u64)
+        .map(|i| report(&format!("10.8.{}.{}/32|r", i / 256, i % 256), 1, 2))
+        .collect();
+    // The slot ranges of the primary about to die.
+    let dead = CLUSTER_PORT + 1;
+    let nodes = server.cli(&["cluster", "nodes"]);
+    let line = nodes
+        .lines()
+        .find(|l| l.contains(&format!(":{dead}@")))
+        .unwrap_or_else(|| panic!("no node on {dead}: {nodes}"));
+    let ranges: Vec<(u16, u16)> = line
+        .split_whitespace()
+        .skip(8)
+        .map(|r| match r.split_once('-') {
+            Some((a, b)) => (a.parse().unwrap(), b.parse().unwrap()),
+            None => (r.parse().unwrap(), r.parse().unwrap()),
+        })
+        .collect();
+    assert!(!ranges.is_empty(), "{line}");
+    let on_dead = |r: &Report| {
+        let slot = key_slot(format!("g{}", group(&r.key)).as_bytes());
+        ranges.iter().any(|&(a, b)| (a..=b).contains(&slot))
+    };
+    let outcome = server.block_on(|| async {
+        let store = connect(&config).await;
+        server.kill_port(dead);
+        store
+            .sync_partial("a", window, &reports, Duration::from_secs(2))
+            .await
+            .unwrap()
+    });
+    // Exactly the reports of the dead primary's slots are missing; the
+    // others are synced.
+    let mut missing = 0;
+    for (r, t) in reports.iter().zip(&outcome.totals) {
+        assert_eq!(t.is_none(), on_dead(r), "{}: {t:?}", r.key);
+        if let Some(t) = t {
+            assert_eq!(counts(t), [1, 2, 1, 2]);
+        } else {
+            missing += 1;
+        }
+    }
+    assert!(missing > 0 && missing < reports.len(), "{missing} missing");
+    assert!(outcome.failed_batches > 0);
+    assert!(outcome.error.is_some());
+}
