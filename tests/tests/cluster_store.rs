@@ -678,56 +678,46 @@ fn a_sentinel_names_the_primary_and_the_store_follows_a_failover() {
 
 #[test]
 fn a_sync_that_part_of_redis_cannot_serve_syncs_the_rest() {
-    use limiter_tests::redis::CLUSTER_PORT;
-    use limiter_user::cluster::store::key_slot;
-    let server = RedisServer::start_cluster();
-    let mut config = StoreConfig::new(server.urls(), Mode::Cluster);
-    config.timeout = Duration::from_secs(2);
-    config.bulk_timeout = Duration::from_secs(2);
+    let server = RedisServer::start();
+    let config = config(&server);
     let window = long_window();
-    let reports: Vec<Report> = (0..300u64)
+    // Four batches in a single instance: 64, 64, 64 and 8 reports.
+    let reports: Vec<Report> = (0..200u64)
         .map(|i| report(&format!("10.8.{}.{}/32|r", i / 256, i % 256), 1, 2))
         .collect();
-    // The slot ranges of the primary about to die.
-    let dead = CLUSTER_PORT + 1;
-    let nodes = server.cli(&["cluster", "nodes"]);
-    let line = nodes
-        .lines()
-        .find(|l| l.contains(&format!(":{dead}@")))
-        .unwrap_or_else(|| panic!("no node on {dead}: {nodes}"));
-    let ranges: Vec<(u16, u16)> = line
-        .split_whitespace()
-        .skip(8)
-        .map(|r| match r.split_once('-') {
-            Some((a, b)) => (a.parse().unwrap(), b.parse().unwrap()),
-            None => (r.parse().unwrap(), r.parse().unwrap()),
-        })
-        .collect();
-    assert!(!ranges.is_empty(), "{line}");
-    let on_dead = |r: &Report| {
-        let slot = key_slot(format!("g{}", group(&r.key)).as_bytes());
-        ranges.iter().any(|&(a, b)| (a..=b).contains(&slot))
-    };
     let outcome = server.block_on(|| async {
         let store = connect(&config).await;
-        server.kill_port(dead);
+        // The second batch's script fails: one of its sources' claim key
+        // is a string (WRONGTYPE), as a call Redis cannot serve.
+        let broken = format!("{}:r", store.source_key(&reports[70].key));
+        let mut con = store.connection();
+        redis::cmd("SET")
+            .arg(&broken)
+            .arg("x")
+            .query_async::<()>(&mut con)
+            .await
+            .unwrap();
         store
             .sync_partial("a", window, &reports, Duration::from_secs(2))
             .await
             .unwrap()
     });
-    // Exactly the reports of the dead primary's slots are missing; the
-    // others are synced.
-    let mut missing = 0;
-    for (r, t) in reports.iter().zip(&outcome.totals) {
-        assert_eq!(t.is_none(), on_dead(r), "{}: {t:?}", r.key);
-        if let Some(t) = t {
-            assert_eq!(counts(t), [1, 2, 1, 2]);
+    // The other batches synced; the failed batch's sources are missing.
+    for (i, t) in outcome.totals.iter().enumerate() {
+        if (64..128).contains(&i) {
+            assert!(t.is_none(), "report {i}: {t:?}");
         } else {
-            missing += 1;
+            let t = t.unwrap_or_else(|| panic!("report {i} not synced"));
+            assert_eq!(counts(&t), [1, 2, 1, 2], "report {i}");
         }
     }
-    assert!(missing > 0 && missing < reports.len(), "{missing} missing");
-    assert!(outcome.failed_batches > 0);
-    assert!(outcome.error.is_some());
+    assert_eq!(outcome.failed_batches, 1);
+    let e = outcome.error.expect("the failed batch's error");
+    assert!(e.to_string().contains("WRONGTYPE"), "{e}");
+    // The all-or-nothing sync reports that error.
+    let all = server.block_on(|| async {
+        let store = connect(&config).await;
+        store.sync("a", window, &reports).await.err()
+    });
+    assert!(all.is_some_and(|e| e.to_string().contains("WRONGTYPE")));
 }
