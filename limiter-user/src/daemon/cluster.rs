@@ -171,6 +171,11 @@ pub struct Sync {
     /// Until when, after a recovery, each source stays held to the
     /// fallback cap (`recovery_cap`).
     recovering_until: Option<Instant>,
+    /// How many sources a tick reports at most (stalest first; `None`:
+    /// all), learnt from what Redis served (`next_cap`).
+    sync_cap: Option<usize>,
+    /// Whether the last tick's syncs were partial.
+    last_partial: bool,
     metrics: ClusterMetrics,
     live: SharedLive,
 }
@@ -186,6 +191,39 @@ fn monotonic_ns() -> u64 {
     let ts = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
         .expect("CLOCK_MONOTONIC is always available");
     ts.tv_sec() as u64 * 1_000_000_000 + ts.tv_nsec() as u64
+}
+
+/// The next tick's cap on the sources it reports, from this tick's: a
+/// partial tick (Redis served only part of the batches in time) caps the
+/// next at 90% of what was served, so the calls Redis cannot serve are
+/// not sent to queue in front of the next tick's (its heartbeat would time
+/// out behind them); a tick that failed while sending more than a batch
+/// halves the cap (an overload looks like that too; a Redis that is down
+/// costs nothing more); a tick done within 60% of the interval raises the
+/// cap by half, and lifts it once it covers every tracked source. Never
+/// under one batch, so a few sources are never capped.
+fn next_cap(
+    cap: Option<usize>,
+    sent: usize,
+    synced: Option<usize>,
+    partial: bool,
+    took: Duration,
+    interval: Duration,
+    tracked: usize,
+) -> Option<usize> {
+    use crate::cluster::store::MAX_BATCH;
+    match synced {
+        Some(count) if partial => Some((count * 9 / 10).max(MAX_BATCH)),
+        None if sent > MAX_BATCH => Some((sent / 2).max(MAX_BATCH)),
+        None => cap,
+        Some(_) => match cap {
+            Some(cap) if took < interval * 6 / 10 => {
+                let grown = cap + cap / 2;
+                (grown < tracked).then_some(grown)
+            }
+            other => other,
+        },
+    }
 }
 
 /// Time kept at the end of a tick to write the kernel's maps after the
@@ -225,6 +263,8 @@ pub fn start(
         nodes_alive: 0,
         last_hot_list: None,
         recovering_until: None,
+        sync_cap: None,
+        last_partial: false,
         metrics,
         live,
     };
@@ -324,7 +364,27 @@ impl Sync {
         let kernel_now = monotonic_ns();
         let mut groups: Groups = HashMap::new();
         let mut gone = Vec::new();
-        for (text, tracked) in &mut self.tracked {
+        // At most `sync_cap` sources, the stalest first: the others keep
+        // their last allowance and their deltas wait in the kernel (the
+        // trackers are not advanced) until their turn.
+        let keys: Vec<String> = match self.sync_cap {
+            Some(cap) if cap < self.tracked.len() => {
+                let mut order: Vec<(Option<Instant>, &String)> =
+                    self.tracked.iter().map(|(k, t)| (t.synced, k)).collect();
+                order.sort_unstable();
+                order
+                    .into_iter()
+                    .take(cap)
+                    .map(|(_, k)| k.clone())
+                    .collect()
+            }
+            _ => self.tracked.keys().cloned().collect(),
+        };
+        let sent = keys.len();
+        for text in keys {
+            let Some(tracked) = self.tracked.get_mut(&text) else {
+                continue;
+            };
             let Some(rule) = rules.get(&tracked.rule) else {
                 // Not a cluster rule (any more) in the live generation.
                 gone.push(text.clone());
@@ -396,6 +456,7 @@ impl Sync {
             self.tracked.remove(&text);
         }
         // (c) Redis, cut at the tick's deadline.
+        self.last_partial = false;
         let budget = deadline.saturating_duration_since(Instant::now());
         let outcome = tokio::time::timeout(budget, self.redis(&groups, deadline)).await;
         let outcome = match outcome {
@@ -488,6 +549,15 @@ impl Sync {
                 None
             }
         };
+        self.sync_cap = next_cap(
+            self.sync_cap,
+            sent,
+            synced,
+            self.last_partial,
+            started.elapsed(),
+            self.config.sync_interval,
+            self.tracked.len(),
+        );
         let phase = self.health.phase(now, self.config.grace);
         let state = kernel_state(
             kernel_now,
@@ -579,6 +649,7 @@ impl Sync {
             }
             self.metrics.redis_errors.inc();
             self.metrics.partial_ticks.inc();
+            self.last_partial = true;
             debug!(failed, synced = allowances.len(), error = %e,
                 "cluster: part of the hot sources not synced this tick (they go first next tick)");
         }
@@ -631,5 +702,46 @@ impl Sync {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cap_follows_what_redis_served() {
+        let t = Duration::from_millis(100);
+        let fast = Duration::from_millis(20);
+        // Uncapped and keeping up: stays uncapped.
+        assert_eq!(next_cap(None, 5000, Some(5000), false, fast, t, 5000), None);
+        // Partial: 90% of what was served.
+        assert_eq!(
+            next_cap(None, 10_000, Some(4000), true, t, t, 10_000),
+            Some(3600)
+        );
+        // Fast ticks grow it by half, and lift it once it covers all.
+        assert_eq!(
+            next_cap(Some(3600), 3600, Some(3600), false, fast, t, 10_000),
+            Some(5400)
+        );
+        assert_eq!(
+            next_cap(Some(8000), 8000, Some(8000), false, fast, t, 10_000),
+            None
+        );
+        // A slow but complete tick keeps it.
+        assert_eq!(
+            next_cap(Some(3600), 3600, Some(3600), false, t, t, 10_000),
+            Some(3600)
+        );
+        // A failed tick that sent many halves it; one that sent few keeps it.
+        assert_eq!(
+            next_cap(None, 10_000, None, false, t, t, 10_000),
+            Some(5000)
+        );
+        assert_eq!(next_cap(Some(300), 10, None, false, t, t, 10), Some(300));
+        // Never under one batch.
+        assert_eq!(next_cap(None, 100, Some(1), true, t, t, 100), Some(64));
+        assert_eq!(next_cap(None, 100, None, false, t, t, 100), Some(64));
     }
 }
