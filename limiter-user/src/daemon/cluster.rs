@@ -199,9 +199,11 @@ fn monotonic_ns() -> u64 {
 /// not sent to queue in front of the next tick's (its heartbeat would time
 /// out behind them); a tick that failed while sending more than a batch
 /// halves the cap (an overload looks like that too; a Redis that is down
-/// costs nothing more); a tick done within 60% of the interval raises the
-/// cap by half, and lifts it once it covers every tracked source. Never
-/// under one batch, so a few sources are never capped.
+/// costs nothing more); a complete tick raises the cap by half when it
+/// took under 60% of the interval, by a tenth under 90% (close to what
+/// Redis serves, the cap creeps up and a partial tick brings it back),
+/// and lifts it once it covers every tracked source. Never under one
+/// batch, so a few sources are never capped.
 fn next_cap(
     cap: Option<usize>,
     sent: usize,
@@ -217,8 +219,12 @@ fn next_cap(
         None if sent > MAX_BATCH => Some((sent / 2).max(MAX_BATCH)),
         None => cap,
         Some(_) => match cap {
-            Some(cap) if took < interval * 6 / 10 => {
-                let grown = cap + cap / 2;
+            Some(cap) if took < interval * 9 / 10 => {
+                let grown = if took < interval * 6 / 10 {
+                    cap + cap / 2
+                } else {
+                    cap + cap / 10 + 1
+                };
                 (grown < tracked).then_some(grown)
             }
             other => other,
@@ -729,7 +735,13 @@ mod tests {
             next_cap(Some(8000), 8000, Some(8000), false, fast, t, 10_000),
             None
         );
-        // A slow but complete tick keeps it.
+        // A complete tick close to the interval grows it by a tenth; one
+        // that took the whole interval keeps it.
+        let close = Duration::from_millis(80);
+        assert_eq!(
+            next_cap(Some(3600), 3600, Some(3600), false, close, t, 10_000),
+            Some(3961)
+        );
         assert_eq!(
             next_cap(Some(3600), 3600, Some(3600), false, t, t, 10_000),
             Some(3600)
