@@ -171,6 +171,8 @@ pub struct Sync {
     /// Until when, after a recovery, each source stays held to the
     /// fallback cap (`recovery_cap`).
     recovering_until: Option<Instant>,
+    /// The nodes alive before the outage the node recovered from.
+    recovering_nodes: u32,
     /// How many sources a tick reports at most (stalest first; `None`:
     /// all), learnt from what Redis served (`next_cap`).
     sync_cap: Option<usize>,
@@ -269,6 +271,7 @@ pub fn start(
         nodes_alive: 0,
         last_hot_list: None,
         recovering_until: None,
+        recovering_nodes: 0,
         sync_cap: None,
         last_partial: false,
         metrics,
@@ -477,6 +480,7 @@ impl Sync {
         let kernel_now = monotonic_ns();
         let synced = match outcome {
             Ok((nodes, allowances)) => {
+                let known = self.nodes_alive;
                 self.nodes_alive = nodes;
                 if self.health.success() == Some(Change::Recovered) {
                     info!(nodes, "cluster: Redis reachable again, node recovered (outage counts not replayed)");
@@ -492,6 +496,11 @@ impl Sync {
                         .max()
                         .unwrap_or_default();
                     self.recovering_until = Some(now + window);
+                    // A restarted Redis knows only the nodes that have
+                    // heartbeat into it yet (this one first): the cap
+                    // divides by the nodes known before the outage until
+                    // the others are back.
+                    self.recovering_nodes = known;
                 }
                 let recovering = self.recovering_until.is_some_and(|until| now < until);
                 let expires =
@@ -518,7 +527,7 @@ impl Sync {
                             let cap = tick::recovery_cap(
                                 policy(self.config.fallback),
                                 tracked.limit,
-                                nodes,
+                                nodes.max(self.recovering_nodes),
                             );
                             let caps = tick::split_claim(cap, &tracked.offered_now);
                             for (a, cap) in allowance.iter_mut().zip(caps) {
