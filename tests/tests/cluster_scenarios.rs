@@ -372,7 +372,7 @@ fn fifty_thousand_light_sources_stay_unsynced_and_redis_load_follows_the_formula
 /// "Normal" after Redis answers again: the windows ending W + 2T after it
 /// or later within 0.88L..1.1L, as scenario 1; and the windows straddling
 /// the recovery (`straddling`) at most 1.1L too: Redis lost the outage's
-/// counts, and without the recovery cap (`cluster::tick::recovery_cap`)
+/// counts, and without the recovery cap (`daemon::cluster`: the fallback cap for a window)
 /// the first claims handed out `L` again on top of what the fallback had
 /// admitted (1.19L to 1.29L measured).
 fn assert_normal_after(what: &str, normal: &[u64], straddling: &[u64], total: &[u64]) {

@@ -24,17 +24,9 @@
 use std::time::Duration;
 
 /// What a node applies to cluster-scoped sources once it is degraded
-/// (Redis unreachable past the grace period) or its daemon stopped
-/// refreshing the kernel's cluster state.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Fallback {
-    /// `L / nodes alive`: the cluster as a whole stays within about `L`
-    /// (strict; the default).
-    Split,
-    /// `L` on every node: availability first, the cluster may admit up to
-    /// `N x L`.
-    Local,
-}
+/// (`split`: `L / nodes alive`; `local`: `L`): the `[cluster] fallback`
+/// setting itself.
+pub use crate::config::Fallback;
 
 /// What this node may admit of a source until its next sync: its *claim*
 /// on the room left in the cluster-wide window, as `sync.lua` computes it

@@ -21,7 +21,7 @@ use limiter_common::{
     ClusterState, SourceKey,
 };
 
-use super::share::{cold_cap, Fallback};
+use super::share::Fallback;
 
 /// Bits of a packet word above the count and first offset: the bucket tag
 /// (`limiter_common::window::slots`: 24-bit tag, 10-bit offset, 30-bit
@@ -261,29 +261,6 @@ pub fn kernel_state(
         fallback,
         permille,
     )
-}
-
-/// The cap a source is held to in the fallback (for `status`): the
-/// policy's share of `limit`.
-pub fn fallback_limit(policy: Fallback, limit: u64, nodes_alive: u32) -> u64 {
-    match policy {
-        Fallback::Split => cold_cap(limit, nodes_alive),
-        Fallback::Local => limit,
-    }
-}
-
-/// The cap on a source's allowance (a window total on this node) for one
-/// window after the node recovers from being degraded: the fallback
-/// policy's cap, as while degraded.
-///
-/// Why: outage counts are not replayed (a replay would hold them in Redis
-/// a window longer than in the kernels), so Redis sees an empty window
-/// while the kernels' windows still hold what the fallback admitted; the
-/// claims alone would hand out `L` again on top of it (measured: windows
-/// straddling the recovery at 1.19L to 1.29L). Under `split` the nodes
-/// stay within `L` together until the outage has left the window.
-pub fn recovery_cap(policy: Fallback, limit: u64, nodes_alive: u32) -> u64 {
-    fallback_limit(policy, limit, nodes_alive)
 }
 
 /// The bucket a kernel time falls in, for [`AdmittedTracker::advance`]'s
@@ -537,9 +514,5 @@ mod tests {
         // Nodes unknown (0): this node alone, never a zero divisor.
         let s = kernel_state(5, t, 0, Fallback::Split, 2.0, Phase::Fallback);
         assert_eq!((s.cold_divisor, s.threshold_permille), (1, 1000));
-        assert_eq!(fallback_limit(Fallback::Split, 1000, 3), 333);
-        assert_eq!(fallback_limit(Fallback::Local, 1000, 3), 1000);
-        assert_eq!(recovery_cap(Fallback::Split, 1000, 3), 333);
-        assert_eq!(recovery_cap(Fallback::Local, 1000, 3), 1000);
     }
 }

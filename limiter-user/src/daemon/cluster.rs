@@ -31,17 +31,14 @@
 
 use std::{
     collections::{HashMap, HashSet},
-    path::{Path, PathBuf},
+    path::Path,
     sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
-use aya::maps::{Array, HashMap as BpfHashMap, Map, MapData, PerCpuHashMap};
 use limiter_common::{
-    names,
     rules::{rules_base, MAX_RULES},
-    ClusterShare, ClusterState, Config, EventKind, LimitEvent, Rule, Scope, SourceKey,
-    SourceTraffic, WindowState,
+    ClusterShare, EventKind, LimitEvent, Rule, Scope, SourceKey,
 };
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
@@ -49,14 +46,15 @@ use tracing::{debug, info, warn};
 use super::{events::RuleNames, metrics::ClusterMetrics};
 use crate::{
     cluster::{
+        fallback_cap,
         tick::{
             self, first_bucket_of_window, kernel_state, parse_report_key, report_key, share_expiry,
             AdmittedTracker, Change, Health, OfferedTracker, Phase,
         },
-        Fallback as ShareFallback, Mode, Report, Store, StoreConfig, StoreError, WindowSpec,
+        Mode, Report, Store, StoreConfig, StoreError, WindowSpec,
     },
     config::{ClusterConfig, ClusterMode, Fallback},
-    kernel::pins,
+    kernel::{cluster as kernel_cluster, pins, Maps},
     proto::ClusterLive,
 };
 
@@ -94,38 +92,6 @@ impl Live {
     }
 }
 
-/// One interface's maps, opened from their pins.
-struct IfaceMaps {
-    sources: PerCpuHashMap<MapData, SourceKey, SourceTraffic>,
-    windows: BpfHashMap<MapData, SourceKey, WindowState>,
-    rules: Array<MapData, Rule>,
-    config: Array<MapData, Config>,
-    shares: BpfHashMap<MapData, SourceKey, ClusterShare>,
-    cluster: Array<MapData, ClusterState>,
-}
-
-fn open<T: TryFrom<Map, Error = aya::maps::MapError>>(dir: &Path, name: &str) -> anyhow::Result<T> {
-    let path = dir.join(name);
-    let data = MapData::from_pin(&path)
-        .map_err(|e| anyhow::anyhow!("cannot open pinned map {}: {e}", path.display()))?;
-    let map = Map::from_map_data(data)?;
-    Ok(T::try_from(map)?)
-}
-
-impl IfaceMaps {
-    fn open(pin_dir: &Path, iface: &str) -> anyhow::Result<Self> {
-        let dir: PathBuf = pins::maps_dir(&pins::iface_dir(pin_dir, iface));
-        Ok(Self {
-            sources: open(&dir, names::SOURCES)?,
-            windows: open(&dir, names::WINDOWS)?,
-            rules: open(&dir, names::RULES)?,
-            config: open(&dir, names::CONFIG)?,
-            shares: open(&dir, names::CLUSTER_SHARES)?,
-            cluster: open(&dir, names::CLUSTER)?,
-        })
-    }
-}
-
 /// A cluster source being synced.
 struct Tracked {
     key: SourceKey,
@@ -160,7 +126,9 @@ type Groups = HashMap<(u64, u32), Vec<(String, Report, Option<Instant>)>>;
 /// The sync task's state.
 pub struct Sync {
     config: ClusterConfig,
-    ifaces: Vec<(String, IfaceMaps)>,
+    /// Each protected interface's maps, opened from their pins (typed
+    /// handles of their own: the task never waits on the main loop).
+    ifaces: Vec<(String, Maps)>,
     store: Option<Store>,
     names: RuleNames,
     events: mpsc::Receiver<LimitEvent>,
@@ -169,7 +137,7 @@ pub struct Sync {
     nodes_alive: u32,
     last_hot_list: Option<Instant>,
     /// Until when, after a recovery, each source stays held to the
-    /// fallback cap (`recovery_cap`).
+    /// fallback cap (see where it is set).
     recovering_until: Option<Instant>,
     /// The nodes alive before the outage the node recovered from.
     recovering_nodes: u32,
@@ -182,17 +150,10 @@ pub struct Sync {
     live: SharedLive,
 }
 
-fn policy(fallback: Fallback) -> ShareFallback {
-    match fallback {
-        Fallback::Split => ShareFallback::Split,
-        Fallback::Local => ShareFallback::Local,
-    }
-}
-
-fn monotonic_ns() -> u64 {
-    let ts = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
-        .expect("CLOCK_MONOTONIC is always available");
-    ts.tv_sec() as u64 * 1_000_000_000 + ts.tv_nsec() as u64
+/// The kernel's clock for the limiter, in ns (`kernel::now`: what the
+/// program's `bpf_ktime_get_coarse_ns` reads).
+fn kernel_ns() -> u64 {
+    crate::kernel::now().as_nanos() as u64
 }
 
 /// The next tick's cap on the sources it reports, from this tick's: a
@@ -258,7 +219,10 @@ pub fn start(
 ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
     let mut opened = Vec::with_capacity(ifaces.len());
     for iface in ifaces {
-        opened.push((iface.clone(), IfaceMaps::open(pin_dir, iface)?));
+        let dir = pins::maps_dir(&pins::iface_dir(pin_dir, iface));
+        let maps = Maps::from_pins(&dir)
+            .map_err(|e| anyhow::anyhow!("{iface}: cannot open the pinned maps: {e}"))?;
+        opened.push((iface.clone(), maps));
     }
     let mut sync = Sync {
         config,
@@ -315,7 +279,7 @@ impl Sync {
         let Some((_, maps)) = self.ifaces.first() else {
             return HashMap::new();
         };
-        let Ok(config) = maps.config.get(&0, 0) else {
+        let Ok(config) = maps.live_config() else {
             return HashMap::new();
         };
         let base = rules_base(config.generation);
@@ -323,7 +287,7 @@ impl Sync {
         names
             .into_iter()
             .filter(|(index, _)| (base..base + MAX_RULES).contains(index))
-            .filter_map(|(index, name)| maps.rules.get(&index, 0).ok().map(|rule| (name, rule)))
+            .filter_map(|(index, name)| maps.rule(index).ok().map(|rule| (name, rule)))
             .filter(|(_, rule)| rule.scope() == Some(Scope::Cluster))
             .collect()
     }
@@ -370,7 +334,7 @@ impl Sync {
         }
         let rules = self.live_rules();
         // (b) Deltas since the last tick, formed whatever the sync's outcome.
-        let kernel_now = monotonic_ns();
+        let kernel_now = kernel_ns();
         let mut groups: Groups = HashMap::new();
         let mut gone = Vec::new();
         // At most `sync_cap` sources, the stalest first: the others keep
@@ -477,7 +441,7 @@ impl Sync {
         };
         // (d) The kernel.
         let now = Instant::now();
-        let kernel_now = monotonic_ns();
+        let kernel_now = kernel_ns();
         let synced = match outcome {
             Ok((nodes, allowances)) => {
                 let known = self.nodes_alive;
@@ -524,8 +488,8 @@ impl Sync {
                             .map(|(e, part)| e.saturating_add(part))
                             .collect();
                         if recovering {
-                            let cap = tick::recovery_cap(
-                                policy(self.config.fallback),
+                            let cap = fallback_cap(
+                                self.config.fallback,
                                 tracked.limit,
                                 nodes.max(self.recovering_nodes),
                             );
@@ -578,12 +542,12 @@ impl Sync {
             kernel_now,
             self.config.sync_interval,
             self.nodes_alive,
-            policy(self.config.fallback),
+            self.config.fallback,
             self.config.threshold,
             phase,
         );
         for (iface, maps) in &mut self.ifaces {
-            if let Err(e) = maps.cluster.set(0, state, 0) {
+            if let Err(e) = kernel_cluster::write_state(maps, state) {
                 warn!(%iface, error = %e, "cluster: cannot write the cluster state");
             }
         }
@@ -712,7 +676,7 @@ impl Sync {
                     allowance_packets: allowance,
                     expires_ns,
                 };
-                if let Err(e) = maps.shares.insert(tracked.key, share, 0) {
+                if let Err(e) = kernel_cluster::write_share(maps, &tracked.key, share) {
                     warn!(%iface, error = %e, "cluster: cannot write a share");
                 }
             }

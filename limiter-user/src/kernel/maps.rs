@@ -16,6 +16,8 @@ use limiter_common::{
     WindowState,
 };
 
+use std::path::Path;
+
 use super::MapsError;
 
 /// Typed handles on every map userspace uses (the kernel's scratch maps
@@ -59,6 +61,16 @@ fn take<T: TryFrom<Map, Error = aya::maps::MapError>>(
     T::try_from(map).map_err(MapsError::on(name))
 }
 
+/// Opens map `name` pinned in `dir` as `T`.
+fn pinned<T: TryFrom<Map, Error = aya::maps::MapError>>(
+    dir: &Path,
+    name: &'static str,
+) -> Result<T, MapsError> {
+    let data = MapData::from_pin(dir.join(name)).map_err(MapsError::on(name))?;
+    let map = Map::from_map_data(data).map_err(MapsError::on(name))?;
+    T::try_from(map).map_err(MapsError::on(name))
+}
+
 impl Maps {
     /// How many maps a `Maps` holds.
     pub const COUNT: usize = 13;
@@ -79,6 +91,28 @@ impl Maps {
             holds: take(ebpf, names::HOLDS)?,
             cluster_shares: take(ebpf, names::CLUSTER_SHARES)?,
             cluster: take(ebpf, names::CLUSTER)?,
+        })
+    }
+
+    /// A second set of handles on a running instance's maps, from their
+    /// pins in `maps_dir` (`pins::maps_dir`), for a task that works beside
+    /// the daemon's main loop (the cluster sync). Without `EVENTS`, which
+    /// is not pinned and has one reader.
+    pub fn from_pins(maps_dir: &Path) -> Result<Self, MapsError> {
+        Ok(Self {
+            sources: pinned(maps_dir, names::SOURCES)?,
+            windows: pinned(maps_dir, names::WINDOWS)?,
+            stats: pinned(maps_dir, names::STATS)?,
+            config: pinned(maps_dir, names::CONFIG)?,
+            rules: pinned(maps_dir, names::RULES)?,
+            rule_drops: pinned(maps_dir, names::RULE_DROPS)?,
+            prefixes_v4: pinned(maps_dir, names::PREFIXES_V4)?,
+            prefixes_v6: pinned(maps_dir, names::PREFIXES_V6)?,
+            events: None,
+            sketch: pinned(maps_dir, names::SKETCH)?,
+            holds: pinned(maps_dir, names::HOLDS)?,
+            cluster_shares: pinned(maps_dir, names::CLUSTER_SHARES)?,
+            cluster: pinned(maps_dir, names::CLUSTER)?,
         })
     }
 
