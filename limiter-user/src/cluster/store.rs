@@ -26,6 +26,8 @@
 
 use std::{collections::BTreeMap, future::Future, time::Duration};
 
+use futures_util::future::join_all;
+
 use redis::{
     aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig},
     cluster::ClusterClientBuilder,
@@ -574,7 +576,11 @@ impl Store {
             .await?
             .map_err(|source| call_error("hot sources", self.bulk_timeout, source))
         });
-        Ok(try_join_all(calls).await?.into_iter().flatten().collect())
+        let lists = join_all(calls)
+            .await
+            .into_iter()
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(lists.into_iter().flatten().collect())
     }
 
     /// Records `node` alive now (Redis time), forgets nodes not heard from
@@ -641,73 +647,6 @@ async fn bounded<T>(
     tokio::time::timeout(after, future)
         .await
         .map_err(|_| StoreError::Timeout { op, after })
-}
-
-/// Awaits every future concurrently, to the end of each.
-async fn join_all<T>(futures: impl Iterator<Item = impl Future<Output = T>>) -> Vec<T> {
-    let mut set: Vec<_> = futures.map(Box::pin).collect();
-    let mut results: Vec<Option<T>> = set.iter().map(|_| None).collect();
-    // Polled together on this task, as in `try_join_all`.
-    std::future::poll_fn(|cx| {
-        let mut pending = false;
-        for (f, slot) in set.iter_mut().zip(results.iter_mut()) {
-            if slot.is_none() {
-                match f.as_mut().poll(cx) {
-                    std::task::Poll::Ready(value) => *slot = Some(value),
-                    std::task::Poll::Pending => pending = true,
-                }
-            }
-        }
-        if pending {
-            std::task::Poll::Pending
-        } else {
-            std::task::Poll::Ready(())
-        }
-    })
-    .await;
-    results
-        .into_iter()
-        .map(|r| r.expect("every future finished"))
-        .collect()
-}
-
-/// Awaits every future concurrently; the first error wins.
-async fn try_join_all<T>(
-    futures: impl Iterator<Item = impl Future<Output = Result<T, StoreError>>>,
-) -> Result<Vec<T>, StoreError> {
-    let mut set = Vec::new();
-    for f in futures {
-        set.push(Box::pin(f));
-    }
-    // Polled together on this task: the calls are multiplexed on one
-    // connection, so no spawning (and no 'static clones) is needed.
-    let mut results: Vec<Option<Result<T, StoreError>>> = set.iter().map(|_| None).collect();
-    std::future::poll_fn(|cx| {
-        let mut pending = false;
-        for (f, slot) in set.iter_mut().zip(results.iter_mut()) {
-            if slot.is_some() {
-                continue;
-            }
-            match f.as_mut().poll(cx) {
-                std::task::Poll::Ready(Err(e)) => return std::task::Poll::Ready(Err(e)),
-                std::task::Poll::Ready(ok) => *slot = Some(ok),
-                std::task::Poll::Pending => pending = true,
-            }
-        }
-        if pending {
-            std::task::Poll::Pending
-        } else {
-            std::task::Poll::Ready(Ok(()))
-        }
-    })
-    .await?;
-    Ok(results
-        .into_iter()
-        .map(|r| match r {
-            Some(Ok(value)) => value,
-            _ => unreachable!("every future finished successfully"),
-        })
-        .collect())
 }
 
 /// A failed call's error: the crate's own response timeout (set to the
