@@ -429,6 +429,7 @@ fn redis_hung(hang: Hang) {
             get("xdp_limiter_cluster_sync_duration_seconds_count"),
             get("xdp_limiter_cluster_sync_duration_seconds_bucket{le=\"0.1\"}"),
             get("xdp_limiter_cluster_sync_duration_seconds_bucket{le=\"0.05\"}"),
+            get("xdp_limiter_cluster_sync_duration_seconds_bucket{le=\"0.25\"}"),
         )
     };
     let (hung_at, resumed_at, degraded_after, recovered_after, ticks) =
@@ -489,7 +490,7 @@ fn redis_hung(hang: Hang) {
             let ticks: Vec<_> = before
                 .iter()
                 .zip(&after)
-                .map(|(b, a)| (a.0 - b.0, a.1 - b.1, a.2 - b.2))
+                .map(|(b, a)| (a.0 - b.0, a.1 - b.1, a.2 - b.2, a.3 - b.3))
                 .collect();
             (
                 (hung_at, hung_wall),
@@ -505,7 +506,7 @@ fn redis_hung(hang: Hang) {
     eprintln!(
         "{hang:?}: degraded on every node {degraded_after:?} after the hang, \
          recovered on every node {recovered_after:?} after Redis answered again; \
-         ticks during the hang per node (count, <= 100 ms, <= 50 ms): {ticks:?}"
+         ticks during the hang per node (count, <= 100 ms, <= 50 ms, <= 250 ms): {ticks:?}"
     );
     // Degraded within 3T plus the timeout (350 ms), by the daemons' own
     // log timestamps (+ 30 ms: a loaded 2-core machine schedules a tick
@@ -533,16 +534,25 @@ fn redis_hung(hang: Hang) {
         degraded_after <= 3 * T + TIMEOUT + Duration::from_millis(200),
         "{hang:?}: degraded {degraded_after:?} after the hang (3T + timeout = 350 ms)"
     );
-    // Each tick within its deadline: no tick of the hang took over T (each
-    // Redis call is cut at the 50 ms timeout, the tick at T).
-    for (i, &(count, within_t, _)) in ticks.iter().enumerate() {
+    // Each tick within its deadline. The heartbeat is cut at the 50 ms
+    // timeout and the syncs and the hot listing at 0.9 T, so a tick never
+    // waits for the hung Redis: the hang (1.9 s between the scrapes) still
+    // holds about 19 ticks, and none may approach 250 ms (a tick waiting
+    // for Redis would last the rest of the hang). The daemon ends its
+    // ticks within T; a loaded 2-core machine may still wake it over 10 ms
+    // late once (CI saw one tick in 18 over T), not on every tick.
+    for (i, &(count, within_t, _, within_250ms)) in ticks.iter().enumerate() {
         assert!(
-            count >= 10.0,
+            count >= 15.0,
             "node {i} hardly ticked while Redis hung: {ticks:?}"
         );
+        assert!(
+            count - within_t <= 1.0,
+            "node {i}: ticks took over T while Redis hung: {ticks:?}"
+        );
         assert_eq!(
-            count, within_t,
-            "node {i}: a tick took over T while Redis hung: {ticks:?}"
+            count, within_250ms,
+            "node {i}: a tick took over 250 ms while Redis hung: {ticks:?}"
         );
     }
     // The split fallback holds (grace 300 ms): in every window starting

@@ -196,8 +196,14 @@ fn next_cap(
 }
 
 /// Time kept at the end of a tick to write the kernel's maps after the
-/// syncs.
-const WRITE_MARGIN: Duration = Duration::from_millis(5);
+/// Redis calls: a tenth of the tick, at least 5 ms. Every Redis call of a
+/// tick (the heartbeat, the syncs, the hot listing) is cut at `T` less
+/// this margin, so a tick whose Redis hangs still ends within `T` with
+/// room for a late wake-up on a loaded machine; a tick that ran over `T`
+/// would cost the next one (`MissedTickBehavior::Skip`).
+fn write_margin(sync_interval: Duration) -> Duration {
+    (sync_interval / 10).max(Duration::from_millis(5))
+}
 
 /// How long a node counts as alive after its last heartbeat: five sync
 /// intervals (at least half a second), so one slow tick on a loaded
@@ -428,10 +434,12 @@ impl Sync {
         for text in gone {
             self.tracked.remove(&text);
         }
-        // (c) Redis, cut at the tick's deadline.
+        // (c) Redis, cut before the tick's deadline (the rest of the tick
+        // writes the kernel's maps).
         self.last_partial = false;
-        let budget = deadline.saturating_duration_since(Instant::now());
-        let outcome = tokio::time::timeout(budget, self.redis(&groups, deadline)).await;
+        let redis_deadline = deadline - write_margin(self.config.sync_interval);
+        let budget = redis_deadline.saturating_duration_since(Instant::now());
+        let outcome = tokio::time::timeout(budget, self.redis(&groups, redis_deadline)).await;
         let outcome = match outcome {
             Ok(result) => result,
             Err(_) => Err(StoreError::Timeout {
@@ -607,10 +615,7 @@ impl Sync {
         for (&(bucket_ms, buckets), entries) in groups {
             let spec = WindowSpec::new(Duration::from_millis(bucket_ms), buckets)?;
             let reports: Vec<Report> = entries.iter().map(|(_, r, _)| r.clone()).collect();
-            // A few ms of the tick are kept to write the kernel's maps.
-            let budget = deadline
-                .saturating_duration_since(Instant::now())
-                .saturating_sub(WRITE_MARGIN);
+            let budget = deadline.saturating_duration_since(Instant::now());
             let outcome = store.sync_partial(&node, spec, &reports, budget).await?;
             failed += outcome.failed_batches;
             if first_error.is_none() {
@@ -642,7 +647,16 @@ impl Sync {
         let due = self.last_hot_list.is_none_or(|t| t.elapsed() >= window);
         if due {
             self.last_hot_list = Some(Instant::now());
-            match store.hot_sources(window).await {
+            // Within what is left of the tick: a listing cut there is
+            // retried a window later, and the syncs' outcome stands.
+            let budget = deadline.saturating_duration_since(Instant::now());
+            let listing = tokio::time::timeout(budget, store.hot_sources(window))
+                .await
+                .unwrap_or(Err(StoreError::Timeout {
+                    op: "hot sources",
+                    after: budget,
+                }));
+            match listing {
                 Ok(keys) => {
                     let now = Instant::now();
                     let known: HashSet<String> = self.tracked.keys().cloned().collect();
