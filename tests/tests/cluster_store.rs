@@ -10,7 +10,8 @@ use limiter_tests::{redis::RedisServer, wait_until};
 use limiter_user::cluster::{
     node_claim,
     store::{
-        batches, group, Mode, Report, Store, StoreConfig, StoreError, Totals, WindowSpec, MAX_BATCH,
+        batches, group, Mode, Report, Store, StoreConfig, StoreError, Totals, WindowSpec, GROUPS,
+        MAX_BATCH,
     },
 };
 
@@ -264,6 +265,16 @@ fn sources_hot_on_any_node_are_listed_for_a_window() {
         // A read without deltas does not make a source hot.
         b.sync("b", window, &[report(light, 0, 0)]).await.unwrap();
         assert_eq!(c.hot_sources(window.window()).await.unwrap(), vec![hot]);
+        // A slice of the groups lists the source only if it holds its group.
+        let g = group(hot);
+        let within = window.window();
+        assert_eq!(c.hot_sources_in(within, g..g + 1).await.unwrap(), vec![hot]);
+        assert!(c.hot_sources_in(within, 0..g).await.unwrap().is_empty());
+        assert!(c
+            .hot_sources_in(within, g + 1..GROUPS)
+            .await
+            .unwrap()
+            .is_empty());
         // Forgotten once a window passes with no deltas (Redis time).
         let start = Instant::now();
         let gone = wait_until_async(Duration::from_secs(10), || async {
@@ -605,6 +616,26 @@ fn a_redis_cluster_takes_the_same_sync_without_cross_slot_errors() {
     let mut keys: Vec<String> = reports.iter().map(|r| r.key.clone()).collect();
     keys.sort_unstable();
     assert_eq!(hot, keys);
+    // Listed in slices of the groups (as the daemon does, a slice a tick),
+    // each source comes in its group's slice and in no other.
+    let slices = [0..1, 1..100, 100..GROUPS];
+    let listed = server.block_on(|| async {
+        let store = connect(&config).await;
+        let mut listed = Vec::new();
+        for slice in slices.clone() {
+            listed.push(store.hot_sources_in(window.window(), slice).await.unwrap());
+        }
+        listed
+    });
+    for (slice, keys) in slices.iter().zip(&listed) {
+        assert!(
+            keys.iter().all(|k| slice.contains(&group(k))),
+            "{slice:?}: {keys:?}"
+        );
+    }
+    let mut union: Vec<String> = listed.concat();
+    union.sort_unstable();
+    assert_eq!(union, hot);
 }
 
 /// `limiter_tests::wait_until`'s async twin, for polls that call the store.

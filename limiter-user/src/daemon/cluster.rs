@@ -2,18 +2,19 @@
 //! per daemon ties the Redis store (`crate::cluster::store`) to the
 //! kernel's cluster maps of every protected interface. Every sync interval
 //! `T` (ticks never overlap: `MissedTickBehavior::Skip`, and the Redis part
-//! of a tick is cut at `T`), it:
+//! of a tick is cut at `0.9 T`, leaving the rest for the map writes), it:
 //!
 //! 1. gathers the hot cluster sources: reported by the kernel's
 //!    cluster-hot events (forwarded by the event watchers through a
 //!    channel), synced with traffic within the last window, or listed hot
-//!    by Redis (`Store::hot_sources`, once per window);
+//!    by Redis (`Store::hot_sources_in`, a slice of the groups a tick, each
+//!    group once per window);
 //! 2. reads this node's admitted (the shared window's slots) and offered
 //!    (the per-CPU totals) deltas per source since the last tick
 //!    (`cluster::tick`; formed every tick, so a failed sync's deltas are
 //!    dropped and never replayed);
 //! 3. calls `Store::heartbeat` and `Store::sync` (each under the
-//!    configured timeout, the whole under `T`);
+//!    configured timeout, the whole under `0.9 T`);
 //! 4. writes each source's allowance into `CLUSTER_SHARES` and the state
 //!    into `CLUSTER` (refreshed every tick, even a failed one: the
 //!    kernel's own fallback is for a daemon that stopped ticking).
@@ -30,7 +31,7 @@
 //! never waits on Redis.
 
 use std::{
-    collections::{HashMap, HashSet},
+    collections::HashMap,
     path::Path,
     sync::{Arc, Mutex},
     time::{Duration, Instant},
@@ -47,6 +48,7 @@ use super::{events::RuleNames, metrics::ClusterMetrics};
 use crate::{
     cluster::{
         fallback_cap,
+        store::GROUPS,
         tick::{
             self, first_bucket_of_window, kernel_state, parse_report_key, report_key, share_expiry,
             AdmittedTracker, Change, Health, OfferedTracker, Phase,
@@ -135,7 +137,8 @@ pub struct Sync {
     tracked: HashMap<String, Tracked>,
     health: Health,
     nodes_alive: u32,
-    last_hot_list: Option<Instant>,
+    /// The first hot-set group the next tick lists (`hot_slice`).
+    hot_cursor: u16,
     /// Until when, after a recovery, each source stays held to the
     /// fallback cap (see where it is set).
     recovering_until: Option<Instant>,
@@ -213,6 +216,19 @@ fn alive_period(interval: Duration) -> Duration {
     (interval * 5).max(Duration::from_millis(500))
 }
 
+/// The hot-set groups a tick starting at group `cursor` lists: a slice
+/// sized so that, at one tick per `interval`, every group is listed once
+/// per `window` (all of them when the window is a tick or less). One reply
+/// then carries about `interval / window` of the hot set: 10,000 keys of
+/// 100,000 at `T` = 100 ms and `W` = 1 s, where the whole set in one reply
+/// outlasted every tick on a loaded machine and was never read.
+fn hot_slice(cursor: u16, interval: Duration, window: Duration) -> std::ops::Range<u16> {
+    let ticks = (window.as_nanos() / interval.as_nanos().max(1)).clamp(1, u128::from(GROUPS));
+    let size = GROUPS.div_ceil(ticks as u16);
+    let start = cursor % GROUPS;
+    start..(start + size).min(GROUPS)
+}
+
 /// Starts the sync task for `ifaces` (pinned under `pin_dir`).
 pub fn start(
     config: ClusterConfig,
@@ -239,7 +255,7 @@ pub fn start(
         tracked: HashMap::new(),
         health: Health::default(),
         nodes_alive: 0,
-        last_hot_list: None,
+        hot_cursor: 0,
         recovering_until: None,
         recovering_nodes: 0,
         sync_cap: None,
@@ -637,43 +653,39 @@ impl Sync {
             debug!(failed, synced = allowances.len(), error = %e,
                 "cluster: part of the hot sources not synced this tick (they go first next tick)");
         }
-        // Sources hot on other nodes, once per (longest) window: they are
-        // synced from the next tick on.
+        // Sources hot on other nodes, a slice of the groups each tick so
+        // every group is listed once per (longest) window: they are synced
+        // from the next tick on.
         let window = groups
             .keys()
             .map(|&(ms, b)| Duration::from_millis(ms * u64::from(b)))
             .max()
             .unwrap_or(Duration::from_secs(1));
-        let due = self.last_hot_list.is_none_or(|t| t.elapsed() >= window);
-        if due {
-            self.last_hot_list = Some(Instant::now());
-            // Within what is left of the tick: a listing cut there is
-            // retried a window later, and the syncs' outcome stands.
-            let budget = deadline.saturating_duration_since(Instant::now());
-            let listing = tokio::time::timeout(budget, store.hot_sources(window))
-                .await
-                .unwrap_or(Err(StoreError::Timeout {
-                    op: "hot sources",
-                    after: budget,
-                }));
-            match listing {
-                Ok(keys) => {
-                    let now = Instant::now();
-                    let known: HashSet<String> = self.tracked.keys().cloned().collect();
-                    for key in keys {
-                        if known.contains(&key) {
-                            if let Some(t) = self.tracked.get_mut(&key) {
-                                t.active = now;
-                            }
-                        } else if let Some((source, rule)) = parse_report_key(&key) {
-                            self.track(source, rule, now);
-                        }
+        let slice = hot_slice(self.hot_cursor, self.config.sync_interval, window);
+        self.hot_cursor = slice.end % GROUPS;
+        // Within what is left of the tick: a slice cut there is listed
+        // again a window later, and the syncs' outcome stands.
+        let budget = deadline.saturating_duration_since(Instant::now());
+        let listing = tokio::time::timeout(budget, store.hot_sources_in(window, slice))
+            .await
+            .unwrap_or(Err(StoreError::Timeout {
+                op: "hot sources",
+                after: budget,
+            }));
+        match listing {
+            Ok(keys) => {
+                let now = Instant::now();
+                for key in keys {
+                    if let Some(tracked) = self.tracked.get_mut(&key) {
+                        tracked.active = now;
+                    } else if let Some((source, rule)) = parse_report_key(&key) {
+                        self.track(source, rule, now);
                     }
                 }
-                Err(e) => {
-                    self.metrics.redis_errors.inc();
-                    warn!(error = %e, "cluster: cannot list the sources hot on other nodes (retried in a window)");
-                }
+            }
+            Err(e) => {
+                self.metrics.redis_errors.inc();
+                warn!(error = %e, "cluster: cannot list the sources hot on other nodes (these groups are listed again in a window)");
             }
         }
         Ok((nodes, allowances))
@@ -701,6 +713,39 @@ impl Sync {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_group_is_listed_once_per_window_in_slices_of_a_tick() {
+        let t = Duration::from_millis(100);
+        for (window, ticks) in [
+            (Duration::from_secs(1), 10),
+            (Duration::from_millis(250), 2),
+            (Duration::from_secs(60), 256),
+            (Duration::from_millis(100), 1),
+            (Duration::from_millis(50), 1),
+        ] {
+            // From the first group, the slices cover every group once in
+            // `ticks` ticks (the last slice shorter), then start over.
+            let mut listed = vec![0u32; usize::from(GROUPS)];
+            let (mut cursor, mut count, mut largest) = (0, 0, 0);
+            while count == 0 || cursor != 0 {
+                let slice = hot_slice(cursor, t, window);
+                assert!(!slice.is_empty() && slice.end <= GROUPS, "{slice:?}");
+                largest = largest.max(slice.len());
+                for g in slice.clone() {
+                    listed[usize::from(g)] += 1;
+                }
+                cursor = slice.end % GROUPS;
+                count += 1;
+                assert!(count <= ticks, "{window:?}: over {ticks} ticks");
+            }
+            assert_eq!(count, ticks, "{window:?}");
+            assert!(listed.iter().all(|&n| n == 1), "{window:?}: {listed:?}");
+            assert_eq!(largest, usize::from(GROUPS.div_ceil(ticks as u16)));
+        }
+        // A cursor past the last group (never kept, but cheap) wraps.
+        assert_eq!(hot_slice(GROUPS, t, Duration::from_secs(1)), 0..26);
+    }
 
     #[test]
     fn the_cap_follows_what_redis_served() {
