@@ -204,21 +204,24 @@ impl Health {
 /// How long a share written (or kept) at `now_ns` holds, or `None` when
 /// shares must not be kept any more (the fallback applies).
 ///
-/// Normally three sync intervals, the same as the state's staleness:
-/// a share never needs to outlive the state (a stale state ignores
-/// shares), and a shorter life would throw a source back to the cold cap
-/// (`L / nodes`, a sharp drop for a node carrying most of a source) after
-/// one or two slow or failed ticks, before the node is even degraded. It
-/// is rewritten every successful tick, so in steady state it never
-/// expires; a source no longer synced falls back to the cold cap within
-/// three intervals. While failing, kept shares are pushed forward the same
-/// way; once degraded, never past the end of the grace period.
+/// Normally ten sync intervals: a share never needs to outlive the state
+/// (a stale state, 3 intervals without a tick, ignores shares), and a life
+/// of a few intervals would throw a source back to the cold cap (`L /
+/// nodes`, a sharp drop for a node carrying most of a source) after one or
+/// two slow or failed ticks. Ten, not three: a share kept unchanged (a
+/// source not synced this tick) is rewritten only when it nears its
+/// expiry (`daemon::cluster::share_due`), so with 100,000 sources tracked
+/// a tick writes a tenth of them, not all. While failing, three intervals,
+/// so shares outlive the failing ticks by as little as before: a node
+/// degraded with no grace period is in the fallback within 3 intervals.
+/// Once degraded, never past the end of the grace period.
 pub fn share_expiry(now_ns: u64, interval: Duration, phase: Phase, now: Instant) -> Option<u64> {
-    let ahead = 3 * interval;
+    let failing = 3 * interval;
     match phase {
-        Phase::Normal | Phase::Failing => Some(now_ns + ahead.as_nanos() as u64),
+        Phase::Normal => Some(now_ns + (10 * interval).as_nanos() as u64),
+        Phase::Failing => Some(now_ns + failing.as_nanos() as u64),
         Phase::Grace { until } => {
-            let left = until.saturating_duration_since(now).min(ahead);
+            let left = until.saturating_duration_since(now).min(failing);
             Some(now_ns + left.as_nanos() as u64)
         }
         Phase::Fallback => None,
@@ -474,13 +477,13 @@ mod tests {
     }
 
     #[test]
-    fn shares_live_three_intervals_and_never_past_the_grace() {
+    fn shares_live_ten_intervals_three_while_failing_and_never_past_the_grace() {
         let t = Duration::from_millis(100);
         let now = Instant::now();
         let ns = 1_000_000_000;
         assert_eq!(
             share_expiry(ns, t, Phase::Normal, now),
-            Some(ns + 300_000_000)
+            Some(ns + 1_000_000_000)
         );
         assert_eq!(
             share_expiry(ns, t, Phase::Failing, now),
