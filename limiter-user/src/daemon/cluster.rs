@@ -7,8 +7,7 @@
 //! 1. gathers the hot cluster sources: reported by the kernel's
 //!    cluster-hot events (forwarded by the event watchers through a
 //!    channel), synced with traffic within the last window, or listed hot
-//!    by Redis (`Store::hot_sources_in`, a slice of the groups a tick, each
-//!    group once per window);
+//!    by Redis (step 5);
 //! 2. reads this node's admitted (the shared window's slots) and offered
 //!    (the per-CPU totals) deltas per source since the last tick
 //!    (`cluster::tick`; formed every tick, so a failed sync's deltas are
@@ -17,7 +16,10 @@
 //!    configured timeout, the whole under `0.9 T`);
 //! 4. writes each source's allowance into `CLUSTER_SHARES` and the state
 //!    into `CLUSTER` (refreshed every tick, even a failed one: the
-//!    kernel's own fallback is for a daemon that stopped ticking).
+//!    kernel's own fallback is for a daemon that stopped ticking);
+//! 5. lists a slice of the sources hot on any node
+//!    (`Store::hot_sources_in`, each group once per window), after the
+//!    writes so the shares are not delayed by it, within the same `0.9 T`.
 //!
 //! Failures: three failed ticks in a row make the node degraded (one log
 //! line); the last shares are kept, pushed forward but never past the end
@@ -579,6 +581,16 @@ impl Sync {
                 warn!(%iface, error = %e, "cluster: cannot write the cluster state");
             }
         }
+        // (e) Sources hot on other nodes, once the kernel has this tick's
+        // shares, and only when Redis answered.
+        if synced.is_some() {
+            let window = groups
+                .keys()
+                .map(|&(ms, b)| Duration::from_millis(ms * u64::from(b)))
+                .max()
+                .unwrap_or(Duration::from_secs(1));
+            self.list_hot(window, redis_deadline).await;
+        }
         // Operators.
         let fallback = (phase == Phase::Fallback).then_some(self.config.fallback);
         self.metrics.degraded.set(i64::from(self.health.degraded()));
@@ -607,16 +619,14 @@ impl Sync {
         }
     }
 
-    /// Connects if needed, heartbeats, syncs and lists hot sources once
-    /// per window; returns the nodes alive and the claim of each report
-    /// synced (`cluster::share::node_claim`).
+    /// Connects if needed, heartbeats and syncs; returns the nodes alive
+    /// and the claim of each report synced (`cluster::share::node_claim`).
     ///
     /// The heartbeat is bounded by the call timeout (a hung Redis shows
     /// there first). The syncs share what is left of the tick: a batch cut
     /// at the deadline fails only its sources, which keep their last
     /// allowance and go first next tick; the tick fails only when nothing
-    /// synced. A failed hot listing is retried a window later without
-    /// failing the tick.
+    /// synced.
     async fn redis(
         &mut self,
         groups: &Groups,
@@ -657,19 +667,28 @@ impl Sync {
             debug!(failed, synced = allowances.len(), error = %e,
                 "cluster: part of the hot sources not synced this tick (they go first next tick)");
         }
-        // Sources hot on other nodes, a slice of the groups each tick so
-        // every group is listed once per (longest) window: they are synced
-        // from the next tick on.
-        let window = groups
-            .keys()
-            .map(|&(ms, b)| Duration::from_millis(ms * u64::from(b)))
-            .max()
-            .unwrap_or(Duration::from_secs(1));
+        Ok((nodes, allowances))
+    }
+
+    /// Lists a slice of the hot set (`hot_slice`: every group once per
+    /// window) and tracks the sources hot on other nodes: they are synced
+    /// from the next tick on. Called after the kernel's maps are written,
+    /// never before: a listing ahead of the writes would delay every
+    /// share by its round trip, and a share written late lets the kernel
+    /// re-admit what left its window meanwhile (`bench cluster` saw windows
+    /// up to 1,050 at T = 50 ms with it ahead). Within `deadline`; a slice
+    /// not listed (no time left, or Redis failed) is listed again a window
+    /// later, without failing the tick.
+    async fn list_hot(&mut self, window: Duration, deadline: Instant) {
+        let Some(store) = self.store.as_ref() else {
+            return;
+        };
+        let budget = deadline.saturating_duration_since(Instant::now());
+        if budget.is_zero() {
+            return;
+        }
         let slice = hot_slice(self.hot_cursor, self.config.sync_interval, window);
         self.hot_cursor = slice.end % GROUPS;
-        // Within what is left of the tick: a slice cut there is listed
-        // again a window later, and the syncs' outcome stands.
-        let budget = deadline.saturating_duration_since(Instant::now());
         let listing = tokio::time::timeout(budget, store.hot_sources_in(window, slice))
             .await
             .unwrap_or(Err(StoreError::Timeout {
@@ -692,7 +711,6 @@ impl Sync {
                 warn!(error = %e, "cluster: cannot list the sources hot on other nodes (these groups are listed again in a window)");
             }
         }
-        Ok((nodes, allowances))
     }
 
     /// Writes every tracked source's last allowance with `expires_ns`
