@@ -1,8 +1,8 @@
 //! The cluster sync task (issue 13): with `[cluster]` configured, one task
 //! per daemon ties the Redis store (`crate::cluster::store`) to the
 //! kernel's cluster maps of every protected interface. Every sync interval
-//! `T` (ticks never overlap: `MissedTickBehavior::Skip`, and the Redis part
-//! of a tick is cut at `0.9 T`, leaving the rest for the map writes), it:
+//! `T` (ticks never overlap: `MissedTickBehavior::Skip`, and the syncs are
+//! cut at `0.9 T`, the hot listing at `0.95 T`: `TickPlan`), it:
 //!
 //! 1. gathers the hot cluster sources: reported by the kernel's
 //!    cluster-hot events (forwarded by the event watchers through a
@@ -19,7 +19,7 @@
 //!    kernel's own fallback is for a daemon that stopped ticking);
 //! 5. lists a slice of the sources hot on any node
 //!    (`Store::hot_sources_in`, each group once per window), after the
-//!    writes so the shares are not delayed by it, within the same `0.9 T`.
+//!    writes so the shares are not delayed by it, by `0.95 T`.
 //!
 //! Failures: three failed ticks in a row make the node degraded (one log
 //! line); the last shares are kept, pushed forward but never past the end
@@ -203,14 +203,46 @@ fn next_cap(
     }
 }
 
-/// Time kept at the end of a tick to write the kernel's maps after the
-/// Redis calls: a tenth of the tick, at least 5 ms. Every Redis call of a
-/// tick (the heartbeat, the syncs, the hot listing) is cut at `T` less
-/// this margin, so a tick whose Redis hangs still ends within `T` with
-/// room for a late wake-up on a loaded machine; a tick that ran over `T`
-/// would cost the next one (`MissedTickBehavior::Skip`).
-fn write_margin(sync_interval: Duration) -> Duration {
-    (sync_interval / 10).max(Duration::from_millis(5))
+/// How much sooner than the tick's cut a sync gives up on the batches
+/// Redis has not served, returning those it has (`Store::sync_partial`).
+const PARTIAL_MARGIN: Duration = Duration::from_millis(2);
+
+/// How a tick starting at `started` spends its interval `T`: the
+/// heartbeat and the syncs until `syncs_until`; then the kernel's maps and
+/// the hot list's slice, which ends by `listing_until`; the rest is slack
+/// for a late wake-up on a loaded machine, so a tick whose Redis hangs
+/// still ends within `T` (a tick over `T` would cost the next one:
+/// `MissedTickBehavior::Skip`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct TickPlan {
+    syncs_until: Instant,
+    listing_until: Instant,
+    /// A listing is skipped (its slice waits for the next tick) when less
+    /// than this is left: a reply cut short would stay queued in Redis
+    /// ahead of the next tick's heartbeat.
+    listing_least: Duration,
+}
+
+impl TickPlan {
+    /// Slack: a twentieth of `T` (at least 2 ms); writes and listing:
+    /// another twentieth (at least 3 ms); at least a fiftieth (1 ms) for a
+    /// listing. At `T` = 100 ms: syncs until 90 ms, listing until 95 ms.
+    /// The syncs are not cut sooner to make room for the listing: at 5,000
+    /// hot sources per node Redis needs about 85 ms for them, and cutting
+    /// them at 85 ms failed a tick in 5 to 7 (a cut batch stays queued in
+    /// Redis ahead of the next heartbeat), against 1 in 15 at 90 ms. A
+    /// node whose syncs fill the tick lists the hot set in the ticks that
+    /// leave time for it.
+    fn new(started: Instant, interval: Duration) -> Self {
+        let slack = (interval / 20).max(Duration::from_millis(2));
+        let after = (interval / 20).max(Duration::from_millis(3));
+        let listing_until = started + interval.saturating_sub(slack);
+        TickPlan {
+            syncs_until: started + interval.saturating_sub(slack + after),
+            listing_until,
+            listing_least: (interval / 50).max(Duration::from_millis(1)),
+        }
+    }
 }
 
 /// How long a node counts as alive after its last heartbeat: five sync
@@ -351,7 +383,6 @@ impl Sync {
 
     async fn tick(&mut self) {
         let started = Instant::now();
-        let deadline = started + self.config.sync_interval;
         // (a) Sources the kernel reported hot since the last tick.
         while let Ok(event) = self.events.try_recv() {
             if event.kind() == Some(EventKind::ClusterHot) {
@@ -455,12 +486,14 @@ impl Sync {
         for text in gone {
             self.tracked.remove(&text);
         }
-        // (c) Redis, cut before the tick's deadline (the rest of the tick
-        // writes the kernel's maps).
+        // (c) Redis, cut before the tick's deadline (`TickPlan`): the rest
+        // of the tick writes the kernel's maps and lists a slice of the hot
+        // set (a Redis busy with the syncs up to the deadline would leave
+        // the listing no time at all).
         self.last_partial = false;
-        let redis_deadline = deadline - write_margin(self.config.sync_interval);
-        let budget = redis_deadline.saturating_duration_since(Instant::now());
-        let outcome = tokio::time::timeout(budget, self.redis(&groups, redis_deadline)).await;
+        let plan = TickPlan::new(started, self.config.sync_interval);
+        let budget = plan.syncs_until.saturating_duration_since(Instant::now());
+        let outcome = tokio::time::timeout(budget, self.redis(&groups, plan.syncs_until)).await;
         let outcome = match outcome {
             Ok(result) => result,
             Err(_) => Err(StoreError::Timeout {
@@ -538,6 +571,7 @@ impl Sync {
             }
             Err(e) => {
                 self.metrics.redis_errors.inc();
+                debug!(error = %e, "cluster: sync tick failed");
                 // Behind Sentinel the primary may have moved: ask the
                 // Sentinels again next tick (a single instance's or a
                 // Redis Cluster's connection reconnects and follows the
@@ -589,7 +623,7 @@ impl Sync {
                 .map(|&(ms, b)| Duration::from_millis(ms * u64::from(b)))
                 .max()
                 .unwrap_or(Duration::from_secs(1));
-            self.list_hot(window, redis_deadline).await;
+            self.list_hot(window, plan).await;
         }
         // Operators.
         let fallback = (phase == Phase::Fallback).then_some(self.config.fallback);
@@ -645,7 +679,12 @@ impl Sync {
         for (&(bucket_ms, buckets), entries) in groups {
             let spec = WindowSpec::new(Duration::from_millis(bucket_ms), buckets)?;
             let reports: Vec<Report> = entries.iter().map(|(_, r, _)| r.clone()).collect();
-            let budget = deadline.saturating_duration_since(Instant::now());
+            // Ends a little before the cut around this call, so the
+            // batches served in time come back as a partial sync instead
+            // of racing the cut, which would lose them all.
+            let budget = deadline
+                .saturating_duration_since(Instant::now())
+                .saturating_sub(PARTIAL_MARGIN);
             let outcome = store.sync_partial(&node, spec, &reports, budget).await?;
             failed += outcome.failed_batches;
             if first_error.is_none() {
@@ -676,18 +715,21 @@ impl Sync {
     /// never before: a listing ahead of the writes would delay every
     /// share by its round trip, and a share written late lets the kernel
     /// re-admit what left its window meanwhile (`bench cluster` saw windows
-    /// up to 1,050 at T = 50 ms with it ahead). Within `deadline`; a slice
-    /// not listed (no time left, or Redis failed) is listed again a window
-    /// later, without failing the tick.
-    async fn list_hot(&mut self, window: Duration, deadline: Instant) {
+    /// up to 1,050 at T = 50 ms with it ahead). By `plan.listing_until`;
+    /// skipped, its slice left for the next tick, when too little time is
+    /// left or the listing runs out of it (neither counts as a Redis
+    /// error); a slice Redis fails is listed again a window later. Never
+    /// fails the tick.
+    async fn list_hot(&mut self, window: Duration, plan: TickPlan) {
         let Some(store) = self.store.as_ref() else {
             return;
         };
-        let budget = deadline.saturating_duration_since(Instant::now());
-        if budget.is_zero() {
+        let budget = plan.listing_until.saturating_duration_since(Instant::now());
+        if budget < plan.listing_least {
             return;
         }
         let slice = hot_slice(self.hot_cursor, self.config.sync_interval, window);
+        let slice_start = slice.start;
         self.hot_cursor = slice.end % GROUPS;
         let listing = tokio::time::timeout(budget, store.hot_sources_in(window, slice))
             .await
@@ -705,6 +747,13 @@ impl Sync {
                         self.track(source, rule, now);
                     }
                 }
+            }
+            Err(StoreError::Timeout { .. }) => {
+                // Out of the tick's time (Redis still busy with syncs cut
+                // at their deadline, at capacity): the same slice next
+                // tick; not a Redis failure.
+                self.hot_cursor = slice_start;
+                debug!("cluster: no time left to list the hot set this tick");
             }
             Err(e) => {
                 self.metrics.redis_errors.inc();
@@ -758,6 +807,28 @@ fn share_due(written_until: u64, expires_ns: u64, now_ns: u64, interval: Duratio
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_tick_cuts_the_syncs_then_the_listing_and_keeps_slack() {
+        let start = Instant::now();
+        let ms = Duration::from_millis;
+        let plan = TickPlan::new(start, ms(100));
+        assert_eq!(plan.syncs_until, start + ms(90));
+        assert_eq!(plan.listing_until, start + ms(95));
+        assert_eq!(plan.listing_least, ms(2));
+        // Short intervals keep at least 2 ms of slack and 3 ms after the
+        // syncs.
+        let plan = TickPlan::new(start, ms(20));
+        assert_eq!(plan.syncs_until, start + ms(15));
+        assert_eq!(plan.listing_until, start + ms(18));
+        assert_eq!(plan.listing_least, ms(1));
+        // Never past the interval, however short.
+        let plan = TickPlan::new(start, ms(3));
+        assert_eq!(
+            (plan.syncs_until, plan.listing_until),
+            (start, start + ms(1))
+        );
+    }
 
     #[test]
     fn a_kept_share_is_rewritten_near_its_expiry_and_a_changed_or_shortened_one_at_once() {
