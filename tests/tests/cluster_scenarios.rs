@@ -536,7 +536,8 @@ fn redis_hung(hang: Hang) {
         "{hang:?}: degraded {degraded_after:?} after the hang (3T + timeout = 350 ms)"
     );
     // Each tick within its deadline. The heartbeat is cut at the 50 ms
-    // timeout and the syncs and the hot listing at 0.9 T, so a tick never
+    // timeout and the syncs at 0.9 T (the hot listing, at 0.95 T, runs only
+    // after a successful sync), so a tick never
     // waits for the hung Redis: the hang (1.9 s between the scrapes) still
     // holds about 19 ticks, and none may approach 250 ms (a tick waiting
     // for Redis would last the rest of the hang). The daemon ends its
