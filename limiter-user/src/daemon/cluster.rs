@@ -228,11 +228,9 @@ impl TickPlan {
     /// another twentieth (at least 3 ms); at least a fiftieth (1 ms) for a
     /// listing. At `T` = 100 ms: syncs until 90 ms, listing until 95 ms.
     /// The syncs are not cut sooner to make room for the listing: at 5,000
-    /// hot sources per node Redis needs about 85 ms for them, and cutting
-    /// them at 85 ms failed a tick in 5 to 7 (a cut batch stays queued in
-    /// Redis ahead of the next heartbeat), against 1 in 15 at 90 ms. A
-    /// node whose syncs fill the tick lists the hot set in the ticks that
-    /// leave time for it.
+    /// hot sources per node Redis needs about 85 ms for them, so every ms
+    /// taken from them is sources synced in turns. A node whose syncs fill
+    /// the tick lists the hot set in the ticks that leave time for it.
     fn new(started: Instant, interval: Duration) -> Self {
         let slack = (interval / 20).max(Duration::from_millis(2));
         let after = (interval / 20).max(Duration::from_millis(3));
@@ -258,7 +256,7 @@ fn alive_period(interval: Duration) -> Duration {
 /// per `window` (all of them when the window is a tick or less). One reply
 /// then carries about `interval / window` of the hot set: 10,000 keys of
 /// 100,000 at `T` = 100 ms and `W` = 1 s, where the whole set in one reply
-/// outlasted every tick on a loaded machine and was never read.
+/// outlasted every tick of a debug build and was never read.
 fn hot_slice(cursor: u16, interval: Duration, window: Duration) -> std::ops::Range<u16> {
     let ticks = (window.as_nanos() / interval.as_nanos().max(1)).clamp(1, u128::from(GROUPS));
     let size = GROUPS.div_ceil(ticks as u16);
@@ -797,7 +795,7 @@ impl Sync {
 /// changed, when it must end sooner (failing ticks and the grace period
 /// hold shares shorter), or when it would otherwise lapse within one and
 /// a half intervals, so a kept share (10 intervals, `tick::share_expiry`)
-/// is pushed forward about every eighth tick and still outlives a tick up
+/// is pushed forward every ninth tick and still outlives a tick up
 /// to half an interval late.
 fn share_due(written_until: u64, expires_ns: u64, now_ns: u64, interval: Duration) -> bool {
     let ahead = (interval * 3 / 2).as_nanos() as u64;
