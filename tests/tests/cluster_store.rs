@@ -27,8 +27,11 @@ fn report(key: &str, admitted: u64, offered: u64) -> Report {
 
 fn config(server: &RedisServer) -> StoreConfig {
     let mut config = StoreConfig::new(vec![server.url()], Mode::Single);
-    // Generous for a shared 2-core machine; the timeout test sets its own.
+    // Generous for a shared 2-core machine, the syncs' bound too (its
+    // 50 ms default timed a 600-source sync out under load); the timeout
+    // test sets its own.
     config.timeout = Duration::from_secs(2);
+    config.bulk_timeout = Duration::from_secs(2);
     config
 }
 
@@ -371,6 +374,7 @@ fn a_hung_server_costs_a_timeout_not_a_hang() {
     let server = RedisServer::start();
     let mut config = config(&server);
     config.timeout = Duration::from_millis(100);
+    config.bulk_timeout = Duration::from_millis(100);
     let window = long_window();
     let key = "192.0.2.8/32|default";
     server.block_on(|| async {
@@ -520,6 +524,9 @@ fn a_redis_cluster_takes_the_same_sync_without_cross_slot_errors() {
     let server = RedisServer::start_cluster();
     let mut config = StoreConfig::new(server.urls(), Mode::Cluster);
     config.timeout = Duration::from_secs(2);
+    // Two 600-source syncs over three primaries: CI timed one out at the
+    // 50 ms default under load.
+    config.bulk_timeout = Duration::from_secs(2);
     let window = long_window();
     // Sources all over the slot space, some sharing a slot.
     let reports: Vec<Report> = (0..600u64)
@@ -662,6 +669,7 @@ fn a_sentinel_names_the_primary_and_the_store_follows_a_failover() {
     let server = RedisServer::start_sentinel();
     let mut config = StoreConfig::new(vec![server.sentinel_url()], Mode::Sentinel);
     config.timeout = Duration::from_secs(2);
+    config.bulk_timeout = Duration::from_secs(2);
     config.sentinel_master = Some(SENTINEL_MASTER.into());
     let window = long_window();
     let key = "192.0.2.77/32|default";
