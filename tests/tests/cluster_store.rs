@@ -271,10 +271,18 @@ fn sources_hot_on_any_node_are_listed_for_a_window() {
         // A slice of the groups lists the source only if it holds its group.
         let g = group(hot);
         let within = window.window();
-        assert_eq!(c.hot_sources_in(within, g..g + 1).await.unwrap(), vec![hot]);
-        assert!(c.hot_sources_in(within, 0..g).await.unwrap().is_empty());
+        let budget = config.bulk_timeout;
+        assert_eq!(
+            c.hot_sources_in(within, g..g + 1, budget).await.unwrap(),
+            vec![hot]
+        );
         assert!(c
-            .hot_sources_in(within, g + 1..GROUPS)
+            .hot_sources_in(within, 0..g, budget)
+            .await
+            .unwrap()
+            .is_empty());
+        assert!(c
+            .hot_sources_in(within, g + 1..GROUPS, budget)
             .await
             .unwrap()
             .is_empty());
@@ -630,7 +638,12 @@ fn a_redis_cluster_takes_the_same_sync_without_cross_slot_errors() {
         let store = connect(&config).await;
         let mut listed = Vec::new();
         for slice in slices.clone() {
-            listed.push(store.hot_sources_in(window.window(), slice).await.unwrap());
+            listed.push(
+                store
+                    .hot_sources_in(window.window(), slice, config.bulk_timeout)
+                    .await
+                    .unwrap(),
+            );
         }
         listed
     });

@@ -556,17 +556,20 @@ impl Store {
     /// other nodes is counted here even while it is light here. One call on
     /// a single instance, one per group (concurrently) on a Redis Cluster.
     pub async fn hot_sources(&self, within: Duration) -> Result<Vec<String>, StoreError> {
-        self.hot_sources_in(within, 0..GROUPS).await
+        self.hot_sources_in(within, 0..GROUPS, self.bulk_timeout)
+            .await
     }
 
-    /// [`Store::hot_sources`] of the groups in `groups` only: the daemon
-    /// lists a slice of the groups each tick, so a large hot set is read
-    /// over a window in replies a tick can take, not in one reply that
-    /// outlasts every tick (100,000 hot sources did).
+    /// [`Store::hot_sources`] of the groups in `groups` only, all within
+    /// `budget`: the daemon lists a slice of the groups each tick, in what
+    /// is left of the tick, so a large hot set is read over a window in
+    /// replies a tick can take, not in one reply that outlasts every tick
+    /// (100,000 hot sources did).
     pub async fn hot_sources_in(
         &self,
         within: Duration,
         groups: std::ops::Range<u16>,
+        budget: Duration,
     ) -> Result<Vec<String>, StoreError> {
         let within_ms = ms(within);
         let groups = groups.start.min(GROUPS)..groups.end.min(GROUPS);
@@ -586,11 +589,11 @@ impl Store {
             let mut con = self.con.clone();
             bounded(
                 "hot sources",
-                self.bulk_timeout,
+                budget,
                 call.invoke_async::<Vec<String>>(&mut con),
             )
             .await?
-            .map_err(|source| call_error("hot sources", self.bulk_timeout, source))
+            .map_err(|source| call_error("hot sources", budget, source))
         });
         let lists = join_all(calls)
             .await

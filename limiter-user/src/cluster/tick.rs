@@ -211,7 +211,7 @@ impl Health {
 /// two slow or failed ticks. Ten, not three: a share kept unchanged (a
 /// source not synced this tick) is rewritten only when it nears its
 /// expiry (`daemon::cluster::share_due`), so with 100,000 sources tracked
-/// a tick writes a tenth of them, not all. While failing, three intervals,
+/// a tick writes about a ninth of them, not all. While failing, three intervals,
 /// so shares outlive the failing ticks by as little as before: a node
 /// degraded with no grace period is in the fallback within 3 intervals.
 /// Once degraded, never past the end of the grace period.

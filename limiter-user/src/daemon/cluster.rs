@@ -729,13 +729,7 @@ impl Sync {
         let slice = hot_slice(self.hot_cursor, self.config.sync_interval, window);
         let slice_start = slice.start;
         self.hot_cursor = slice.end % GROUPS;
-        let listing = tokio::time::timeout(budget, store.hot_sources_in(window, slice))
-            .await
-            .unwrap_or(Err(StoreError::Timeout {
-                op: "hot sources",
-                after: budget,
-            }));
-        match listing {
+        match store.hot_sources_in(window, slice, budget).await {
             Ok(keys) => {
                 let now = Instant::now();
                 for key in keys {
