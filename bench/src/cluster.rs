@@ -7,7 +7,7 @@
 use std::{collections::BTreeMap, io::Write as _, process::Stdio, time::Instant};
 
 use limiter_tests::{
-    daemon::{parse_metric, Daemon},
+    daemon::{parse_metric, sum_metric, Daemon},
     redis::RedisServer,
 };
 use limiter_user::cluster::store::group;
@@ -113,7 +113,8 @@ pub struct DaemonSample {
     pub ticks: f64,
     pub tick_s: f64,
     pub ticks_within_100ms: f64,
-    /// Ticks with a Redis failure (`xdp_limiter_cluster_redis_errors_total`:
+    /// Ticks with a Redis failure (`xdp_limiter_cluster_redis_errors_total`,
+    /// all kinds:
     /// failed ticks, partial ones and failed hot listings).
     pub errors: f64,
     /// Ticks that synced only part of the sources
@@ -135,7 +136,7 @@ impl DaemonSample {
             ticks: get(&format!("{SYNC}_count")),
             tick_s: get(&format!("{SYNC}_sum")),
             ticks_within_100ms: get(&format!("{SYNC}_bucket{{le=\"0.1\"}}")),
-            errors: get("xdp_limiter_cluster_redis_errors_total"),
+            errors: sum_metric(&metrics, "xdp_limiter_cluster_redis_errors_total"),
             partial: get("xdp_limiter_cluster_partial_ticks_total"),
             synced_sources: get("xdp_limiter_cluster_synced_sources"),
             degraded: get("xdp_limiter_cluster_degraded"),

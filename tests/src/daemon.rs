@@ -510,6 +510,21 @@ pub fn parse_series(text: &str) -> BTreeMap<String, f64> {
         .collect()
 }
 
+/// The sum of every series of the metric `name` (all its label values)
+/// in a Prometheus text exposition; 0 when it has none.
+pub fn sum_metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter_map(|line| {
+            let (series, value) = line.rsplit_once(' ')?;
+            let labels = series.strip_prefix(name)?;
+            (labels.is_empty() || labels.starts_with('{'))
+                .then(|| value.parse::<f64>().ok())
+                .flatten()
+        })
+        .sum()
+}
+
 /// The value of `series` in a Prometheus text exposition.
 pub fn parse_metric(text: &str, series: &str) -> Option<f64> {
     text.lines()
@@ -518,4 +533,22 @@ pub fn parse_metric(text: &str, series: &str) -> Option<f64> {
             let (name, value) = line.rsplit_once(' ')?;
             (name == series).then(|| value.parse().ok()).flatten()
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_metric_sums_over_its_labels_and_not_over_longer_names() {
+        let text = "# HELP x_total x\n\
+                    x_total{kind=\"timeout\"} 2\n\
+                    x_total{kind=\"server\"} 3\n\
+                    x_total_other 100\n\
+                    y_total 7\n";
+        assert_eq!(sum_metric(text, "x_total"), 5.0);
+        assert_eq!(sum_metric(text, "y_total"), 7.0);
+        assert_eq!(sum_metric(text, "z_total"), 0.0);
+        assert_eq!(parse_metric(text, "x_total{kind=\"server\"}"), Some(3.0));
+    }
 }

@@ -17,7 +17,7 @@ use limiter_tests::{
         cluster_bins, node_config, node_config_redis_cluster, windows, ClusterLab, BIN,
         REDIS_CLUSTER_ADDR,
     },
-    daemon::{parse_series, process_state, Daemon},
+    daemon::{parse_metric, parse_series, process_state, Daemon},
     redis::RedisServer,
     wait_until,
 };
@@ -149,15 +149,51 @@ fn logged_after(lab: &ClusterLab, nodes: &[usize], needle: &str, since: f64) -> 
         .collect()
 }
 
-/// Every node's `xdp_limiter_cluster_redis_errors_total`.
-fn redis_errors(lab: &ClusterLab) -> Vec<f64> {
+/// The kinds of `xdp_limiter_cluster_redis_errors_total`.
+const ERROR_KINDS: [&str; 4] = ["timeout", "connection", "server", "other"];
+
+/// Every node's `xdp_limiter_cluster_redis_errors_total`, by kind (every
+/// kind is exported from the start).
+fn redis_errors(lab: &ClusterLab) -> Vec<BTreeMap<&'static str, f64>> {
     (0..lab.nodes.len())
         .map(|i| {
-            lab.daemon(i)
-                .metric("xdp_limiter_cluster_redis_errors_total")
-                .unwrap_or(f64::NAN)
+            let metrics = lab.daemon(i).metrics();
+            ERROR_KINDS
+                .into_iter()
+                .map(|kind| {
+                    let series =
+                        format!("xdp_limiter_cluster_redis_errors_total{{kind=\"{kind}\"}}");
+                    let value = parse_metric(&metrics, &series)
+                        .unwrap_or_else(|| panic!("node {i}: no {series}"));
+                    (kind, value)
+                })
+                .collect()
         })
         .collect()
+}
+
+/// Asserts that no node met a Redis error other than a timeout: Redis
+/// answered every call it was sent without an error reply (no CROSSSLOT,
+/// no WRONGTYPE), and no connection failed. A timeout is not a fault of
+/// the scenario: a tick whose calls a stall of this shared machine (or of
+/// the Redis process) held past the call timeout counts one, and one or
+/// two in a row change nothing for the kernel (the node degrades after 3,
+/// which the scenarios check apart). CI saw one on every node at the same
+/// moment once.
+fn assert_no_redis_error_but_timeouts(lab: &ClusterLab) -> Vec<BTreeMap<&'static str, f64>> {
+    let errors = redis_errors(lab);
+    for (i, kinds) in errors.iter().enumerate() {
+        let faults: Vec<_> = kinds
+            .iter()
+            .filter(|&(&kind, &n)| kind != "timeout" && n != 0.0)
+            .collect();
+        assert!(
+            faults.is_empty(),
+            "node {i}: Redis errors {faults:?} (all: {errors:?}):\n{}",
+            lab.daemon(i).log()
+        );
+    }
+    errors
 }
 
 /// The scenario-1 bounds on the windows of a flood of `duration` that
@@ -611,10 +647,27 @@ fn redis_hung(hang: Hang) {
         "too few windows after recovery: {total:?}"
     );
     assert_normal_after(&format!("{hang:?}"), &normal, &straddling, &total);
+    // A hung Redis fails ticks by timeouts (at least the three that
+    // degraded each node), and by nothing else: the connection stays up.
+    let errors = redis_errors(&lab);
+    eprintln!("{hang:?}: Redis errors per node {errors:?}");
+    for (i, kinds) in errors.iter().enumerate() {
+        assert!(kinds["timeout"] >= 3.0, "node {i}: {errors:?}");
+        assert_eq!(
+            kinds.values().sum::<f64>(),
+            kinds["timeout"],
+            "node {i}: {errors:?}"
+        );
+    }
     for i in 0..NODES {
         let log = lab.daemon(i).log();
         assert_eq!(log.matches("node degraded").count(), 1, "node {i}:\n{log}");
         assert_eq!(log.matches("node recovered").count(), 1, "node {i}:\n{log}");
+        // The first failed tick says why, once per run of failures.
+        assert!(
+            log.contains("cluster: a sync tick failed") && log.contains("kind=\"timeout\""),
+            "node {i}:\n{log}"
+        );
     }
 }
 
@@ -710,6 +763,18 @@ fn redis_killed_and_restarted_recovers_within_w_plus_2t() {
     // into it.
     let members = lab.redis.cli(&["zcard", "xl:nodes"]);
     assert_eq!(members.trim(), "3", "nodes in the restarted Redis");
+    // A killed Redis shows as connection failures (refused while it is
+    // down), not as server errors.
+    let errors = redis_errors(&lab);
+    eprintln!("restart: Redis errors per node {errors:?}");
+    for (i, kinds) in errors.iter().enumerate() {
+        assert!(kinds["connection"] >= 1.0, "node {i}: {errors:?}");
+        assert_eq!(
+            kinds["server"] + kinds["other"],
+            0.0,
+            "node {i}: {errors:?}"
+        );
+    }
 }
 
 /// Scenario 6: node 0 loses its link to Redis (its Redis veth down) while
@@ -944,7 +1009,7 @@ fn a_daemon_with_its_wall_clock_2s_off_changes_nothing() {
     let per_node: Vec<Vec<u64>> = sinks.into_iter().map(|s| s.finish()).collect();
     assert!(sent.iter().sum::<u64>() >= 5 * L * 4, "{sent:?}");
     assert_held_to_l(&per_node, first, duration);
-    assert_eq!(redis_errors(&lab), vec![0.0; NODES]);
+    assert_no_redis_error_but_timeouts(&lab);
     for i in 0..NODES {
         assert_eq!(
             lab.daemon(i).metric("xdp_limiter_cluster_degraded"),
@@ -985,7 +1050,7 @@ fn scenario_1_on_a_3_primary_redis_cluster_passes_without_cross_slot_errors() {
     let per_node: Vec<Vec<u64>> = sinks.into_iter().map(|s| s.finish()).collect();
     assert!(sent.iter().sum::<u64>() >= 5 * L * 4, "{sent:?}");
     assert!(others_sent.iter().all(|&n| n >= 400 * 4), "{others_sent:?}");
-    let errors = redis_errors(&lab);
+    let errors = assert_no_redis_error_but_timeouts(&lab);
     let keys: BTreeMap<u16, String> = lab
         .redis
         .server_ports()
@@ -994,7 +1059,6 @@ fn scenario_1_on_a_3_primary_redis_cluster_passes_without_cross_slot_errors() {
         .collect();
     eprintln!("Redis Cluster: keys per primary {keys:?}; Redis errors per node {errors:?}");
     assert_held_to_l(&per_node, first, duration);
-    assert_eq!(errors, vec![0.0; NODES], "Redis errors per node");
     for i in 0..NODES {
         let d = lab.daemon(i);
         assert_eq!(d.metric("xdp_limiter_cluster_degraded"), Some(0.0));

@@ -10,8 +10,8 @@ use limiter_tests::{redis::RedisServer, wait_until};
 use limiter_user::cluster::{
     node_claim,
     store::{
-        batches, group, Mode, Report, Store, StoreConfig, StoreError, Totals, WindowSpec, GROUPS,
-        MAX_BATCH,
+        batches, group, ErrorKind, Mode, Report, Store, StoreConfig, StoreError, Totals,
+        WindowSpec, GROUPS, MAX_BATCH,
     },
 };
 
@@ -402,6 +402,7 @@ fn a_hung_server_costs_a_timeout_not_a_hang() {
             matches!(e, StoreError::Timeout { op: "sync", .. }),
             "expected a timeout, got {e}"
         );
+        assert_eq!(e.kind(), ErrorKind::Timeout);
         assert!(took < Duration::from_secs(1), "sync took {took:?}");
         let start = Instant::now();
         let e = store.heartbeat("a", window.window()).await.unwrap_err();
@@ -453,6 +454,7 @@ fn connection_errors_are_clear() {
                 .unwrap_or_default()
         );
         assert!(matches!(e, StoreError::Connect { .. }), "{text}");
+        assert_eq!(e.kind(), ErrorKind::Connection, "{text}");
         assert!(text.contains("127.0.0.1:6390"), "{text}");
         assert!(text.to_lowercase().contains("refused"), "{text}");
 
@@ -476,6 +478,7 @@ fn connection_errors_are_clear() {
             start.elapsed()
         );
         assert!(matches!(e, StoreError::Connect { .. }), "{e}");
+        assert_eq!(e.kind(), ErrorKind::Connection, "{e}");
         assert!(e.to_string().contains("127.0.0.1:6391"), "{e}");
         assert!(e.to_string().to_lowercase().contains("refused"), "{e}");
 
@@ -766,6 +769,8 @@ fn a_sync_that_part_of_redis_cannot_serve_syncs_the_rest() {
     assert_eq!(outcome.failed_batches, 1);
     let e = outcome.error.expect("the failed batch's error");
     assert!(e.to_string().contains("WRONGTYPE"), "{e}");
+    // An error reply of the server: its own kind for the metric.
+    assert_eq!(e.kind(), ErrorKind::Server, "{e}");
     // The all-or-nothing sync reports that error.
     let all = server.block_on(|| async {
         let store = connect(&config).await;

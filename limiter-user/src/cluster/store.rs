@@ -113,6 +113,82 @@ pub enum StoreError {
     },
 }
 
+/// What kind of failure a [`StoreError`] is, as operators tell them apart
+/// (the `kind` label of `xdp_limiter_cluster_redis_errors_total`): a
+/// timeout is a slow or hung Redis (or a stalled machine), a connection
+/// failure an unreachable one, a server error a Redis that answered with
+/// an error (CROSSSLOT, WRONGTYPE, CLUSTERDOWN, READONLY, ...: a
+/// deployment or version problem), `other` a reply the store did not
+/// expect or an input it refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorKind {
+    Timeout,
+    Connection,
+    Server,
+    Other,
+}
+
+impl ErrorKind {
+    pub const ALL: [ErrorKind; 4] = [
+        ErrorKind::Timeout,
+        ErrorKind::Connection,
+        ErrorKind::Server,
+        ErrorKind::Other,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ErrorKind::Timeout => "timeout",
+            ErrorKind::Connection => "connection",
+            ErrorKind::Server => "server",
+            ErrorKind::Other => "other",
+        }
+    }
+}
+
+impl StoreError {
+    /// Which kind of failure this is.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            StoreError::Timeout { .. } => ErrorKind::Timeout,
+            StoreError::Connect { source, .. } if source.is_timeout() => ErrorKind::Timeout,
+            StoreError::Connect { .. } => ErrorKind::Connection,
+            StoreError::Redis { source, .. } => redis_error_kind(source),
+            StoreError::Url { .. }
+            | StoreError::Prefix(_)
+            | StoreError::NoUrl
+            | StoreError::NoSentinelMaster
+            | StoreError::SingleWithSeveralUrls(_)
+            | StoreError::Reply { .. }
+            | StoreError::Window(_)
+            | StoreError::Node(_)
+            | StoreError::Key(_)
+            | StoreError::Limit { .. }
+            | StoreError::Deltas { .. } => ErrorKind::Other,
+        }
+    }
+}
+
+/// The kind of a redis crate error: its I/O errors (refused, reset,
+/// dropped) and lost cluster connections are connection failures, an
+/// error reply from the server is a server error.
+fn redis_error_kind(e: &RedisError) -> ErrorKind {
+    use redis::ErrorKind as K;
+    if e.is_timeout() {
+        ErrorKind::Timeout
+    } else if e.is_io_error()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || e.kind() == K::ClusterConnectionNotFound
+    {
+        ErrorKind::Connection
+    } else if matches!(e.kind(), K::Server(_)) || e.code().is_some() {
+        ErrorKind::Server
+    } else {
+        ErrorKind::Other
+    }
+}
+
 /// Single instance, Redis Cluster, or a primary found through Redis
 /// Sentinel (the `[cluster] mode` setting).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -568,8 +568,15 @@ impl Sync {
                 Some(count)
             }
             Err(e) => {
-                self.metrics.redis_errors.inc();
-                debug!(error = %e, "cluster: sync tick failed");
+                self.metrics.redis_error(&e);
+                // The first failure of a run is logged (its cause says what
+                // to look at); the third degrades the node, logged below.
+                if self.health.phase(now, self.config.grace) == Phase::Normal {
+                    info!(error = %e, kind = e.kind().name(),
+                        "cluster: a sync tick failed (the node degrades after 3 in a row)");
+                } else {
+                    debug!(error = %e, "cluster: sync tick failed");
+                }
                 // Behind Sentinel the primary may have moved: ask the
                 // Sentinels again next tick (a single instance's or a
                 // Redis Cluster's connection reconnects and follows the
@@ -698,7 +705,7 @@ impl Sync {
             if allowances.is_empty() {
                 return Err(e);
             }
-            self.metrics.redis_errors.inc();
+            self.metrics.redis_error(&e);
             self.metrics.partial_ticks.inc();
             self.last_partial = true;
             debug!(failed, synced = allowances.len(), error = %e,
@@ -748,7 +755,7 @@ impl Sync {
                 debug!("cluster: no time left to list the hot set this tick");
             }
             Err(e) => {
-                self.metrics.redis_errors.inc();
+                self.metrics.redis_error(&e);
                 warn!(error = %e, "cluster: cannot list the sources hot on other nodes (these groups are listed again in a window)");
             }
         }

@@ -15,6 +15,8 @@ use prometheus::{
 use tokio::net::TcpListener;
 use tracing::debug;
 
+use crate::cluster::store::{ErrorKind, StoreError};
+
 use super::{
     aggregate::Snapshot,
     conns::{Backoff, Connections},
@@ -55,8 +57,8 @@ pub struct ClusterMetrics {
     /// Duration of each sync tick (Redis calls and map writes).
     pub sync_duration: Histogram,
     /// Redis failures (connect, sync, heartbeat, hot sources), at most one
-    /// per tick and one per hot listing.
-    pub redis_errors: IntCounter,
+    /// per tick and one per hot listing, by kind (`ClusterMetrics::redis_error`).
+    redis_errors: IntCounterVec,
     /// Ticks that synced only part of the hot sources.
     pub partial_ticks: IntCounter,
     /// 1 while degraded (3 failed ticks in a row, until a sync succeeds).
@@ -91,14 +93,20 @@ impl ClusterMetrics {
                 )
                 .expect("valid metric"),
             ),
-            redis_errors: registered(
-                registry,
-                IntCounter::with_opts(Opts::new(
+            redis_errors: {
+                let errors = counter(
+                    registry,
                     "xdp_limiter_cluster_redis_errors_total",
-                    "Cluster sync ticks with a Redis failure (connect, heartbeat or sync: error or timeout), whether the tick failed or synced part of its sources, plus failed hot-source listings.",
-                ))
-                .expect("valid metric"),
-            ),
+                    "Cluster sync ticks with a Redis failure (connect, heartbeat or sync), whether the tick failed or synced part of its sources, plus failed hot-source listings, by kind: timeout, connection, server (an error reply) or other.",
+                    &["kind"],
+                );
+                // Every kind from the start: dashboards and rate() see
+                // zeros, not a series that appears with the first error.
+                for kind in ErrorKind::ALL {
+                    errors.with_label_values(&[kind.name()]);
+                }
+                errors
+            },
             partial_ticks: registered(
                 registry,
                 IntCounter::with_opts(Opts::new(
@@ -126,6 +134,15 @@ impl ClusterMetrics {
                 &["policy"],
             ),
         }
+    }
+}
+
+impl ClusterMetrics {
+    /// Counts one Redis failure under its kind.
+    pub fn redis_error(&self, error: &StoreError) {
+        self.redis_errors
+            .with_label_values(&[error.kind().name()])
+            .inc();
     }
 }
 
