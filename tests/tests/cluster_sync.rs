@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use limiter_tests::{
-    cluster_lab::{cluster_bins, node_config, windows, ClusterLab, BIN},
+    cluster_lab::{cluster_bins, node_config, windows, ClusterLab, BIN, SOURCE},
     wait_until,
 };
 use nix::sys::signal::Signal;
@@ -266,5 +266,79 @@ fn a_sigstopped_daemon_leaves_its_kernel_at_the_fallback_and_sigcont_recovers() 
     assert_eq!(
         lab.daemon(0).metric("xdp_limiter_cluster_degraded"),
         Some(0.0)
+    );
+}
+
+/// What node `node` admitted of [`SOURCE`] as Redis counted it: the
+/// node's `a` field summed over every bucket key of the source.
+fn redis_admitted(lab: &ClusterLab, node: &str) -> u64 {
+    let pattern = format!("xl:*:{SOURCE}/*");
+    let keys = lab.redis.cli(&["--scan", "--pattern", &pattern]);
+    keys.lines()
+        .map(str::trim)
+        // Bucket keys end in the bucket number (claim keys in `:r`).
+        .filter(|key| {
+            key.rsplit_once(':')
+                .is_some_and(|(_, n)| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        })
+        .map(|key| {
+            let field = format!("{node}:a");
+            lab.redis
+                .cli(&["hget", key, &field])
+                .trim()
+                .parse::<u64>()
+                .unwrap_or(0)
+        })
+        .sum()
+}
+
+/// A tick that fails before it sends its syncs (here Redis stopped for
+/// 160 ms: at least one heartbeat times out, at most two ticks fail, the
+/// node does not degrade) carries its deltas to the next report: Redis
+/// ends up counting every frame the node admitted. One node, a 10 s
+/// window (nothing expires during the test), a source hot from 1.25 s on
+/// and never refused, so Redis's count of it must match what the sink
+/// received (plus at most the cheap tier's promotion carry, 64).
+#[test]
+fn a_tick_that_fails_before_syncing_carries_its_deltas_to_the_next() {
+    let _one = ONE_LAB.lock().unwrap_or_else(|e| e.into_inner());
+    let mut lab = ClusterLab::new(1);
+    // L = 500 pps x 10 s = 5,000; hot at a quarter of it.
+    lab.start_daemons(|i| node_config(i, 500, "10s", "100ms", ""));
+    let d = lab.daemon(0);
+    d.wait_metric("xdp_limiter_cluster_nodes_alive", |v| v == 1.0);
+    let sink = lab.sink(0);
+    let timeouts = "xdp_limiter_cluster_redis_errors_total{kind=\"timeout\"}";
+    let before = d.metric(timeouts).expect("timeouts exported");
+    std::thread::scope(|scope| {
+        let flood = scope.spawn(|| lab.flood(&[1000], Duration::from_millis(4000)));
+        // Hot (1,250 admitted, 1.25 s in) and synced.
+        d.wait_metric("xdp_limiter_cluster_synced_sources", |v| v >= 1.0);
+        lab.redis.pause();
+        // How long Redis stays stopped, not synchronization.
+        std::thread::sleep(Duration::from_millis(160));
+        lab.redis.resume();
+        flood.join().expect("flood")
+    });
+    // Three ticks after the flood: the last deltas are in Redis.
+    let ticks = "xdp_limiter_cluster_sync_duration_seconds_count";
+    let now = d.metric(ticks).unwrap_or(0.0);
+    d.wait_metric(ticks, |v| v >= now + 3.0);
+    let received: u64 = sink.finish().iter().sum();
+    let counted = redis_admitted(&lab, "node-0");
+    let failed = d.metric(timeouts).unwrap_or(0.0) - before;
+    eprintln!("sink received {received}, Redis counted {counted}; {failed} tick timeouts");
+    assert!(failed >= 1.0, "Redis stopped 160 ms but no tick timed out");
+    assert_eq!(d.metric("xdp_limiter_cluster_degraded"), Some(0.0));
+    assert!(
+        (3500..=4100).contains(&received),
+        "the source was not admitted whole: {received}"
+    );
+    // Without the carry, Redis missed the failed ticks' admissions (about
+    // 100 a tick here).
+    assert!(
+        (received..=received + 64).contains(&counted),
+        "Redis counted {counted} of the {received} frames node 0 admitted:\n{}",
+        d.log()
     );
 }

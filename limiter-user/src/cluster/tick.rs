@@ -9,7 +9,9 @@
 //! the sync that carries them succeeds or not: a failed sync drops its
 //! deltas, so after an outage nothing is replayed (a replay after a timeout
 //! could count twice what Redis did receive, and an outage's counts would
-//! land in one bucket long after they happened).
+//! land in one bucket long after they happened). Only a tick that failed
+//! before sending anything hands its deltas to the next report, and only
+//! while the node is not degraded (`daemon::cluster`).
 
 use std::{
     net::IpAddr,

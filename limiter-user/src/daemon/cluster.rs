@@ -10,8 +10,9 @@
 //!    by Redis (step 5);
 //! 2. reads this node's admitted (the shared window's slots) and offered
 //!    (the per-CPU totals) deltas per source since the last tick
-//!    (`cluster::tick`; formed every tick, so a failed sync's deltas are
-//!    dropped and never replayed);
+//!    (`cluster::tick`; formed every tick: a failed sync's deltas are
+//!    dropped and never replayed, those of a tick that failed before
+//!    sending any sync go with the next report: `unsent_after_failure`);
 //! 3. calls `Store::heartbeat` and `Store::sync` (each under the
 //!    configured timeout, the whole under `0.9 T`);
 //! 4. writes each source's allowance into `CLUSTER_SHARES` and the state
@@ -124,6 +125,29 @@ struct Tracked {
     /// so a Redis that cannot serve every hot source in one tick serves
     /// them in turn.
     synced: Option<Instant>,
+    /// Deltas (admitted, offered) of ticks that failed before sending any
+    /// sync (connect or heartbeat failed): Redis never saw them, so the
+    /// next report carries them (`Unsent`).
+    unsent: (u64, u64),
+}
+
+/// What a tick that failed did with its reports' deltas, and so what
+/// becomes of them. Deltas a tick never sent are carried to the next
+/// report while the node is not degraded: a stall of Redis or of the
+/// machine past the heartbeat's timeout would otherwise drop a tick of
+/// every hot source's admissions, and the other nodes would be handed
+/// that room again (a 120 ms stall of Redis measured windows of up to
+/// 1.097L). Deltas of a sync that was sent are dropped even when it
+/// failed: Redis may have counted them (a call cut at the deadline stays
+/// queued and runs when Redis resumes), and a replay would count them
+/// twice. An outage (degraded) drops everything: its counts are not
+/// replayed.
+fn unsent_after_failure(syncs_sent: bool, degraded: bool, report: &Report) -> (u64, u64) {
+    if syncs_sent || degraded {
+        (0, 0)
+    } else {
+        (report.admitted, report.offered)
+    }
 }
 
 /// A tick's reports by window (bucket ms, buckets): (report key, report,
@@ -154,6 +178,9 @@ pub struct Sync {
     sync_cap: Option<usize>,
     /// Whether the last tick's syncs were partial.
     last_partial: bool,
+    /// Whether this tick has sent a sync to Redis yet (set before the
+    /// first is sent; see `unsent_after_failure`).
+    syncs_sent: bool,
     metrics: ClusterMetrics,
     live: SharedLive,
 }
@@ -295,6 +322,7 @@ pub fn start(
         recovering_nodes: 0,
         sync_cap: None,
         last_partial: false,
+        syncs_sent: false,
         metrics,
         live,
     };
@@ -375,6 +403,7 @@ impl Sync {
                 limit: 0,
                 window: Duration::ZERO,
                 synced: None,
+                unsent: (0, 0),
             })
             .active = now;
     }
@@ -454,6 +483,10 @@ impl Sync {
             // Frame classes other than the budget's count in other SOURCES
             // entries: offered is never below admitted.
             let offered = offered.max(admitted);
+            // What failed ticks never sent goes with this report.
+            let (carried_admitted, carried_offered) = std::mem::take(&mut tracked.unsent);
+            let admitted = admitted + carried_admitted;
+            let offered = offered + carried_offered;
             // Kept two windows after its last traffic or hot listing: the
             // listing is renewed once a window, so one window would drop
             // (and re-create, from a fresh reading) a source kept only by
@@ -489,6 +522,7 @@ impl Sync {
         // set (a Redis busy with the syncs up to the deadline would leave
         // the listing no time at all).
         self.last_partial = false;
+        self.syncs_sent = false;
         let plan = TickPlan::new(started, self.config.sync_interval);
         let budget = plan.syncs_until.saturating_duration_since(Instant::now());
         let outcome = tokio::time::timeout(budget, self.redis(&groups, plan.syncs_until)).await;
@@ -588,6 +622,12 @@ impl Sync {
                     warn!(error = %e, grace = ?self.config.grace, fallback = self.config.fallback.name(),
                         "cluster: 3 sync ticks failed, node degraded: keeping the last shares for the grace period, then the fallback");
                 }
+                let degraded = self.health.degraded();
+                for (text, report, _) in groups.values().flatten() {
+                    if let Some(tracked) = self.tracked.get_mut(text) {
+                        tracked.unsent = unsent_after_failure(self.syncs_sent, degraded, report);
+                    }
+                }
                 let phase = self.health.phase(now, self.config.grace);
                 if let Some(expires) =
                     share_expiry(kernel_now, self.config.sync_interval, phase, now)
@@ -674,11 +714,16 @@ impl Sync {
         if self.store.is_none() {
             self.store = Some(Store::connect(&self.store_config()).await?);
         }
-        let store = self.store.as_ref().expect("connected above");
         let node = self.config.node.clone();
-        let nodes = store
+        let nodes = self
+            .store
+            .as_ref()
+            .expect("connected above")
             .heartbeat(&node, alive_period(self.config.sync_interval))
             .await?;
+        // From here on Redis may count what this tick reports.
+        self.syncs_sent = !groups.is_empty();
+        let store = self.store.as_ref().expect("connected above");
         let mut allowances = Vec::new();
         let (mut failed, mut first_error) = (0usize, None);
         for (&(bucket_ms, buckets), entries) in groups {
@@ -806,6 +851,22 @@ fn share_due(written_until: u64, expires_ns: u64, now_ns: u64, interval: Duratio
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_deltas_never_sent_are_carried_and_never_past_degrading() {
+        let report = Report {
+            key: "192.0.2.3/32#0|default".into(),
+            admitted: 30,
+            offered: 90,
+            limit: 1000,
+        };
+        // Connect or heartbeat failed: Redis never saw them.
+        assert_eq!(unsent_after_failure(false, false, &report), (30, 90));
+        // A sync went out: Redis may have counted it.
+        assert_eq!(unsent_after_failure(true, false, &report), (0, 0));
+        // Degraded: an outage's counts are not replayed.
+        assert_eq!(unsent_after_failure(false, true, &report), (0, 0));
+    }
 
     #[test]
     fn a_tick_cuts_the_syncs_then_the_listing_and_keeps_slack() {
