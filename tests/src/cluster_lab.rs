@@ -168,6 +168,38 @@ impl ClusterLab {
         self.nodes[i].daemon.as_ref().expect("daemon started")
     }
 
+    /// Asserts that every node logged [`SOURCE`] limited and at most as
+    /// many "source released" lines: a source refused in bursts (each
+    /// node's claim spent, then a new one a tick later) stays in one
+    /// episode of refusals (refused again within a second) and is released
+    /// once, when it ends, not each time its refusals pause.
+    pub fn assert_each_release_ends_an_episode(&self) {
+        let source = format!("source={SOURCE}");
+        for i in 0..self.nodes.len() {
+            let log = self.daemon(i).log();
+            // The source is a field of its own (the released line ends with
+            // it), not a prefix of another address.
+            let names_source = |line: &str| {
+                line.split_whitespace()
+                    .any(|field| field.trim_end_matches('"') == source)
+            };
+            let count = |what: &str| {
+                log.lines()
+                    .filter(|l| l.contains(what) && names_source(l))
+                    .count()
+            };
+            let (limited, released) = (count("source limited"), count("source released"));
+            assert!(
+                limited >= 1,
+                "node {i} never logged {SOURCE} limited:\n{log}"
+            );
+            assert!(
+                released <= limited,
+                "node {i}: {released} releases for {limited} episodes of refusals:\n{log}"
+            );
+        }
+    }
+
     /// A sink on node `i`.
     pub fn sink(&self, i: usize) -> Sink {
         Sink::start(&self.nodes[i].ns, node_addr(i))

@@ -1059,6 +1059,7 @@ fn scenario_1_on_a_3_primary_redis_cluster_passes_without_cross_slot_errors() {
         .collect();
     eprintln!("Redis Cluster: keys per primary {keys:?}; Redis errors per node {errors:?}");
     assert_held_to_l(&per_node, first, duration);
+    lab.assert_each_release_ends_an_episode();
     for i in 0..NODES {
         let d = lab.daemon(i);
         assert_eq!(d.metric("xdp_limiter_cluster_degraded"), Some(0.0));

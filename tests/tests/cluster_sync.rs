@@ -91,6 +91,7 @@ fn a_source_flooding_at_5l_over_three_nodes_is_held_to_l_cluster_wide() {
                 > 10.0
         );
     }
+    lab.assert_each_release_ends_an_episode();
     // `status` shows the live state.
     let status = lab.nodes[0].files.cli_ok(&["status", "--output", "json"]);
     let status: serde_json::Value = serde_json::from_str(&status).expect("JSON");

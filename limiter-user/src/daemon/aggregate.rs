@@ -8,7 +8,9 @@ use std::{
     time::Duration,
 };
 
-use limiter_common::{names, sketch, Counter, Outcome, SourceKey, SourceTraffic};
+use limiter_common::{
+    event::EPISODE_GAP_NS, names, sketch, Counter, Outcome, SourceKey, SourceTraffic,
+};
 
 use crate::kernel::{
     self,
@@ -38,6 +40,12 @@ pub struct Snapshot {
     pub outcomes: Vec<Counter>,
     pub tracked_sources: u64,
     pub limited: BTreeSet<SourceKey>,
+    /// The sources in an episode of refusals: limited, or refused by some
+    /// CPU within the last [`EPISODE_GAP_NS`] (the kernel's episode, which
+    /// its "source limited" events follow). A source leaves it when its
+    /// episode ends: "source released" is logged then, once, not each
+    /// time a burst of refusals pauses between two holds.
+    pub refusing: BTreeSet<SourceKey>,
     /// Heaviest sources by offered packets, at most `top_k`.
     pub top: Vec<SourceRate>,
     /// Per rule index (`RULES`), dropped or would-drop packets.
@@ -56,6 +64,7 @@ pub struct Snapshot {
 struct Acc {
     tracked: u64,
     limited: BTreeSet<SourceKey>,
+    refusing: BTreeSet<SourceKey>,
     /// The heaviest `top_k` so far (min-heap on offered packets).
     heaviest: BinaryHeap<Reverse<(u64, SourceKey)>>,
     rates: HashMap<SourceKey, SourceRate>,
@@ -74,7 +83,10 @@ impl Acc {
             rule: limiter_common::rules::NO_RULE,
         };
         let mut newest_generation = 0;
+        let mut refused_lately = false;
         for t in per_cpu {
+            refused_lately |= t.last_refused_ns != 0
+                && now_ns.saturating_sub(t.last_refused_ns) <= EPISODE_GAP_NS;
             rate.offered = rate.offered.merged(t.last_second(now_second));
             rate.dropped_total = rate.dropped_total.merged(t.dropped);
             rate.limited |= t.hold_until_ns > now_ns;
@@ -85,6 +97,9 @@ impl Acc {
         }
         if rate.limited {
             self.limited.insert(*key);
+        }
+        if rate.limited || refused_lately {
+            self.refusing.insert(*key);
         }
         if top_k == 0 {
             return;
@@ -194,9 +209,47 @@ pub fn pass(
         outcomes,
         tracked_sources: view.tracked,
         limited: view.limited.clone(),
+        refusing: view.refusing.clone(),
         top,
         rule_drops: read::rule_drops(maps)?,
         evictions: sweep.evictions,
         active_sources: sweep.active_sources,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_source_refused_within_a_second_stays_in_its_episode_between_holds() {
+        let key = SourceKey::v4([192, 0, 2, 3]);
+        let second = Duration::from_secs(1);
+        let now = Duration::from_secs(100);
+        let now_ns = now.as_nanos() as u64;
+        let held = SourceTraffic {
+            hold_until_ns: now_ns + 5_000_000,
+            last_refused_ns: now_ns,
+            ..SourceTraffic::default()
+        };
+        // No hold any more, refused 0.9 s ago on one CPU: still refusing.
+        let pausing = SourceTraffic {
+            last_refused_ns: now_ns - 900_000_000,
+            ..SourceTraffic::default()
+        };
+        let ended = SourceTraffic {
+            last_refused_ns: now_ns - second.as_nanos() as u64 - 1,
+            ..SourceTraffic::default()
+        };
+        let seen = |per_cpu: &[SourceTraffic]| {
+            let mut acc = Acc::default();
+            acc.add(&key, per_cpu, now, 0);
+            (acc.limited.contains(&key), acc.refusing.contains(&key))
+        };
+        assert_eq!(seen(&[held, SourceTraffic::default()]), (true, true));
+        assert_eq!(seen(&[SourceTraffic::default(), pausing]), (false, true));
+        assert_eq!(seen(&[ended, ended]), (false, false));
+        // Never refused.
+        assert_eq!(seen(&[SourceTraffic::default()]), (false, false));
+    }
 }

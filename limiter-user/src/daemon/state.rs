@@ -56,8 +56,9 @@ pub struct Iface {
     pub(super) sweep: Sweep,
     /// Its last aggregation passes.
     pub(super) observed: Observed,
-    /// The sources the last complete sweep saw limited.
-    pub(super) limited: BTreeSet<SourceKey>,
+    /// The sources the last complete sweep saw in an episode of refusals
+    /// (`Snapshot::refusing`).
+    pub(super) refusing: BTreeSet<SourceKey>,
 }
 
 impl Iface {
@@ -66,7 +67,7 @@ impl Iface {
             instance,
             sweep: Sweep::default(),
             observed: Observed::default(),
-            limited: BTreeSet::new(),
+            refusing: BTreeSet::new(),
         }
     }
 }
@@ -153,8 +154,8 @@ impl Daemon {
                     continue;
                 }
             };
-            log_released(&instance.iface, &iface.limited, &snapshot.limited);
-            iface.limited.clone_from(&snapshot.limited);
+            log_released(&instance.iface, &iface.refusing, &snapshot.refusing);
+            iface.refusing.clone_from(&snapshot.refusing);
             self.metrics.record(
                 &instance.iface,
                 &snapshot,
@@ -227,9 +228,11 @@ impl Daemon {
     }
 }
 
-/// Logs the sources no CPU is refusing any more ("limited" comes from the
-/// kernel's events, see events.rs): a few per tick by name, the rest as a
-/// count, so a spoofed flood ending cannot flood the log.
+/// Logs the sources whose episode of refusals ended: no CPU holds them and
+/// none refused them for a second ("limited" comes from the kernel's
+/// events, see events.rs, whose episodes end the same way): a few per tick
+/// by name, the rest as a count, so a spoofed flood ending cannot flood
+/// the log.
 fn log_released(iface: &str, before: &BTreeSet<SourceKey>, now: &BTreeSet<SourceKey>) {
     let released: Vec<&SourceKey> = before.difference(now).collect();
     for key in released.iter().take(RELEASED_LOGGED_PER_TICK) {
