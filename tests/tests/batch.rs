@@ -121,3 +121,44 @@ fn a_sweep_spread_over_ticks_sees_every_source_once() {
     let next = pass(harness.maps(), 3, &mut sweep, BATCH).expect("tick");
     assert_eq!(next.tracked_sources, u64::from(n));
 }
+
+#[test]
+fn cluster_shares_written_in_batches_read_back_one_by_one() {
+    use limiter_common::ClusterShare;
+    use limiter_user::kernel::cluster;
+    let mut harness = Harness::load();
+    // More than two batches, with a partial last one.
+    let n = 2 * BATCH as u32 + 45;
+    let shares: Vec<(SourceKey, ClusterShare)> = (0..n)
+        .map(|i| {
+            let key = SourceKey::v4((0x0a00_0000 + i).to_be_bytes());
+            let share = ClusterShare {
+                allowance_packets: u64::from(i) * 3,
+                expires_ns: 1_000_000 + u64::from(i),
+            };
+            (key, share)
+        })
+        .collect();
+    cluster::write_shares(harness.maps_mut(), &shares).expect("batch update");
+    for (key, share) in &shares {
+        assert_eq!(
+            cluster::share(harness.maps(), key).expect("lookup"),
+            Some(*share),
+            "{key:?}"
+        );
+    }
+    // Rewritten in place: replaced, not added.
+    let again: Vec<_> = shares
+        .iter()
+        .map(|(key, share)| {
+            let share = ClusterShare {
+                allowance_packets: share.allowance_packets + 1,
+                ..*share
+            };
+            (*key, share)
+        })
+        .collect();
+    cluster::write_shares(harness.maps_mut(), &again).expect("batch update");
+    let (key, share) = again[n as usize - 1];
+    assert_eq!(cluster::share(harness.maps(), &key).unwrap(), Some(share));
+}

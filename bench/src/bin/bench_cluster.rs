@@ -89,6 +89,11 @@ struct Args {
     /// tick's Redis work outlasting the timeout from it outlasting T.
     #[arg(long, default_value_t = 50)]
     load_timeout_ms: u64,
+    /// Only these hot-source counts in the load part (comma-separated,
+    /// e.g. `--hot 100000`; docs are then not written): a diagnostic, to
+    /// profile one case.
+    #[arg(long, value_delimiter = ',')]
+    hot: Vec<u32>,
 }
 
 /// One error case: sync interval, nodes, cluster or node scope.
@@ -473,7 +478,9 @@ fn main() {
     }
     let mut loads = Vec::new();
     if part("load") && !interrupted.load(Ordering::Relaxed) {
-        let hot: &[u32] = if args.quick {
+        let hot: &[u32] = if !args.hot.is_empty() {
+            &args.hot
+        } else if args.quick {
             &HOT[..HOT.len() - 1]
         } else {
             &HOT
@@ -482,7 +489,12 @@ fn main() {
     }
     eprintln!("done in {:.0} s", started.elapsed().as_secs_f64());
     let complete = errors.len() == 6 && loads.len() == HOT.len();
-    if args.no_docs || args.quick || args.only.is_some() || args.load_timeout_ms != 50 || !complete
+    if args.no_docs
+        || args.quick
+        || args.only.is_some()
+        || args.load_timeout_ms != 50
+        || !args.hot.is_empty()
+        || !complete
     {
         return;
     }

@@ -127,6 +127,35 @@ pub fn read_per_cpu<K: Pod, V: Pod>(
     }
 }
 
+/// Writes `entries` (key, value) into a hash map that is not per-CPU,
+/// `BATCH` per syscall. On an error, how many entries were written before
+/// it (in order), and the error.
+pub fn update<K: Pod, V: Pod>(
+    fd: BorrowedFd<'_>,
+    entries: &[(K, V)],
+) -> Result<(), (usize, io::Error)> {
+    let mut written = 0;
+    for chunk in entries.chunks(BATCH) {
+        let keys: Vec<K> = chunk.iter().map(|(k, _)| *k).collect();
+        let values: Vec<V> = chunk.iter().map(|(_, v)| *v).collect();
+        let mut attr = BatchAttr {
+            keys: keys.as_ptr() as u64,
+            values: values.as_ptr() as u64,
+            count: chunk.len() as u32,
+            map_fd: fd.as_raw_fd() as u32,
+            ..BatchAttr::default()
+        };
+        // SAFETY: `attr` is `bpf_attr.batch`; `keys` and `values` hold
+        // `count` entries each, which the kernel reads; on an error it
+        // writes back into `count` how many it processed.
+        if let Err(e) = unsafe { bpf(BPF_MAP_UPDATE_BATCH, &mut attr) } {
+            return Err((written + (attr.count as usize).min(chunk.len()), e));
+        }
+        written += chunk.len();
+    }
+    Ok(())
+}
+
 /// Writes `entries` (key, one value per CPU) into a per-CPU hash map,
 /// `BATCH` per syscall.
 pub fn update_per_cpu<K: Pod, V: Pod>(

@@ -29,6 +29,26 @@ pub fn write_share(
         .map_err(MapsError::on(names::CLUSTER_SHARES))
 }
 
+/// Writes (or replaces) many shares at once, keyed by window key (one
+/// syscall per `batch::BATCH`: a node with 100,000 sources synced in
+/// turns rewrites thousands of shares a tick). On an error, how many were
+/// written before it (in order), and the error.
+pub fn write_shares(
+    maps: &mut Maps,
+    shares: &[(SourceKey, ClusterShare)],
+) -> Result<(), (usize, MapsError)> {
+    let fd = super::batch::fd(maps.cluster_shares_data());
+    super::batch::update(fd, shares).map_err(|(written, source)| {
+        (
+            written,
+            MapsError::Batch {
+                map: names::CLUSTER_SHARES,
+                source,
+            },
+        )
+    })
+}
+
 /// Removes a source's share (it is then held to the cold cap); true if it
 /// had one.
 pub fn remove_share(maps: &mut Maps, window_key: &SourceKey) -> Result<bool, MapsError> {

@@ -137,4 +137,9 @@ impl Maps {
     pub fn sketch_data(&self) -> &MapData {
         self.sketch.map()
     }
+
+    /// The map data of `CLUSTER_SHARES`, for batched writes.
+    pub fn cluster_shares_data(&self) -> &MapData {
+        self.cluster_shares.map()
+    }
 }
