@@ -171,18 +171,18 @@ impl StoreError {
 
 /// The kind of a redis crate error: its I/O errors (refused, reset,
 /// dropped) and lost cluster connections are connection failures, an
-/// error reply from the server is a server error.
+/// error reply from the server (which always has a code) is a server
+/// error.
 fn redis_error_kind(e: &RedisError) -> ErrorKind {
     use redis::ErrorKind as K;
     if e.is_timeout() {
         ErrorKind::Timeout
     } else if e.is_io_error()
         || e.is_connection_dropped()
-        || e.is_connection_refusal()
         || e.kind() == K::ClusterConnectionNotFound
     {
         ErrorKind::Connection
-    } else if matches!(e.kind(), K::Server(_)) || e.code().is_some() {
+    } else if e.code().is_some() {
         ErrorKind::Server
     } else {
         ErrorKind::Other

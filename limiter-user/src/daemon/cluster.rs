@@ -127,7 +127,7 @@ struct Tracked {
     synced: Option<Instant>,
     /// Deltas (admitted, offered) of ticks that failed before sending any
     /// sync (connect or heartbeat failed): Redis never saw them, so the
-    /// next report carries them (`Unsent`).
+    /// next report carries them (`unsent_after_failure`).
     unsent: (u64, u64),
 }
 

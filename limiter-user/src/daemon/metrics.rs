@@ -135,9 +135,7 @@ impl ClusterMetrics {
             ),
         }
     }
-}
 
-impl ClusterMetrics {
     /// Counts one Redis failure under its kind.
     pub fn redis_error(&self, error: &StoreError) {
         self.redis_errors

@@ -138,19 +138,7 @@ pub fn update<K: Pod, V: Pod>(
     for chunk in entries.chunks(BATCH) {
         let keys: Vec<K> = chunk.iter().map(|(k, _)| *k).collect();
         let values: Vec<V> = chunk.iter().map(|(_, v)| *v).collect();
-        let mut attr = BatchAttr {
-            keys: keys.as_ptr() as u64,
-            values: values.as_ptr() as u64,
-            count: chunk.len() as u32,
-            map_fd: fd.as_raw_fd() as u32,
-            ..BatchAttr::default()
-        };
-        // SAFETY: `attr` is `bpf_attr.batch`; `keys` and `values` hold
-        // `count` entries each, which the kernel reads; on an error it
-        // writes back into `count` how many it processed.
-        if let Err(e) = unsafe { bpf(BPF_MAP_UPDATE_BATCH, &mut attr) } {
-            return Err((written + (attr.count as usize).min(chunk.len()), e));
-        }
+        update_chunk(fd, &keys, &values).map_err(|(done, e)| (written + done, e))?;
         written += chunk.len();
     }
     Ok(())
@@ -177,16 +165,35 @@ pub fn update_per_cpu<K: Pod, V: Pod>(
                 v.iter().copied()
             })
             .collect();
-        let mut attr = BatchAttr {
-            keys: keys.as_ptr() as u64,
-            values: values.as_ptr() as u64,
-            count: chunk.len() as u32,
-            map_fd: fd.as_raw_fd() as u32,
-            ..BatchAttr::default()
-        };
-        // SAFETY: `attr` is `bpf_attr.batch`; `keys` and `values` hold
-        // `count` entries (`count * cpus` values), which the kernel reads.
-        unsafe { bpf(BPF_MAP_UPDATE_BATCH, &mut attr) }?;
+        update_chunk(fd, &keys, &values).map_err(|(_, e)| e)?;
     }
     Ok(())
+}
+
+/// One `BPF_MAP_UPDATE_BATCH` of `keys` with `values` (one per key, or one
+/// per key and CPU for a per-CPU map). On an error, how many the kernel
+/// wrote before it, and the error.
+fn update_chunk<K: Pod, V: Pod>(
+    fd: BorrowedFd<'_>,
+    keys: &[K],
+    values: &[V],
+) -> Result<(), (usize, io::Error)> {
+    assert!(
+        !keys.is_empty() && values.len().is_multiple_of(keys.len()),
+        "whole values per key"
+    );
+    let mut attr = BatchAttr {
+        keys: keys.as_ptr() as u64,
+        values: values.as_ptr() as u64,
+        count: keys.len() as u32,
+        map_fd: fd.as_raw_fd() as u32,
+        ..BatchAttr::default()
+    };
+    // SAFETY: `attr` is `bpf_attr.batch`; `keys` holds `count` keys and
+    // `values` their values (one per CPU for a per-CPU map, as the map's
+    // value size times CPUs), which the kernel reads; on an error it
+    // writes back into `count` how many it processed.
+    unsafe { bpf(BPF_MAP_UPDATE_BATCH, &mut attr) }
+        .map(|_| ())
+        .map_err(|e| ((attr.count as usize).min(keys.len()), e))
 }
