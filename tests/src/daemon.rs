@@ -513,14 +513,11 @@ pub fn parse_series(text: &str) -> BTreeMap<String, f64> {
 /// The sum of every series of the metric `name` (all its label values)
 /// in a Prometheus text exposition; 0 when it has none.
 pub fn sum_metric(text: &str, name: &str) -> f64 {
-    text.lines()
-        .filter(|line| !line.starts_with('#'))
-        .filter_map(|line| {
-            let (series, value) = line.rsplit_once(' ')?;
+    parse_series(text)
+        .into_iter()
+        .filter_map(|(series, value)| {
             let labels = series.strip_prefix(name)?;
-            (labels.is_empty() || labels.starts_with('{'))
-                .then(|| value.parse::<f64>().ok())
-                .flatten()
+            (labels.is_empty() || labels.starts_with('{')).then_some(value)
         })
         .sum()
 }

@@ -146,7 +146,9 @@ fn logged_after(lab: &ClusterLab, nodes: &[usize], needle: &str, since: f64) -> 
         .collect()
 }
 
-/// The kinds of `xdp_limiter_cluster_redis_errors_total`.
+/// The kinds of `xdp_limiter_cluster_redis_errors_total`, written out
+/// rather than taken from `store::ErrorKind`: they are the labels
+/// dashboards and alerts match, so renaming one must fail here.
 const ERROR_KINDS: [&str; 4] = ["timeout", "connection", "server", "other"];
 
 /// Every node's `xdp_limiter_cluster_redis_errors_total`, by kind (every
