@@ -48,7 +48,8 @@ pub struct LimitEvent {
     /// An [`EventKind`] value; 0, limited, in events of daemons before
     /// cluster limits.
     kind: u8,
-    _pad: [u8; 6],
+    _pad0: u16,
+    _pad1: u32,
 }
 
 impl LimitEvent {
@@ -62,7 +63,8 @@ impl LimitEvent {
             at_ns,
             dry_run: dry_run as u8,
             kind: EventKind::Limited as u8,
-            _pad: [0; 6],
+            _pad0: 0,
+            _pad1: 0,
         }
     }
 
@@ -76,7 +78,30 @@ impl LimitEvent {
             at_ns,
             dry_run: 0,
             kind: EventKind::ClusterHot as u8,
-            _pad: [0; 6],
+            _pad0: 0,
+            _pad1: 0,
+        }
+    }
+
+    /// Writes [`LimitEvent::cluster_hot`] into `dst` field by field: the
+    /// kernel writes it straight into ring-buffer memory, where an
+    /// aggregate copy would become a `memmove`/`memset` call (a frame the
+    /// verifier adds to every caller's stack).
+    ///
+    /// # Safety
+    /// `dst` must be valid for writes of a `LimitEvent` and not overlap
+    /// `window_key`.
+    #[inline(always)]
+    pub unsafe fn write_cluster_hot(dst: *mut Self, window_key: &SourceKey, rule: u32, at_ns: u64) {
+        // SAFETY: the caller's guarantees; each write is one aligned field.
+        unsafe {
+            core::ptr::addr_of_mut!((*dst).key).copy_from_nonoverlapping(window_key, 1);
+            core::ptr::addr_of_mut!((*dst).rule).write(rule);
+            core::ptr::addr_of_mut!((*dst).at_ns).write(at_ns);
+            core::ptr::addr_of_mut!((*dst).dry_run).write(0);
+            core::ptr::addr_of_mut!((*dst).kind).write(EventKind::ClusterHot as u8);
+            core::ptr::addr_of_mut!((*dst)._pad0).write(0);
+            core::ptr::addr_of_mut!((*dst)._pad1).write(0);
         }
     }
 
@@ -114,6 +139,25 @@ mod tests {
     #[test]
     fn no_implicit_padding() {
         assert_eq!(core::mem::size_of::<super::LimitEvent>(), 20 + 4 + 8 + 8);
+    }
+
+    #[test]
+    fn writing_a_cluster_hot_event_in_place_builds_the_same_event() {
+        let key = SourceKey::v6([
+            0x20, 0x01, 0x0d, 0xb8, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,
+        ]);
+        // Garbage first, as ring-buffer memory may hold.
+        let mut slot = core::mem::MaybeUninit::new(LimitEvent::new(
+            SourceKey::v4([9, 9, 9, 9]),
+            u32::MAX,
+            u64::MAX,
+            true,
+        ));
+        // SAFETY: a local slot, valid for writes; the key lives apart.
+        unsafe { LimitEvent::write_cluster_hot(slot.as_mut_ptr(), &key, 7, 42) };
+        // SAFETY: every field was written.
+        let written = unsafe { slot.assume_init() };
+        assert_eq!(written, LimitEvent::cluster_hot(key, 7, 42));
     }
 
     #[test]

@@ -181,7 +181,11 @@ pub fn send_cluster_hot(wkey: &SourceKey, index: u32, now: u64) {
         count(Outcome::EventDropped, 0);
         return;
     };
-    entry.write(LimitEvent::cluster_hot(*wkey, index, now));
+    let event = entry.as_mut_ptr();
+    // SAFETY: the reserved entry is this CPU's until submitted, and the
+    // key lives elsewhere (the caller's stack). Written field by field: an
+    // aggregate write into ring-buffer memory becomes a `memmove` call.
+    unsafe { LimitEvent::write_cluster_hot(event, wkey, index, now) };
     entry.submit(0);
     budget[1] += 1;
 }

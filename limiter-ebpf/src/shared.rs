@@ -103,6 +103,17 @@ impl SlotRead for SharedWindow {
         // SAFETY: aligned word of a live map value (see slot_word).
         unsafe { read_volatile(self.slot_word(slot, field)) }
     }
+
+    /// One `rX = rX` the compiler cannot see through: it keeps the
+    /// window walk's masks arithmetic (a zero-length asm would do too, but
+    /// its line-info record would share an instruction offset with the
+    /// next, which 6.1's verifier refuses).
+    #[inline(always)]
+    fn opaque(&self, mut value: u64) -> u64 {
+        // SAFETY: a register move to itself: no memory, stack or flags.
+        unsafe { core::arch::asm!("{0} = {0}", inout(reg) value, options(pure, nomem, nostack)) };
+        value
+    }
 }
 
 impl SlotWrite for SharedWindow {

@@ -8,10 +8,37 @@
 use super::{
     fits, position,
     ring::{give_back_bytes, reserve_bytes, OlderBuckets},
-    slots::{packets_bumped, slot_of, OFFSET_MASK},
-    Estimate, Position, SlotRead, SlotWrite, WindowParams, BYTES, CAS_ATTEMPTS, PACKETS, UNLIMITED,
-    WEIGHT_ONE, WEIGHT_SHIFT,
+    slots::{bytes_in, first_offset, packets_bumped, packets_in, slot_of, OFFSET_MASK},
+    Estimate, Position, SlotRead, SlotWrite, WindowParams, BYTES, CAS_ATTEMPTS, PACKETS, RING,
+    UNLIMITED, WEIGHT_ONE, WEIGHT_SHIFT,
 };
+
+/// [`OlderBuckets::read`] as a plain loop with a branch per slot: what the
+/// kernel's branch-free walk must equal (its tests compare the two).
+pub fn read_older_plainly<S: SlotRead + ?Sized>(
+    slots: &S,
+    bucket: u64,
+    buckets: u32,
+) -> OlderBuckets {
+    let buckets = u64::from(buckets);
+    let mut older = OlderBuckets::default();
+    for age in 1..(RING as u64).min(buckets + 1) {
+        let past = bucket.wrapping_sub(age);
+        let slot = slot_of(past);
+        let packet_word = slots.load(slot, PACKETS);
+        let packets = packets_in(packet_word, past);
+        let bytes = bytes_in(slots.load(slot, BYTES), past);
+        if age < buckets {
+            older.full_packets += packets;
+            older.full_bytes += bytes;
+        } else {
+            older.oldest_packets = packets;
+            older.oldest_bytes = bytes;
+            older.oldest_first = first_offset(packet_word);
+        }
+    }
+    older
+}
 
 /// The weight (x [`WEIGHT_ONE`]) of the oldest bucket, whose traffic lies
 /// in `[first, 1)` of it, when `elapsed` of it has left the window.

@@ -6,7 +6,10 @@
 
 use super::{
     position,
-    slots::{bytes_bumped, bytes_in, first_offset, pack_bytes, pack_packets, packets_in, slot_of},
+    slots::{
+        bytes_bumped, bytes_in, equal_mask, first_offset, less_mask, pack_bytes, pack_packets,
+        slot_of, tag_mask,
+    },
     WindowParams, BYTES, CAS_ATTEMPTS, MAX_BYTES, MAX_PACKETS, PACKETS, RING, UNLIMITED,
 };
 
@@ -14,6 +17,15 @@ use super::{
 pub trait SlotRead {
     /// The word of `field` ([`PACKETS`] or [`BYTES`]) in `slot` (< [`RING`]).
     fn load(&self, slot: usize, field: usize) -> u64;
+
+    /// `value`, hidden from the compiler's reasoning about its range (the
+    /// identity on the host). The kernel's ring wraps it in an empty
+    /// instruction: the walk's masks then stay arithmetic instead of being
+    /// folded back into compares and branches (see [`OlderBuckets::read`]).
+    #[inline(always)]
+    fn opaque(&self, value: u64) -> u64 {
+        value
+    }
 }
 
 /// Atomic write access to the ring's slot words.
@@ -42,30 +54,39 @@ pub struct OlderBuckets {
 }
 
 impl OlderBuckets {
-    /// Reads the `buckets` buckets before `bucket`. The loop has a fixed
-    /// trip count (no exit that depends on `buckets`), which keeps the
-    /// kernel verifier's path count small.
+    /// Reads the `buckets` buckets before `bucket`.
+    ///
+    /// Branch-free: every step reads one slot and adds it through masks
+    /// (a stale tag, or an age outside the window, masks it to zero), so
+    /// the kernel verifier walks the loop along one path. A walk with a
+    /// branch per slot left each sum either a known zero or an unknown
+    /// value on each path; older verifiers (6.1) never treat those as the
+    /// same state, and explored about 2^15 of them, past their limit of a
+    /// million instructions. The masks go through [`SlotRead::opaque`] so
+    /// the compiler cannot turn them back into branches. The result is
+    /// the plain walk's (`reference::read_older_plainly`, compared in
+    /// the tests).
     #[inline(always)]
     pub fn read<S: SlotRead + ?Sized>(slots: &S, bucket: u64, buckets: u32) -> Self {
-        let buckets = buckets as u64;
+        let buckets = slots.opaque(buckets as u64);
         let mut older = OlderBuckets::default();
         let mut age = 1u64;
         while age < RING as u64 {
-            if age <= buckets {
-                let past = bucket.wrapping_sub(age);
-                let slot = slot_of(past);
-                let packet_word = slots.load(slot, PACKETS);
-                let packets = packets_in(packet_word, past);
-                let bytes = bytes_in(slots.load(slot, BYTES), past);
-                if age < buckets {
-                    older.full_packets += packets;
-                    older.full_bytes += bytes;
-                } else {
-                    older.oldest_packets = packets;
-                    older.oldest_bytes = bytes;
-                    older.oldest_first = first_offset(packet_word);
-                }
-            }
+            let past = bucket.wrapping_sub(age);
+            let slot = slot_of(past);
+            let packet_word = slots.load(slot, PACKETS);
+            let byte_word = slots.load(slot, BYTES);
+            let packets = packet_word & MAX_PACKETS & slots.opaque(tag_mask(packet_word, past));
+            let bytes = byte_word & MAX_BYTES & slots.opaque(tag_mask(byte_word, past));
+            // Ages 1 ..= K are in the window: 1 .. K in full, K the oldest.
+            let beyond = slots.opaque(less_mask(buckets, age));
+            let oldest = slots.opaque(equal_mask(age, buckets));
+            let full = !beyond & !oldest;
+            older.full_packets += packets & full;
+            older.full_bytes += bytes & full;
+            older.oldest_packets |= packets & oldest;
+            older.oldest_bytes |= bytes & oldest;
+            older.oldest_first |= first_offset(packet_word) & oldest;
             age += 1;
         }
         older
@@ -220,7 +241,7 @@ impl SlotRead for [[u64; 2]; RING] {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::window::try_admit;
+    use crate::window::{packets_in, try_admit};
 
     #[test]
     fn an_exhausted_window_refuses_until_it_slides() {
@@ -288,6 +309,48 @@ mod tests {
                 assert!(try_admit(&ring, &params, now + 10, 1), "frame {i}");
             }
             assert!(!try_admit(&ring, &params, now + 20, 1));
+        }
+    }
+
+    #[test]
+    fn the_branch_free_walk_reads_what_the_plain_walk_reads() {
+        use crate::window::reference::read_older_plainly;
+        let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            // xorshift64*: deterministic, no dependency.
+            rng ^= rng >> 12;
+            rng ^= rng << 25;
+            rng ^= rng >> 27;
+            rng.wrapping_mul(0x2545_f491_4f6c_dd1d)
+        };
+        for _ in 0..2_000 {
+            let bucket = next() % (1 << 26);
+            let mut ring = [[0u64; 2]; RING];
+            for (slot, words) in ring.iter_mut().enumerate() {
+                // Each slot current for one of the last buckets, stale,
+                // or from the far past (tags wrap at 2^24).
+                let age = next() % 40;
+                let tagged = bucket.wrapping_sub(age) & !(RING as u64 - 1) | slot as u64;
+                let tagged = if next() % 4 == 0 {
+                    tagged + (1 << 24)
+                } else {
+                    tagged
+                };
+                *words = [
+                    pack_packets(tagged, next() % 1024, next()),
+                    pack_bytes(tagged, next()),
+                ];
+                if next() % 8 == 0 {
+                    *words = [next(), next()];
+                }
+            }
+            for buckets in 0..=RING as u32 {
+                assert_eq!(
+                    OlderBuckets::read(&ring, bucket, buckets),
+                    read_older_plainly(&ring, bucket, buckets),
+                    "bucket {bucket}, K = {buckets}, ring {ring:x?}"
+                );
+            }
         }
     }
 

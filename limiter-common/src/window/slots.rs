@@ -36,6 +36,25 @@ const fn tag_matches(word: u64, bucket: u64) -> bool {
 }
 
 /// A packet word: `count` frames in `bucket`, the first at offset `first`.
+/// All ones if `word`'s tag is `bucket`'s, else zero: [`tag_matches`] as
+/// a mask, computed without a compare (see `OlderBuckets::read`).
+#[inline(always)]
+pub(super) const fn tag_mask(word: u64, bucket: u64) -> u64 {
+    equal_mask(word >> TAG_SHIFT, bucket & TAG_MASK)
+}
+
+/// All ones if `a == b`, else zero, for `a ^ b < 2^63`.
+#[inline(always)]
+pub(super) const fn equal_mask(a: u64, b: u64) -> u64 {
+    ((a ^ b).wrapping_sub(1) >> 63).wrapping_neg()
+}
+
+/// All ones if `a < b`, else zero, for `a, b < 2^63`.
+#[inline(always)]
+pub(super) const fn less_mask(a: u64, b: u64) -> u64 {
+    (a.wrapping_sub(b) >> 63).wrapping_neg()
+}
+
 #[inline(always)]
 pub const fn pack_packets(bucket: u64, first: u64, count: u64) -> u64 {
     ((bucket & TAG_MASK) << TAG_SHIFT)
