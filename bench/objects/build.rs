@@ -10,7 +10,11 @@
 fn main() {
     limiter_ebpf_build::embed(
         "limiter-bench-ebpf",
-        &["limiter-baseline", "limiter-bench-traffic"],
+        &[
+            "limiter-baseline",
+            "limiter-bench-traffic",
+            "limiter-oversized",
+        ],
         &[
             "bench/ebpf/src",
             "bench/ebpf/Cargo.toml",

@@ -39,7 +39,11 @@ fn main() -> ExitCode {
         Command::Completions { shell } => cli::completions::completions(shell),
         Command::Man => cli::completions::man(),
         Command::Detach(args) => cli::detach::run(&args),
-        Command::Check { max_sources } => cli::check::run(max_sources),
+        Command::Check {
+            max_sources,
+            verbose,
+            output,
+        } => cli::check::run(max_sources, verbose, output),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -39,3 +39,8 @@ pub fn baseline_program(ebpf: &mut aya::Ebpf) -> &mut aya::programs::Xdp {
 /// counting socket filter. Never attached by the daemon.
 pub static BENCH_TRAFFIC_OBJECT: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/limiter-bench-traffic.o"));
+
+/// The program every verifier refuses as too large (bench/ebpf's
+/// `oversized.rs`), for the test of the refusal message.
+pub static OVERSIZED_OBJECT: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/limiter-oversized.o"));

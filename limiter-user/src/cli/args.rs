@@ -56,11 +56,17 @@ pub enum Command {
     /// Stop protecting: a running daemon detaches and exits; without one,
     /// remove what `run --keep-attached` left pinned.
     Detach(DetachArgs),
-    /// Load the XDP program through the kernel verifier (attaches nothing).
+    /// Load the XDP program through the kernel verifier (attaches nothing)
+    /// and print what verifying it took on this kernel.
     Check {
         /// Capacity of the per-source state maps.
         #[arg(long, default_value_t = limiter_common::DEFAULT_MAX_SOURCES)]
         max_sources: u32,
+        /// On a refusal, print the verifier's log after the message.
+        #[arg(long, short)]
+        verbose: bool,
+        #[arg(long, value_enum, default_value_t)]
+        output: Output,
     },
 }
 

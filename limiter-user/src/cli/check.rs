@@ -1,21 +1,70 @@
 //! `xdp-limiter check`: load the program through the kernel verifier and
-//! attach nothing, to know before deploying that this kernel takes it.
+//! attach nothing, to know before deploying that this kernel takes it, and
+//! what verifying it costs here: the instructions the verifier processed
+//! (against its limit of a million) and the time the load took.
+//!
+//! A refusal is one message (the kernel, the program and function, the
+//! verifier's reason, the oldest kernel known to work); `--verbose` adds
+//! the verifier's log.
 
-use anyhow::Context as _;
+use serde::Serialize;
 
-use crate::kernel::{self, LoadOptions};
+use super::Output;
+use crate::kernel::{self, object::kernel_release, LoadError, LoadOptions};
 
-pub fn run(max_sources: u32) -> anyhow::Result<()> {
-    let program = kernel::load(&LoadOptions {
+/// The verifier's limit on processed instructions.
+const VERIFIER_LIMIT: u32 = 1_000_000;
+
+/// What `check --output json` prints.
+#[derive(Serialize)]
+struct Report<'a> {
+    kernel: String,
+    program: &'a str,
+    verified_instructions: u32,
+    verifier_limit: u32,
+    load_ms: f64,
+    maps: usize,
+}
+
+pub fn run(max_sources: u32, verbose: bool, output: Output) -> anyhow::Result<()> {
+    let program = match kernel::load(&LoadOptions {
         max_sources,
         ..LoadOptions::default()
-    })
-    .context("loading the XDP program (are you root, with BPF enabled?)")?;
-    println!(
-        "ok: program `{}` (id {}) passed the verifier; {} maps loaded",
-        limiter_common::names::PROGRAM,
-        program.id(),
-        program.map_count()
-    );
+    }) {
+        Ok(program) => program,
+        Err(LoadError::Refused(refusal)) => {
+            if verbose {
+                eprintln!("{}", refusal.log.trim_end());
+            }
+            return Err(anyhow::Error::msg(refusal.to_string()));
+        }
+        Err(e) => {
+            return Err(anyhow::Error::new(e)
+                .context("loading the XDP program (are you root, with BPF enabled?)"))
+        }
+    };
+    let report = Report {
+        kernel: kernel_release(),
+        program: limiter_common::names::PROGRAM,
+        verified_instructions: program.verified.instructions,
+        verifier_limit: VERIFIER_LIMIT,
+        load_ms: program.verified.load_time.as_secs_f64() * 1e3,
+        maps: program.map_count(),
+    };
+    match output {
+        Output::Json => println!("{}", serde_json::to_string(&report)?),
+        Output::Text => println!(
+            "ok: this kernel ({}) accepts program `{}` (id {}), {} maps\n\
+             verifier: {} instructions processed ({:.0}% of its limit of {}), load {:.0} ms",
+            report.kernel,
+            report.program,
+            program.id(),
+            report.maps,
+            report.verified_instructions,
+            f64::from(report.verified_instructions) * 100.0 / f64::from(VERIFIER_LIMIT),
+            VERIFIER_LIMIT,
+            report.load_ms,
+        ),
+    }
     Ok(())
 }

@@ -2,11 +2,14 @@
 //! the one place a loader is set up (capacities, adopted pins), after which
 //! the program's maps are opened once into typed handles ([`Maps`]).
 
-use std::path::PathBuf;
+use std::{
+    path::PathBuf,
+    time::{Duration, Instant},
+};
 
 use aya::{
     programs::{ProgramError, Xdp},
-    Ebpf, EbpfLoader,
+    Ebpf, EbpfLoader, VerifierLogLevel,
 };
 use limiter_common::{
     maps::{self, MapSpec, Sizing},
@@ -26,10 +29,112 @@ pub enum LoadError {
     Object(#[from] aya::EbpfError),
     #[error("the object has no XDP program named `{0}`")]
     MissingProgram(&'static str),
+    #[error("{0}")]
+    Refused(Box<Refusal>),
     #[error("the kernel refused the XDP program: {0}")]
-    Program(#[from] ProgramError),
+    Program(ProgramError),
     #[error("{0}")]
     Maps(#[from] MapsError),
+}
+
+/// The oldest kernel the program is known to load and work on: tested in
+/// the kernel lane (`cargo xtask test --kernel 6.1`), not inferred from
+/// feature dates.
+pub const OLDEST_TESTED_KERNEL: &str = "6.1 (Debian 12's 6.1.0-50)";
+
+/// The kernel's verifier refused a program: what to tell the operator in
+/// one message, with the whole log kept for `--verbose`.
+#[derive(Debug)]
+pub struct Refusal {
+    /// `uname -r` of the refusing kernel.
+    pub kernel: String,
+    /// The program refused.
+    pub program: String,
+    /// The function being verified when it was refused, when the log
+    /// names one.
+    pub function: Option<String>,
+    /// The verifier's last line that is not a statistic.
+    pub reason: String,
+    /// What the `bpf(BPF_PROG_LOAD)` call returned.
+    pub error: std::io::Error,
+    /// The verifier's log, as the kernel gave it (statistics level).
+    pub log: String,
+}
+
+impl Refusal {
+    /// Reads `log`, the verifier's output for a refused `program`.
+    pub fn new(kernel: String, program: &str, error: std::io::Error, log: String) -> Self {
+        let lines: Vec<&str> = log
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .collect();
+        let is_statistic = |line: &&str| {
+            ["verification time", "stack depth", "processed "]
+                .iter()
+                .any(|prefix| line.starts_with(prefix))
+        };
+        let reason = lines
+            .iter()
+            .rev()
+            .find(|line| !is_statistic(line))
+            .map_or_else(|| "no reason given".to_string(), |line| line.to_string());
+        // "Validating limit() func#2..." (older kernels), or
+        // "Func#3 ('limit') ..." (newer ones), whichever comes last.
+        let function = lines.iter().rev().find_map(|line| {
+            if let Some(rest) = line.strip_prefix("Validating ") {
+                return rest.split("()").next().map(str::to_string);
+            }
+            let start = line.find("('")? + 2;
+            let end = start + line[start..].find("')")?;
+            line.starts_with("Func#")
+                .then(|| line[start..end].to_string())
+        });
+        Self {
+            kernel,
+            program: program.to_string(),
+            function,
+            reason,
+            error,
+            log,
+        }
+    }
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "this kernel ({}) refused the XDP program `{}`",
+            self.kernel, self.program
+        )?;
+        if let Some(function) = &self.function {
+            write!(f, " in function `{function}`")?;
+        }
+        write!(
+            f,
+            ": {} ({}); the oldest kernel it is known to work on is {} (--verbose prints the verifier's log)",
+            self.reason, self.error, OLDEST_TESTED_KERNEL
+        )
+    }
+}
+
+/// The running kernel's release (`uname -r`).
+pub fn kernel_release() -> String {
+    nix::sys::utsname::uname()
+        .map(|u| u.release().to_string_lossy().into_owned())
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+/// What the verifier spent on a program that it accepted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Verified {
+    /// Instructions the verifier processed, over all the program's
+    /// functions (`bpf_prog_info.verified_insns`; the kernel's limit is
+    /// 1,000,000).
+    pub instructions: u32,
+    /// How long the load took (the verifier, nearly all of it).
+    pub load_time: Duration,
 }
 
 /// Knobs applied before the object is loaded.
@@ -73,6 +178,8 @@ pub struct Program {
     /// Holds the program; its maps were moved into `maps`.
     ebpf: Ebpf,
     pub maps: Maps,
+    /// What its verification took.
+    pub verified: Verified,
 }
 
 /// Creates (or adopts) the maps and loads (verifies) the XDP program;
@@ -89,12 +196,63 @@ pub fn load(options: &LoadOptions) -> Result<Program, LoadError> {
     for (name, path) in &options.pins {
         loader.map_pin_path(name, path.as_path());
     }
-    let mut ebpf = loader.load(EBPF_OBJECT)?;
-    xdp_in(&mut ebpf)
-        .ok_or(LoadError::MissingProgram(names::PROGRAM))?
-        .load()?;
+    let (mut ebpf, verified) = load_xdp(&mut loader, EBPF_OBJECT, names::PROGRAM)?;
     let maps = Maps::take(&mut ebpf)?;
-    Ok(Program { ebpf, maps })
+    Ok(Program {
+        ebpf,
+        maps,
+        verified,
+    })
+}
+
+/// Loads `object` with `loader` and its XDP program `program` through the
+/// verifier: the one place a refusal is read (also for test objects).
+///
+/// The verifier logs statistics only. On a refusal aya loads the program
+/// once more to collect the log; at the default (per-instruction) level a
+/// refused million-instruction program fills the buffer, and aya retries
+/// with ten times the buffer, each retry a whole verification (minutes
+/// on a small machine), for a screen of log nobody reads.
+pub fn load_xdp(
+    loader: &mut EbpfLoader<'_>,
+    object: &[u8],
+    program: &'static str,
+) -> Result<(Ebpf, Verified), LoadError> {
+    loader.verifier_log_level(VerifierLogLevel::STATS);
+    let mut ebpf = loader.load(object)?;
+    let xdp: &mut Xdp = ebpf
+        .program_mut(program)
+        .and_then(|p| p.try_into().ok())
+        .ok_or(LoadError::MissingProgram(program))?;
+    let started = Instant::now();
+    match xdp.load() {
+        Ok(()) => {}
+        Err(ProgramError::LoadError {
+            io_error,
+            verifier_log,
+        }) => {
+            return Err(LoadError::Refused(Box::new(Refusal::new(
+                kernel_release(),
+                program,
+                io_error,
+                verifier_log.to_string(),
+            ))))
+        }
+        Err(e) => return Err(LoadError::Program(e)),
+    }
+    let load_time = started.elapsed();
+    let instructions = xdp
+        .info()
+        .ok()
+        .and_then(|info| info.verified_instruction_count())
+        .unwrap_or(0);
+    Ok((
+        ebpf,
+        Verified {
+            instructions,
+            load_time,
+        },
+    ))
 }
 
 /// The limiter's XDP program inside a loaded object.
