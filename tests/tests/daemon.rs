@@ -164,6 +164,44 @@ fn the_daemon_enforces_limits_and_metrics_match_what_the_receiver_saw() {
     stop_cleanly(&lab, &files, daemon);
 }
 
+/// The kernel lane's smoke test (`xtask::kernel`), on the host as well:
+/// the daemon loads the program, attaches natively to a veth, enforces a
+/// limit, and is seen doing it through a real HTTP scrape of `/metrics`
+/// and through `status`; `detach` then leaves the interface unprotected
+/// and the daemon stopped.
+#[test]
+fn a_daemon_loads_attaches_natively_enforces_reports_and_detaches() {
+    let (lab, files, receiver) = limited_lab();
+    let daemon = start(&lab, &files, &[]);
+    assert!(daemon.log().contains("mode=\"native\""), "{}", daemon.log());
+    assert!(lab.attached_program().is_some(), "attached");
+
+    assert_eq!(
+        heavy_through(&lab, &receiver, 100),
+        20,
+        "capped at its allowance"
+    );
+    let dropped = daemon.wait_metric(&series("xdp_limiter_packets_total", "dropped_limit"), |v| {
+        v >= 80.0
+    });
+    assert_eq!(dropped, 80.0);
+
+    let status = files.cli_ok(&["status"]);
+    assert!(
+        status.contains(RX_IF) && status.contains("native"),
+        "status names the interface and its mode: {status}"
+    );
+
+    let pin_dir = files.pin_dir.to_str().expect("utf-8 path");
+    let out = files.cli_ok(&["detach", "--pin-dir", pin_dir]);
+    assert!(
+        out.contains(&format!("detached {RX_IF} and stopped the daemon")),
+        "{out}"
+    );
+    assert_eq!(lab.attached_program(), None, "detached");
+    assert!(daemon.wait().success(), "the daemon exits cleanly");
+}
+
 #[test]
 fn after_sigkill_protection_continues_and_a_new_daemon_adopts_pins_and_counters() {
     let (lab, files, receiver) = limited_lab();

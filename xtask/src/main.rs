@@ -7,6 +7,7 @@ mod bench;
 mod build;
 mod demo;
 mod fuzz;
+mod kernel;
 mod run;
 mod setup;
 mod soak;
@@ -67,8 +68,13 @@ enum Command {
         minutes: f64,
     },
     /// The whole suite: fmt, clippy (kernel and user), unit, kernel and
-    /// netns tests. Needs root; never skips a test.
+    /// netns tests on this machine's kernel, then the kernel lane on
+    /// Debian 12's 6.1 in qemu. Needs root; never skips a test.
     Test {
+        /// Run only the kernel lane, on this kernel (6.1, 6.12, or all):
+        /// the kernel tests and a daemon smoke test in qemu.
+        #[arg(long, value_name = "KERNEL")]
+        kernel: Option<String>,
         /// Extra arguments for `cargo test` (e.g. a test name filter).
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         cargo_test_args: Vec<String>,
@@ -98,9 +104,12 @@ fn main() -> anyhow::Result<()> {
             setup::run()?;
             soak::run(minutes)
         }
-        Command::Test { cargo_test_args } => {
+        Command::Test {
+            kernel,
+            cargo_test_args,
+        } => {
             setup::run()?;
-            test::run(&cargo_test_args)
+            test::run(&cargo_test_args, kernel.as_deref())
         }
     }
 }

@@ -3,8 +3,10 @@
 //! ../shared/notes/toolchain.md for why this recipe).
 //!
 //! 1. Debian packages: rustc-web/cargo-web with the prebuilt BPF `core`,
-//!    its clippy, and the tools the tests drive (ip, ping, redis-server,
-//!    libfaketime).
+//!    its clippy, the tools the tests drive (ip, ping, redis-server,
+//!    libfaketime), and the kernel lane's qemu, busybox and the Debian
+//!    kernel packages it boots (`kernel::KERNELS`; installing one only
+//!    puts its files in /boot and /lib/modules).
 //!    Debian starts and enables redis-server as a service on install; the
 //!    tests start their own servers in namespaces, so setup stops and
 //!    disables that service.
@@ -70,7 +72,9 @@ fn package_installed(name: &str) -> bool {
 fn install_debian_packages() -> anyhow::Result<()> {
     let missing: Vec<&str> = DEBIAN_PACKAGES
         .iter()
+        .chain(crate::kernel::PACKAGES)
         .copied()
+        .chain(crate::kernel::KERNELS.iter().map(|k| k.package))
         .filter(|p| !package_installed(p))
         .collect();
     if missing.is_empty() {

@@ -3,6 +3,10 @@
 //! their real target), then every test (host unit tests, kernel tests through
 //! BPF_PROG_TEST_RUN, netns tests with real traffic).
 //!
+//! Then the kernel lane (`kernel`) on [`kernel::DEFAULT_LANE`]: the
+//! kernel tests and a daemon smoke test on Debian 12's kernel in qemu.
+//! `--kernel NAME` runs only the lane, on that kernel or `all`.
+//!
 //! Kernel and netns tests need root; the suite refuses to run without it
 //! rather than skipping them.
 
@@ -10,11 +14,14 @@ use std::process::Command;
 
 use anyhow::bail;
 
-use crate::run;
+use crate::{kernel, run};
 
-pub fn run(cargo_test_args: &[String]) -> anyhow::Result<()> {
+pub fn run(cargo_test_args: &[String], lane: Option<&str>) -> anyhow::Result<()> {
     if !is_root() {
         bail!("the test suite loads BPF programs and creates network namespaces: run it as root");
+    }
+    if let Some(name) = lane {
+        return kernel::run(&kernel::select(name)?);
     }
     let root = run::workspace_root();
     let cargo = || {
@@ -63,7 +70,15 @@ pub fn run(cargo_test_args: &[String]) -> anyhow::Result<()> {
         cargo()
             .args(["test", "-p", "limiter-bench"])
             .args(cargo_test_args),
-    )
+    )?;
+    if !cargo_test_args.is_empty() {
+        eprintln!(
+            "a filtered run: the kernel lane is skipped (`--kernel {}` runs it)",
+            kernel::DEFAULT_LANE
+        );
+        return Ok(());
+    }
+    kernel::run(&kernel::select(kernel::DEFAULT_LANE)?)
 }
 
 /// Effective uid 0, read from /proc so xtask needs no libc binding.

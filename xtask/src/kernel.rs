@@ -1,0 +1,560 @@
+//! The kernel lane: the kernel tests and a daemon smoke test on the
+//! kernels people run, each booted in qemu.
+//!
+//! `cargo xtask test --kernel 6.1` (or `6.12`, or `all`) builds the
+//! `xdp-limiter` binary and the test binaries that drive the real kernel,
+//! packs them with what they need (shared libraries, iproute2, nsenter,
+//! the kernel's veth module and a busybox for the shell) into an
+//! initramfs, boots Debian's kernel package with it, runs every binary in
+//! the guest and reports pass or fail per binary and per kernel. The
+//! guest's /init is [`INIT`]; its console is streamed here, prefixed with
+//! the kernel's name, and read for the `LANE` lines the init prints.
+//!
+//! qemu uses KVM where it works. On these machines `/dev/kvm` exists but
+//! nested KVM dies early (an emulation failure on `cmpxchg16b`), so a
+//! guest that has not reached its init within [`KVM_PROBE`] is started
+//! again under software emulation (TCG), which boots in about 15 s.
+//!
+//! Under TCG everything is slower (a program load takes about 3 s on 6.1,
+//! and BPF_PROG_TEST_RUN about 20 times longer than on the host), so the
+//! guest runs the tiers' five-million-source churn with
+//! [`GUEST_SPOOFED_SOURCES`] sources instead (`LIMITER_SPOOFED_SOURCES`); the
+//! host suite keeps the full churn.
+
+use std::{
+    fmt::Write as _,
+    fs,
+    io::{BufRead, BufReader},
+    os::unix::fs::{symlink, PermissionsExt},
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    sync::mpsc,
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context as _};
+
+use crate::run;
+
+/// A Debian kernel package the lane boots.
+#[derive(Clone, Copy, Debug)]
+pub struct Kernel {
+    /// What `--kernel` calls it.
+    pub name: &'static str,
+    /// `uname -r`: its files in /boot and /lib/modules.
+    pub release: &'static str,
+    /// The Debian package that installs it (`cargo xtask setup`).
+    pub package: &'static str,
+}
+
+/// The kernels of the lane: Debian 12's own (6.1, the oldest that is
+/// tested) and the backports' and Debian 13's (6.12).
+pub const KERNELS: [Kernel; 2] = [
+    Kernel {
+        name: "6.1",
+        release: "6.1.0-50-cloud-amd64",
+        package: "linux-image-6.1.0-50-cloud-amd64-unsigned",
+    },
+    Kernel {
+        name: "6.12",
+        release: "6.12.111+deb12-cloud-amd64",
+        package: "linux-image-6.12.111+deb12-cloud-amd64-unsigned",
+    },
+];
+
+/// The lane `cargo xtask test` runs after the host suite (CI's).
+pub const DEFAULT_LANE: &str = "6.1";
+
+/// The test binaries of `limiter-tests` the guest runs, with their
+/// arguments: every binary whose tests go through BPF_PROG_TEST_RUN, the
+/// netns counting test (native attach on a veth pair), the refusal
+/// message (on a program every kernel refuses), and the daemon's smoke
+/// test (load, native attach, enforce, `/metrics`, `status`,
+/// `detach`).
+pub const GUEST_TESTS: &[(&str, &[&str])] = &[
+    ("datapath", &[]),
+    ("limiter", &[]),
+    ("tiers", &[]),
+    ("matching", &[]),
+    ("matching_model", &[]),
+    ("insert_failure", &[]),
+    ("cluster_kernel", &[]),
+    ("batch", &[]),
+    ("netns_counting", &[]),
+    ("refusal", &[]),
+    (
+        "daemon",
+        &[
+            "--exact",
+            "a_daemon_loads_attaches_natively_enforces_reports_and_detaches",
+        ],
+    ),
+];
+
+/// The spoofed sources of the tiers' flood and churn tests in the guest
+/// (five million on the host): the churn is still 50 times the exact
+/// tier's 4,096 windows.
+pub const GUEST_SPOOFED_SOURCES: u32 = 200_000;
+
+/// How long a KVM guest may take to reach its init before the lane falls
+/// back to software emulation.
+const KVM_PROBE: Duration = Duration::from_secs(60);
+
+/// The most one kernel's run may take (boot, every test, power-off).
+const LANE_TIMEOUT: Duration = Duration::from_secs(40 * 60);
+
+/// Debian packages the lane needs beyond the kernels: qemu, a static
+/// busybox for the guest's shell, cpio for the initramfs, binutils'
+/// `strip` (the test binaries' debug info would triple the image).
+pub const PACKAGES: &[&str] = &["qemu-system-x86", "busybox-static", "cpio", "binutils"];
+
+/// The kernels `--kernel` names: one by name, or `all`.
+pub fn select(name: &str) -> anyhow::Result<Vec<Kernel>> {
+    if name == "all" {
+        return Ok(KERNELS.to_vec());
+    }
+    match KERNELS.iter().find(|k| k.name == name) {
+        Some(kernel) => Ok(vec![*kernel]),
+        None => bail!(
+            "no kernel lane `{name}`: choose {} or all",
+            KERNELS.map(|k| k.name).join(", ")
+        ),
+    }
+}
+
+/// What one kernel's run gave.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct LaneReport {
+    /// The guest reached its init.
+    pub booted: bool,
+    /// Each test binary and whether it passed, in the order run.
+    pub results: Vec<(String, bool)>,
+    /// The guest's init finished (every binary ran).
+    pub done: bool,
+}
+
+impl LaneReport {
+    /// Reads one console line of the guest.
+    pub fn read(&mut self, line: &str) {
+        let mut words = line.split_whitespace();
+        if words.next() != Some("LANE") {
+            return;
+        }
+        match (words.next(), words.next(), words.next()) {
+            (Some("BOOTED"), _, _) => self.booted = true,
+            (Some("RESULT"), Some(name), Some(code)) => {
+                self.results.push((name.to_string(), code == "0"))
+            }
+            (Some("DONE"), _, _) => self.done = true,
+            _ => {}
+        }
+    }
+
+    /// Every binary of `expected` ran and passed.
+    pub fn passed(&self, expected: &[&str]) -> bool {
+        self.done
+            && expected
+                .iter()
+                .all(|name| self.results.iter().any(|(n, ok)| n == name && *ok))
+    }
+}
+
+/// Runs the lane on each of `kernels`; fails unless every one passes.
+pub fn run(kernels: &[Kernel]) -> anyhow::Result<()> {
+    let root = run::workspace_root();
+    let binaries = build(&root)?;
+    let mut summary = Vec::new();
+    for kernel in kernels {
+        let started = Instant::now();
+        let report = lane(&root, kernel, &binaries)?;
+        let expected: Vec<&str> = GUEST_TESTS.iter().map(|(name, _)| *name).collect();
+        let passed = report.passed(&expected);
+        summary.push((kernel.name, passed, started.elapsed(), report));
+    }
+    eprintln!("kernel lane summary:");
+    let mut failed = Vec::new();
+    for (name, passed, took, report) in &summary {
+        eprintln!(
+            "  {name}: {} in {:.0} s",
+            if *passed { "PASS" } else { "FAIL" },
+            took.as_secs_f64()
+        );
+        for (binary, ok) in &report.results {
+            eprintln!("    {binary}: {}", if *ok { "pass" } else { "FAIL" });
+        }
+        if !report.booted {
+            eprintln!("    the guest never reached its init");
+        } else if !report.done {
+            eprintln!("    the guest stopped before its last test");
+        }
+        if !passed {
+            failed.push(*name);
+        }
+    }
+    if !failed.is_empty() {
+        bail!("the kernel lane failed on {}", failed.join(", "));
+    }
+    Ok(())
+}
+
+/// The files the guest needs from the build.
+struct Binaries {
+    limiter: PathBuf,
+    /// Test binary name and path, in [`GUEST_TESTS`] order.
+    tests: Vec<(&'static str, PathBuf)>,
+}
+
+/// Builds the daemon binary and the guest's test binaries (the dev
+/// profile, as the host suite, so a `cargo xtask test` builds nothing
+/// twice).
+fn build(root: &Path) -> anyhow::Result<Binaries> {
+    run::status(Command::new("cargo").current_dir(root).args([
+        "build",
+        "-p",
+        "limiter-user",
+        "--bin",
+        "xdp-limiter",
+    ]))?;
+    let mut cmd = Command::new("cargo");
+    cmd.current_dir(root).args([
+        "test",
+        "-p",
+        "limiter-tests",
+        "--no-run",
+        "--message-format=json-render-diagnostics",
+    ]);
+    for (name, _) in GUEST_TESTS {
+        cmd.args(["--test", name]);
+    }
+    eprintln!("+ cargo test -p limiter-tests --no-run (the guest's test binaries)");
+    let out = cmd
+        .stderr(Stdio::inherit())
+        .output()
+        .context("cannot run cargo")?;
+    if !out.status.success() {
+        bail!("building the guest's test binaries failed: {}", out.status);
+    }
+    let executables = test_executables(&String::from_utf8_lossy(&out.stdout))?;
+    let mut tests = Vec::new();
+    for (name, _) in GUEST_TESTS {
+        let path = executables
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, p)| p.clone())
+            .with_context(|| format!("cargo built no test binary `{name}`"))?;
+        tests.push((*name, path));
+    }
+    Ok(Binaries {
+        limiter: root.join("target/debug/xdp-limiter"),
+        tests,
+    })
+}
+
+/// The test executables in cargo's JSON messages: (target name, path).
+fn test_executables(messages: &str) -> anyhow::Result<Vec<(String, PathBuf)>> {
+    let mut found = Vec::new();
+    for line in messages.lines().filter(|l| l.starts_with('{')) {
+        let message: serde_json::Value = serde_json::from_str(line)
+            .with_context(|| format!("cargo printed a line that is not JSON: {line}"))?;
+        if message["reason"] != "compiler-artifact" || message["profile"]["test"] != true {
+            continue;
+        }
+        if let (Some(name), Some(path)) = (
+            message["target"]["name"].as_str(),
+            message["executable"].as_str(),
+        ) {
+            found.push((name.to_string(), PathBuf::from(path)));
+        }
+    }
+    Ok(found)
+}
+
+/// The guest's init: mounts, the veth module, each test binary with a
+/// `LANE RESULT` line, power-off. `@TESTS@` is replaced with the runs.
+const INIT: &str = r#"#!/bin/sh
+export PATH=/usr/sbin:/usr/bin:/sbin:/bin
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev
+mount -t tmpfs tmp /tmp
+mount -t tmpfs run /run
+exec >/dev/console 2>&1 </dev/null
+echo "LANE BOOTED $(uname -r) $(nproc) CPUs"
+mkdir -p /run/netns
+insmod /lib/modules/$(uname -r)/veth.ko || echo "LANE NOTE no veth module"
+ip link set lo up
+export HOME=/tmp RUST_BACKTRACE=1 XDP_LIMITER_BIN=/bin/xdp-limiter
+export LIMITER_SPOOFED_SOURCES=@CHURN@
+cd /tmp
+@TESTS@
+echo "LANE DONE"
+sync
+poweroff -f
+echo o > /proc/sysrq-trigger
+"#;
+
+/// The init script for [`GUEST_TESTS`].
+fn init_script() -> String {
+    let mut runs = String::new();
+    for (name, args) in GUEST_TESTS {
+        let _ = writeln!(runs, "echo \"LANE START {name}\"");
+        let _ = writeln!(runs, "/t/{name} {}", args.join(" "));
+        let _ = writeln!(runs, "echo \"LANE RESULT {name} $?\"");
+    }
+    INIT.replace("@TESTS@", &runs)
+        .replace("@CHURN@", &GUEST_SPOOFED_SOURCES.to_string())
+}
+
+/// Busybox applets the init uses (not `ip`: iproute2's own is copied).
+const APPLETS: &[&str] = &[
+    "sh", "mount", "mkdir", "echo", "insmod", "uname", "nproc", "sync", "poweroff", "cat",
+];
+
+/// Host programs the tests run in the guest.
+const HOST_TOOLS: &[&str] = &["/usr/bin/ip", "/usr/bin/nsenter"];
+
+/// Builds the initramfs for `kernel` under `dir`; returns its path.
+fn initramfs(dir: &Path, kernel: &Kernel, binaries: &Binaries) -> anyhow::Result<PathBuf> {
+    let tree = dir.join("root");
+    let _ = fs::remove_dir_all(&tree);
+    for sub in [
+        "bin", "sbin", "usr/bin", "usr/sbin", "proc", "sys", "dev", "tmp", "run", "t", "etc", "var",
+    ] {
+        fs::create_dir_all(tree.join(sub))?;
+    }
+    symlink("/run", tree.join("var/run"))?;
+    fs::copy("/bin/busybox", tree.join("bin/busybox")).context("busybox-static is missing")?;
+    for applet in APPLETS {
+        symlink("busybox", tree.join("bin").join(applet))?;
+    }
+    let mut programs: Vec<(PathBuf, PathBuf)> = HOST_TOOLS
+        .iter()
+        .map(|tool| (PathBuf::from(tool), PathBuf::from(tool)))
+        .collect();
+    programs.push((binaries.limiter.clone(), PathBuf::from("/bin/xdp-limiter")));
+    for (name, path) in &binaries.tests {
+        programs.push((path.clone(), PathBuf::from("/t").join(name)));
+    }
+    for (from, to) in &programs {
+        let dest = tree.join(to.strip_prefix("/")?);
+        // Stripped of debug info: the test binaries are mostly that.
+        run::status(
+            Command::new("strip")
+                .arg("--strip-debug")
+                .arg(from)
+                .arg("-o")
+                .arg(&dest),
+        )?;
+        for lib in shared_libraries(from)? {
+            let dest = tree.join(lib.strip_prefix("/")?);
+            if !dest.exists() {
+                fs::create_dir_all(dest.parent().expect("a library has a folder"))?;
+                fs::copy(&lib, &dest).with_context(|| format!("copying {}", lib.display()))?;
+            }
+        }
+    }
+    let veth = Path::new("/lib/modules")
+        .join(kernel.release)
+        .join("kernel/drivers/net/veth.ko");
+    let modules = tree.join("lib/modules").join(kernel.release);
+    fs::create_dir_all(&modules)?;
+    fs::copy(&veth, modules.join("veth.ko")).with_context(|| {
+        format!(
+            "{} is missing: is {} installed?",
+            veth.display(),
+            kernel.package
+        )
+    })?;
+    let init = tree.join("init");
+    fs::write(&init, init_script())?;
+    fs::set_permissions(&init, fs::Permissions::from_mode(0o755))?;
+    let image = dir.join(format!("initramfs-{}.cpio.gz", kernel.name));
+    let pack = format!(
+        "cd '{}' && find . | cpio -o -H newc --quiet | gzip -1 > '{}'",
+        tree.display(),
+        image.display()
+    );
+    run::status(Command::new("sh").args(["-c", &pack]))?;
+    fs::remove_dir_all(&tree)?;
+    Ok(image)
+}
+
+/// The shared libraries `program` loads (and the dynamic loader), from
+/// `ldd`; none for a static program.
+fn shared_libraries(program: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    let out = Command::new("ldd").arg(program).output().context("ldd")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    Ok(text
+        .lines()
+        .filter_map(|line| {
+            let path = match line.split_once("=>") {
+                Some((_, rest)) => rest.split_whitespace().next()?,
+                None => line.split_whitespace().next()?,
+            };
+            path.starts_with('/').then(|| PathBuf::from(path))
+        })
+        .collect())
+}
+
+/// Boots `kernel` with the guest's binaries and reads its console.
+fn lane(root: &Path, kernel: &Kernel, binaries: &Binaries) -> anyhow::Result<LaneReport> {
+    let vmlinuz = PathBuf::from(format!("/boot/vmlinuz-{}", kernel.release));
+    if !vmlinuz.exists() {
+        bail!(
+            "{} is missing: `cargo xtask setup` installs {}",
+            vmlinuz.display(),
+            kernel.package
+        );
+    }
+    let dir = root.join("target/kernel-lane");
+    fs::create_dir_all(&dir)?;
+    let image = initramfs(&dir, kernel, binaries)?;
+    if Path::new("/dev/kvm").exists() {
+        let report = boot(kernel, &vmlinuz, &image, Accel::Kvm)?;
+        if report.booted {
+            return Ok(report);
+        }
+        eprintln!(
+            "[{}] KVM did not boot the guest: falling back to TCG",
+            kernel.name
+        );
+    }
+    boot(kernel, &vmlinuz, &image, Accel::Tcg)
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Accel {
+    Kvm,
+    Tcg,
+}
+
+/// One qemu run; under KVM, given up (killed) when the guest has not
+/// reached its init within [`KVM_PROBE`].
+fn boot(kernel: &Kernel, vmlinuz: &Path, image: &Path, accel: Accel) -> anyhow::Result<LaneReport> {
+    let accel_args: &[&str] = match accel {
+        Accel::Kvm => &["-accel", "kvm", "-cpu", "host"],
+        Accel::Tcg => &["-accel", "tcg,thread=multi", "-cpu", "max"],
+    };
+    let mut cmd = Command::new("qemu-system-x86_64");
+    cmd.args(accel_args)
+        .args(["-smp", "2", "-m", "3072", "-nographic", "-no-reboot"])
+        .arg("-kernel")
+        .arg(vmlinuz)
+        .arg("-initrd")
+        .arg(image)
+        .args(["-append", "console=ttyS0 quiet panic=-1 rdinit=/init"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    eprintln!(
+        "+ qemu-system-x86_64 ({}) {} with {}",
+        if accel == Accel::Kvm { "KVM" } else { "TCG" },
+        vmlinuz.display(),
+        image.display()
+    );
+    let mut child = cmd
+        .spawn()
+        .context("cannot start qemu-system-x86_64 (qemu-system-x86)")?;
+    let (tx, rx) = mpsc::channel();
+    for stream in [
+        Box::new(child.stdout.take().expect("piped")) as Box<dyn std::io::Read + Send>,
+        Box::new(child.stderr.take().expect("piped")),
+    ] {
+        let tx = tx.clone();
+        thread::spawn(move || {
+            for line in BufReader::new(stream).split(b'\n').map_while(Result::ok) {
+                let line = String::from_utf8_lossy(&line).replace(['\r', '\x1b'], "");
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+    }
+    drop(tx);
+    let started = Instant::now();
+    let mut report = LaneReport::default();
+    loop {
+        let limit = if accel == Accel::Kvm && !report.booted {
+            KVM_PROBE
+        } else {
+            LANE_TIMEOUT
+        };
+        let Some(left) = limit.checked_sub(started.elapsed()) else {
+            eprintln!(
+                "[{}] timed out after {} s: stopping qemu",
+                kernel.name,
+                limit.as_secs()
+            );
+            break;
+        };
+        match rx.recv_timeout(left) {
+            Ok(line) => {
+                println!("[{}] {line}", kernel.name);
+                report.read(&line);
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => continue,
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_report_reads_the_lane_lines_and_nothing_else() {
+        let mut report = LaneReport::default();
+        for line in [
+            "[    0.000000] Linux version 6.1.0-50-cloud-amd64",
+            "LANE BOOTED 6.1.0-50-cloud-amd64 2 CPUs",
+            "LANE START datapath",
+            "test result: ok. 18 passed",
+            "LANE RESULT datapath 0",
+            "LANE RESULT tiers 101",
+        ] {
+            report.read(line);
+        }
+        assert!(report.booted);
+        assert!(!report.done);
+        assert_eq!(
+            report.results,
+            vec![("datapath".into(), true), ("tiers".into(), false)]
+        );
+        assert!(!report.passed(&["datapath"]), "not done yet");
+        report.read("LANE DONE");
+        assert!(report.passed(&["datapath"]));
+        assert!(!report.passed(&["datapath", "tiers"]), "tiers failed");
+        assert!(
+            !report.passed(&["datapath", "limiter"]),
+            "limiter never ran"
+        );
+    }
+
+    #[test]
+    fn kernels_are_chosen_by_name_or_all() {
+        assert_eq!(select("6.1").unwrap()[0].release, "6.1.0-50-cloud-amd64");
+        assert_eq!(select("all").unwrap().len(), KERNELS.len());
+        let err = select("5.15").unwrap_err().to_string();
+        assert!(err.contains("6.1, 6.12 or all"), "{err}");
+    }
+
+    #[test]
+    fn cargo_messages_give_the_test_executables() {
+        let messages = concat!(
+            r#"{"reason":"compiler-artifact","target":{"name":"datapath"},"profile":{"test":true},"executable":"/t/datapath-1"}"#,
+            "\n",
+            r#"{"reason":"compiler-artifact","target":{"name":"limiter_tests"},"profile":{"test":false},"executable":null}"#,
+            "\n",
+            r#"{"reason":"build-finished","success":true}"#,
+        );
+        assert_eq!(
+            test_executables(messages).unwrap(),
+            vec![("datapath".to_string(), PathBuf::from("/t/datapath-1"))]
+        );
+    }
+}
