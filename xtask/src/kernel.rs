@@ -8,7 +8,9 @@
 //! initramfs, boots Debian's kernel package with it, runs every binary in
 //! the guest and reports pass or fail per binary and per kernel. The
 //! guest's /init is [`INIT`]; its console is streamed here, prefixed with
-//! the kernel's name, and read for the `LANE` lines the init prints.
+//! the kernel's name, and read for the `LANE` lines the init prints; the
+//! summary gives, per kernel, the verifier's figures (`xdp-limiter check
+//! --output json` in the guest: instructions processed, load time).
 //!
 //! qemu uses KVM where it works. On these machines `/dev/kvm` exists but
 //! nested KVM dies early (an emulation failure on `cmpxchg16b`), so a
@@ -18,8 +20,9 @@
 //! Under TCG everything is slower (a program load takes about 3 s on 6.1,
 //! and BPF_PROG_TEST_RUN about 20 times longer than on the host), so the
 //! guest runs the tiers' five-million-source churn with
-//! [`GUEST_SPOOFED_SOURCES`] sources instead (`LIMITER_SPOOFED_SOURCES`); the
-//! host suite keeps the full churn.
+//! [`GUEST_SPOOFED_SOURCES`] sources instead (`LIMITER_SPOOFED_SOURCES`),
+//! and their floods against a [`GUEST_FLOOD_PPS`] limit
+//! (`LIMITER_FLOOD_PPS`); the host suite keeps the full sizes.
 
 use std::{
     fmt::Write as _,
@@ -97,6 +100,10 @@ pub const GUEST_TESTS: &[(&str, &[&str])] = &[
 /// tier's 4,096 windows.
 pub const GUEST_SPOOFED_SOURCES: u32 = 200_000;
 
+/// The limit of the tiers' flood tests in the guest (10,000 pps on the
+/// host): emulation cannot offer ten times 10,000 frames a second.
+pub const GUEST_FLOOD_PPS: u32 = 1_000;
+
 /// How long a KVM guest may take to reach its init before the lane falls
 /// back to software emulation.
 const KVM_PROBE: Duration = Duration::from_secs(60);
@@ -132,17 +139,27 @@ pub struct LaneReport {
     pub results: Vec<(String, bool)>,
     /// The guest's init finished (every binary ran).
     pub done: bool,
+    /// What `xdp-limiter check --output json` printed in the guest: the
+    /// verifier's figures on that kernel (or its refusal).
+    pub verifier: Option<String>,
 }
 
 impl LaneReport {
     /// Reads one console line of the guest.
     pub fn read(&mut self, line: &str) {
-        let mut words = line.split_whitespace();
-        if words.next() != Some("LANE") {
+        // The console may prefix the first line with terminal codes.
+        let Some(start) = line.find("LANE ") else {
             return;
-        }
+        };
+        let line = &line[start..];
+        let mut words = line.split_whitespace();
+        words.next();
         match (words.next(), words.next(), words.next()) {
             (Some("BOOTED"), _, _) => self.booted = true,
+            (Some("VERIFIER"), _, _) => {
+                let figures = line.split_once("VERIFIER").map_or("", |(_, rest)| rest);
+                self.verifier = Some(figures.trim().to_string());
+            }
             (Some("RESULT"), Some(name), Some(code)) => {
                 self.results.push((name.to_string(), code == "0"))
             }
@@ -180,6 +197,9 @@ pub fn run(kernels: &[Kernel]) -> anyhow::Result<()> {
             if *passed { "PASS" } else { "FAIL" },
             took.as_secs_f64()
         );
+        if let Some(figures) = &report.verifier {
+            eprintln!("    verifier: {figures}");
+        }
         for (binary, ok) in &report.results {
             eprintln!("    {binary}: {}", if *ok { "pass" } else { "FAIL" });
         }
@@ -285,8 +305,9 @@ mkdir -p /run/netns
 insmod /lib/modules/$(uname -r)/veth.ko || echo "LANE NOTE no veth module"
 ip link set lo up
 export HOME=/tmp RUST_BACKTRACE=1 XDP_LIMITER_BIN=/bin/xdp-limiter
-export LIMITER_SPOOFED_SOURCES=@CHURN@
+export LIMITER_SPOOFED_SOURCES=@CHURN@ LIMITER_FLOOD_PPS=@FLOOD@
 cd /tmp
+echo "LANE VERIFIER $(xdp-limiter check --output json 2>&1 | tr '\n' ' ')"
 @TESTS@
 echo "LANE DONE"
 sync
@@ -304,6 +325,7 @@ fn init_script() -> String {
     }
     INIT.replace("@TESTS@", &runs)
         .replace("@CHURN@", &GUEST_SPOOFED_SOURCES.to_string())
+        .replace("@FLOOD@", &GUEST_FLOOD_PPS.to_string())
 }
 
 /// Busybox applets the init uses (not `ip`: iproute2's own is copied).
@@ -312,7 +334,13 @@ const APPLETS: &[&str] = &[
 ];
 
 /// Host programs the tests run in the guest.
-const HOST_TOOLS: &[&str] = &["/usr/bin/ip", "/usr/bin/nsenter"];
+const HOST_TOOLS: &[&str] = &[
+    "/usr/bin/ip",
+    "/usr/bin/nsenter",
+    "/usr/sbin/sysctl",
+    "/usr/bin/ping",
+    "/usr/sbin/ethtool",
+];
 
 /// Builds the initramfs for `kernel` under `dir`; returns its path.
 fn initramfs(dir: &Path, kernel: &Kernel, binaries: &Binaries) -> anyhow::Result<PathBuf> {
@@ -511,7 +539,8 @@ mod tests {
         let mut report = LaneReport::default();
         for line in [
             "[    0.000000] Linux version 6.1.0-50-cloud-amd64",
-            "LANE BOOTED 6.1.0-50-cloud-amd64 2 CPUs",
+            "c[?7l[2JLANE BOOTED 6.1.0-50-cloud-amd64 2 CPUs",
+            r#"LANE VERIFIER {"kernel":"6.1.0-50-cloud-amd64","verified_instructions":216896}"#,
             "LANE START datapath",
             "test result: ok. 18 passed",
             "LANE RESULT datapath 0",
@@ -521,6 +550,10 @@ mod tests {
         }
         assert!(report.booted);
         assert!(!report.done);
+        assert_eq!(
+            report.verifier.as_deref(),
+            Some(r#"{"kernel":"6.1.0-50-cloud-amd64","verified_instructions":216896}"#)
+        );
         assert_eq!(
             report.results,
             vec![("datapath".into(), true), ("tiers".into(), false)]
