@@ -527,16 +527,21 @@ fn a_limited_source_whose_window_is_evicted_comes_back_exhausted() {
         max_sources: SMALL_MAP,
         ..Default::default()
     });
+    // 40 per 40 s in 4 s buckets: a churn of a few hundred sources a
+    // second (emulated kernels) still evicts the held source's window
+    // between two of its looks (one a bucket), and the churn ends long
+    // before the window could slide.
     let mut set = default_limit(1);
-    set.default.limits.window = Duration::from_secs(10); // 10 per 10 s, 1 s buckets
+    set.default.limits.window = Duration::from_secs(40);
     harness.push(&set);
     let heavy = udp([192, 0, 2, 200]);
     let heavy_key = SourceKey::v4([192, 0, 2, 200]);
-    assert_eq!(harness.offer(0, &heavy, 15), (10, 5));
+    assert_eq!(harness.offer(0, &heavy, 45), (40, 5));
     let start = testrun::coarse_now();
     let (mut recreated, mut passed, mut i) = (0, 0, 0u32);
-    // 2.5 s: two bucket boundaries at which the heavy source looks again.
-    while testrun::coarse_now() < start + Duration::from_millis(2500) {
+    // Two bucket boundaries at which the heavy source looks again, and at
+    // least twice the map in new sources.
+    while testrun::coarse_now() < start + Duration::from_millis(8500) || i < 2 * SMALL_MAP {
         // Two frames each: every spoofed source gets a window too.
         let frame = udp(Ipv4Addr::from(0xc633_0000u32 + i).octets());
         harness.offer(0, &frame, 2);
