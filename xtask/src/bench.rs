@@ -36,11 +36,16 @@ pub enum Which {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// The verifier's budget: instructions processed and load time on
+    /// this machine's kernel and on each kernel lane's (qemu), against the
+    /// target of at most half the verifier's limit. About 2 minutes.
+    Verifier,
 }
 
 pub fn run(which: Which) -> anyhow::Result<()> {
     let root = run::workspace_root();
     let (bin, args) = match which {
+        Which::Verifier => return crate::kernel::bench_verifier(),
         Which::Xdp => ("bench-xdp", Vec::new()),
         Which::Aggregate => ("bench-aggregate", Vec::new()),
         Which::E2e { args } => ("bench-e2e", args),

@@ -142,6 +142,8 @@ pub struct LaneReport {
     /// What `xdp-limiter check --output json` printed in the guest: the
     /// verifier's figures on that kernel (or its refusal).
     pub verifier: Option<String>,
+    /// Every such line, in order (`bench verifier` loads several times).
+    pub verifier_runs: Vec<String>,
 }
 
 impl LaneReport {
@@ -159,6 +161,7 @@ impl LaneReport {
             (Some("VERIFIER"), _, _) => {
                 let figures = line.split_once("VERIFIER").map_or("", |(_, rest)| rest);
                 self.verifier = Some(figures.trim().to_string());
+                self.verifier_runs.push(figures.trim().to_string());
             }
             (Some("RESULT"), Some(name), Some(code)) => {
                 self.results.push((name.to_string(), code == "0"))
@@ -184,7 +187,7 @@ pub fn run(kernels: &[Kernel]) -> anyhow::Result<()> {
     let mut summary = Vec::new();
     for kernel in kernels {
         let started = Instant::now();
-        let report = lane(&root, kernel, &binaries)?;
+        let report = lane(&root, kernel, &binaries, &test_init())?;
         let expected: Vec<&str> = GUEST_TESTS.iter().map(|(name, _)| *name).collect();
         let passed = report.passed(&expected);
         summary.push((kernel.name, passed, started.elapsed(), report));
@@ -229,13 +232,7 @@ struct Binaries {
 /// profile, as the host suite, so a `cargo xtask test` builds nothing
 /// twice).
 fn build(root: &Path) -> anyhow::Result<Binaries> {
-    run::status(Command::new("cargo").current_dir(root).args([
-        "build",
-        "-p",
-        "limiter-user",
-        "--bin",
-        "xdp-limiter",
-    ]))?;
+    let limiter = build_limiter(root)?;
     let mut cmd = Command::new("cargo");
     cmd.current_dir(root).args([
         "test",
@@ -265,10 +262,104 @@ fn build(root: &Path) -> anyhow::Result<Binaries> {
             .with_context(|| format!("cargo built no test binary `{name}`"))?;
         tests.push((*name, path));
     }
-    Ok(Binaries {
-        limiter: root.join("target/debug/xdp-limiter"),
-        tests,
+    Ok(Binaries { limiter, tests })
+}
+
+/// Builds the `xdp-limiter` binary (dev profile); its path.
+fn build_limiter(root: &Path) -> anyhow::Result<PathBuf> {
+    run::status(Command::new("cargo").current_dir(root).args([
+        "build",
+        "-p",
+        "limiter-user",
+        "--bin",
+        "xdp-limiter",
+    ]))?;
+    Ok(root.join("target/debug/xdp-limiter"))
+}
+
+/// `cargo xtask bench verifier`: what the verifier spends on the program on
+/// this machine's kernel and on each lane's kernel, as JSON lines (the
+/// median load time of [`VERIFIER_RUNS`]; the instruction count does not
+/// vary), against the target of at most half the verifier's limit.
+pub fn bench_verifier() -> anyhow::Result<()> {
+    let root = run::workspace_root();
+    let binaries = Binaries {
+        limiter: build_limiter(&root)?,
+        tests: Vec::new(),
+    };
+    let mut lines = Vec::new();
+    let mut host = Vec::new();
+    for _ in 0..VERIFIER_RUNS {
+        let out = Command::new(&binaries.limiter)
+            .args(["check", "--output", "json"])
+            .output()
+            .context("running xdp-limiter check")?;
+        host.push(String::from_utf8_lossy(&out.stdout).trim().to_string());
+    }
+    lines.push(("host", host));
+    for kernel in &KERNELS {
+        let report = lane(&root, kernel, &binaries, &verifier_init())?;
+        if !report.done {
+            bail!("the {} guest stopped before its checks", kernel.name);
+        }
+        lines.push((kernel.name, report.verifier_runs));
+    }
+    for (lane, runs) in lines {
+        println!("{}", verifier_line(lane, &runs)?);
+    }
+    Ok(())
+}
+
+/// Loads per kernel in `bench verifier`.
+const VERIFIER_RUNS: usize = 3;
+
+/// The target: at most half the verifier's limit, so the next features
+/// have room (on every kernel; the issue sets it on 6.1).
+const VERIFIER_TARGET: u64 = 500_000;
+
+/// The guest's init of `bench verifier`: [`VERIFIER_RUNS`] checks.
+fn verifier_init() -> String {
+    let mut runs = String::new();
+    for _ in 0..VERIFIER_RUNS {
+        runs.push_str(CHECK_LINE);
+    }
+    INIT.replace("@TESTS@", &runs)
+        .replace("@CHURN@", "0")
+        .replace("@FLOOD@", "0")
+}
+
+/// The guest's line with `xdp-limiter check --output json`'s figures.
+const CHECK_LINE: &str =
+    "echo \"LANE VERIFIER $(xdp-limiter check --output json 2>&1 | tr '\\n' ' ')\"\n";
+
+/// One JSON line of `bench verifier` from a lane's `check --output json`
+/// runs: the instructions, the median load time, and the target.
+fn verifier_line(lane: &str, runs: &[String]) -> anyhow::Result<String> {
+    let mut instructions = None;
+    let mut load_ms = Vec::new();
+    let mut kernel = String::new();
+    for run in runs {
+        let check: serde_json::Value = serde_json::from_str(run)
+            .with_context(|| format!("{lane}: check printed no figures but: {run}"))?;
+        instructions = check["verified_instructions"].as_u64();
+        kernel = check["kernel"].as_str().unwrap_or_default().to_string();
+        load_ms.extend(check["load_ms"].as_f64());
+    }
+    let instructions = instructions.with_context(|| format!("{lane}: no check ran"))?;
+    load_ms.sort_by(f64::total_cmp);
+    let median = load_ms.get(load_ms.len() / 2).copied().unwrap_or(0.0);
+    Ok(serde_json::json!({
+        "bench": "verifier",
+        "lane": lane,
+        "kernel": kernel,
+        "verified_instructions": instructions,
+        "verifier_limit": 1_000_000,
+        "target": VERIFIER_TARGET,
+        "within_target": instructions <= VERIFIER_TARGET,
+        "load_ms_median": (median * 10.0).round() / 10.0,
+        "runs": load_ms.len(),
     })
+    .to_string())
 }
 
 /// The test executables in cargo's JSON messages: (target name, path).
@@ -307,7 +398,6 @@ ip link set lo up
 export HOME=/tmp RUST_BACKTRACE=1 XDP_LIMITER_BIN=/bin/xdp-limiter
 export LIMITER_SPOOFED_SOURCES=@CHURN@ LIMITER_FLOOD_PPS=@FLOOD@
 cd /tmp
-echo "LANE VERIFIER $(xdp-limiter check --output json 2>&1 | tr '\n' ' ')"
 @TESTS@
 echo "LANE DONE"
 sync
@@ -316,8 +406,8 @@ echo o > /proc/sysrq-trigger
 "#;
 
 /// The init script for [`GUEST_TESTS`].
-fn init_script() -> String {
-    let mut runs = String::new();
+fn test_init() -> String {
+    let mut runs = String::from(CHECK_LINE);
     for (name, args) in GUEST_TESTS {
         let _ = writeln!(runs, "echo \"LANE START {name}\"");
         let _ = writeln!(runs, "/t/{name} {}", args.join(" "));
@@ -343,7 +433,12 @@ const HOST_TOOLS: &[&str] = &[
 ];
 
 /// Builds the initramfs for `kernel` under `dir`; returns its path.
-fn initramfs(dir: &Path, kernel: &Kernel, binaries: &Binaries) -> anyhow::Result<PathBuf> {
+fn initramfs(
+    dir: &Path,
+    kernel: &Kernel,
+    binaries: &Binaries,
+    init_script: &str,
+) -> anyhow::Result<PathBuf> {
     let tree = dir.join("root");
     let _ = fs::remove_dir_all(&tree);
     for sub in [
@@ -395,7 +490,7 @@ fn initramfs(dir: &Path, kernel: &Kernel, binaries: &Binaries) -> anyhow::Result
         )
     })?;
     let init = tree.join("init");
-    fs::write(&init, init_script())?;
+    fs::write(&init, init_script)?;
     fs::set_permissions(&init, fs::Permissions::from_mode(0o755))?;
     let image = dir.join(format!("initramfs-{}.cpio.gz", kernel.name));
     let pack = format!(
@@ -426,7 +521,12 @@ fn shared_libraries(program: &Path) -> anyhow::Result<Vec<PathBuf>> {
 }
 
 /// Boots `kernel` with the guest's binaries and reads its console.
-fn lane(root: &Path, kernel: &Kernel, binaries: &Binaries) -> anyhow::Result<LaneReport> {
+fn lane(
+    root: &Path,
+    kernel: &Kernel,
+    binaries: &Binaries,
+    init_script: &str,
+) -> anyhow::Result<LaneReport> {
     let vmlinuz = PathBuf::from(format!("/boot/vmlinuz-{}", kernel.release));
     if !vmlinuz.exists() {
         bail!(
@@ -437,7 +537,7 @@ fn lane(root: &Path, kernel: &Kernel, binaries: &Binaries) -> anyhow::Result<Lan
     }
     let dir = root.join("target/kernel-lane");
     fs::create_dir_all(&dir)?;
-    let image = initramfs(&dir, kernel, binaries)?;
+    let image = initramfs(&dir, kernel, binaries, init_script)?;
     if Path::new("/dev/kvm").exists() {
         let report = boot(kernel, &vmlinuz, &image, Accel::Kvm)?;
         if report.booted {
@@ -566,6 +666,27 @@ mod tests {
             !report.passed(&["datapath", "limiter"]),
             "limiter never ran"
         );
+    }
+
+    #[test]
+    fn a_verifier_line_gives_the_median_load_and_the_target() {
+        let runs: Vec<String> = [30.0, 10.0, 20.0]
+            .iter()
+            .map(|ms| {
+                format!(
+                    r#"{{"kernel":"6.1.0-50-cloud-amd64","program":"xdp_limiter","verified_instructions":216896,"verifier_limit":1000000,"load_ms":{ms},"maps":17}}"#
+                )
+            })
+            .collect();
+        let line: serde_json::Value =
+            serde_json::from_str(&verifier_line("6.1", &runs).unwrap()).unwrap();
+        assert_eq!(line["verified_instructions"], 216_896);
+        assert_eq!(line["load_ms_median"], 20.0);
+        assert_eq!(line["within_target"], true);
+        assert_eq!(line["kernel"], "6.1.0-50-cloud-amd64");
+        let refused = vec!["Error: this kernel (6.1) refused the XDP program".to_string()];
+        let err = verifier_line("6.1", &refused).unwrap_err().to_string();
+        assert!(err.contains("check printed no figures"), "{err}");
     }
 
     #[test]
