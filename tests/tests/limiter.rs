@@ -523,25 +523,30 @@ fn a_full_state_map_evicts_old_sources_and_keeps_limiting_the_active_one() {
 /// must come back exhausted, not with a fresh allowance.
 #[test]
 fn a_limited_source_whose_window_is_evicted_comes_back_exhausted() {
+    // Few windows, so that even an emulated kernel's slow churn (100-250
+    // sources a second) evicts the held source's window between two of its
+    // looks; per-CPU state for many, so the held source keeps its own (its
+    // hold) among the churn's.
+    const WINDOWS: u32 = 256;
     let mut harness = Harness::load_with(&limiter_user::kernel::LoadOptions {
-        max_sources: SMALL_MAP,
+        max_sources: WINDOWS,
+        max_hot_sources: Some(4 * SMALL_MAP),
         ..Default::default()
     });
-    // 40 per 40 s in 4 s buckets: a churn of a few hundred sources a
-    // second (emulated kernels) still evicts the held source's window
-    // between two of its looks (one a bucket), and the churn ends long
-    // before the window could slide.
+    // 60 per 60 s in 10 s buckets: the churn ends long before the window
+    // could slide.
     let mut set = default_limit(1);
-    set.default.limits.window = Duration::from_secs(40);
+    set.default.limits.window = Duration::from_secs(60);
+    set.buckets_per_window = 6;
     harness.push(&set);
     let heavy = udp([192, 0, 2, 200]);
     let heavy_key = SourceKey::v4([192, 0, 2, 200]);
-    assert_eq!(harness.offer(0, &heavy, 45), (40, 5));
+    assert_eq!(harness.offer(0, &heavy, 65), (60, 5));
     let start = testrun::coarse_now();
     let (mut recreated, mut passed, mut i) = (0, 0, 0u32);
     // Two bucket boundaries at which the heavy source looks again, and at
-    // least twice the map in new sources.
-    while testrun::coarse_now() < start + Duration::from_millis(8500) || i < 2 * SMALL_MAP {
+    // least four times the windows in new sources.
+    while testrun::coarse_now() < start + Duration::from_millis(20_500) || i < 4 * WINDOWS {
         // Two frames each: every spoofed source gets a window too.
         let frame = udp(Ipv4Addr::from(0xc633_0000u32 + i).octets());
         harness.offer(0, &frame, 2);
@@ -549,7 +554,7 @@ fn a_limited_source_whose_window_is_evicted_comes_back_exhausted() {
         if i % 20 == 0 {
             let windowed = |h: &Harness| {
                 let windows = read::windows(h.maps()).expect("read WINDOWS");
-                assert!(windows.len() <= SMALL_MAP as usize);
+                assert!(windows.len() <= WINDOWS as usize);
                 windows.contains_key(&heavy_key)
             };
             let before = windowed(&harness);
