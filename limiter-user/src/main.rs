@@ -42,8 +42,9 @@ fn main() -> ExitCode {
         Command::Check {
             max_sources,
             verbose,
+            functions,
             output,
-        } => cli::check::run(max_sources, verbose, output),
+        } => cli::check::run(max_sources, verbose, functions, output),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

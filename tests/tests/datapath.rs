@@ -406,6 +406,28 @@ fn the_verifier_walks_well_under_its_limit() {
     );
 }
 
+/// `check --functions`: the split of the verifier's work by function
+/// adds up to the kernel's own figure for the program, and names the
+/// entry point and the global `limit()`.
+#[test]
+fn the_verifier_work_by_function_adds_up_to_the_kernels_figure() {
+    use limiter_user::kernel::verifier::per_function;
+    let mut harness = Harness::load();
+    let verified = harness
+        .program_mut()
+        .info()
+        .expect("program info")
+        .verified_instruction_count()
+        .expect("kernel reports verified instructions");
+    let split = per_function(limiter_common::names::PROGRAM).expect("the split");
+    let names: Vec<&str> = split.iter().map(|f| f.name.as_str()).collect();
+    assert!(names.contains(&limiter_common::names::PROGRAM), "{names:?}");
+    assert!(names.contains(&"limit"), "{names:?}");
+    let sum: u64 = split.iter().map(|f| f.instructions).sum();
+    eprintln!("by function: {split:?}");
+    assert_eq!(sum, u64::from(verified), "{split:?}");
+}
+
 /// The map table in `limiter_common::maps` describes the loaded program:
 /// every map it defines and no other, with the kernel's own figures for
 /// type, key and value sizes and capacity (`max_sources` and

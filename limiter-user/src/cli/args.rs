@@ -65,6 +65,11 @@ pub enum Command {
         /// On a refusal, print the verifier's log after the message.
         #[arg(long, short)]
         verbose: bool,
+        /// Also split the processed instructions by function: loads the
+        /// program once more with the verifier's full log (seconds here,
+        /// minutes on a slow machine, up to 1 GiB of memory).
+        #[arg(long)]
+        functions: bool,
         #[arg(long, value_enum, default_value_t)]
         output: Output,
     },

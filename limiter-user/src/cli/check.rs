@@ -3,6 +3,9 @@
 //! what verifying it costs here: the instructions the verifier processed
 //! (against its limit of a million) and the time the load took.
 //!
+//! `--functions` splits the processed instructions by function
+//! (`kernel::verifier`, a second load with the verifier's full log).
+//!
 //! A refusal is one message (the kernel, the program and function, the
 //! verifier's reason, the oldest kernel known to work); `--verbose` adds
 //! the verifier's log.
@@ -10,7 +13,12 @@
 use serde::Serialize;
 
 use super::Output;
-use crate::kernel::{self, object::kernel_release, LoadError, LoadOptions};
+use crate::kernel::{
+    self,
+    object::kernel_release,
+    verifier::{self, FunctionCost},
+    LoadError, LoadOptions,
+};
 
 /// The verifier's limit on processed instructions.
 const VERIFIER_LIMIT: u32 = 1_000_000;
@@ -24,9 +32,19 @@ struct Report<'a> {
     verifier_limit: u32,
     load_ms: f64,
     maps: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    functions: Option<Vec<Function>>,
 }
 
-pub fn run(max_sources: u32, verbose: bool, output: Output) -> anyhow::Result<()> {
+/// One function's processed instructions, in `--output json`.
+#[derive(Serialize)]
+struct Function {
+    name: String,
+    start: usize,
+    instructions: u64,
+}
+
+pub fn run(max_sources: u32, verbose: bool, functions: bool, output: Output) -> anyhow::Result<()> {
     let program = match kernel::load(&LoadOptions {
         max_sources,
         ..LoadOptions::default()
@@ -43,6 +61,11 @@ pub fn run(max_sources: u32, verbose: bool, output: Output) -> anyhow::Result<()
                 .context("loading the XDP program (are you root, with BPF enabled?)"))
         }
     };
+    let split: Option<Vec<FunctionCost>> = if functions {
+        Some(verifier::per_function(limiter_common::names::PROGRAM)?)
+    } else {
+        None
+    };
     let report = Report {
         kernel: kernel_release(),
         program: limiter_common::names::PROGRAM,
@@ -50,6 +73,16 @@ pub fn run(max_sources: u32, verbose: bool, output: Output) -> anyhow::Result<()
         verifier_limit: VERIFIER_LIMIT,
         load_ms: program.verified.load_time.as_secs_f64() * 1e3,
         maps: program.map_count(),
+        functions: split.as_ref().map(|split| {
+            split
+                .iter()
+                .map(|f| Function {
+                    name: f.name.clone(),
+                    start: f.start,
+                    instructions: f.instructions,
+                })
+                .collect()
+        }),
     };
     match output {
         Output::Json => println!("{}", serde_json::to_string(&report)?),
@@ -65,6 +98,14 @@ pub fn run(max_sources: u32, verbose: bool, output: Output) -> anyhow::Result<()
             VERIFIER_LIMIT,
             report.load_ms,
         ),
+    }
+    if let (Output::Text, Some(split)) = (output, &split) {
+        for f in split {
+            println!(
+                "  {:<20} from instruction {:>5}: {:>9} processed",
+                f.name, f.start, f.instructions
+            );
+        }
     }
     Ok(())
 }

@@ -2,8 +2,8 @@
 //! (`object`), its maps opened once into typed handles (`maps`), pins and
 //! bpffs (`pins`), attaching to an interface and adopting what an earlier
 //! daemon pinned (`attach`), pushing rules (`push`), reading the
-//! counters back (`read`, `batch`), and writing what the cluster sync
-//! decides (`cluster`).
+//! counters back (`read`, `batch`), writing what the cluster sync
+//! decides (`cluster`), and the verifier's cost by function (`verifier`).
 //!
 //! The daemon, the CLI's `check` and `detach`, and the tests build on this
 //! module; nothing here knows about the daemon's loop or the control
@@ -19,6 +19,7 @@ pub mod pins;
 pub mod push;
 pub mod read;
 pub mod sys;
+pub mod verifier;
 
 pub use attach::{Attachment, Instance, LinkCheck};
 pub use maps::Maps;
