@@ -500,8 +500,10 @@ fn a_steady_source_is_never_dropped_while_5m_spoofed_sources_share_the_cheap_tie
     // a source of the same word has the same two counters one time in 21
     // (the pairs of seven). The flood sources of the steady source's word
     // are counted here with the kernel's own hash and seed, and the bound
-    // is three times that share (a binomial of about 150 draws at 1/21:
-    // about 7 expected, 21 over five standard deviations away).
+    // is five standard deviations over that share (a binomial of about 150
+    // draws at 1/21 with five million sources: about 7 expected, bound 21;
+    // with the kernel lane's 200,000 sources, about 6 draws: bound 4; the
+    // old bound, three times the share, was 0 there).
     let seed = harness.maps().live_config().expect("CONFIG").sketch_seed;
     let steady_place = place_of(&steady_key, seed);
     let (mut word_mates, mut pair_mates) = (0u64, 0u64);
@@ -513,12 +515,14 @@ fn a_steady_source_is_never_dropped_while_5m_spoofed_sources_share_the_cheap_tie
         }
     }
     let pairs = u64::from(sketch::SLOTS * (sketch::SLOTS - 1) / 2);
-    let bound = 3 * word_mates / pairs;
+    let share = 1.0 / pairs as f64;
+    let mean = word_mates as f64 * share;
+    let bound = (mean + 5.0 * (mean * (1.0 - share)).sqrt()).ceil() as u64 + 1;
     assert!(
         flood_windows <= bound && flood_hot <= bound,
         "the flood created {flood_windows} windows and {flood_hot} per-CPU entries, more than \
-         {bound} (3/{pairs} of the {word_mates} flood sources in the steady source's sketch \
-         word): {pair_mates} of those share both its counters, not about 1 in {pairs}"
+         {bound} (five standard deviations over 1/{pairs} of the {word_mates} flood sources in \
+         the steady source's sketch word): {pair_mates} of those share both its counters"
     );
 }
 
@@ -754,8 +758,10 @@ fn cheap_frames_are_judged_without_state() {
 /// the kernel's hash puts them in (computed here with its seed), and the
 /// estimate is linear counting over those. (How close it comes to 30,000
 /// depends on how evenly the hash spreads these sequential addresses for
-/// the seed drawn: within 5% over eight seeds, where uniformly random
-/// words would give 0.5%; docs/metrics.md.)
+/// the seed drawn, where uniformly random words would give 0.5%; over
+/// 3,000 random seeds: median +0.7%, 1st percentile -7.9%, 0.5% of the
+/// seeds beyond -10%, the worst -17%. The bound is 20%: a flake at 10%
+/// once in about 200 runs, seen in the kernel lane; docs/metrics.md.)
 #[test]
 fn the_sketch_estimates_the_sources_of_an_epoch() {
     const SOURCES: u32 = 30_000;
@@ -774,10 +780,11 @@ fn the_sketch_estimates_the_sources_of_an_epoch() {
     let expected = ActiveSources::from_touched(words.len() as u64, u64::from(sketch::WORDS));
     let tag = sketch::tag(epoch * sketch::EPOCH_NS);
     let active = ActiveSources::read(harness.maps(), tag).expect("read SKETCH");
+    eprintln!("{active:?} for {SOURCES} sources, seed {seed:#x}");
     assert_eq!(active, expected, "{} words touched", words.len());
     assert!(!active.saturated, "{active:?}");
     assert!(
-        active.estimate.abs_diff(u64::from(SOURCES)) <= u64::from(SOURCES) / 10,
+        active.estimate.abs_diff(u64::from(SOURCES)) <= u64::from(SOURCES) / 5,
         "{active:?}"
     );
     // Another epoch's tag sees none of them.
