@@ -435,7 +435,7 @@ fn the_verifier_work_by_function_adds_up_to_the_kernels_figure() {
 /// builds; this checks what the kernel made of them.
 #[test]
 fn the_loaded_maps_are_the_table() {
-    use aya::maps::{Map, MapData, MapType};
+    use aya::maps::MapType;
     use limiter_common::maps::{MapKind, Sizing, ALL};
     let (max_sources, max_hot_sources) = (1_000, 100);
     let capacity = |sizing| match sizing {
@@ -464,16 +464,8 @@ fn the_loaded_maps_are_the_table() {
             .iter()
             .find(|spec| spec.name == name)
             .expect("in the table");
-        let data: &MapData = match map {
-            Map::Array(data)
-            | Map::PerCpuArray(data)
-            | Map::LpmTrie(data)
-            | Map::HashMap(data)
-            | Map::LruHashMap(data)
-            | Map::PerCpuLruHashMap(data)
-            | Map::RingBuf(data) => data,
-            _ => panic!("{name}: a map type the table has no kind for"),
-        };
+        let data = limiter_user::kernel::verifier::map_data(map)
+            .unwrap_or_else(|| panic!("{name}: a map type the table has no kind for"));
         let info = data.info().expect("map info");
         let kind = match info.map_type().expect("a known map type") {
             MapType::Array => MapKind::Array,

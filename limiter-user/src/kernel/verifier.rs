@@ -20,7 +20,10 @@ use std::{
     os::fd::{AsFd as _, AsRawFd as _, FromRawFd as _, OwnedFd, RawFd},
 };
 
-use aya::{maps::Map, EbpfLoader};
+use aya::{
+    maps::{Map, MapData},
+    EbpfLoader,
+};
 use aya_obj::{
     btf::BtfFeatures,
     generated::{bpf_attr, bpf_cmd, bpf_prog_type},
@@ -70,18 +73,9 @@ pub fn per_function(program: &str) -> Result<Vec<FunctionCost>, VerifierError> {
     let ebpf = EbpfLoader::new().load(EBPF_OBJECT)?;
     let mut fds = Vec::new();
     for (name, map) in ebpf.maps() {
-        let data = match map {
-            Map::Array(d)
-            | Map::PerCpuArray(d)
-            | Map::LpmTrie(d)
-            | Map::HashMap(d)
-            | Map::LruHashMap(d)
-            | Map::PerCpuLruHashMap(d)
-            | Map::PerCpuHashMap(d)
-            | Map::RingBuf(d) => d,
-            _ => continue,
-        };
-        fds.push((name.to_string(), data.fd().as_fd().as_raw_fd()));
+        if let Some(data) = map_data(map) {
+            fds.push((name.to_string(), data.fd().as_fd().as_raw_fd()));
+        }
     }
     let mut object = Object::parse(EBPF_OBJECT).map_err(|e| VerifierError::Parse(e.to_string()))?;
     // Every kernel the program loads on (6.1 and later) has every BTF
@@ -136,6 +130,21 @@ pub fn per_function(program: &str) -> Result<Vec<FunctionCost>, VerifierError> {
                 .unwrap_or("")
                 .to_string(),
         }),
+    }
+}
+
+/// The data of a map of one of the kinds the program uses (`None` for
+/// any other kind).
+pub fn map_data(map: &Map) -> Option<&MapData> {
+    match map {
+        Map::Array(data)
+        | Map::PerCpuArray(data)
+        | Map::LpmTrie(data)
+        | Map::HashMap(data)
+        | Map::LruHashMap(data)
+        | Map::PerCpuLruHashMap(data)
+        | Map::RingBuf(data) => Some(data),
+        _ => None,
     }
 }
 
