@@ -22,7 +22,7 @@ use crate::{
 /// Version of the map layouts (keys, values and their field order). Bump it
 /// on any change: a daemon never adopts pinned maps of another version,
 /// since sizes alone do not reveal a reordered field.
-pub const MAP_LAYOUT_VERSION: u32 = 5;
+pub const MAP_LAYOUT_VERSION: u32 = 6;
 
 /// Default capacity of the exact tier (`WINDOWS`, one shared window per
 /// source); userspace sets the real size (`max_sources`) before loading.
@@ -293,13 +293,45 @@ pub const EVENT_BUDGET: MapSpec = MapSpec {
     pinned: false,
 };
 
-/// The cold tier's counters (`sketch`): one row shared by every CPU.
+/// The cold tier's counters (`sketch`): one row shared by every CPU, each
+/// entry the words of the last two epochs (`sketch::Pair`).
 pub const SKETCH: MapSpec = MapSpec {
     name: "SKETCH",
     kind: MapKind::Array,
     key_size: INDEX,
-    value_size: bytes::<u64>(),
+    value_size: bytes::<crate::sketch::Pair>(),
     max_entries: crate::sketch::WORDS,
+    sizing: Sizing::Fixed,
+    pinned: true,
+};
+
+/// The penalty marks: cell (`sketch::mark_cell`) -> until when a source
+/// of that cell may be blocked (ns), raised by the kernel when it arms a
+/// penalty. The cheap tier judges no frame of a rule with a `block` whose
+/// cell is marked, so a blocked source that fell silent (and left the
+/// cheap tier's counters) is still refused from its window or `HOLDS`.
+pub const PENALTY_MARKS: MapSpec = MapSpec {
+    name: "PENALTY_MARKS",
+    kind: MapKind::Array,
+    key_size: INDEX,
+    value_size: bytes::<u64>(),
+    max_entries: crate::sketch::MARK_CELLS,
+    sizing: Sizing::Fixed,
+    pinned: true,
+};
+
+/// The share marks: cell (`sketch::mark_cell`) -> until when a source of
+/// that cell may have a cluster share (ns), raised by the daemon when it
+/// writes shares (the only writer: the kernel only reads it). The cheap
+/// tier judges no frame of a cluster-scoped rule whose cell is marked, so
+/// a source with a share is always held to it, never to the cheap tier's
+/// cold-cap allowance.
+pub const SHARE_MARKS: MapSpec = MapSpec {
+    name: "SHARE_MARKS",
+    kind: MapKind::Array,
+    key_size: INDEX,
+    value_size: bytes::<u64>(),
+    max_entries: crate::sketch::MARK_CELLS,
     sizing: Sizing::Fixed,
     pinned: true,
 };
@@ -348,7 +380,7 @@ pub const CLUSTER: MapSpec = MapSpec {
 };
 
 /// Every map of the program.
-pub const ALL: [MapSpec; 17] = [
+pub const ALL: [MapSpec; 19] = [
     SOURCES,
     WINDOWS,
     WINDOW_SEED,
@@ -363,6 +395,8 @@ pub const ALL: [MapSpec; 17] = [
     EVENTS,
     EVENT_BUDGET,
     SKETCH,
+    PENALTY_MARKS,
+    SHARE_MARKS,
     HOLDS,
     CLUSTER_SHARES,
     CLUSTER,
@@ -417,6 +451,8 @@ pub mod names {
     pub const EVENTS: &str = super::EVENTS.name;
     pub const EVENT_BUDGET: &str = super::EVENT_BUDGET.name;
     pub const SKETCH: &str = super::SKETCH.name;
+    pub const PENALTY_MARKS: &str = super::PENALTY_MARKS.name;
+    pub const SHARE_MARKS: &str = super::SHARE_MARKS.name;
     pub const HOLDS: &str = super::HOLDS.name;
     pub const CLUSTER_SHARES: &str = super::CLUSTER_SHARES.name;
     pub const CLUSTER: &str = super::CLUSTER.name;
@@ -437,7 +473,7 @@ mod tests {
 
     #[test]
     fn the_daemon_pins_the_state_and_rule_maps() {
-        let pinned: [&str; 12] = PINNED.map(|spec| spec.name);
+        let pinned: [&str; 14] = PINNED.map(|spec| spec.name);
         assert_eq!(
             pinned,
             [
@@ -450,6 +486,8 @@ mod tests {
                 "PREFIXES_V4",
                 "PREFIXES_V6",
                 "SKETCH",
+                "PENALTY_MARKS",
+                "SHARE_MARKS",
                 "HOLDS",
                 "CLUSTER_SHARES",
                 "CLUSTER"
@@ -464,6 +502,8 @@ mod tests {
         assert_eq!(RULES.expected_max_entries(1000, 10), Some(RULE_SLOTS));
         assert_eq!(STATS.expected_max_entries(1000, 10), Some(Outcome::COUNT));
         assert_eq!(SKETCH.expected_max_entries(1000, 10), Some(1 << 16));
+        assert_eq!(PENALTY_MARKS.expected_max_entries(1000, 10), Some(1 << 16));
+        assert_eq!(SHARE_MARKS.expected_max_entries(1000, 10), Some(1 << 16));
         assert_eq!(PREFIXES_V4.expected_max_entries(1000, 10), None);
         assert_eq!(
             CLUSTER_SHARES.expected_max_entries(1000, 10),
@@ -475,7 +515,7 @@ mod tests {
     #[test]
     fn sizes_of_the_layout() {
         // The sizes a pinned map of this layout version has.
-        let sizes: [(&str, u32, u32); 12] = PINNED.map(|s| (s.name, s.key_size, s.value_size));
+        let sizes: [(&str, u32, u32); 14] = PINNED.map(|s| (s.name, s.key_size, s.value_size));
         assert_eq!(
             sizes,
             [
@@ -487,7 +527,9 @@ mod tests {
                 ("RULE_DROPS", 4, 8),
                 ("PREFIXES_V4", 9, 132),
                 ("PREFIXES_V6", 21, 132),
-                ("SKETCH", 4, 8),
+                ("SKETCH", 4, 16),
+                ("PENALTY_MARKS", 4, 8),
+                ("SHARE_MARKS", 4, 8),
                 ("HOLDS", 20, 16),
                 ("CLUSTER_SHARES", 20, 16),
                 ("CLUSTER", 4, 32),

@@ -6,6 +6,15 @@
 //! epoch", whatever the flood around it: sharing counters can only make a
 //! source look busier, never quieter.
 //!
+//! An entry ([`Pair`]) holds the words of the two latest epochs, by the
+//! parity of the epoch, in one cache line: a source reads what it sent
+//! this epoch and the last ([`Seen`]), which covers any window of up to
+//! one epoch, so a window created when the source leaves the cheap tier
+//! can be charged every frame the cheap tier admitted within it. A source
+//! that has a window marks its counters [`WINDOWED`] (once an epoch, on
+//! its first frame past the cheap tier): while either epoch holds the
+//! mark, its frames skip the cheap tier and nothing is charged twice.
+//!
 //! A word is a `u64`: an 8-bit epoch tag and seven 8-bit counters. A
 //! source owns two of the seven counters of its word (a count-min sketch
 //! of two rows whose rows share the word) and reads the smaller; a frame
@@ -16,20 +25,26 @@
 //! of CPUs. A word of another epoch reads as zero and restarts on its first
 //! frame of the new epoch, so the sketch is never cleared.
 //!
-//! Size: 2^16 words, 512 KiB, whatever the CPU count. Large enough that a
-//! spoofed flood near a million frames an epoch leaves few of its
-//! one-frame sources reading more than a small rule's `cheap_frames` (a
-//! host simulation of 900,000 one-frame sources against 5 cheap frames:
-//! 0.3% read more, against 13% with 2^15 words; each such frame creates a
-//! window, an LRU insert), small enough to stay in the last-level cache (a
-//! larger sketch costs a new source more in cache misses than it saves:
+//! Size: 2^16 entries of two words, 1 MiB, whatever the CPU count. Large
+//! enough that a spoofed flood of a million frames a second leaves few of
+//! its one-frame sources reading more than ten over two epochs (the cheap
+//! frames of a rule of 10 pps; docs/architecture.md has the figures), small
+//! enough to stay in the second-level cache (a larger sketch costs a new
+//! source more in cache misses than it saves:
 //! docs/benchmarks.md). Two counters
 //! of seven per source keep the noise of a flood low (another source adds
 //! to both of a source's counters only when it has the same word and the
 //! same pair, one chance in 21 within a word).
 
-/// Words in the sketch.
+/// Entries in the sketch (each a [`Pair`] of words).
 pub const WORDS: u32 = 1 << 16;
+/// An entry: the word of the even epoch and the word of the odd one.
+pub type Pair = [u64; 2];
+/// A count that marks a source as windowed (it has, or had, a window in
+/// the exact tier or per-CPU state), above any cheap-frame limit (at most
+/// 64) and below [`HOT_FRAMES`]: a source that reads at least this counted
+/// past the cheap tier already, or was marked by its own frames.
+pub const WINDOWED: u32 = 128;
 /// A source that sends more than this many frames in an epoch is busy: it
 /// gets per-CPU state (for its leases, which make a busy source's frames
 /// cheap), and the sketch stops counting it (its counters are then only
@@ -76,6 +91,94 @@ pub const fn count(word: u64, tag: u64, place: Place) -> u32 {
     } else {
         b
     }
+}
+
+/// The index in a [`Pair`] of the word of the epoch tagged `tag`.
+#[inline(always)]
+pub const fn half(tag: u64) -> usize {
+    (tag & 1) as usize
+}
+
+/// The tag of the epoch before the one tagged `tag`.
+#[inline(always)]
+pub const fn previous(tag: u64) -> u64 {
+    tag.wrapping_sub(1) & 0xff
+}
+
+/// What a source reads in its [`Pair`]: its count in this epoch and in
+/// the last.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Seen {
+    pub current: u32,
+    pub previous: u32,
+}
+
+impl Seen {
+    /// What a source whose counting keeps losing its compare-and-swap
+    /// reads: busy, and windowed.
+    pub const BUSY: Seen = Seen {
+        current: MAX_COUNT,
+        previous: MAX_COUNT,
+    };
+
+    /// The frames counted over both epochs: at least what the source sent
+    /// since the start of the last epoch.
+    #[inline(always)]
+    pub const fn total(self) -> u32 {
+        self.current + self.previous
+    }
+
+    /// Whether either epoch holds the [`WINDOWED`] mark (or that many
+    /// frames).
+    #[inline(always)]
+    pub const fn windowed(self) -> bool {
+        self.current >= WINDOWED || self.previous >= WINDOWED
+    }
+}
+
+/// What the source at `place` reads in `pair` in the epoch tagged `tag`.
+#[inline(always)]
+pub const fn seen(pair: &Pair, tag: u64, place: Place) -> Seen {
+    Seen {
+        current: count(pair[half(tag)], tag, place),
+        previous: count(pair[half(tag) ^ 1], previous(tag), place),
+    }
+}
+
+/// `word` with the source at `place` marked windowed in the epoch tagged
+/// `tag` (restarted if it held another epoch): both its counters raised to
+/// at least [`WINDOWED`], so it reads at least that.
+#[inline(always)]
+pub const fn marked(word: u64, tag: u64, place: Place) -> u64 {
+    let mut word = if word >> TAG_SHIFT == tag {
+        word
+    } else {
+        tag << TAG_SHIFT
+    };
+    let (a, b) = (counter(word, place.a), counter(word, place.b));
+    if a < WINDOWED {
+        word += ((WINDOWED - a) as u64) << (place.a * 8);
+    }
+    if b < WINDOWED {
+        word += ((WINDOWED - b) as u64) << (place.b * 8);
+    }
+    word
+}
+
+/// Cells of the marks that keep a source out of the cheap tier
+/// (`PENALTY_MARKS`, `SHARE_MARKS`): until when a source whose cell it is
+/// may be blocked, or may have a cluster share (ns; 0: never).
+pub const MARK_CELLS: u32 = WORDS;
+/// Keys the marks' hash apart from the counters'.
+const MARK_SEED: u32 = 0x5bd1_e995;
+
+/// The mark cell of a source (its key's address and prefix length) under
+/// the rule whose budget is `budget`: penalties and shares belong to a
+/// window, and a window is keyed by the budget, not the frame's class.
+/// Keyed by `seed` like [`place`].
+#[inline(always)]
+pub fn mark_cell(addr: &[u8; 16], ipv6: bool, prefix_len: u8, budget: u8, seed: u32) -> u32 {
+    place(addr, ipv6, prefix_len, budget, seed ^ MARK_SEED).word
 }
 
 /// Whether `word` counted a frame in the epoch tagged `tag` (a word never
@@ -244,6 +347,101 @@ mod tests {
     /// Sources that share a word must spread over its pairs, or a busy
     /// source makes every neighbour look busy: the pair must not come
     /// from the bits that chose the word.
+    /// A source reads this epoch's count and the last one's from its pair,
+    /// and nothing of older epochs; the mark reads as windowed in the
+    /// epoch it was set and the next, then ages out.
+    #[test]
+    fn a_pair_reads_two_epochs_and_the_mark_lasts_one_more() {
+        let place = place(&v4(0x0a00_0001), false, 32, 0, 7);
+        let mut pair: Pair = [0; 2];
+        let (e, f, g) = (tag(4 * EPOCH_NS), tag(5 * EPOCH_NS), tag(6 * EPOCH_NS));
+        for _ in 0..3 {
+            pair[half(e)] = bumped(pair[half(e)], e, place);
+        }
+        assert_eq!(
+            seen(&pair, e, place),
+            Seen {
+                current: 3,
+                previous: 0
+            }
+        );
+        pair[half(f)] = bumped(pair[half(f)], f, place);
+        let in_f = seen(&pair, f, place);
+        assert_eq!(
+            in_f,
+            Seen {
+                current: 1,
+                previous: 3
+            }
+        );
+        assert_eq!(in_f.total(), 4);
+        assert!(!in_f.windowed());
+        // Two epochs on, the first is gone.
+        assert_eq!(
+            seen(&pair, g, place),
+            Seen {
+                current: 0,
+                previous: 1
+            }
+        );
+
+        pair[half(f)] = marked(pair[half(f)], f, place);
+        assert!(seen(&pair, f, place).windowed());
+        assert_eq!(seen(&pair, f, place).current, WINDOWED);
+        assert!(
+            seen(&pair, g, place).windowed(),
+            "the next epoch still sees it"
+        );
+        let h = tag(7 * EPOCH_NS);
+        assert!(!seen(&pair, h, place).windowed(), "then it ages out");
+        // Marking a word of another epoch restarts it; marking twice is
+        // marking once; a busier count stays.
+        let fresh = marked(pair[half(e)], g, place);
+        assert_eq!(count(fresh, g, place), WINDOWED);
+        assert_eq!(marked(fresh, g, place), fresh);
+        let mut busy = 0;
+        for _ in 0..200 {
+            busy = bumped(busy, g, place);
+        }
+        assert_eq!(count(marked(busy, g, place), g, place), 200);
+    }
+
+    /// A mark raises only the marked source's two counters: a source that
+    /// shares one of them still reads its own count.
+    #[test]
+    fn a_mark_leaves_other_pairs_of_the_word_alone() {
+        let t = tag(0);
+        let mine = Place {
+            word: 0,
+            a: 0,
+            b: 1,
+        };
+        let neighbour = Place {
+            word: 0,
+            a: 1,
+            b: 2,
+        };
+        let word = bumped(marked(0, t, mine), t, neighbour);
+        assert_eq!(count(word, t, neighbour), 1);
+        assert_eq!(count(word, t, mine), WINDOWED);
+    }
+
+    #[test]
+    fn mark_cells_follow_the_budget_not_the_class_and_the_seed() {
+        let addr = v4(0xcb00_7101);
+        let cell = mark_cell(&addr, false, 32, 3, 9);
+        assert!(cell < MARK_CELLS);
+        assert_eq!(cell, mark_cell(&addr, false, 32, 3, 9));
+        let others = [
+            mark_cell(&addr, false, 32, 4, 9),
+            mark_cell(&addr, false, 32, 3, 10),
+            mark_cell(&v4(0xcb00_7102), false, 32, 3, 9),
+        ];
+        assert!(others.iter().all(|c| *c != cell), "{cell} vs {others:?}");
+        // Apart from where the same key counts.
+        assert_ne!(cell, place(&addr, false, 32, 3, 9).word);
+    }
+
     #[test]
     fn a_word_is_touched_only_in_the_epoch_that_counted_in_it() {
         assert!(!touched(0, 0), "a word never counted in, at tag 0");

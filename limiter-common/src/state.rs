@@ -50,9 +50,11 @@ pub struct SourceTraffic {
     /// so that the LRU map keeps it while a flood of other sources churns
     /// through.
     pub touched_ns: u64,
-    /// Frames the cheap tier admitted for the source this epoch, for the
-    /// window created for it to count from the start (used while the
-    /// source is judged on its window alone; 0 otherwise).
+    /// Frames the cheap tier may have admitted for the source since the
+    /// start of the last epoch that its window does not count yet: set by
+    /// the frame that leaves the cheap tier (`sketch::WINDOWED`), charged
+    /// to the window by this CPU's next look at it (at most the rule's
+    /// cheap frames of it), then 0.
     pub carried: u32,
     pub _pad: u32,
 }

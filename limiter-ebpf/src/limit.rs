@@ -33,19 +33,25 @@
 //! frame, as described above). A frame first counts in the cheap tier
 //! (`sketch`: a shared row of epoch-tagged counters, no per-source
 //! entry): while its source has sent at most its rule's `cheap_frames`
-//! this epoch, the frame is judged without any per-source state (a limit
-//! admits it, allow passes, deny drops). Past that, a source with per-CPU
-//! state (`SOURCES`: hot) takes the path above. One without it is judged
-//! on its shared window alone (the exact tier: `WINDOWS`, created carrying
-//! the frames the cheap tier admitted this epoch), and gets per-CPU state
-//! once it is refused or busy (more than `sketch::HOT_FRAMES` frames in an
-//! epoch), and at once under an allow or deny rule (for `top` and events).
-//! A spoofed flood thus costs a counter update per frame and no map
-//! insert, and cannot evict the sources it hides behind; held sources look
-//! their window up once a bucket so that other sources' churn does not
-//! evict it, and penalties and refusals also live in `HOLDS`, which never
-//! evicts: a window created again for a held source comes back blocked or
-//! exhausted, whichever CPU creates it.
+//! over this epoch and the last, and no mark says it may be blocked or
+//! have a cluster share (`PENALTY_MARKS`, `SHARE_MARKS`), the frame is
+//! judged without any per-source state (a limit admits it, allow passes,
+//! deny drops). The frame that leaves the cheap tier marks the source
+//! windowed in the sketch and charges its window with what the cheap tier
+//! may have admitted meanwhile (at most `cheap_frames`): a window created
+//! then starts with them, one found counts them on top. So every frame
+//! within a window of up to an epoch is counted, cheap or not. Past the
+//! cheap tier, a source with per-CPU state (`SOURCES`: hot) takes the path
+//! above. One without it is judged on its shared window alone (the exact
+//! tier: `WINDOWS`), and gets per-CPU state once it is refused, near its
+//! limit or busy (more than `sketch::HOT_FRAMES` frames in an epoch), and
+//! at once under an allow or deny rule (for `top` and events). A spoofed
+//! flood thus costs a counter update per frame and no map insert, whatever
+//! the rule, and cannot evict the sources it hides behind; held sources
+//! look their window up once a bucket so that other sources' churn does
+//! not evict it, and penalties and refusals also live in `HOLDS`, which
+//! never evicts: a window created again for a held source comes back
+//! blocked or exhausted, whichever CPU creates it.
 //!
 //! Cluster scope (`Scope::Cluster`, `limiter_common::cluster`). A node
 //! rule pays one byte test on the rule in hand, in `limit_window`. A
@@ -62,8 +68,9 @@
 //! admitted frame goes uncounted. What keeps every frame of a cluster
 //! source in its window: no leases (`lease` 1: a lease's unused frames
 //! would count as admitted traffic to the sync, and the allowance may
-//! shrink within a bucket), no cheap-tier frames (`cheap_frames` 0,
-//! which userspace's push enforces for cluster rules), and no first frame
+//! shrink within a bucket), cheap-tier frames charged to the window when
+//! the source leaves the cheap tier (and no more of them than the cold
+//! cap, and none for a source whose share mark holds), and no first frame
 //! admitted without a window when the effective allowance is 0. A CPU's
 //! hold (`hold_until_ns`) is computed against the allowance it read, so a
 //! share raised meanwhile applies from the end of the hold (at most the
@@ -92,8 +99,8 @@ use limiter_ebpf::parse::Packet;
 
 use crate::{
     maps::{
-        self, CLUSTER, CLUSTER_SHARES, CONFIG, FRAME_KEY, HOLDS, PREFIXES_V4, PREFIXES_V6, RULES,
-        SOURCES, TRAFFIC_SEED, WINDOWS, WINDOW_SEED,
+        self, CLUSTER, CLUSTER_SHARES, CONFIG, FRAME_KEY, HOLDS, PENALTY_MARKS, PREFIXES_V4,
+        PREFIXES_V6, RULES, SHARE_MARKS, SOURCES, TRAFFIC_SEED, WINDOWS, WINDOW_SEED,
     },
     shared::{self, SharedWindow},
 };
@@ -209,22 +216,55 @@ fn tiered(config: &Config, key: &SourceKey, now: u64, len: u64) -> Tiered {
         key.class,
         config.sketch_seed,
     );
+    let tag = sketch::tag(now);
     // Counters that keep losing their compare-and-swap: a busy source.
-    let count =
-        shared::sketch_count(place, sketch::tag(now), sketch::HOT_FRAMES).unwrap_or(u32::MAX);
+    let seen = shared::sketch_count(place, tag, sketch::HOT_FRAMES).unwrap_or(sketch::Seen::BUSY);
+    let count = seen.total();
     let mut index = NO_RULE;
+    // Within the cheap frames, but marked: its frames go to its window
+    // (so none of them is the cheap tier's to charge).
+    let mut marked = false;
     if count <= u32::from(config.cheap_max) {
         index = resolve(key, config.generation);
         if let Some(rule) = RULES.get(index) {
-            if count <= u32::from(rule.cheap_frames) {
-                maps::count(Outcome::Cheap, len);
-                return Tiered::Judged(cheap(config, rule, index));
+            if count <= cheap_limit(rule, now) {
+                if !must_be_exact(config, key, rule, now) {
+                    maps::count(Outcome::Cheap, len);
+                    return Tiered::Judged(cheap(config, rule, index));
+                }
+                marked = true;
             }
         }
     }
+    // Past the cheap tier. Unless the source is marked windowed in the
+    // sketch (or is that busy), the frames the cheap tier admitted for it
+    // since the start of the last epoch are still to be charged to its
+    // window: at most the frames counted before this one (`limit` takes
+    // at most the rule's cheap frames of them). Marked windowed, its next
+    // frames charge nothing again. A source whose first frame this is (one
+    // of a spoofed flood) is not marked: nothing to charge, and its mark
+    // would only make its neighbours in the sketch look windowed.
+    let unwindowed = if seen.windowed() || marked {
+        0
+    } else {
+        count.saturating_sub(1)
+    };
+    // Marked in the last epoch only: carry the mark into this one, or the
+    // next epoch would read this one's frames as the cheap tier's.
+    let carry = seen.previous >= sketch::WINDOWED && seen.current < sketch::WINDOWED;
+    if unwindowed != 0 || carry || (marked && !seen.windowed()) {
+        shared::sketch_mark(place, tag);
+    }
     if let Some(traffic) = SOURCES.get_ptr_mut(key) {
         // SAFETY: this CPU's slot of a per-CPU map value.
-        unsafe { (*traffic).record_at(now, len) };
+        unsafe {
+            (*traffic).record_at(now, len);
+            if unwindowed != 0 {
+                // Charged by this CPU's next look at the window (this
+                // frame's, unless the source is held or leased).
+                (*traffic).carried = unwindowed;
+            }
+        }
         return Tiered::Hot(traffic);
     }
     if index == NO_RULE {
@@ -241,7 +281,73 @@ fn tiered(config: &Config, key: &SourceKey, now: u64, len: u64) -> Tiered {
             None => Tiered::Judged(stateless(config, key)),
         };
     }
-    exact(config, key, rule, index, count, now, len)
+    exact(config, key, rule, index, count, unwindowed, now, len)
+}
+
+/// The frames of a source the cheap tier may admit over this epoch and
+/// the last under `rule`: its `cheap_frames`, and for a cluster-scoped
+/// rule at most the cap a source without a share gets on this node (the
+/// cold cap, or the fallback cap while the cluster state is stale), so
+/// that the frames charged on leaving the cheap tier fit that node's part.
+#[inline(always)]
+fn cheap_limit(rule: &Rule, now: u64) -> u32 {
+    let frames = u32::from(rule.cheap_frames);
+    if frames == 0 || rule.scope() != Some(Scope::Cluster) {
+        return frames;
+    }
+    let Some(state) = CLUSTER.get(0) else {
+        return 0;
+    };
+    let cap = if state.is_stale(now) {
+        state.fallback_cap(rule.allowance_packets)
+    } else {
+        state.cold_cap(rule.allowance_packets)
+    };
+    if cap < u64::from(frames) {
+        cap as u32
+    } else {
+        frames
+    }
+}
+
+/// Whether the source of `key` must be judged on its window under `rule`
+/// whatever the cheap tier counts: under a rule with a `block`, while its
+/// cell's penalty mark holds (it may be blocked); under a cluster-scoped
+/// rule, while its share mark does (it may have a share, perhaps smaller
+/// than the cheap frames). A marked source goes to its window, which knows.
+#[inline(always)]
+fn must_be_exact(config: &Config, key: &SourceKey, rule: &Rule, now: u64) -> bool {
+    let marks = if rule.block_ns != 0 {
+        &PENALTY_MARKS
+    } else if rule.scope() == Some(Scope::Cluster) {
+        &SHARE_MARKS
+    } else {
+        return false;
+    };
+    shared::marked(marks, mark_cell(config, key, rule), now)
+}
+
+/// The mark cell of `key`'s source under `rule` (`sketch::mark_cell`).
+#[inline(always)]
+fn mark_cell(config: &Config, key: &SourceKey, rule: &Rule) -> u32 {
+    sketch::mark_cell(
+        &key.addr,
+        key.family() == AddressFamily::V6,
+        key.prefix_len,
+        rule.budget,
+        config.sketch_seed,
+    )
+}
+
+/// After `limit` refused a source of `rule`: if a penalty holds it now
+/// (armed just now, or found in its window), marks its penalty cell until
+/// the penalty ends, so that the cheap tier never admits its frames, even
+/// once it has been silent long enough to leave the sketch.
+#[inline(always)]
+fn note_penalty(config: &Config, key: &SourceKey, rule: &Rule, hold_until_ns: u64, now: u64) {
+    if rule.block_ns != 0 && hold_until_ns > now {
+        shared::mark_penalty(mark_cell(config, key, rule), hold_until_ns);
+    }
 }
 
 /// A frame of the cheap tier: allow passes, deny drops, a limit admits.
@@ -271,6 +377,7 @@ fn exact(
     rule: &Rule,
     index: u32,
     count: u32,
+    unwindowed: u32,
     now: u64,
     len: u64,
 ) -> Tiered {
@@ -286,18 +393,15 @@ fn exact(
     state.count_first(now, len);
     state.rule = index;
     state.generation = config.generation;
-    // At most the rule's cheap frames, and at most the frames counted
-    // before this one.
-    let before = count.saturating_sub(1);
-    let cheap_frames = u32::from(rule.cheap_frames);
-    state.carried = if before < cheap_frames {
-        before
-    } else {
-        cheap_frames
-    };
+    // What the cheap tier admitted and the window must still count
+    // (`limit` takes at most the rule's cheap frames of it).
+    state.carried = unwindowed;
     let flags = (u32::from(dry_run) * LIMIT_DRY_RUN) | LIMIT_EXACT_TIER;
     let answer = limit(key, scratch, len, flags);
     let admitted = answer & LIMIT_ADMITTED != 0;
+    if !admitted && !dry_run {
+        note_penalty(config, key, rule, state.hold_until_ns, now);
+    }
     let verdict = if admitted {
         pass(Outcome::Passed)
     } else {
@@ -479,6 +583,9 @@ fn decide(
             if limit(key, traffic, len, flags) & LIMIT_ADMITTED != 0 {
                 pass(Outcome::Passed)
             } else {
+                if config.tiered() && !dry_run {
+                    note_penalty(config, key, rule, traffic.hold_until_ns, now);
+                }
                 // Refused, or no window state: fail closed.
                 refuse(dry_run, Outcome::DroppedLimit)
             }
@@ -567,6 +674,12 @@ fn limit_window(
     // SAFETY: an aligned field of this CPU's live map value.
     let first_frame = unsafe { read_volatile(addr_of!(traffic.first_frame)) };
     traffic.first_frame = 0;
+    // Frames the cheap tier admitted that the window must still count: at
+    // most the rule's cheap frames (what the cheap tier admits over two
+    // epochs), however many the sketch counted (other sources' frames
+    // included).
+    let charge = u64::from(traffic.carried).min(u64::from(rule.cheap_frames));
+    traffic.carried = 0;
     // Packet-only limits (of at least one frame) may admit a first frame
     // without a window (see the module docs); byte limits need the window.
     let packet_only = unwindowed_first
@@ -588,7 +701,7 @@ fn limit_window(
                 traffic.unwindowed_ns
             };
             let first = if exact_tier {
-                window::carried_word(&params, now, u64::from(traffic.carried))
+                window::carried_word(&params, now, charge)
             } else {
                 window::owed_word(&params, owed_at, now)
             };
@@ -614,6 +727,11 @@ fn limit_window(
         // The slots are tagged with another bucket width: start afresh.
         window::clear(&window);
         window.set_bucket_ns(rule.bucket_ns);
+    }
+    if charge != 0 && !(created && exact_tier) {
+        // A window that existed (or that another CPU just created, or a
+        // hot source's): it counts the charged frames from now on.
+        window::charge(&window, &params, now, charge);
     }
     let blocked_until = window.blocked_until_ns();
     if now < blocked_until && rule.block_tag != 0 && window.blocked_tag() == rule.block_tag {

@@ -19,7 +19,7 @@ use limiter_common::{
     event::EVENTS_PER_CPU_PER_SECOND,
     maps as spec,
     rules::{PrefixKeyV4, PrefixKeyV6},
-    Config, Counter, Hold, LimitEvent, Outcome, Rule, RuleRefs, SourceKey, SourceTraffic,
+    sketch, Config, Counter, Hold, LimitEvent, Outcome, Rule, RuleRefs, SourceKey, SourceTraffic,
     WindowState,
 };
 
@@ -46,8 +46,21 @@ const _: () = spec::WINDOW_SEED.check::<u32, WindowState>("WINDOW_SEED");
 
 /// The cold tier's counters, shared by every CPU (`limiter_common::sketch`).
 #[map(name = "SKETCH")]
-pub static SKETCH: Array<u64> = Array::with_max_entries(spec::SKETCH.max_entries, 0);
-const _: () = spec::SKETCH.check::<u32, u64>("SKETCH");
+pub static SKETCH: Array<sketch::Pair> = Array::with_max_entries(spec::SKETCH.max_entries, 0);
+const _: () = spec::SKETCH.check::<u32, sketch::Pair>("SKETCH");
+
+/// Until when a source may be blocked, by mark cell
+/// (`limiter_common::sketch::mark_cell`): the cheap tier's guard for
+/// rules with a `block` (raised by the kernel when it arms a penalty).
+#[map(name = "PENALTY_MARKS")]
+pub static PENALTY_MARKS: Array<u64> = Array::with_max_entries(spec::PENALTY_MARKS.max_entries, 0);
+const _: () = spec::PENALTY_MARKS.check::<u32, u64>("PENALTY_MARKS");
+
+/// Until when a source may have a cluster share, by mark cell: the cheap
+/// tier's guard for cluster-scoped rules (written by the daemon).
+#[map(name = "SHARE_MARKS")]
+pub static SHARE_MARKS: Array<u64> = Array::with_max_entries(spec::SHARE_MARKS.max_entries, 0);
+const _: () = spec::SHARE_MARKS.check::<u32, u64>("SHARE_MARKS");
 
 /// Penalties apart from the windows, so an evicted window comes back
 /// blocked (`limiter_common::state::Hold`).

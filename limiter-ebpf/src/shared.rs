@@ -1,12 +1,14 @@
-//! Access to the `WINDOWS` value that all CPUs share: volatile loads and
-//! stores for single words, and the BPF compare-and-swap (`cmpxchg`,
-//! BPF ISA v3) for the window slots.
+//! Access to what all CPUs share: the `WINDOWS` value (volatile loads and
+//! stores for single words, and the BPF compare-and-swap, `cmpxchg`, BPF
+//! ISA v3, for the window slots), the cheap tier's sketch and the penalty
+//! marks.
 
 use core::{
     intrinsics::{atomic_cxchg, AtomicOrdering},
     ptr::{addr_of_mut, read_volatile, write_volatile},
 };
 
+use aya_ebpf::maps::Array;
 use limiter_common::{
     sketch,
     window::{SlotRead, SlotWrite, RING},
@@ -137,20 +139,35 @@ impl SlotWrite for SharedWindow {
     }
 }
 
-/// Counts one frame of the source at `place` in the cold tier for the
-/// epoch tagged `tag`, unless it already reads more than `limit`; returns
-/// what it reads afterwards, or `None` when the compare-and-swap kept
-/// losing (the caller then treats the source as busy).
+/// A word of the sketch, as the raw pointer the compare-and-swap takes.
 #[inline(always)]
-pub fn sketch_count(place: sketch::Place, tag: u64, limit: u32) -> Option<u32> {
-    let word = crate::maps::SKETCH.get_ptr_mut(place.word)?;
+fn sketch_word(place: sketch::Place, tag: u64) -> Option<(*mut u64, u64)> {
+    let pair = crate::maps::SKETCH.get_ptr_mut(place.word)?;
+    // SAFETY: a live array element; its two aligned words.
+    let (word, other) = unsafe {
+        let words = pair as *mut u64;
+        let here = sketch::half(tag);
+        (words.add(here), read_volatile(words.add(here ^ 1)))
+    };
+    Some((word, other))
+}
+
+/// Counts one frame of the source at `place` in the cold tier for the
+/// epoch tagged `tag`, unless this epoch already reads more than `limit`;
+/// returns what it reads afterwards in this epoch and the last, or `None`
+/// when the compare-and-swap kept losing (the caller then treats the
+/// source as busy).
+#[inline(always)]
+pub fn sketch_count(place: sketch::Place, tag: u64, limit: u32) -> Option<sketch::Seen> {
+    let (word, other) = sketch_word(place, tag)?;
+    let previous = sketch::count(other, sketch::previous(tag), place);
     let mut attempts = 0;
     while attempts < 4 {
         // SAFETY: an aligned u64 of a live array element.
         let old = unsafe { read_volatile(word) };
-        let count = sketch::count(old, tag, place);
-        if count > limit {
-            return Some(count);
+        let current = sketch::count(old, tag, place);
+        if current > limit {
+            return Some(sketch::Seen { current, previous });
         }
         let new = sketch::bumped(old, tag, place);
         // SAFETY: as above; BPF_CMPXCHG is atomic.
@@ -160,9 +177,80 @@ pub fn sketch_count(place: sketch::Place, tag: u64, limit: u32) -> Option<u32> {
             )
         };
         if swapped {
-            return Some(sketch::count(new, tag, place));
+            let current = sketch::count(new, tag, place);
+            return Some(sketch::Seen { current, previous });
         }
         attempts += 1;
     }
     None
+}
+
+/// Marks the source at `place` windowed in the epoch tagged `tag`
+/// (`sketch::marked`). Best effort: a mark lost to other CPUs'
+/// compare-and-swaps is set again by the source's next frame past the
+/// cheap tier.
+#[inline(always)]
+pub fn sketch_mark(place: sketch::Place, tag: u64) {
+    let Some((word, _)) = sketch_word(place, tag) else {
+        return;
+    };
+    let mut attempts = 0;
+    while attempts < 4 {
+        // SAFETY: an aligned u64 of a live array element.
+        let old = unsafe { read_volatile(word) };
+        let new = sketch::marked(old, tag, place);
+        if new == old {
+            return;
+        }
+        // SAFETY: as above; BPF_CMPXCHG is atomic.
+        let (_, swapped) = unsafe {
+            atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(
+                word, old, new,
+            )
+        };
+        if swapped {
+            return;
+        }
+        attempts += 1;
+    }
+}
+
+/// Whether mark cell `cell` of `marks` (`PENALTY_MARKS` or
+/// `SHARE_MARKS`) still holds at `now` (a missing cell counts as marked:
+/// fail closed, to the window).
+#[inline(always)]
+pub fn marked(marks: &Array<u64>, cell: u32, now: u64) -> bool {
+    match marks.get_ptr(cell) {
+        // SAFETY: an aligned u64 of a live array element.
+        Some(until) => now < unsafe { read_volatile(until) },
+        None => true,
+    }
+}
+
+/// Raises penalty cell `cell` to `until` (ns), if lower. Compare-and-swap:
+/// a plain store could lower a later mark another CPU just set, and free a
+/// blocked source to the cheap tier early.
+#[inline(always)]
+pub fn mark_penalty(cell: u32, until: u64) {
+    let Some(slot) = crate::maps::PENALTY_MARKS.get_ptr_mut(cell) else {
+        return;
+    };
+    let mut attempts = 0;
+    while attempts < 4 {
+        // SAFETY: an aligned u64 of a live array element.
+        let old = unsafe { read_volatile(slot) };
+        if old >= until {
+            return;
+        }
+        // SAFETY: as above; BPF_CMPXCHG is atomic.
+        let (_, swapped) = unsafe {
+            atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(
+                slot, old, until,
+            )
+        };
+        if swapped {
+            return;
+        }
+        attempts += 1;
+    }
 }

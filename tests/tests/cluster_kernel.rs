@@ -19,7 +19,8 @@ use std::{
 };
 
 use limiter_common::{
-    rules::rules_base, ClusterShare, ClusterState, EventKind, LimitEvent, Rule, Scope, SourceKey,
+    rules::rules_base, ClusterShare, ClusterState, EventKind, LimitEvent, Outcome, Rule, Scope,
+    SourceKey,
 };
 use limiter_tests::{
     net,
@@ -356,19 +357,37 @@ fn a_source_at_a_cap_of_zero_is_reported_hot_on_its_refusal() {
     assert_eq!(hot[0].key, window_key(&harness, addr));
 }
 
+/// With the tiers on, a cluster source's first frames go the cheap way
+/// (up to the cold cap) and are charged to its window when it leaves the
+/// cheap tier: a burst is still held to the cold cap, or to its share. A
+/// share smaller than the cheap frames holds too: its share mark keeps the
+/// source out of the cheap tier.
 #[test]
-fn tiered_a_cluster_source_is_held_to_its_share_with_no_cheap_frames() {
+fn tiered_a_cluster_source_is_held_to_its_share_or_the_cold_cap() {
     let mut harness = harness(true);
-    assert_eq!(rule(&harness, 0).cheap_frames, 0, "kernel_ready");
-    assert!(
-        rule(&harness, 1).cheap_frames > 0,
-        "the node rule keeps its cheap tier (else this test shows nothing)"
-    );
+    let cheap = u64::from(rule(&harness, 0).cheap_frames);
+    assert!(cheap > 0, "the cluster rule has cheap frames");
     set_state(&mut harness, fresh(4, 2));
     let addr = [192, 0, 2, 14];
     set_share(&mut harness, addr, 300, now() + 60 * SECOND);
     assert_eq!(burst(&mut harness, addr, 1000), 300);
+    let cheap_before = harness.outcome_total(Outcome::Cheap).packets;
     assert_eq!(burst(&mut harness, [192, 0, 2, 15], 1000), LIMIT / 4);
+    assert_eq!(
+        harness.outcome_total(Outcome::Cheap).packets - cheap_before,
+        cheap,
+        "without a share, its first frames went the cheap way"
+    );
+    let small = [192, 0, 2, 17];
+    assert!(cheap > 10);
+    set_share(&mut harness, small, 10, now() + 60 * SECOND);
+    let cheap_before = harness.outcome_total(Outcome::Cheap).packets;
+    assert_eq!(burst(&mut harness, small, 100), 10, "held to its share");
+    assert_eq!(
+        harness.outcome_total(Outcome::Cheap).packets,
+        cheap_before,
+        "none of it in the cheap tier"
+    );
 }
 
 #[test]

@@ -1,6 +1,6 @@
 //! Kernel tests of the tiered source state (`RuleSet { tiered: true }`)
-//! through BPF_PROG_TEST_RUN: a flood is admitted at its limit plus at
-//! most the cheap tier's frames, on one CPU and on both; a window created
+//! through BPF_PROG_TEST_RUN: a flood is admitted at its limit, the cheap
+//! tier's frames charged to its window, on one CPU and on both; a window created
 //! on promotion carries what the cheap tier admitted; a steady source is
 //! never dropped while five million spoofed sources share the cheap tier,
 //! which gives them (almost) no per-source state; a churn of five million sources
@@ -20,8 +20,8 @@ use std::{
 
 use aya::programs::Xdp;
 use limiter_common::{
-    prefix_mask, rules::rules_base, sketch, sketch::Place, Action, AddressFamily, Counter, Outcome,
-    Rule, SourceKey,
+    prefix_mask, rules::rules_base, sketch, sketch::Place, window, Action, AddressFamily, Counter,
+    Outcome, Rule, SourceKey,
 };
 use limiter_tests::{
     net,
@@ -71,13 +71,21 @@ fn rule(harness: &Harness, i: u32) -> Rule {
         .expect("the rule in RULES")
 }
 
-/// The most frames a window of `rule` may admit: its allowance, plus the
-/// frames the cheap tier admits without counting them (`cheap_frames` per
-/// epoch, in each of the at most `ceil(W / epoch) + 1` epochs a window of
-/// `W` overlaps): the bound `cheap_frames` is sized by (limiter-user's
-/// `rules/compile.rs`), at most 1% of the allowance over it.
+/// The most frames a window of `rule` may admit. A packet limit over at
+/// most an epoch: its allowance, within the sliding window's own 1% (the
+/// frames the cheap tier admits are charged to the source's window when it
+/// leaves the cheap tier). Any other limit: its allowance plus the frames
+/// the cheap tier may leave uncounted (`cheap_frames` per epoch, in each
+/// of the at most `ceil(W / epoch) + 1` epochs a window of `W` overlaps:
+/// the bound `cheap_frames` is sized by in limiter-user's
+/// `rules/compile.rs`, at most 1% of the allowance over it).
 fn tiered_bound(rule: &Rule) -> u64 {
-    rule.allowance_packets + u64::from(rule.cheap_frames) * epochs_per_window(rule)
+    let window_ns = rule.bucket_ns * u64::from(rule.buckets);
+    if window_ns <= sketch::EPOCH_NS && rule.allowance_bytes == window::UNLIMITED {
+        rule.allowance_packets + rule.allowance_packets / 100
+    } else {
+        rule.allowance_packets + u64::from(rule.cheap_frames) * epochs_per_window(rule)
+    }
 }
 
 /// The epochs of the cheap tier a window of `rule` overlaps at most.
@@ -184,11 +192,11 @@ fn spoofed_sources() -> u32 {
     }
 }
 
-/// The flood tests: 10,000 pps, a 1 s window, so `cheap_frames` is 50 (a
-/// visible share: a bound off by the cheap frames fails), offered at 10x;
-/// or `$LIMITER_FLOOD_PPS`: the kernel lane's guests (software emulation)
+/// The flood tests: 10,000 pps, a 1 s window, so `cheap_frames` is 64 (the
+/// most: a bound off by the cheap frames fails), offered at 10x; or
+/// `$LIMITER_FLOOD_PPS`: the kernel lane's guests (software emulation)
 /// cannot offer 100,000 frames a second, and run them at 1,000 pps
-/// (`cheap_frames` 5).
+/// (`cheap_frames` 64 too).
 fn flood_pps() -> u64 {
     match std::env::var("LIMITER_FLOOD_PPS") {
         Ok(n) => n.parse().expect("LIMITER_FLOOD_PPS is a rate"),
@@ -235,7 +243,7 @@ fn assert_flood_outcomes(harness: &Harness, rule: &Rule, passed: u64, dropped: u
 }
 
 #[test]
-fn a_10x_flood_from_one_cpu_gets_its_limit_plus_at_most_the_cheap_frames() {
+fn a_10x_flood_from_one_cpu_gets_its_limit_with_the_cheap_frames_charged() {
     let mut harness = harness_with(
         &tiered(limit("0.0.0.0/0", flood_pps()), vec![]),
         &LoadOptions::default(),
@@ -272,7 +280,7 @@ fn a_10x_flood_from_one_cpu_gets_its_limit_plus_at_most_the_cheap_frames() {
 }
 
 #[test]
-fn a_10x_flood_over_both_cpus_gets_its_limit_plus_at_most_the_cheap_frames() {
+fn a_10x_flood_over_both_cpus_gets_its_limit_with_the_cheap_frames_charged() {
     let mut harness = harness_with(
         &tiered(limit("0.0.0.0/0", flood_pps()), vec![]),
         &LoadOptions::default(),
@@ -536,16 +544,23 @@ fn a_steady_source_is_never_dropped_while_5m_spoofed_sources_share_the_cheap_tie
 fn a_5m_source_churn_frees_neither_a_limited_nor_a_blocked_source() {
     assert!(online_cpus() >= 2, "this test needs two CPUs");
     const WINDOWS: u32 = 4_096;
-    // The churn: 100 pps, so no cheap frames; a one-frame source takes a
-    // window in the exact tier and stays there (1 of 100: not near its
+    // Every rule here has no cheap frames, so that the churn goes through
+    // the exact tier (`small_limits.rs` has the cheap tier under a churn).
+    // The churn: 100 pps over 2 s windows (a longer window than an epoch
+    // and a small allowance: no cheap frames); a one-frame source takes a
+    // window in the exact tier and stays there (1 of 200: not near its
     // limit), so the churn goes through `WINDOWS` alone.
-    let churn = |cidr| limit(cidr, 100);
+    let two_seconds = |mut rule: RuleSpec| {
+        rule.limits.window = Duration::from_secs(2);
+        rule
+    };
+    let churn = |cidr| two_seconds(limit(cidr, 100));
     // The limited source: 60 frames a minute, no penalty; its window
     // outlasts the churn, so no frame of it may pass during the churn.
     let mut limited_rule = limit("192.0.2.0/24", 1);
     limited_rule.limits.window = Duration::from_secs(60);
-    // The blocked sources: 5 pps, then blocked for an hour.
-    let mut blocked_rule = limit("203.0.113.0/24", 5);
+    // The blocked sources: 5 pps (10 per 2 s), then blocked for an hour.
+    let mut blocked_rule = two_seconds(limit("203.0.113.0/24", 5));
     blocked_rule.limits.block = Some(Duration::from_secs(3600));
     let set = tiered(
         limit("0.0.0.0/0", 1_000),
@@ -586,9 +601,9 @@ fn a_5m_source_churn_frees_neither_a_limited_nor_a_blocked_source() {
         harness.offer(0, &limited, limited_allowance + 1),
         (limited_allowance, 1)
     );
-    assert_eq!(harness.offer(0, &blocked, 6), (5, 1));
+    assert_eq!(harness.offer(0, &blocked, 11), (10, 1));
     assert_eq!(harness.offer(1, &blocked, 1), (0, 1));
-    assert_eq!(harness.offer(0, &silent, 6), (5, 1));
+    assert_eq!(harness.offer(0, &silent, 11), (10, 1));
     let blocked_until = |harness: &Harness| {
         read::windows(harness.maps()).expect("read WINDOWS")[&silent_key].blocked_until_ns
     };
@@ -658,7 +673,7 @@ fn a_5m_source_churn_frees_neither_a_limited_nor_a_blocked_source() {
     harness.assert_outcomes(&[
         (
             Outcome::Passed,
-            churn.merged(frames(limited_allowance + 5 + 5, len)),
+            churn.merged(frames(limited_allowance + 10 + 10, len)),
         ),
         (
             Outcome::DroppedLimit,

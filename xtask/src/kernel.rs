@@ -22,7 +22,9 @@
 //! guest runs the tiers' five-million-source churn with
 //! [`GUEST_SPOOFED_SOURCES`] sources instead (`LIMITER_SPOOFED_SOURCES`),
 //! and their floods against a [`GUEST_FLOOD_PPS`] limit
-//! (`LIMITER_FLOOD_PPS`); the host suite keeps the full sizes.
+//! (`LIMITER_FLOOD_PPS`), and the small limits' flood with
+//! [`GUEST_SMALL_FLOOD`] sources per rule (`LIMITER_SMALL_FLOOD`); the host
+//! suite keeps the full sizes.
 
 use std::{
     fmt::Write as _,
@@ -79,6 +81,7 @@ pub const GUEST_TESTS: &[(&str, &[&str])] = &[
     ("datapath", &[]),
     ("limiter", &[]),
     ("tiers", &[]),
+    ("small_limits", &[]),
     ("matching", &[]),
     ("matching_model", &[]),
     ("insert_failure", &[]),
@@ -103,6 +106,10 @@ pub const GUEST_SPOOFED_SOURCES: u32 = 200_000;
 /// The limit of the tiers' flood tests in the guest (10,000 pps on the
 /// host): emulation cannot offer ten times 10,000 frames a second.
 pub const GUEST_FLOOD_PPS: u32 = 1_000;
+
+/// The spoofed sources per rule of the small limits' flood in the guest
+/// (20,000 on the host).
+pub const GUEST_SMALL_FLOOD: u32 = 5_000;
 
 /// How long a KVM guest may take to reach its init before the lane falls
 /// back to software emulation.
@@ -333,6 +340,7 @@ fn verifier_init() -> String {
     INIT.replace("@TESTS@", &runs)
         .replace("@CHURN@", "0")
         .replace("@FLOOD@", "0")
+        .replace("@SMALL@", "0")
 }
 
 /// The guest's line with `xdp-limiter check --output json`'s figures.
@@ -403,7 +411,7 @@ mkdir -p /run/netns
 insmod /lib/modules/$(uname -r)/veth.ko || echo "LANE NOTE no veth module"
 ip link set lo up
 export HOME=/tmp RUST_BACKTRACE=1 XDP_LIMITER_BIN=/bin/xdp-limiter
-export LIMITER_SPOOFED_SOURCES=@CHURN@ LIMITER_FLOOD_PPS=@FLOOD@
+export LIMITER_SPOOFED_SOURCES=@CHURN@ LIMITER_FLOOD_PPS=@FLOOD@ LIMITER_SMALL_FLOOD=@SMALL@
 cd /tmp
 @TESTS@
 echo "LANE DONE"
@@ -423,6 +431,7 @@ fn test_init() -> String {
     INIT.replace("@TESTS@", &runs)
         .replace("@CHURN@", &GUEST_SPOOFED_SOURCES.to_string())
         .replace("@FLOOD@", &GUEST_FLOOD_PPS.to_string())
+        .replace("@SMALL@", &GUEST_SMALL_FLOOD.to_string())
 }
 
 /// Busybox applets the init uses (not `ip`: iproute2's own is copied).

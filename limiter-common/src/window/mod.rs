@@ -58,7 +58,9 @@ pub use cached::{try_admit_cached, Admission, WindowCache};
 pub use reference::{estimate, older, oldest_weight, try_admit};
 #[cfg(target_has_atomic = "64")]
 pub use ring::AtomicRing;
-pub use ring::{carried_word, clear, mark_exhausted, owed_word, OlderBuckets, SlotRead, SlotWrite};
+pub use ring::{
+    carried_word, charge, clear, mark_exhausted, owed_word, OlderBuckets, SlotRead, SlotWrite,
+};
 pub use slots::{
     bytes_bumped, bytes_in, first_offset, pack_bytes, pack_packets, packets_bumped,
     packets_bumped_by, packets_in, slot_of, BYTES, BYTE_COUNT_BITS, MAX_BYTES, MAX_PACKETS,

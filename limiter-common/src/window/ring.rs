@@ -8,7 +8,7 @@ use super::{
     position,
     slots::{
         bytes_bumped, bytes_in, equal_mask, first_offset, less_mask, pack_bytes, pack_packets,
-        slot_of, tag_mask,
+        packets_bumped_by, slot_of, tag_mask,
     },
     WindowParams, BYTES, CAS_ATTEMPTS, MAX_BYTES, MAX_PACKETS, PACKETS, RING, UNLIMITED,
 };
@@ -168,6 +168,38 @@ pub fn carried_word(params: &WindowParams, now_ns: u64, frames: u64) -> (usize, 
     (slot_of(now.bucket), word)
 }
 
+/// Counts `frames` more in the bucket of `now_ns` of an existing window,
+/// whatever its allowance: frames the cheap tier admitted for its source
+/// since the window last counted one (`sketch::WINDOWED`), charged when
+/// the source leaves the cheap tier again. As sent now, like
+/// [`carried_word`]. False if the compare-and-swap kept losing (the
+/// frames then go uncharged: other CPUs are counting this source's frames
+/// into the same slot meanwhile).
+#[inline(always)]
+pub fn charge<S: SlotWrite + ?Sized>(
+    slots: &S,
+    params: &WindowParams,
+    now_ns: u64,
+    frames: u64,
+) -> bool {
+    let at = position(now_ns, params.bucket_ns);
+    let slot = slot_of(at.bucket);
+    let mut attempt = 0;
+    while attempt < CAS_ATTEMPTS {
+        attempt += 1;
+        let current = slots.load(slot, PACKETS);
+        if slots.compare_exchange(
+            slot,
+            PACKETS,
+            current,
+            packets_bumped_by(current, at, frames),
+        ) {
+            return true;
+        }
+    }
+    false
+}
+
 /// Clears every slot (when a source's bucket width changes).
 #[inline(always)]
 pub fn clear<S: SlotWrite + ?Sized>(slots: &S) {
@@ -262,6 +294,41 @@ mod tests {
             try_admit(&ring, &params, 2_100, 1),
             "slid out of the window"
         );
+    }
+
+    /// Frames charged to a window count like admitted ones: in the
+    /// current bucket (over an older word of the slot), for the whole
+    /// window, and against the allowance.
+    #[test]
+    fn charged_frames_count_against_the_allowance_for_a_window() {
+        let ring: AtomicRing = Default::default();
+        let params = WindowParams {
+            bucket_ns: 100,
+            buckets: 10,
+            allowance_packets: 5,
+            allowance_bytes: UNLIMITED,
+        };
+        // A frame long ago, out of the window, in the slot the charge
+        // lands in (bucket 0's and bucket RING's).
+        let later = 100 * RING as u64;
+        assert!(try_admit(&ring, &params, 50, 1));
+        assert!(charge(&ring, &params, later + 50, 3));
+        let bucket = RING as u64;
+        assert_eq!(packets_in(ring.load(slot_of(bucket), PACKETS), bucket), 3);
+        assert!(try_admit(&ring, &params, later + 60, 1));
+        assert!(try_admit(&ring, &params, later + 70, 1));
+        assert!(
+            !try_admit(&ring, &params, later + 80, 1),
+            "3 charged + 2 = 5"
+        );
+        assert!(
+            !try_admit(&ring, &params, later + 999, 1),
+            "inside the window"
+        );
+        assert!(try_admit(&ring, &params, later + 1_100, 1), "slid out");
+        // Charging past the allowance still counts (the frames were sent).
+        assert!(charge(&ring, &params, later + 1_150, 9));
+        assert!(!try_admit(&ring, &params, later + 1_160, 1));
     }
 
     /// A new ring holding what `owed_word` says.

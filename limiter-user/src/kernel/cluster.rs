@@ -1,12 +1,17 @@
 //! Writing what the cluster sync decides into one program instance's
-//! maps: a source's share (`CLUSTER_SHARES`, keyed by its window key), its
-//! removal, and the cluster state (`CLUSTER`); and what a push must make
+//! maps: a source's share (`CLUSTER_SHARES`, keyed by its window key) and
+//! its share mark (`SHARE_MARKS`), its removal, and the cluster state
+//! (`CLUSTER`); and what a push must make
 //! true of a cluster-scoped rule for the kernel to hold it exactly
 //! ([`kernel_ready`]). The kernel's side: `limiter_common::cluster` and
 //! `limiter-ebpf/src/limit.rs`.
 
+use std::collections::HashMap;
+
 use aya::maps::MapError;
-use limiter_common::{names, ClusterShare, ClusterState, Rule, Scope, SourceKey};
+use limiter_common::{
+    names, sketch, AddressFamily, ClusterShare, ClusterState, Rule, Scope, SourceKey,
+};
 
 use super::{Maps, MapsError};
 
@@ -18,12 +23,14 @@ pub fn share_key(source: &SourceKey, rule: &Rule) -> SourceKey {
 }
 
 /// Writes (or replaces) the share of the source whose window key is
-/// `window_key`. A full map evicts its least recently used share.
+/// `window_key`, and its share mark. A full map evicts its least recently
+/// used share.
 pub fn write_share(
     maps: &mut Maps,
     window_key: &SourceKey,
     share: ClusterShare,
 ) -> Result<(), MapsError> {
+    mark_shares(maps, &[(*window_key, share)])?;
     maps.cluster_shares
         .insert(window_key, share, 0)
         .map_err(MapsError::on(names::CLUSTER_SHARES))
@@ -31,12 +38,14 @@ pub fn write_share(
 
 /// Writes (or replaces) many shares at once, keyed by window key (one
 /// syscall per `batch::BATCH`: a node with 100,000 sources synced in
-/// turns rewrites thousands of shares a tick). On an error, how many were
-/// written before it (in order), and the error.
+/// turns rewrites thousands of shares a tick), their share marks first.
+/// On an error, how many shares were written before it (in order), and
+/// the error.
 pub fn write_shares(
     maps: &mut Maps,
     shares: &[(SourceKey, ClusterShare)],
 ) -> Result<(), (usize, MapsError)> {
+    mark_shares(maps, shares).map_err(|e| (0, e))?;
     let fd = super::batch::fd(maps.cluster_shares_data());
     super::batch::update(fd, shares).map_err(|(written, source)| {
         (
@@ -47,6 +56,42 @@ pub fn write_shares(
             },
         )
     })
+}
+
+/// Raises the share marks of the sources of `shares` to their shares'
+/// expiry, before the shares exist: the cheap tier judges no frame of a
+/// cluster-scoped source whose mark holds, so a source with a share (even
+/// one smaller than the rule's cheap frames) is always held to it. One
+/// batched read of the marks and one batched write of those that rise: the
+/// daemon is their only writer, and a mark never goes down (an expired one
+/// is as good as none).
+fn mark_shares(maps: &mut Maps, shares: &[(SourceKey, ClusterShare)]) -> Result<(), MapsError> {
+    let seed = maps.live_config()?.sketch_seed;
+    let mut wanted: HashMap<u32, u64> = HashMap::new();
+    for (key, share) in shares {
+        let cell = sketch::mark_cell(
+            &key.addr,
+            key.family() == AddressFamily::V6,
+            key.prefix_len,
+            key.class,
+            seed,
+        );
+        let until = wanted.entry(cell).or_default();
+        *until = (*until).max(share.expires_ns);
+    }
+    let batch_error = |source| MapsError::Batch {
+        map: names::SHARE_MARKS,
+        source,
+    };
+    let fd = super::batch::fd(maps.share_marks_data());
+    super::batch::for_each_per_cpu::<u32, u64>(fd, 1, |cell, now| {
+        if wanted.get(cell).is_some_and(|until| *until <= now[0]) {
+            wanted.remove(cell);
+        }
+    })
+    .map_err(batch_error)?;
+    let raised: Vec<(u32, u64)> = wanted.into_iter().collect();
+    super::batch::update(fd, &raised).map_err(|(_, source)| batch_error(source))
 }
 
 /// Removes a source's share (it is then held to the cold cap); true if it
@@ -87,13 +132,14 @@ pub fn state(maps: &Maps) -> Result<ClusterState, MapsError> {
 }
 
 /// Makes a compiled rule what the kernel needs of a cluster-scoped rule
-/// (a node rule is left as it is): no cheap-tier frames, since every
-/// frame of a cluster source must be counted in its window, which is
-/// what the sync reports and the share bounds; and no lease (the kernel
-/// grants none to cluster rules anyway).
+/// (a node rule is left as it is): no lease, since a lease's unused frames
+/// would count as admitted traffic to the sync (the kernel grants none to
+/// cluster rules anyway). Its cheap-tier frames stay as compiled: those
+/// of a one-epoch window are charged to the source's window when it
+/// leaves the cheap tier, and capped to the cold cap in the kernel
+/// (`rules::compile` gives a longer window none).
 pub fn kernel_ready(rule: &mut Rule) {
     if rule.scope() == Some(Scope::Cluster) {
-        rule.cheap_frames = 0;
         rule.lease_packets = 1;
     }
 }
@@ -105,7 +151,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_cluster_rule_gets_no_cheap_frames_and_a_node_rule_keeps_its_own() {
+    fn a_cluster_rule_gets_no_lease_and_a_node_rule_keeps_its_own() {
         let mut rule = Rule::new(Action::Limit, false);
         rule.cheap_frames = 9;
         rule.lease_packets = 8;
@@ -114,7 +160,7 @@ mod tests {
         assert_eq!(rule, node, "a node rule is untouched");
         rule.set_scope(Scope::Cluster);
         kernel_ready(&mut rule);
-        assert_eq!((rule.cheap_frames, rule.lease_packets), (0, 1));
+        assert_eq!((rule.cheap_frames, rule.lease_packets), (9, 1));
     }
 
     #[test]

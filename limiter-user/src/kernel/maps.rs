@@ -12,8 +12,8 @@ use aya::{
 use limiter_common::{
     names,
     rules::{PrefixKeyV4, PrefixKeyV6},
-    ClusterShare, ClusterState, Config, Counter, Hold, Rule, RuleRefs, SourceKey, SourceTraffic,
-    WindowState,
+    sketch, ClusterShare, ClusterState, Config, Counter, Hold, Rule, RuleRefs, SourceKey,
+    SourceTraffic, WindowState,
 };
 
 use std::path::Path;
@@ -42,7 +42,11 @@ pub struct Maps {
     /// watcher owns it).
     pub events: Option<RingBuf<MapData>>,
     /// The cheap tier's counters (`limiter_common::sketch`).
-    pub sketch: Array<MapData, u64>,
+    pub sketch: Array<MapData, sketch::Pair>,
+    /// The cheap tier's penalty marks (`limiter_common::sketch::mark_cell`).
+    pub penalty_marks: Array<MapData, u64>,
+    /// The cheap tier's share marks, written with the cluster shares.
+    pub share_marks: Array<MapData, u64>,
     /// Penalties apart from the windows.
     pub holds: HashMap<MapData, SourceKey, Hold>,
     /// This node's allowance per cluster-scoped source, by window key (an
@@ -88,6 +92,8 @@ impl Maps {
             prefixes_v6: take(ebpf, names::PREFIXES_V6)?,
             events: Some(take(ebpf, names::EVENTS)?),
             sketch: take(ebpf, names::SKETCH)?,
+            penalty_marks: take(ebpf, names::PENALTY_MARKS)?,
+            share_marks: take(ebpf, names::SHARE_MARKS)?,
             holds: take(ebpf, names::HOLDS)?,
             cluster_shares: take(ebpf, names::CLUSTER_SHARES)?,
             cluster: take(ebpf, names::CLUSTER)?,
@@ -110,6 +116,8 @@ impl Maps {
             prefixes_v6: pinned(maps_dir, names::PREFIXES_V6)?,
             events: None,
             sketch: pinned(maps_dir, names::SKETCH)?,
+            penalty_marks: pinned(maps_dir, names::PENALTY_MARKS)?,
+            share_marks: pinned(maps_dir, names::SHARE_MARKS)?,
             holds: pinned(maps_dir, names::HOLDS)?,
             cluster_shares: pinned(maps_dir, names::CLUSTER_SHARES)?,
             cluster: pinned(maps_dir, names::CLUSTER)?,
@@ -136,6 +144,11 @@ impl Maps {
     /// The sketch's map, for batched reads.
     pub fn sketch_data(&self) -> &MapData {
         self.sketch.map()
+    }
+
+    /// The map data of `SHARE_MARKS`, for batched reads and writes.
+    pub fn share_marks_data(&self) -> &MapData {
+        self.share_marks.map()
     }
 
     /// The map data of `CLUSTER_SHARES`, for batched writes.

@@ -123,22 +123,25 @@ impl ActiveSources {
         }
     }
 
-    /// Reads the sketch (one batched read of its 512 KiB) and estimates
-    /// the sources of the epoch tagged `tag`: the words it touched, and
-    /// those of the following epoch (`tag + 1`) too, since a word a source
-    /// touches again in the next epoch is re-tagged. Read early in the
-    /// next epoch, this counts that epoch's sources plus the new ones of
-    /// the moments since.
+    /// Reads the sketch (one batched read of its 1 MiB) and estimates
+    /// the sources of the epoch tagged `tag`: the entries whose word of
+    /// that epoch it touched. The next epoch counts in the other word of
+    /// each entry, so read any time in the next epoch this counts exactly
+    /// that epoch's sources.
     pub fn read(maps: &Maps, tag: u64) -> Result<Self, MapsError> {
-        let next = (tag + 1) & 0xff;
+        let half = sketch::half(tag);
         let mut touched = 0u64;
         let mut words = 0u64;
-        batch::for_each_per_cpu::<u32, u64>(batch::fd(maps.sketch_data()), 1, |_, word| {
-            words += 1;
-            if sketch::touched(word[0], tag) || sketch::touched(word[0], next) {
-                touched += 1;
-            }
-        })
+        batch::for_each_per_cpu::<u32, sketch::Pair>(
+            batch::fd(maps.sketch_data()),
+            1,
+            |_, pair| {
+                words += 1;
+                if sketch::touched(pair[0][half], tag) {
+                    touched += 1;
+                }
+            },
+        )
         .map_err(|source| MapsError::Batch {
             map: names::SKETCH,
             source,

@@ -302,25 +302,35 @@ fn check_cluster_rule(spec: &RuleSpec, name: &str) -> Result<(), RuleError> {
     Ok(())
 }
 
-/// The frames of a source that the cheap tier may judge per epoch under
-/// `rule` without any per-source state (`Rule::cheap_frames`). Allow and
-/// deny need no state to judge a frame: up to `sketch::HOT_FRAMES`. A limit
-/// admits them uncounted, so only so few that in any window of the rule
-/// they add at most 1/[`CHEAP_SHARE`] of its allowance: `T` per epoch with
+/// The frames of a source that the cheap tier may judge over an epoch and
+/// the one before under `rule` without any per-source state
+/// (`Rule::cheap_frames`; docs/architecture.md, "Tiers", argues the
+/// bounds). Allow and deny need no state to judge a frame: up to
+/// `sketch::HOT_FRAMES`. A packet limit whose window is at most an epoch:
+/// as many as the allowance (at most [`MAX_CHEAP_FRAMES`]), since every
+/// frame the cheap tier admits within such a window is charged to the
+/// source's window when it leaves the cheap tier, and a source that never
+/// leaves it sent at most that many in any two epochs. Whatever its size,
+/// penalty or scope (a blocked source skips the cheap tier through its
+/// penalty mark; a cluster-scoped one is capped to this node's cold cap in
+/// the kernel). Any other limit (a longer window, or a byte limit, whose
+/// frames the charge does not cover): frames that may go uncounted, so
+/// only so few that in any window of the rule they add at most
+/// 1/[`CHEAP_SHARE`] of its allowance: `T` with
 /// `T * (ceil(W / epoch) + 1) <= allowance / CHEAP_SHARE` (a window of `W`
 /// overlaps at most that many epochs), for bytes counting every frame as
-/// [`CHEAP_FRAME_BYTES`]; at most [`MAX_CHEAP_FRAMES`]. None under a
-/// penalty: a blocked source must have every frame dropped. None for a
-/// cluster-scoped limit either: every frame of such a source must be
-/// counted, because what one node admits uncounted, N nodes admit N times
-/// and the cluster's shares are computed from the counts (the kernel's
-/// share accounting relies on this).
+/// [`CHEAP_FRAME_BYTES`]; none for a cluster-scoped one, whose shares are
+/// computed from what its windows count.
 fn cheap_frames(spec: &RuleSpec, rule: &Rule) -> u8 {
+    let window_ns = rule.bucket_ns * u64::from(rule.buckets);
+    let packets_only = rule.allowance_bytes == UNLIMITED;
     match spec.action {
         Action::Allow | Action::Deny => sketch::HOT_FRAMES as u8,
-        Action::Limit if rule.block_ns != 0 || spec.scope == Scope::Cluster => 0,
+        Action::Limit if window_ns <= sketch::EPOCH_NS && packets_only => {
+            rule.allowance_packets.min(MAX_CHEAP_FRAMES) as u8
+        }
+        Action::Limit if spec.scope == Scope::Cluster => 0,
         Action::Limit => {
-            let window_ns = rule.bucket_ns * u64::from(rule.buckets);
             let epochs = window_ns.div_ceil(sketch::EPOCH_NS) + 1;
             let share = |allowance: u64, per_frame: u64| {
                 if allowance == UNLIMITED {

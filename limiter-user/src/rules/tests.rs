@@ -344,39 +344,47 @@ fn limit_with(pps: u64, change: impl FnOnce(&mut Limits)) -> RuleSpec {
     rule
 }
 
+/// A packet limit over one epoch: every cheap frame is charged to the
+/// source's window when it leaves the cheap tier, so the cheap tier may
+/// admit as many as the allowance (burst included), at most 64, whatever
+/// the limit's size, penalty or scope.
 #[test]
-fn cheap_frames_keep_under_1_100_of_a_window_over_the_epochs_it_spans() {
-    // floor(allowance / (100 * (ceil(W / 1 s) + 1))): a 1 s window spans
-    // at most two epochs.
-    assert_eq!(cheap_frames_of(limit_with(1_000, |_| {})), 5, "1000 / 200");
-    assert_eq!(
-        cheap_frames_of(limit_with(10_000, |_| {})),
-        50,
-        "10000 / 200"
-    );
-    assert_eq!(
-        cheap_frames_of(limit_with(200, |_| {})),
-        1,
-        "the first rate with one"
-    );
-    assert_eq!(cheap_frames_of(limit_with(199, |_| {})), 0);
+fn cheap_frames_of_a_packet_limit_over_one_epoch_are_its_allowance_up_to_64() {
+    assert_eq!(cheap_frames_of(limit_with(1, |_| {})), 1);
     assert_eq!(
         cheap_frames_of(limit_with(10, |_| {})),
-        0,
-        "small limits see every frame"
+        10,
+        "small limits too"
     );
+    assert_eq!(cheap_frames_of(limit_with(64, |_| {})), 64);
     assert_eq!(
         cheap_frames_of(limit_with(100_000, |_| {})),
         MAX_CHEAP_FRAMES as u8,
-        "500 capped"
+        "capped"
     );
-    // The allowance counts, burst included, and so do the epochs a window
-    // spans: 10 s spans 11, 1.5 s three (as many as 2 s).
     assert_eq!(
-        cheap_frames_of(limit_with(1_000, |l| l.burst_packets = 200)),
-        6,
-        "1200 / 200"
+        cheap_frames_of(limit_with(10, |l| l.burst_packets = 5)),
+        15,
+        "the burst counts"
     );
+    assert_eq!(
+        cheap_frames_of(limit_with(10, |l| l.block = Some(Duration::from_secs(30)))),
+        10,
+        "a penalty too: a blocked source skips the cheap tier by its mark"
+    );
+    assert_eq!(
+        cheap_frames_of(cluster(limit_with(100, |_| {}))),
+        64,
+        "cluster scope too: capped to the cold cap in the kernel"
+    );
+}
+
+/// Other limits (a window of more than one epoch, or a byte limit) keep
+/// the cheap tier's frames under 1/100 of a window over the epochs it
+/// spans: floor(allowance / (100 * (ceil(W / 1 s) + 1))).
+#[test]
+fn cheap_frames_of_longer_windows_keep_under_1_100_of_a_window_over_the_epochs_it_spans() {
+    // The epochs a window spans: 10 s spans 11, 1.5 s three (as many as 2 s).
     assert_eq!(
         cheap_frames_of(limit_with(1_000, |l| l.window = Duration::from_secs(10))),
         9,
@@ -391,6 +399,26 @@ fn cheap_frames_keep_under_1_100_of_a_window_over_the_epochs_it_spans() {
         cheap_frames_of(limit_with(10_000, |l| l.window = Duration::from_secs(2))),
         64,
         "20000 / (100 * 3), capped"
+    );
+    assert_eq!(
+        cheap_frames_of(limit_with(100, |l| l.window = Duration::from_secs(2))),
+        0,
+        "200 / (100 * 3): small limits over long windows see every frame"
+    );
+    assert_eq!(
+        cheap_frames_of(limit_with(1_000, |l| {
+            l.window = Duration::from_secs(10);
+            l.block = Some(Duration::from_secs(30));
+        })),
+        9,
+        "a penalty changes nothing"
+    );
+    assert_eq!(
+        cheap_frames_of(cluster(limit_with(1_000, |l| {
+            l.window = Duration::from_secs(10)
+        }))),
+        0,
+        "a cluster's shares come from what its windows count"
     );
 }
 
@@ -411,12 +439,7 @@ fn cheap_frames_under_a_byte_limit_count_each_frame_as_4096_bytes() {
 }
 
 #[test]
-fn cheap_frames_are_none_under_a_penalty_and_the_stateless_threshold_for_allow_and_deny() {
-    assert_eq!(
-        cheap_frames_of(limit_with(100_000, |l| l.block = Some(Duration::from_secs(30)))),
-        0,
-        "a blocked source must have every frame dropped"
-    );
+fn cheap_frames_are_the_stateless_threshold_for_allow_and_deny() {
     for action in [Action::Allow, Action::Deny] {
         assert_eq!(
             cheap_frames_of(RuleSpec::with_action(net("192.0.2.0/24"), action)),
@@ -435,8 +458,8 @@ fn cheap_max_is_the_largest_cheap_frames_and_untiered_sets_have_none() {
     let c = compile(&tiered(rules.clone()), 0, 2).unwrap();
     assert!(c.config.tiered());
     let cheap: Vec<u8> = c.rules.iter().map(|r| r.cheap_frames).collect();
-    assert_eq!(cheap, [5, 50, 0], "default 1000 pps, 10,000 pps, 10 pps");
-    assert_eq!(c.config.cheap_max, 50);
+    assert_eq!(cheap, [64, 64, 10], "default 1000 pps, 10,000 pps, 10 pps");
+    assert_eq!(c.config.cheap_max, 64);
 
     let mut with_allow = rules.clone();
     with_allow.push(RuleSpec::with_action(net("203.0.113.0/24"), Action::Allow));
@@ -459,10 +482,10 @@ fn cluster(mut rule: RuleSpec) -> RuleSpec {
 }
 
 #[test]
-fn a_cluster_scoped_rule_compiles_with_its_scope_and_every_frame_counted() {
+fn a_cluster_scoped_rule_compiles_with_its_scope() {
     let node = limit_with(100_000, |_| {});
     let c = compile(
-        &tiered(vec![node.clone(), cluster(net_rule("198.51.100.0/24"))]),
+        &tiered(vec![node, cluster(net_rule("198.51.100.0/24"))]),
         0,
         2,
     )
@@ -470,14 +493,9 @@ fn a_cluster_scoped_rule_compiles_with_its_scope_and_every_frame_counted() {
     assert_eq!(c.rules[0].scope(), Some(Scope::Node), "the default");
     assert_eq!(c.rules[1].scope(), Some(Scope::Node));
     assert_eq!(c.rules[2].scope(), Some(Scope::Cluster));
-    assert!(
-        c.rules[1].cheap_frames > 0,
-        "a node limit keeps its cheap frames"
-    );
     assert_eq!(
-        cheap_frames_of(cluster(node)),
-        0,
-        "every frame of a cluster-scoped source is counted for the cluster"
+        c.rules[2].cheap_frames, c.rules[1].cheap_frames,
+        "cheap frames as a node limit's (charged to its window)"
     );
     // The default rule may be cluster-scoped too.
     let mut all = set(vec![]);

@@ -1,0 +1,467 @@
+//! Kernel tests of the cheap tier under the limits operators set: small
+//! limits, penalties and cluster scope (through BPF_PROG_TEST_RUN). A
+//! spoofed flood of one-frame sources takes (almost) no window under any
+//! of them; a small limit admits its allowance and not one frame more,
+//! beside a flood and after a silence (the frames the cheap tier admitted
+//! are charged to the window when the source leaves it); a blocked source
+//! stays blocked through a flood and through a silence that outlasts the
+//! sketch's memory (its penalty mark); and a cluster-scoped source's
+//! window counts every frame this node admitted, cheap ones included,
+//! which is what the cluster's shares are computed from.
+//!
+//! Frames are placed in epochs by the kernel's own coarse clock
+//! (`testrun::coarse_now`), as in `tiers.rs`.
+
+use std::{
+    collections::BTreeMap,
+    net::Ipv4Addr,
+    ops::Range,
+    sync::atomic::{AtomicBool, Ordering},
+    thread,
+    time::{Duration, Instant},
+};
+
+use aya::programs::Xdp;
+use limiter_common::{
+    rules::rules_base, sketch, window::MAX_PACKETS, ClusterState, Outcome, Rule, Scope, SourceKey,
+};
+use limiter_tests::{
+    net,
+    packets::{self, DST4},
+    testrun::{coarse_now, on_cpu, online_cpus, verdict, Harness, XDP_DROP, XDP_PASS},
+};
+use limiter_user::{
+    kernel::{self, cluster, read, LoadOptions},
+    rules::{RuleSet, RuleSpec},
+};
+
+/// The rules under test, one per /8 of spoofed sources, in rule order
+/// (rule `i + 1`; the default is far above everything here).
+const KINDS: [(&str, &str); 5] = [
+    ("10 pps", "11.0.0.0/8"),
+    ("100 pps", "12.0.0.0/8"),
+    ("100 pps, block 60 s", "13.0.0.0/8"),
+    ("100 pps, cluster scope", "14.0.0.0/8"),
+    ("1000 pps", "15.0.0.0/8"),
+];
+/// Index in [`KINDS`] of the cluster-scoped rule.
+const CLUSTER_KIND: usize = 3;
+/// The rules of the single-source tests.
+const SMALL_NET: &str = "198.51.100.0/24";
+const PENALTY_NET: &str = "203.0.113.0/24";
+
+fn udp4(src: Ipv4Addr) -> Vec<u8> {
+    packets::udp_v4(src, DST4, 9999, 18)
+}
+
+/// A harness with the tiers on, [`KINDS`]' rules and the two single-source
+/// rules (10 pps for [`SMALL_NET`], 10 pps blocked for a minute for
+/// [`PENALTY_NET`]), the cluster kind made cluster-scoped in `RULES` as a
+/// push of a cluster rule writes it (`cluster::kernel_ready`), and a cluster
+/// state that is fresh, with a cold cap of half the allowance.
+fn harness() -> Harness {
+    let mut rules: Vec<RuleSpec> = KINDS
+        .iter()
+        .map(|(kind, cidr)| {
+            let pps = if kind.starts_with("10 pps") {
+                10
+            } else if kind.starts_with("1000") {
+                1000
+            } else {
+                100
+            };
+            let mut rule = RuleSpec::limit(net(cidr), pps);
+            if kind.contains("block") {
+                rule.limits.block = Some(Duration::from_secs(60));
+            }
+            rule
+        })
+        .collect();
+    rules.push(RuleSpec::limit(net(SMALL_NET), 10));
+    let mut penalty = RuleSpec::limit(net(PENALTY_NET), 10);
+    penalty.limits.block = Some(Duration::from_secs(60));
+    rules.push(penalty);
+    let set = RuleSet {
+        rules,
+        tiered: true,
+        ..RuleSet::with_default(RuleSpec::limit(net("0.0.0.0/0"), 100_000_000))
+    };
+    let mut harness = Harness::load_with(&LoadOptions::default());
+    assert_eq!(harness.push(&set), 1, "first generation");
+    let index = rules_base(1) + 1 + CLUSTER_KIND as u32;
+    let mut shared = harness.maps().rule(index).expect("the rule in RULES");
+    shared.set_scope(Scope::Cluster);
+    cluster::kernel_ready(&mut shared);
+    harness
+        .maps_mut()
+        .rules
+        .set(index, shared, 0)
+        .expect("writing the cluster-scoped rule");
+    let now = kernel::now().as_nanos() as u64;
+    let state = ClusterState::new(now, 600_000_000_000, 2, 2, 500);
+    cluster::write_state(harness.maps_mut(), state).expect("writing CLUSTER");
+    harness
+}
+
+/// Rule `i` of the first generation (0: the default), as the kernel reads it.
+fn rule(harness: &Harness, i: u32) -> Rule {
+    harness
+        .maps()
+        .rule(rules_base(1) + i)
+        .expect("the rule in RULES")
+}
+
+/// The rule of [`SMALL_NET`] and of [`PENALTY_NET`].
+const SMALL_RULE: u32 = KINDS.len() as u32 + 1;
+const PENALTY_RULE: u32 = KINDS.len() as u32 + 2;
+
+/// Spoofed source `i` of the /8 whose first octet is `first`.
+fn spoofed(first: u8, i: u32) -> Ipv4Addr {
+    Ipv4Addr::from((u32::from(first) << 24) | (i & 0x00ff_ffff))
+}
+
+/// The first octet of a [`KINDS`] prefix.
+fn first_octet(cidr: &str) -> u8 {
+    cidr.split('.').next().unwrap().parse().unwrap()
+}
+
+/// One frame from each of sources `range` of every kind in turn (a mixed
+/// flood: frame `j` of each kind, then `j + 1`), on the calling thread's
+/// CPU; per kind, how many passed.
+fn spray(program: &Xdp, range: Range<u32>) -> [u64; KINDS.len()] {
+    let mut frame = udp4(Ipv4Addr::UNSPECIFIED);
+    let mut passed = [0; KINDS.len()];
+    for i in range {
+        for (k, (_, cidr)) in KINDS.iter().enumerate() {
+            packets::set_source(&mut frame, spoofed(first_octet(cidr), i).into());
+            match verdict(program, &frame) {
+                XDP_PASS => passed[k] += 1,
+                XDP_DROP => {}
+                other => panic!("unexpected verdict {other}"),
+            }
+        }
+    }
+    passed
+}
+
+/// The spoofed sources per kind: 20,000 (100,000 frames in all, in about
+/// an epoch on this machine), or `$LIMITER_SMALL_FLOOD` (the kernel lane's
+/// software-emulated guests are slower).
+fn flood_sources() -> u32 {
+    match std::env::var("LIMITER_SMALL_FLOOD") {
+        Ok(n) => n.parse().expect("LIMITER_SMALL_FLOOD is a number"),
+        Err(_) => 20_000,
+    }
+}
+
+/// Windows in `WINDOWS` per first octet of their source.
+fn windows_by_octet(harness: &Harness) -> BTreeMap<u8, u64> {
+    let mut by = BTreeMap::new();
+    for key in read::windows(harness.maps()).expect("read WINDOWS").keys() {
+        *by.entry(key.addr[0]).or_default() += 1;
+    }
+    by
+}
+
+/// Waits (polling the kernel's clock) until `epochs` whole epochs of the
+/// cheap tier have begun since now: a source silent that long has left
+/// the sketch's two epochs.
+fn wait_epochs(epochs: u64) {
+    let from = coarse_now().as_nanos() as u64 / sketch::EPOCH_NS;
+    while (coarse_now().as_nanos() as u64 / sketch::EPOCH_NS) < from + epochs {
+        thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Waits for the first 50 ms of an epoch (a burst of a few ms then stays
+/// in one epoch and one window); returns the epoch.
+fn at_epoch_start() -> u64 {
+    loop {
+        let now = coarse_now().as_nanos() as u64;
+        if now % sketch::EPOCH_NS < 50_000_000 {
+            return now / sketch::EPOCH_NS;
+        }
+        thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Offers `n` frames of `frame` back to back on `cpu`; how many passed.
+fn burst(harness: &mut Harness, cpu: usize, frame: &[u8], n: u64) -> u64 {
+    harness.offer(cpu, frame, n).0
+}
+
+/// A spoofed flood of one-frame sources costs no window under a 10 pps
+/// limit, a penalty or cluster scope any more than under 1000 pps: each
+/// kind's sources are judged in the cheap tier (all admitted: each is far
+/// under its limit), and at most 1% of them take a window.
+#[test]
+fn a_spoofed_flood_takes_no_window_under_small_limits_penalties_or_cluster_scope() {
+    let mut harness = harness();
+    for (i, (kind, _)) in KINDS.iter().enumerate() {
+        assert!(
+            rule(&harness, i as u32 + 1).cheap_frames >= 10,
+            "{kind}: the cheap tier takes part"
+        );
+    }
+    let n = flood_sources();
+    let program = harness.program();
+    let passed = on_cpu(0, || spray(program, 0..n));
+    let windows = windows_by_octet(&harness);
+    let total = u64::from(n) * KINDS.len() as u64;
+    let cheap = harness.outcome_total(Outcome::Cheap).packets;
+    eprintln!("windows per kind: {windows:?}; cheap {cheap} of {total}");
+    for (k, (kind, cidr)) in KINDS.iter().enumerate() {
+        assert_eq!(
+            passed[k],
+            u64::from(n),
+            "{kind}: every source is under its limit"
+        );
+        let taken = windows.get(&first_octet(cidr)).copied().unwrap_or(0);
+        assert!(
+            taken * 100 <= u64::from(n),
+            "{kind}: {taken} of {n} one-frame sources took a window"
+        );
+    }
+    assert!(cheap * 100 >= total * 99, "{cheap} of {total} frames cheap");
+    assert!(
+        harness.outcome_total(Outcome::NewWindow).packets * 100 <= total,
+        "new windows"
+    );
+}
+
+/// A 10 pps limit admits 10 frames of a burst and no more, from one CPU
+/// or both at once: the cheap tier admits up to its 10 cheap frames, and
+/// the frame that leaves it charges them to the new window, which is then
+/// full.
+#[test]
+fn a_burst_under_a_small_limit_gets_its_allowance_and_not_the_cheap_frames_on_top() {
+    for cpus in [&[0][..], &[0, 1][..]] {
+        let mut harness = harness();
+        let allowance = rule(&harness, SMALL_RULE).allowance_packets;
+        assert_eq!(allowance, 10);
+        let frame = udp4(Ipv4Addr::new(198, 51, 100, 1));
+        let program = harness.program();
+        let epoch = at_epoch_start();
+        let passed: u64 = thread::scope(|scope| {
+            let senders: Vec<_> = cpus
+                .iter()
+                .map(|&cpu| {
+                    let frame = &frame;
+                    scope.spawn(move || {
+                        on_cpu(cpu, || {
+                            (0..3 * allowance)
+                                .filter(|_| verdict(program, frame) == XDP_PASS)
+                                .count() as u64
+                        })
+                    })
+                })
+                .collect();
+            senders.into_iter().map(|s| s.join().unwrap()).sum()
+        });
+        assert_eq!(
+            coarse_now().as_nanos() as u64 / sketch::EPOCH_NS,
+            epoch,
+            "the burst crossed an epoch: the machine stalled for most of a second"
+        );
+        assert_eq!(passed, allowance, "CPUs {cpus:?}");
+        let windows = read::windows(harness.maps()).expect("read WINDOWS");
+        let key = SourceKey::v4([198, 51, 100, 1]).with_class(rule(&harness, SMALL_RULE).budget);
+        let counted: u64 = windows[&key].slots.iter().map(|s| s[0] & MAX_PACKETS).sum();
+        assert!(
+            counted >= allowance,
+            "CPUs {cpus:?}: the window counts {counted}, at least the {allowance} admitted"
+        );
+    }
+}
+
+/// A source over a 10 pps limit, beside a spoofed flood on the other CPU,
+/// never gets more than its allowance in a window: the flood's sources
+/// share its counters in the sketch (they only make it look busier, which
+/// charges it a few frames early at worst), and a window that the sender
+/// offered plenty in admits at least half its allowance (the sliding
+/// window's buckets round a small allowance down in some fixed windows).
+#[test]
+fn a_small_limit_holds_beside_a_spoofed_flood() {
+    assert!(online_cpus() >= 2, "this test needs two CPUs");
+    let mut harness = harness();
+    let allowance = rule(&harness, SMALL_RULE).allowance_packets;
+    let frame = udp4(Ipv4Addr::new(198, 51, 100, 2));
+    let program = harness.program();
+    const WINDOWS: usize = 4;
+    let flooding = AtomicBool::new(true);
+    // (offset from the start on the kernel's clock, passed) per frame.
+    let sent: Vec<(Duration, bool)> = thread::scope(|scope| {
+        let flood = scope.spawn(|| {
+            on_cpu(1, || {
+                let mut i = 0;
+                while flooding.load(Ordering::Relaxed) {
+                    spray(program, i..i + 1_000);
+                    i += 1_000;
+                }
+            })
+        });
+        let sent = on_cpu(0, || {
+            let start = coarse_now();
+            let interval = Duration::from_secs(1) / (3 * allowance as u32);
+            let mut sent = Vec::new();
+            let mut next = Instant::now();
+            loop {
+                let at = coarse_now().saturating_sub(start);
+                if at >= Duration::from_secs(WINDOWS as u64) {
+                    return sent;
+                }
+                sent.push((at, verdict(program, &frame) == XDP_PASS));
+                next += interval;
+                thread::sleep(next.saturating_duration_since(Instant::now()));
+            }
+        });
+        flooding.store(false, Ordering::Relaxed);
+        flood.join().expect("flood thread");
+        sent
+    });
+    let (mut offered, mut admitted) = ([0u64; WINDOWS], [0u64; WINDOWS]);
+    for (at, passed) in &sent {
+        let k = at.as_secs() as usize;
+        if k < WINDOWS {
+            offered[k] += 1;
+            admitted[k] += u64::from(*passed);
+        }
+    }
+    eprintln!("offered {offered:?}, admitted {admitted:?}");
+    for k in 0..WINDOWS {
+        assert!(
+            admitted[k] <= allowance,
+            "window {k}: {} admitted of {allowance}; offered {offered:?}, admitted {admitted:?}",
+            admitted[k]
+        );
+        if offered[k] >= 2 * allowance {
+            assert!(
+                admitted[k] >= allowance / 2,
+                "window {k}: only {}; offered {offered:?}, admitted {admitted:?}",
+                admitted[k]
+            );
+        }
+    }
+    assert!(
+        offered.iter().filter(|o| **o >= 2 * allowance).count() >= 2,
+        "the sender was starved: {offered:?}"
+    );
+}
+
+/// A source whose window exists but which has been silent for two epochs
+/// reads nothing in the sketch: its next frames go the cheap way, and the
+/// frame that leaves the cheap tier charges them to the window it finds
+/// (not only to a window it creates). A burst then gets the allowance,
+/// not the allowance plus the cheap frames.
+#[test]
+fn a_source_back_from_silence_is_charged_what_the_cheap_tier_admitted() {
+    let mut harness = harness();
+    let allowance = rule(&harness, SMALL_RULE).allowance_packets;
+    let frame = udp4(Ipv4Addr::new(198, 51, 100, 3));
+    at_epoch_start();
+    assert_eq!(burst(&mut harness, 0, &frame, 3 * allowance), allowance);
+    assert!(
+        !harness.traffic().is_empty(),
+        "refused: the source has per-CPU state"
+    );
+    wait_epochs(2);
+    at_epoch_start();
+    let before = harness.outcome_total(Outcome::Cheap).packets;
+    assert_eq!(
+        burst(&mut harness, 0, &frame, 3 * allowance),
+        allowance,
+        "back from silence"
+    );
+    assert_eq!(
+        harness.outcome_total(Outcome::Cheap).packets - before,
+        allowance,
+        "its first frames went the cheap way again"
+    );
+}
+
+/// A blocked source (10 pps, blocked for a minute) is refused every frame
+/// while a spoofed flood runs on both CPUs, and after a silence long
+/// enough to leave the sketch (where nothing says it sent anything): its
+/// penalty mark keeps it out of the cheap tier, on the CPU that blocked it
+/// and on the other.
+#[test]
+fn a_blocked_source_stays_blocked_through_a_spoofed_flood_and_a_silence() {
+    let mut harness = harness();
+    let allowance = rule(&harness, PENALTY_RULE).allowance_packets;
+    let frame = udp4(Ipv4Addr::new(203, 0, 113, 9));
+    assert_eq!(harness.offer(0, &frame, allowance + 1), (allowance, 1));
+    let key = SourceKey::v4([203, 0, 113, 9]).with_class(rule(&harness, PENALTY_RULE).budget);
+    let blocked_until = read::windows(harness.maps()).expect("read WINDOWS")[&key].blocked_until_ns;
+    assert!(blocked_until > 0, "a penalty was armed");
+
+    // The flood, in chunks on alternating CPUs; after each, a frame of the
+    // blocked source on the same CPU.
+    let n = flood_sources();
+    let mut refused = 0;
+    for (k, first) in (0..n).step_by(2_000).enumerate() {
+        let cpu = k % 2;
+        let program = harness.program();
+        on_cpu(cpu, || spray(program, first..(first + 2_000).min(n)));
+        assert_eq!(
+            harness.offer(cpu, &frame, 1),
+            (0, 1),
+            "chunk {k}, CPU {cpu}"
+        );
+        refused += 1;
+    }
+    assert!(refused > 0);
+
+    // Silent for two epochs: the sketch has forgotten it.
+    wait_epochs(2);
+    for cpu in [0, 1] {
+        assert_eq!(
+            harness.offer(cpu, &frame, 2 * allowance),
+            (0, 2 * allowance),
+            "CPU {cpu}: every frame of a blocked source is dropped"
+        );
+    }
+    assert_eq!(
+        read::windows(harness.maps()).expect("read WINDOWS")[&key].blocked_until_ns,
+        blocked_until,
+        "the same penalty"
+    );
+}
+
+/// A cluster-scoped source's window counts every frame this node admitted
+/// for it, the cheap tier's included: a burst at the start of an epoch is
+/// admitted up to the cold cap (the cheap tier's frames are capped to it),
+/// and the window, which the cluster sync reads, holds exactly that.
+#[test]
+fn a_cluster_window_counts_every_frame_the_cheap_tier_admitted() {
+    let mut harness = harness();
+    let index = CLUSTER_KIND as u32 + 1;
+    let shared = rule(&harness, index);
+    assert_eq!(shared.scope(), Some(Scope::Cluster));
+    let cold_cap = shared.allowance_packets / 2;
+    assert!(
+        u64::from(shared.cheap_frames) > cold_cap,
+        "the cheap frames are capped in the kernel"
+    );
+    let frame = udp4(Ipv4Addr::new(14, 200, 0, 1));
+    let epoch = at_epoch_start();
+    let cheap_before = harness.outcome_total(Outcome::Cheap).packets;
+    let passed = burst(&mut harness, 0, &frame, 2 * shared.allowance_packets);
+    assert_eq!(
+        coarse_now().as_nanos() as u64 / sketch::EPOCH_NS,
+        epoch,
+        "the burst crossed an epoch: the machine stalled for most of a second"
+    );
+    assert_eq!(passed, cold_cap, "admitted up to the cold cap");
+    assert_eq!(
+        harness.outcome_total(Outcome::Cheap).packets - cheap_before,
+        cold_cap,
+        "all of it in the cheap tier"
+    );
+    let key = SourceKey::v4([14, 200, 0, 1]).with_class(shared.budget);
+    let counted: u64 = read::windows(harness.maps()).expect("read WINDOWS")[&key]
+        .slots
+        .iter()
+        .map(|s| s[0] & MAX_PACKETS)
+        .sum();
+    assert_eq!(counted, passed, "the window counts what was admitted");
+}
