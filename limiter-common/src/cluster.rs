@@ -116,6 +116,22 @@ impl ClusterState {
         cap(allowance, self.cold_divisor)
     }
 
+    /// Whether `frames` fit the cap of a source without a share at
+    /// `now_ns` (the fallback cap while the state is stale, else the cold
+    /// cap) under a rule allowing `allowance`: `frames * divisor <=
+    /// allowance`, the cap's test without its division (for the cheap
+    /// tier, which asks on every frame of a cluster rule).
+    #[inline(always)]
+    pub const fn within_cap(&self, frames: u64, allowance: u64, now_ns: u64) -> bool {
+        let divisor = if self.is_stale(now_ns) {
+            self.fallback_divisor
+        } else {
+            self.cold_divisor
+        };
+        let divisor = if divisor <= 1 { 1 } else { divisor as u64 };
+        frames.saturating_mul(divisor) <= allowance
+    }
+
     /// `allowance / fallback_divisor`: every source while the state is
     /// stale.
     #[inline(always)]
@@ -217,6 +233,29 @@ mod tests {
     fn abi_sizes_have_no_implicit_padding() {
         assert_eq!(core::mem::size_of::<ClusterShare>(), 16);
         assert_eq!(core::mem::size_of::<ClusterState>(), 8 + 8 + 4 * 4);
+    }
+
+    /// `within_cap` is `frames <= cap` for the cap a source without a
+    /// share gets, fresh or stale, without dividing.
+    #[test]
+    fn within_cap_is_the_cap_without_a_share() {
+        for (cold, fallback) in [(0, 0), (1, 1), (3, 2), (7, 1), (1000, 3)] {
+            for state in [
+                fresh(cold, fallback),
+                ClusterState::new(1, 1, cold, fallback, 0),
+            ] {
+                for allowance in [0, 1, 10, 99, 100, 1000] {
+                    let cap = state.effective_allowance(allowance, NOW, || None);
+                    for frames in 0..=allowance + 2 {
+                        assert_eq!(
+                            state.within_cap(frames, allowance, NOW),
+                            frames <= cap,
+                            "{state:?} {allowance} {frames}"
+                        );
+                    }
+                }
+            }
+        }
     }
 
     #[test]

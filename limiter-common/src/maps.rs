@@ -305,7 +305,7 @@ pub const SKETCH: MapSpec = MapSpec {
     pinned: true,
 };
 
-/// The penalty marks: cell (`sketch::mark_cell`) -> until when a source
+/// The penalty marks: cell (`sketch::mark_cell` of `PENALTY_CELLS`) -> until when a source
 /// of that cell may be blocked (ns), raised by the kernel when it arms a
 /// penalty. The cheap tier judges no frame of a rule with a `block` whose
 /// cell is marked, so a blocked source that fell silent (and left the
@@ -315,12 +315,12 @@ pub const PENALTY_MARKS: MapSpec = MapSpec {
     kind: MapKind::Array,
     key_size: INDEX,
     value_size: bytes::<u64>(),
-    max_entries: crate::sketch::MARK_CELLS,
+    max_entries: crate::sketch::PENALTY_CELLS,
     sizing: Sizing::Fixed,
     pinned: true,
 };
 
-/// The share marks: cell (`sketch::mark_cell`) -> until when a source of
+/// The share marks: cell (`sketch::mark_cell` of `SHARE_CELLS`) -> until when a source of
 /// that cell may have a cluster share (ns), raised by the daemon when it
 /// writes shares (the only writer: the kernel only reads it). The cheap
 /// tier judges no frame of a cluster-scoped rule whose cell is marked, so
@@ -331,7 +331,7 @@ pub const SHARE_MARKS: MapSpec = MapSpec {
     kind: MapKind::Array,
     key_size: INDEX,
     value_size: bytes::<u64>(),
-    max_entries: crate::sketch::MARK_CELLS,
+    max_entries: crate::sketch::SHARE_CELLS,
     sizing: Sizing::Fixed,
     pinned: true,
 };
@@ -502,7 +502,7 @@ mod tests {
         assert_eq!(RULES.expected_max_entries(1000, 10), Some(RULE_SLOTS));
         assert_eq!(STATS.expected_max_entries(1000, 10), Some(Outcome::COUNT));
         assert_eq!(SKETCH.expected_max_entries(1000, 10), Some(1 << 16));
-        assert_eq!(PENALTY_MARKS.expected_max_entries(1000, 10), Some(1 << 16));
+        assert_eq!(PENALTY_MARKS.expected_max_entries(1000, 10), Some(1 << 12));
         assert_eq!(SHARE_MARKS.expected_max_entries(1000, 10), Some(1 << 16));
         assert_eq!(PREFIXES_V4.expected_max_entries(1000, 10), None);
         assert_eq!(

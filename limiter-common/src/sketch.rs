@@ -165,20 +165,26 @@ pub const fn marked(word: u64, tag: u64, place: Place) -> u64 {
     word
 }
 
-/// Cells of the marks that keep a source out of the cheap tier
-/// (`PENALTY_MARKS`, `SHARE_MARKS`): until when a source whose cell it is
-/// may be blocked, or may have a cluster share (ns; 0: never).
-pub const MARK_CELLS: u32 = WORDS;
-/// Keys the marks' hash apart from the counters'.
-const MARK_SEED: u32 = 0x5bd1_e995;
+/// Cells of the penalty marks (`PENALTY_MARKS`): until when a source whose
+/// cell it is may be blocked (ns; 0: never). Few, so that the table stays
+/// in cache beside the sketch (every cheap frame of a rule with a `block`
+/// reads it): blocked sources are few, and a collision only sends a source
+/// to its window.
+pub const PENALTY_CELLS: u32 = 1 << 12;
+/// Cells of the share marks (`SHARE_MARKS`): until when a source whose cell
+/// it is may have a cluster share (ns; 0: never). As many as the sketch's
+/// entries: there may be as many shares as cluster sources synced.
+pub const SHARE_CELLS: u32 = WORDS;
 
-/// The mark cell of a source (its key's address and prefix length) under
-/// the rule whose budget is `budget`: penalties and shares belong to a
-/// window, and a window is keyed by the budget, not the frame's class.
-/// Keyed by `seed` like [`place`].
+/// The mark cell, among `cells` (a power of two), of the source whose
+/// place in the sketch, as keyed by its rule's budget rather than its
+/// frame's class, is `place` (penalties and shares belong to a window,
+/// and a window is keyed by the budget): the low bits of its entry, so
+/// that a source whose class is its budget (every source of a rule set
+/// without matches) needs no second hash.
 #[inline(always)]
-pub fn mark_cell(addr: &[u8; 16], ipv6: bool, prefix_len: u8, budget: u8, seed: u32) -> u32 {
-    place(addr, ipv6, prefix_len, budget, seed ^ MARK_SEED).word
+pub const fn mark_cell(place: Place, cells: u32) -> u32 {
+    place.word & (cells - 1)
 }
 
 /// Whether `word` counted a frame in the epoch tagged `tag` (a word never
@@ -427,19 +433,13 @@ mod tests {
     }
 
     #[test]
-    fn mark_cells_follow_the_budget_not_the_class_and_the_seed() {
+    fn mark_cells_are_the_low_bits_of_the_budgets_place() {
         let addr = v4(0xcb00_7101);
-        let cell = mark_cell(&addr, false, 32, 3, 9);
-        assert!(cell < MARK_CELLS);
-        assert_eq!(cell, mark_cell(&addr, false, 32, 3, 9));
-        let others = [
-            mark_cell(&addr, false, 32, 4, 9),
-            mark_cell(&addr, false, 32, 3, 10),
-            mark_cell(&v4(0xcb00_7102), false, 32, 3, 9),
-        ];
-        assert!(others.iter().all(|c| *c != cell), "{cell} vs {others:?}");
-        // Apart from where the same key counts.
-        assert_ne!(cell, place(&addr, false, 32, 3, 9).word);
+        let at = place(&addr, false, 32, 3, 9);
+        assert_eq!(mark_cell(at, SHARE_CELLS), at.word);
+        assert_eq!(mark_cell(at, PENALTY_CELLS), at.word % PENALTY_CELLS);
+        let other = place(&addr, false, 32, 4, 9);
+        assert_ne!(at.word, other.word, "another budget, another cell");
     }
 
     #[test]

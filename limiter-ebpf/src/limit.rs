@@ -221,14 +221,15 @@ fn tiered(config: &Config, key: &SourceKey, now: u64, len: u64) -> Tiered {
     let seen = shared::sketch_count(place, tag, sketch::HOT_FRAMES).unwrap_or(sketch::Seen::BUSY);
     let count = seen.total();
     let mut index = NO_RULE;
-    // Within the cheap frames, but marked: its frames go to its window
-    // (so none of them is the cheap tier's to charge).
+    // Within the cheap frames, but marked: this frame goes to its window,
+    // and so will the next ones (marked windowed below, even with nothing
+    // to charge).
     let mut marked = false;
     if count <= u32::from(config.cheap_max) {
         index = resolve(key, config.generation);
         if let Some(rule) = RULES.get(index) {
-            if count <= cheap_limit(rule, now) {
-                if !must_be_exact(config, key, rule, now) {
+            if within_cheap(rule, count, now) {
+                if !must_be_exact(config, key, rule, place, count, now) {
                     maps::count(Outcome::Cheap, len);
                     return Tiered::Judged(cheap(config, rule, index));
                 }
@@ -244,7 +245,7 @@ fn tiered(config: &Config, key: &SourceKey, now: u64, len: u64) -> Tiered {
     // frames charge nothing again. A source whose first frame this is (one
     // of a spoofed flood) is not marked: nothing to charge, and its mark
     // would only make its neighbours in the sketch look windowed.
-    let unwindowed = if seen.windowed() || marked {
+    let unwindowed = if seen.windowed() {
         0
     } else {
         count.saturating_sub(1)
@@ -284,59 +285,75 @@ fn tiered(config: &Config, key: &SourceKey, now: u64, len: u64) -> Tiered {
     exact(config, key, rule, index, count, unwindowed, now, len)
 }
 
-/// The frames of a source the cheap tier may admit over this epoch and
-/// the last under `rule`: its `cheap_frames`, and for a cluster-scoped
-/// rule at most the cap a source without a share gets on this node (the
-/// cold cap, or the fallback cap while the cluster state is stale), so
-/// that the frames charged on leaving the cheap tier fit that node's part.
+/// Whether the cheap tier may admit a frame of a source that reads `count`
+/// (this frame included) over this epoch and the last under `rule`: at
+/// most its `cheap_frames`, and for a cluster-scoped rule at most the cap
+/// a source without a share gets on this node (the cold cap, or the
+/// fallback cap while the cluster state is stale), so that the frames
+/// charged on leaving the cheap tier fit that node's part.
 #[inline(always)]
-fn cheap_limit(rule: &Rule, now: u64) -> u32 {
-    let frames = u32::from(rule.cheap_frames);
-    if frames == 0 || rule.scope() != Some(Scope::Cluster) {
-        return frames;
+fn within_cheap(rule: &Rule, count: u32, now: u64) -> bool {
+    if count > u32::from(rule.cheap_frames) {
+        return false;
     }
-    let Some(state) = CLUSTER.get(0) else {
-        return 0;
-    };
-    let cap = if state.is_stale(now) {
-        state.fallback_cap(rule.allowance_packets)
-    } else {
-        state.cold_cap(rule.allowance_packets)
-    };
-    if cap < u64::from(frames) {
-        cap as u32
-    } else {
-        frames
+    if rule.scope() != Some(Scope::Cluster) {
+        return true;
+    }
+    match CLUSTER.get(0) {
+        Some(state) => state.within_cap(u64::from(count), rule.allowance_packets, now),
+        None => false,
     }
 }
 
-/// Whether the source of `key` must be judged on its window under `rule`
-/// whatever the cheap tier counts: under a rule with a `block`, while its
-/// cell's penalty mark holds (it may be blocked); under a cluster-scoped
-/// rule, while its share mark does (it may have a share, perhaps smaller
-/// than the cheap frames). A marked source goes to its window, which knows.
+/// Whether the source of `key` (at `place` in the sketch, reading `count`)
+/// must be judged on its window under `rule` whatever the cheap tier
+/// counts: under a rule with a `block`, while its penalty mark holds (it
+/// may be blocked); under a cluster-scoped rule, while its share mark does
+/// (it may have a share, perhaps smaller than the cheap frames), from its
+/// second frame on: a spoofed flood's one-frame sources never read the
+/// share marks, and a source with a share gets at most one cheap frame
+/// after a silence, charged to its window by the next. A marked source goes
+/// to its window, which knows.
 #[inline(always)]
-fn must_be_exact(config: &Config, key: &SourceKey, rule: &Rule, now: u64) -> bool {
-    let marks = if rule.block_ns != 0 {
-        &PENALTY_MARKS
-    } else if rule.scope() == Some(Scope::Cluster) {
-        &SHARE_MARKS
+fn must_be_exact(
+    config: &Config,
+    key: &SourceKey,
+    rule: &Rule,
+    place: sketch::Place,
+    count: u32,
+    now: u64,
+) -> bool {
+    let (marks, cells) = if rule.block_ns != 0 {
+        (&PENALTY_MARKS, sketch::PENALTY_CELLS)
+    } else if rule.scope() == Some(Scope::Cluster) && count > 1 {
+        (&SHARE_MARKS, sketch::SHARE_CELLS)
     } else {
         return false;
     };
-    shared::marked(marks, mark_cell(config, key, rule), now)
+    let at = budget_place(config, key, rule, place);
+    shared::marked(marks, sketch::mark_cell(at, cells), now)
 }
 
-/// The mark cell of `key`'s source under `rule` (`sketch::mark_cell`).
+/// The sketch place of `key`'s source as keyed by `rule`'s budget (where
+/// its marks are): `place` itself when the frame's class is the budget.
 #[inline(always)]
-fn mark_cell(config: &Config, key: &SourceKey, rule: &Rule) -> u32 {
-    sketch::mark_cell(
-        &key.addr,
-        key.family() == AddressFamily::V6,
-        key.prefix_len,
-        rule.budget,
-        config.sketch_seed,
-    )
+fn budget_place(
+    config: &Config,
+    key: &SourceKey,
+    rule: &Rule,
+    place: sketch::Place,
+) -> sketch::Place {
+    if rule.budget == key.class {
+        place
+    } else {
+        sketch::place(
+            &key.addr,
+            key.family() == AddressFamily::V6,
+            key.prefix_len,
+            rule.budget,
+            config.sketch_seed,
+        )
+    }
 }
 
 /// After `limit` refused a source of `rule`: if a penalty holds it now
@@ -346,7 +363,14 @@ fn mark_cell(config: &Config, key: &SourceKey, rule: &Rule) -> u32 {
 #[inline(always)]
 fn note_penalty(config: &Config, key: &SourceKey, rule: &Rule, hold_until_ns: u64, now: u64) {
     if rule.block_ns != 0 && hold_until_ns > now {
-        shared::mark_penalty(mark_cell(config, key, rule), hold_until_ns);
+        let at = sketch::place(
+            &key.addr,
+            key.family() == AddressFamily::V6,
+            key.prefix_len,
+            rule.budget,
+            config.sketch_seed,
+        );
+        shared::mark_penalty(sketch::mark_cell(at, sketch::PENALTY_CELLS), hold_until_ns);
     }
 }
 

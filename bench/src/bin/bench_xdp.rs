@@ -19,7 +19,7 @@ use aya::{
     programs::Xdp,
 };
 use limiter_bench_objects::{baseline_program, load_baseline};
-use limiter_common::{Action, Counter, Outcome, DEFAULT_MAX_HOT_SOURCES};
+use limiter_common::{Action, Counter, Outcome, Scope, DEFAULT_MAX_HOT_SOURCES};
 use limiter_tests::{
     net, packets,
     testrun::{coarse_now, pin_current_thread, test_run, XDP_DROP, XDP_PASS},
@@ -139,8 +139,9 @@ fn single_runs(
 
 /// Rule set of the bench: the default limit far above any rate here, an
 /// allow rule, a 1 pps limit (the over-limit source), a byte limit (which
-/// turns leases off), and 1000 pps (the end-to-end benchmark's limit, under
-/// which a source's fourth frame in a second leaves the cheap tier).
+/// turns leases off), 100 pps over 2 s (no cheap frames: every new
+/// source takes a window), and 100 pps node-scoped, with a penalty, and
+/// cluster-scoped.
 fn rules(tiered: bool) -> RuleSet {
     let mut set = RuleSet::with_default(RuleSpec::limit(net("0.0.0.0/0"), 100_000_000));
     set.rules
@@ -151,7 +152,21 @@ fn rules(tiered: bool) -> RuleSet {
     let mut shared = RuleSpec::limit(net("203.0.113.128/25"), 100_000_000);
     shared.limits.bytes_per_second = Some(100_000_000_000);
     set.rules.push(shared);
-    set.rules.push(RuleSpec::limit(net("10.0.0.0/8"), 1000));
+    // A longer window than an epoch with a small allowance: no cheap
+    // frames, every frame in the exact tier.
+    let mut windowed = RuleSpec::limit(net("10.0.0.0/8"), 100);
+    windowed.limits.window = Duration::from_secs(2);
+    set.rules.push(windowed);
+    // The limits operators set, for the new-source cases: 100 pps, 100 pps
+    // with a penalty, and a cluster-scoped 100 pps (no daemon here: its
+    // cluster state reads as stale, so the fallback cap, its whole limit).
+    set.rules.push(RuleSpec::limit(net("11.0.0.0/8"), 100));
+    let mut penalty = RuleSpec::limit(net("12.0.0.0/8"), 100);
+    penalty.limits.block = Some(Duration::from_secs(10));
+    set.rules.push(penalty);
+    let mut shared = RuleSpec::limit(net("13.0.0.0/8"), 100);
+    shared.scope = Scope::Cluster;
+    set.rules.push(shared);
     set.tiered = tiered;
     set
 }
@@ -253,6 +268,9 @@ fn main() {
     // rule.
     let new_sources = fresh(Ipv4Addr::new(198, 18, 0, 0));
     let new_sources_untiered = fresh(Ipv4Addr::new(100, 64, 0, 0));
+    let new_sources_100 = fresh(Ipv4Addr::new(11, 0, 0, 0));
+    let new_sources_penalty = fresh(Ipv4Addr::new(12, 0, 0, 0));
+    let new_sources_cluster = fresh(Ipv4Addr::new(13, 0, 0, 0));
     let four_each = |base: Ipv4Addr| -> Frames {
         (0..SINGLE_FRAMES / 4)
             .flat_map(|i| {
@@ -262,9 +280,9 @@ fn main() {
             .collect()
     };
     let four_frames = four_each(Ipv4Addr::new(100, 96, 0, 0));
-    // Under the 1000 pps rule, whose sources leave the cheap tier at their
-    // fourth frame in a second (the exact tier: a window each).
-    let four_frames_1000 = four_each(Ipv4Addr::new(10, 0, 0, 0));
+    // Under the 100 pps rule over 2 s windows, which has no cheap frames:
+    // a window each, from the first frame.
+    let four_frames_windowed = four_each(Ipv4Addr::new(10, 0, 0, 0));
     // Group 0: the held source; group 1: a spoofed flood, one new source
     // per frame, one flood frame after each of the source's.
     let beside: Frames = (0..SINGLE_FRAMES / 2)
@@ -349,15 +367,30 @@ fn main() {
     let tiered = (lim_prog, &lim_stats);
     cases.extend(all_pass("new_source_each_packet", tiered, &new_sources));
     cases.extend(all_pass(
+        "new_source_each_packet_100pps",
+        tiered,
+        &new_sources_100,
+    ));
+    cases.extend(all_pass(
+        "new_source_each_packet_100pps_penalty",
+        tiered,
+        &new_sources_penalty,
+    ));
+    cases.extend(all_pass(
+        "new_source_each_packet_cluster",
+        tiered,
+        &new_sources_cluster,
+    ));
+    cases.extend(all_pass(
         "new_source_each_packet_tiers_off",
         (untiered_prog, &untiered_stats),
         &new_sources_untiered,
     ));
     cases.extend(all_pass("four_frames_then_quiet", tiered, &four_frames));
     cases.extend(all_pass(
-        "four_frames_then_quiet_1000pps",
+        "four_frames_then_quiet_windowed",
         tiered,
-        &four_frames_1000,
+        &four_frames_windowed,
     ));
     if wanted("heavy_beside_spoofed_flood") {
         cases.extend(heavy_beside_flood(lim_prog, &lim_stats, base_prog, &beside));
@@ -430,11 +463,26 @@ fn report(cases: &[Case]) {
     // The targets, each from its case (when it ran): what, the
     // case, and whether its (ns, ratio to the baseline) meet it.
     type Check = fn(f64, f64) -> bool;
-    let targets: [(&str, &str, Check); 4] = [
+    let targets: [(&str, &str, Check); 7] = [
         (
             "new source each frame <= 200 ns and <= 0.4x the baseline",
             "new_source_each_packet",
             |ns, ratio| ns <= 200.0 && ratio <= 0.4,
+        ),
+        (
+            "new source each frame, 100 pps <= 0.45x the baseline (ambition 0.35x)",
+            "new_source_each_packet_100pps",
+            |_, ratio| ratio <= 0.45,
+        ),
+        (
+            "new source each frame, 100 pps with a penalty <= 0.45x the baseline",
+            "new_source_each_packet_100pps_penalty",
+            |_, ratio| ratio <= 0.45,
+        ),
+        (
+            "new source each frame, cluster scope <= 0.45x the baseline",
+            "new_source_each_packet_cluster",
+            |_, ratio| ratio <= 0.45,
         ),
         (
             "four frames then quiet <= 250 ns per frame",

@@ -69,13 +69,15 @@ fn mark_shares(maps: &mut Maps, shares: &[(SourceKey, ClusterShare)]) -> Result<
     let seed = maps.live_config()?.sketch_seed;
     let mut wanted: HashMap<u32, u64> = HashMap::new();
     for (key, share) in shares {
-        let cell = sketch::mark_cell(
+        // The window key's class is the rule's budget.
+        let at = sketch::place(
             &key.addr,
             key.family() == AddressFamily::V6,
             key.prefix_len,
             key.class,
             seed,
         );
+        let cell = sketch::mark_cell(at, sketch::SHARE_CELLS);
         let until = wanted.entry(cell).or_default();
         *until = (*until).max(share.expires_ns);
     }
