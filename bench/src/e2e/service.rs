@@ -714,6 +714,7 @@ struct Snapshot {
     rx_packets: u64,
     tx_dropped: u64,
     tcp: BTreeMap<String, u64>,
+    tcp_tx: BTreeMap<String, u64>,
     ethtool_rx: BTreeMap<String, u64>,
     ethtool_tx: BTreeMap<String, u64>,
 }
@@ -723,7 +724,7 @@ impl Snapshot {
         let (sent, stalled_ns) = programs.sent();
         let (softirq_ticks, busy_ticks) = cpu_ticks();
         let (rx_packets, tcp) = lab.rx.enter(|| (net_dev(RX_IF, 1), tcp_ext()));
-        let tx_dropped = lab.tx.enter(|| net_dev(TX_IF, 11));
+        let (tx_dropped, tcp_tx) = lab.tx.enter(|| (net_dev(TX_IF, 11), tcp_ext()));
         let at = Instant::now();
         Self {
             at,
@@ -736,6 +737,7 @@ impl Snapshot {
             rx_packets,
             tx_dropped,
             tcp,
+            tcp_tx,
             ethtool_rx: ethtool_stats(&lab.rx, RX_IF),
             ethtool_tx: ethtool_stats(&lab.tx, TX_IF),
         }
@@ -791,11 +793,19 @@ pub struct ServiceRun {
     pub softirq_cpu: f64,
     pub nginx_cpu: f64,
     pub machine_cpu: f64,
-    /// Frames the clients' veth dropped on transmit per second (the peer's
-    /// receive ring was full).
-    pub client_veth_drops_per_s: f64,
-    /// The receiver's TcpExt counters (nonzero differences).
+    /// Frames the sending veth dropped on transmit per second because the
+    /// peer's receive ring was full, less the generator's (counted apart,
+    /// as `xdp_xmit_errors`): with the generator the clients' frames,
+    /// with hping3 its frames and the clients' alike.
+    pub veth_drops_per_s: f64,
+    /// The clients' SYNs sent again per second (TcpExt TCPSynRetrans of
+    /// the sending namespace, where only the clients speak TCP): each is a
+    /// connection attempt that went unanswered for a second or more.
+    pub client_syn_retrans_per_s: f64,
+    /// The receiver's and the clients' TcpExt counters (nonzero
+    /// differences).
     pub tcp: BTreeMap<String, u64>,
+    pub tcp_clients: BTreeMap<String, u64>,
     /// `ethtool -S` of both veth ends (nonzero differences).
     pub ethtool_rx: BTreeMap<String, u64>,
     pub ethtool_tx: BTreeMap<String, u64>,
@@ -892,11 +902,20 @@ pub fn run_once(
         // The veth counts the generator's frames refused by a full ring
         // (`xdp_xmit_errors`) among its transmit drops too: the rest were
         // the clients' (and ARP's).
-        client_veth_drops_per_s: (after.tx_dropped - before.tx_dropped).saturating_sub(
+        client_syn_retrans_per_s: after
+            .tcp_tx
+            .get("TCPSynRetrans")
+            .copied()
+            .unwrap_or(0)
+            .saturating_sub(before.tcp_tx.get("TCPSynRetrans").copied().unwrap_or(0))
+            as f64
+            / dt,
+        veth_drops_per_s: (after.tx_dropped - before.tx_dropped).saturating_sub(
             xmit_errors(&after.ethtool_tx).saturating_sub(xmit_errors(&before.ethtool_tx)),
         ) as f64
             / dt,
         tcp: diff(&after.tcp, &before.tcp),
+        tcp_clients: diff(&after.tcp_tx, &before.tcp_tx),
         ethtool_rx: diff(&after.ethtool_rx, &before.ethtool_rx),
         ethtool_tx: diff(&after.ethtool_tx, &before.ethtool_tx),
     })
@@ -1138,7 +1157,8 @@ impl ServiceCell {
             "softirq_cpu": med(&|r| r.softirq_cpu),
             "nginx_cpu": med(&|r| r.nginx_cpu),
             "machine_cpu": med(&|r| r.machine_cpu),
-            "client_veth_drops_per_s": med(&|r| r.client_veth_drops_per_s),
+            "veth_drops_per_s": med(&|r| r.veth_drops_per_s),
+            "client_syn_retrans_per_s": med(&|r| r.client_syn_retrans_per_s),
             "syncookies_sent_per_s": med(&|r| r.tcp_per_s("SyncookiesSent", d)),
             "listen_drops_per_s": med(&|r| r.tcp_per_s("ListenDrops", d)),
             "daemon_outcomes_per_s": self.outcomes,
@@ -1154,7 +1174,7 @@ impl ServiceCell {
             None => "-".to_string(),
         };
         format!(
-            "| {} | {:.1}% | {:.1} | {:.0} | {} | {:.0}% | {:.0}% | {:.0}% | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {:.1}% | {:.1} | {:.0} | {} | {:.0}% | {:.0}% | {:.0}% | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             self.filter.label(self.plan.reference_pps),
             self.stat(|r| r.success).median * 100.0,
             self.stat(|r| r.p50_ms).median,
@@ -1163,7 +1183,8 @@ impl ServiceCell {
             self.stat(|r| r.napi_cpu).median * 100.0,
             self.stat(|r| r.softirq_cpu).median * 100.0,
             self.stat(|r| r.nginx_cpu).median * 100.0,
-            rate(self.stat(|r| r.client_veth_drops_per_s).median),
+            rate(self.stat(|r| r.veth_drops_per_s).median),
+            rate(self.stat(|r| r.client_syn_retrans_per_s).median),
             rate(self.stat(|r| r.tcp_per_s("SyncookiesSent", d)).median),
             rate(self.stat(|r| r.tcp_per_s("ListenDrops", d)).median),
             per_s(OUTCOMES[0]),
@@ -1176,7 +1197,7 @@ impl ServiceCell {
 }
 
 /// The table's header (matching [`ServiceCell::row`]).
-pub const TABLE_HEADER: &str = "| filter | clients' success | p50 ms | p99 ms | flood sent | NAPI thread CPU | softirq CPU (all CPUs) | nginx CPU | client frames dropped at the veth /s | SYN cookies sent /s | listen drops /s | passed /s | dropped_limit /s | cheap /s | new_window /s | new_source /s |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|";
+pub const TABLE_HEADER: &str = "| filter | clients' success | p50 ms | p99 ms | flood sent | NAPI thread CPU | softirq CPU (all CPUs) | nginx CPU | frames dropped at the veth /s | clients' SYN retransmits /s | SYN cookies sent /s | listen drops /s | passed /s | dropped_limit /s | cheap /s | new_window /s | new_source /s |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|";
 
 /// Runs `filter`'s cell: a lab of its own with nginx, the filter, and
 /// `runs` runs at `plan`. `None` when interrupted.
