@@ -1,8 +1,9 @@
 //! A few seconds of the end-to-end benchmark's lab (`cargo xtask bench
 //! e2e`): the live-frames generator paces real traffic over veth to the
 //! real daemon, the sink counts what passed, and the figures the benchmark
-//! reports come out right. Also: every scenario's filter installs, and the
-//! lab leaves nothing behind.
+//! reports come out right. Also: every scenario's filter installs, the
+//! lab leaves nothing behind, and the service scenario (nginx, clients, a
+//! SYN flood) runs and reports in a few seconds.
 
 use std::{
     path::Path,
@@ -14,6 +15,7 @@ use limiter_bench::e2e::{
     lab::{Lab, RX_CPU, RX_IF},
     measure::{run_once, Timing},
     scenario::{Installed, Limit, Scenario},
+    service::{self, Attach, Filter, FloodTool, Plan, Variant},
     traffic::{Mix, Programs, Rate},
 };
 
@@ -192,4 +194,56 @@ fn every_scenario_installs_its_filter() {
             }
         }
     }
+}
+
+/// The service scenario (issue 26) in a few seconds: nginx in the lab, 10
+/// clients and a paced spoofed SYN flood from the generator, xdp-limiter
+/// native at 1000 pps. The clients are all answered quickly, the flood is
+/// sent at its rate and reaches the server (SYN cookies), and the
+/// daemon's outcome counters come back.
+#[test]
+fn service_clients_are_answered_under_a_paced_syn_flood() {
+    let _serial = serial();
+    let plan = Plan {
+        clients: 10,
+        client_rate: 5.0,
+        duration: Duration::from_secs(2),
+        timeout: Duration::from_secs(3),
+        flood_pps: 20_000,
+        flood_tool: FloodTool::Generator,
+        reference_pps: 100,
+    };
+    let filter = Filter::Limiter {
+        attach: Attach::Native,
+        pps: 1000,
+        variant: Variant::Node,
+    };
+    let cell = service::run_cell(filter, &plan, 1, &AtomicBool::new(false))
+        .expect("the service cell runs")
+        .expect("not interrupted");
+    let run = &cell.runs[0];
+    eprintln!("{}", cell.json());
+    assert_eq!(run.scheduled, 100, "10 clients x 5/s x 2 s");
+    assert!(run.success >= 0.99, "success {}: {run:?}", run.success);
+    assert!(run.p99_ms < 500.0, "p99 {} ms", run.p99_ms);
+    let paced = plan.flood_pps as f64 * (1.0 - run.flood_stalled);
+    assert!(
+        (run.flood_pps / paced - 1.0).abs() < 0.1,
+        "flood {} pps, paced at {} for {:.1}% of the time",
+        run.flood_pps,
+        plan.flood_pps,
+        (1.0 - run.flood_stalled) * 100.0
+    );
+    let cookies = run.tcp.get("SyncookiesSent").copied().unwrap_or(0) as f64;
+    assert!(
+        cookies > 0.5 * run.flood_pps * 2.0,
+        "the flood's SYNs reach the listener: {:?}",
+        run.tcp
+    );
+    let outcomes = cell.outcomes.as_ref().expect("the daemon's outcomes");
+    // At 1000 pps spoofed sources (one frame each) stay in the cheap tier.
+    assert!(
+        outcomes.get("cheap").copied().unwrap_or(0.0) > 0.5 * plan.flood_pps as f64,
+        "{outcomes:?}"
+    );
 }

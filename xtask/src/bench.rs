@@ -19,7 +19,9 @@ pub enum Which {
     /// End to end over veth: receiver CPU per packet and admitted traffic
     /// of xdp-limiter against no filter, nftables (input and ingress),
     /// iptables hashlimit and an XDP drop-all floor; rewrites the results
-    /// in docs/benchmarks.md. About 10 minutes.
+    /// in docs/benchmarks.md. About 10 minutes. `-- --modes service`: a
+    /// web server (nginx) and 50 clients under a spoofed SYN flood, with
+    /// each filter in front (issue 26), about 12 minutes.
     E2e {
         /// Arguments for the benchmark (see `-- --help`).
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]

@@ -7,9 +7,9 @@
 //!    libfaketime), and the kernel lane's qemu, busybox and the Debian
 //!    kernel packages it boots (`kernel::KERNELS`; installing one only
 //!    puts its files in /boot and /lib/modules).
-//!    Debian starts and enables redis-server as a service on install; the
-//!    tests start their own servers in namespaces, so setup stops and
-//!    disables that service.
+//!    Debian starts and enables redis-server and nginx as services on
+//!    install; the tests and benchmarks start their own servers in
+//!    namespaces, so setup stops and disables those services.
 //! 2. A rustup toolchain `debian` linked to /usr.
 //! 3. A one-symlink LLVM prefix for the LLVM major that rustc uses.
 //! 4. bpf-linker, at a pinned version, built against that LLVM.
@@ -44,6 +44,11 @@ const DEBIAN_PACKAGES: &[&str] = &[
     // redis-server (and redis-cli, in redis-tools) in a namespace.
     "redis-server",
     "redis-tools",
+    // The end-to-end benchmark's service scenario (issue 26): a real web
+    // server under a spoofed SYN flood, and the flood tool of its hping3
+    // variant.
+    "nginx-light",
+    "hping3",
     // The cluster scenario with one node's wall clock 2 s off
     // (tests/tests/cluster_scenarios.rs preloads libfaketime).
     "faketime",
@@ -56,7 +61,8 @@ const LIB_DIR: &str = "/usr/lib/x86_64-linux-gnu";
 
 pub fn run() -> anyhow::Result<()> {
     install_debian_packages()?;
-    quiet_redis_service()?;
+    quiet_service("redis-server")?;
+    quiet_service("nginx")?;
     link_toolchain()?;
     let llvm_major = llvm_major()?;
     let prefix = llvm_shim(llvm_major)?;
@@ -90,37 +96,30 @@ fn install_debian_packages() -> anyhow::Result<()> {
     )
 }
 
-/// Stops and disables the system's redis-server service if the package's
-/// install started or enabled it: nothing of the tests needs it, and a
-/// server on 6379 left running would take memory and confuse a reader of
-/// `ss -ltn` (the tests' servers live in namespaces of their own).
-fn quiet_redis_service() -> anyhow::Result<()> {
+/// Stops and disables the system's `name` service (redis-server, nginx)
+/// if the package's install started or enabled it: nothing of the tests
+/// needs it, and a server on 6379 or 80 left running would take memory
+/// and confuse a reader of `ss -ltn` (the tests' and benchmarks' servers
+/// live in namespaces of their own).
+fn quiet_service(name: &str) -> anyhow::Result<()> {
+    let unit = format!("{name}.service");
+    let script = format!("/etc/init.d/{name}");
     if Path::new("/run/systemd/system").exists() {
-        let enabled =
-            run::stdout_ok(Command::new("systemctl").args(["is-enabled", "redis-server.service"]))
-                .is_some_and(|s| s.trim() == "enabled");
-        let active = run::output(Command::new("systemctl").args([
-            "is-active",
-            "--quiet",
-            "redis-server.service",
-        ]))
-        .is_some_and(|o| o.status.success());
+        let enabled = run::stdout_ok(Command::new("systemctl").args(["is-enabled", &unit]))
+            .is_some_and(|s| s.trim() == "enabled");
+        let active = run::output(Command::new("systemctl").args(["is-active", "--quiet", &unit]))
+            .is_some_and(|o| o.status.success());
         if enabled || active {
-            eprintln!("setup: stopping and disabling the redis-server service");
-            run::status(Command::new("systemctl").args([
-                "disable",
-                "--now",
-                "redis-server.service",
-            ]))?;
+            eprintln!("setup: stopping and disabling the {name} service");
+            run::status(Command::new("systemctl").args(["disable", "--now", &unit]))?;
         }
-    } else if Path::new("/etc/init.d/redis-server").exists()
-        && run::output(Command::new("/etc/init.d/redis-server").arg("status"))
-            .is_some_and(|o| o.status.success())
+    } else if Path::new(&script).exists()
+        && run::output(Command::new(&script).arg("status")).is_some_and(|o| o.status.success())
     {
         // No systemd (containers): the package's init script may have
         // started it.
-        eprintln!("setup: stopping the redis-server service");
-        run::status(Command::new("/etc/init.d/redis-server").arg("stop"))?;
+        eprintln!("setup: stopping the {name} service");
+        run::status(Command::new(&script).arg("stop"))?;
     }
     Ok(())
 }

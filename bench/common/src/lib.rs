@@ -19,7 +19,7 @@ mod user {
 
     // The claim the impls below rest on: neither type has padding, so
     // none of their bytes is uninitialised.
-    const _: () = assert!(size_of::<GenConfig>() == 64 && size_of::<GenState>() == 56);
+    const _: () = assert!(size_of::<GenConfig>() == 72 && size_of::<GenState>() == 56);
 
     // SAFETY: #[repr(C)] structs of integers and byte arrays whose fields
     // leave no padding (asserted above): every bit pattern is valid and no

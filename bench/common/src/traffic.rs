@@ -10,6 +10,10 @@
 //! (few, far over it) and *random* sources (a new address nearly every
 //! frame: a spoofed flood). A source is IPv4 or IPv6 for good, decided by a
 //! hash of its index, so per-source counts mean the same in every tool.
+//!
+//! With [`GenConfig::tcp_syn`] set the generator sends TCP SYNs instead
+//! (IPv4 only, no stamp): the spoofed SYN flood of the end-to-end
+//! benchmark's service scenario, aimed at a real server's listening port.
 
 /// Length of every generated frame (Ethernet header included): the same for
 /// IPv4 and IPv6, so both cost the same to move.
@@ -48,6 +52,9 @@ pub mod names {
     pub const GENERATOR: &str = "xdp_generate";
     /// XDP program that drops every frame: the cost floor.
     pub const DROP_ALL: &str = "xdp_drop_all";
+    /// XDP program that passes every frame: what attaching any native XDP
+    /// program costs a veth receiver, before the program does anything.
+    pub const PASS: &str = "xdp_pass";
     /// XDP program that counts per source and drops: the floor of any
     /// per-source state.
     pub const COUNT_DROP: &str = "xdp_count_drop";
@@ -86,6 +93,11 @@ pub struct GenConfig {
     pub dst_v6: [u8; 16],
     pub src_mac: [u8; 6],
     pub dst_mac: [u8; 6],
+    /// Nonzero: every frame is an IPv4 TCP SYN to `dst_v4:dst_port` (a
+    /// SYN flood; `ipv6_share` is ignored), not a stamped UDP datagram.
+    pub tcp_syn: u8,
+    /// Explicit padding, so no byte of the struct is uninitialised.
+    pub reserved: [u8; 7],
 }
 
 /// The generator's per-CPU state and counters.
@@ -280,7 +292,9 @@ fn put16(frame: &mut [u8; FRAME_LEN], at: usize, value: u16) {
 pub fn write_frame(frame: &mut [u8; FRAME_LEN], config: &GenConfig, pick: &Pick) {
     frame[0..6].copy_from_slice(&config.dst_mac);
     frame[6..12].copy_from_slice(&config.src_mac);
-    if pick.ipv6 {
+    if config.tcp_syn != 0 {
+        write_ipv4_syn(frame, config, pick);
+    } else if pick.ipv6 {
         write_ipv6(frame, config, pick);
     } else {
         write_ipv4(frame, config, pick);
@@ -333,6 +347,53 @@ fn write_ipv6(frame: &mut [u8; FRAME_LEN], config: &GenConfig, pick: &Pick) {
     put16(frame, L4_V6 + 6, csum);
 }
 
+/// Length of the SYN's IPv4 datagram: a 20-byte IPv4 header and a 20-byte
+/// TCP header without options. The rest of the frame is Ethernet padding,
+/// which the receiver's stack trims by the IPv4 total length.
+const SYN_IP_LEN: usize = 40;
+
+/// An IPv4 TCP SYN from the pick's address (its IPv4 form, even for an
+/// IPv6 pick) to `dst_v4:dst_port`, with a source port and sequence number
+/// from the pick's bits and valid IPv4 and TCP checksums, so the server's
+/// stack takes it to the listening socket as a connection attempt.
+fn write_ipv4_syn(frame: &mut [u8; FRAME_LEN], config: &GenConfig, pick: &Pick) {
+    put16(frame, 12, 0x0800);
+    frame[14] = 0x45;
+    frame[15] = 0;
+    put16(frame, 16, SYN_IP_LEN as u16);
+    put16(frame, 18, 0); // id
+    put16(frame, 20, 0x4000); // don't fragment
+    frame[22] = 64; // ttl
+    frame[23] = 6; // TCP
+    put16(frame, 24, 0);
+    frame[26..30].copy_from_slice(&source_v4(pick));
+    frame[30..34].copy_from_slice(&config.dst_v4);
+    let csum = fold(sum_words(&frame[14..34]));
+    put16(frame, 24, csum);
+    let i = pick.index;
+    // Ephemeral-looking source ports (1024 and up) and a sequence number
+    // that differ from frame to frame, as a flooding tool's do.
+    put16(
+        frame,
+        L4_V4,
+        1024 | ((i as u16 & 0x7fff) ^ (i >> 17) as u16),
+    );
+    put16(frame, L4_V4 + 2, config.dst_port);
+    let seq = i.wrapping_mul(0x9e37_79b9);
+    frame[L4_V4 + 4..L4_V4 + 8].copy_from_slice(&seq.to_be_bytes());
+    frame[L4_V4 + 8..L4_V4 + 12].fill(0); // ack
+    frame[L4_V4 + 12] = 5 << 4; // data offset: 5 words, no options
+    frame[L4_V4 + 13] = 0x02; // SYN
+    put16(frame, L4_V4 + 14, 64_240); // window
+    put16(frame, L4_V4 + 16, 0); // checksum, below
+    put16(frame, L4_V4 + 18, 0); // urgent pointer
+    frame[14 + SYN_IP_LEN..].fill(0);
+    // Pseudo-header (addresses, protocol, TCP length) plus the header.
+    let tcp_len = (SYN_IP_LEN - 20) as u32;
+    let sum = sum_words(&frame[26..34]) + 6 + tcp_len + sum_words(&frame[L4_V4..L4_V4 + 20]);
+    put16(frame, L4_V4 + 16, fold(sum));
+}
+
 /// The UDP header at `L4`, the stamp, and zero padding to the frame end.
 #[inline(always)]
 fn write_udp<const L4: usize>(frame: &mut [u8; FRAME_LEN], config: &GenConfig, pick: &Pick) {
@@ -382,7 +443,7 @@ mod tests {
     fn no_implicit_padding() {
         assert_eq!(
             core::mem::size_of::<GenConfig>(),
-            8 + 5 * 4 + 2 * 2 + 4 + 16 + 12
+            8 + 5 * 4 + 2 * 2 + 4 + 16 + 12 + 8
         );
         assert_eq!(
             core::mem::size_of::<GenState>(),
@@ -465,5 +526,46 @@ mod tests {
             assert_eq!(sink_slot(&stamp), expected);
         }
         assert_eq!(sink_slot(&[0; STAMP_LEN]), SINK_UNKNOWN);
+    }
+
+    /// The one's-complement sum of a correct checksum's range, folded,
+    /// is zero.
+    fn verifies(sum: u32) -> bool {
+        fold(sum) == 0
+    }
+
+    #[test]
+    fn syn_frames_are_valid_ipv4_tcp_syns_from_random_sources() {
+        let config = GenConfig {
+            tcp_syn: 1,
+            dst_port: 80,
+            dst_v4: [198, 18, 0, 1],
+            ipv6_share: SHARE_ONE,
+            ..GenConfig::default()
+        };
+        let mut state = GenState::default();
+        let mut sources = [[0u8; 4]; 64];
+        for source in sources.iter_mut() {
+            let pick = pick(&config, &mut state);
+            assert_eq!(pick.class, CLASS_RANDOM, "no light or heavy sources");
+            let mut frame = [0xaa; FRAME_LEN];
+            write_frame(&mut frame, &config, &pick);
+            assert_eq!(&frame[12..14], &[0x08, 0x00], "IPv4 even for an IPv6 pick");
+            assert_eq!(frame[23], 6);
+            assert_eq!(u16::from_be_bytes([frame[16], frame[17]]), 40);
+            assert!(verifies(sum_words(&frame[14..34])), "IPv4 header checksum");
+            let tcp_sum = sum_words(&frame[26..34]) + 6 + 20 + sum_words(&frame[34..54]);
+            assert!(verifies(tcp_sum), "TCP checksum");
+            assert_eq!(u16::from_be_bytes([frame[36], frame[37]]), 80);
+            assert_eq!(frame[47], 0x02, "SYN only");
+            assert!(u16::from_be_bytes([frame[34], frame[35]]) >= 1024);
+            assert!(frame[54..].iter().all(|&b| b == 0), "zero padding");
+            source.copy_from_slice(&frame[26..30]);
+            assert_eq!(source[0], 10);
+            assert!(source[1] >= 0x80, "random sources are 10.128.0.0/9");
+        }
+        sources.sort();
+        let distinct = 1 + sources.windows(2).filter(|w| w[0] != w[1]).count();
+        assert!(distinct >= 60, "{distinct} distinct sources of 64");
     }
 }

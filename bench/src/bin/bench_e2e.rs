@@ -6,12 +6,22 @@
 //! run several times; it prints a line and a JSON line per cell, and
 //! regenerates the results section and plots of docs/benchmarks.md.
 //!
+//! The `service` mode (`--modes service`, not part of the default run) is
+//! issue 26's scenario: nginx in the receiving namespace, 50 polite
+//! clients, a spoofed SYN flood, and each filter in turn (no filter, a
+//! native XDP_PASS program, an nftables meter, iptables hashlimit, and
+//! xdp-limiter native and generic at several limits, with and without a
+//! penalty, node and cluster scope); the clients' success and latency per
+//! filter, and its own section of docs/benchmarks.md
+//! (`limiter_bench::e2e::service`).
+//!
 //! SIGINT/SIGTERM stop it between steps; every namespace, rule, daemon and
 //! pin it made goes as it unwinds.
 
 use std::{
     path::PathBuf,
     process::Command,
+    sync::atomic::AtomicBool,
     time::{Duration, Instant},
 };
 
@@ -21,6 +31,7 @@ use limiter_bench::e2e::{
     measure::{run_once, Timing},
     report::{self, Cell, Load, Mode, Setup},
     scenario::{Limit, Scenario},
+    service::{self, Filter, FloodTool, Plan, Variant},
     traffic::{Mix, Programs, Rate},
 };
 
@@ -51,7 +62,8 @@ struct Args {
     /// Only these scenarios (comma separated); docs are then not written.
     #[arg(long, value_delimiter = ',')]
     scenarios: Vec<String>,
-    /// Only these traffic modes (mixed, random); docs are then not written.
+    /// Only these traffic modes (mixed, random, service; by default mixed
+    /// and random); docs are then written for the complete ones.
     #[arg(long, value_delimiter = ',')]
     modes: Vec<String>,
     /// Do not rewrite docs/benchmarks.md and its plots.
@@ -63,6 +75,39 @@ struct Args {
     /// its cheap tier (`cheap_frames` grows with the limit).
     #[arg(long, default_value_t = LIMIT.pps)]
     pps: u64,
+    /// Service mode: runs per filter.
+    #[arg(long, default_value_t = 3)]
+    service_runs: usize,
+    /// Service mode: seconds the clients and the flood run per run.
+    #[arg(long, default_value_t = 6.0)]
+    flood_secs: f64,
+    /// Service mode: the spoofed SYN flood's rate (frames per second).
+    #[arg(long, default_value_t = 100_000)]
+    flood_pps: u64,
+    /// Service mode: only these filters (no-filter, xdp-pass, nft-meter,
+    /// iptables-hashlimit, xdp-limiter-native, xdp-limiter-generic).
+    #[arg(long, value_delimiter = ',')]
+    service_filters: Vec<String>,
+    /// Service mode: xdp-limiter's limits (pps).
+    #[arg(long, value_delimiter = ',', default_values_t = [10, 100, 1000])]
+    service_limits: Vec<u64>,
+    /// Service mode: xdp-limiter's rules (node, block, cluster).
+    #[arg(long, value_delimiter = ',', default_values_t = ["node".to_string(), "block".to_string(), "cluster".to_string()])]
+    service_variants: Vec<String>,
+    /// Service mode: polite clients (one address each) and requests per
+    /// second each.
+    #[arg(long, default_value_t = 50)]
+    clients: usize,
+    #[arg(long, default_value_t = 5.0)]
+    client_rate: f64,
+    /// Service mode: what sends the flood: generator (the live-frames
+    /// generator, paced at --flood-pps) or hping3 (unpaced, through the
+    /// sending namespace's stack; issue 26's set-up).
+    #[arg(long, default_value = "generator")]
+    flood_tool: String,
+    /// Service mode: nftables' and hashlimit's per-source limit.
+    #[arg(long, default_value_t = 100)]
+    reference_pps: u64,
 }
 
 /// The traffic of the two modes: 20,000 light sources (each far under the
@@ -125,13 +170,35 @@ fn main() {
         burst: args.pps,
     };
     let started = Instant::now();
+    for mode in &args.modes {
+        if !["mixed", "random", "service"].contains(&mode.as_str()) {
+            eprintln!("unknown mode {mode:?}; known: mixed, random, service");
+            std::process::exit(2)
+        }
+    }
+    let wants = |mode: &str| {
+        if args.modes.is_empty() {
+            mode != "service"
+        } else {
+            args.modes.iter().any(|m| m == mode)
+        }
+    };
+    if wants("service") {
+        if let Err(e) = service(&args, &interrupted) {
+            eprintln!("service mode: {e:#}");
+            std::process::exit(1)
+        }
+    }
+    if !wants("mixed") && !wants("random") {
+        return;
+    }
     let mut cells = Vec::new();
     'scenarios: for scenario in &scenarios {
         let lab = Lab::new();
         let mut programs = Programs::load(&lab, &MIXED);
         let _installed = scenario.install(&lab, &mut programs, limit);
         for mode in [Mode::Mixed, Mode::Random] {
-            if !args.modes.is_empty() && !args.modes.iter().any(|m| m == mode.name()) {
+            if !wants(mode.name()) {
                 continue;
             }
             let mix = match mode {
@@ -236,6 +303,90 @@ fn main() {
     report::write_docs(&doc, &root.join("docs/img"), &setup, &cells)
         .unwrap_or_else(|e| panic!("writing {}: {e:#}", doc.display()));
     eprintln!("wrote {} and its plots", doc.display());
+}
+
+/// The service scenario's matrix: one cell per filter, a table row and a
+/// JSON line each; its section of docs/benchmarks.md when the whole
+/// default matrix ran.
+fn service(args: &Args, interrupted: &AtomicBool) -> anyhow::Result<()> {
+    let variants = args
+        .service_variants
+        .iter()
+        .map(|name| {
+            Variant::ALL
+                .into_iter()
+                .find(|v| v.name() == name)
+                .ok_or_else(|| anyhow::anyhow!("unknown variant {name:?}: node, block, cluster"))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    for kind in &args.service_filters {
+        if !Filter::KINDS.contains(&kind.as_str()) {
+            anyhow::bail!(
+                "unknown filter {kind:?}; known: {}",
+                Filter::KINDS.join(", ")
+            );
+        }
+    }
+    let filters = Filter::matrix(&args.service_filters, &args.service_limits, &variants);
+    let plan = Plan {
+        clients: args.clients,
+        client_rate: args.client_rate,
+        duration: Duration::from_secs_f64(args.flood_secs),
+        timeout: Duration::from_secs(3),
+        flood_pps: args.flood_pps,
+        flood_tool: match args.flood_tool.as_str() {
+            "generator" => FloodTool::Generator,
+            "hping3" => FloodTool::Hping3,
+            other => anyhow::bail!("unknown flood tool {other:?}: generator, hping3"),
+        },
+        reference_pps: args.reference_pps,
+    };
+    let started = Instant::now();
+    eprintln!("{}", service::TABLE_HEADER);
+    let mut cells = Vec::new();
+    for filter in &filters {
+        let Some(cell) = service::run_cell(*filter, &plan, args.service_runs, interrupted)? else {
+            eprintln!("interrupted: cleaning up");
+            return Ok(());
+        };
+        eprintln!("{}", cell.row());
+        println!("{}", cell.json());
+        cells.push(cell);
+    }
+    eprintln!(
+        "{} service cells in {:.0} s",
+        cells.len(),
+        started.elapsed().as_secs_f64()
+    );
+    let defaults = Args::parse_from(["bench-e2e"]);
+    let complete = args.service_filters.is_empty()
+        && args.service_limits == defaults.service_limits
+        && args.service_variants == defaults.service_variants
+        && (
+            args.clients,
+            args.client_rate,
+            args.flood_pps,
+            args.reference_pps,
+        ) == (
+            defaults.clients,
+            defaults.client_rate,
+            defaults.flood_pps,
+            defaults.reference_pps,
+        );
+    if args.no_docs || !complete {
+        return Ok(());
+    }
+    let doc = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../docs/benchmarks.md");
+    service::write_docs(
+        &doc,
+        plan.flood_tool,
+        &date(),
+        &machine(),
+        &service::describe(&plan, args.service_runs),
+        &cells,
+    )?;
+    eprintln!("wrote the service section of {}", doc.display());
+    Ok(())
 }
 
 fn describe(mix: &Mix) -> String {

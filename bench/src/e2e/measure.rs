@@ -139,7 +139,7 @@ pub fn run_once(
 
 /// Sleeps `total` (this is measurement time, not synchronisation) in short
 /// steps, returning `None` as soon as `interrupted` is set.
-fn pause(total: Duration, interrupted: &AtomicBool) -> Option<()> {
+pub fn pause(total: Duration, interrupted: &AtomicBool) -> Option<()> {
     let end = Instant::now() + total;
     loop {
         if interrupted.load(Ordering::Relaxed) {

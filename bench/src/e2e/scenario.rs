@@ -164,7 +164,7 @@ pub fn start_limiter(lab: &Lab, config: &str) -> (Daemon, Files) {
 
 /// The nftables rules: one dynamic set per family, elements expire after
 /// 10 s of silence.
-fn nft_ruleset(family: &str, hook: &str, limit: Limit) -> String {
+pub(crate) fn nft_ruleset(family: &str, hook: &str, limit: Limit) -> String {
     let Limit { pps, burst } = limit;
     let (v4, v6) = match family {
         "netdev" => ("meta protocol ip", "meta protocol ip6"),
@@ -183,7 +183,7 @@ fn nft_ruleset(family: &str, hook: &str, limit: Limit) -> String {
     )
 }
 
-fn nft(lab: &Lab, ruleset: &str) {
+pub(crate) fn nft(lab: &Lab, ruleset: &str) {
     use std::io::Write;
     let mut child = lab
         .rx
@@ -208,7 +208,7 @@ fn nft(lab: &Lab, ruleset: &str) {
     );
 }
 
-fn hashlimit_rule(name: &str, limit: Limit) -> Vec<String> {
+pub(crate) fn hashlimit_rule(name: &str, limit: Limit) -> Vec<String> {
     let rule = format!(
         "-A INPUT -m hashlimit --hashlimit-mode srcip --hashlimit-above {}/sec \
          --hashlimit-burst {} --hashlimit-name {name} --hashlimit-htable-size 65536 \

@@ -119,7 +119,12 @@ impl Programs {
             .map_max_entries(names::COUNT_SOURCES, TABLE_SIZE)
             .load(BENCH_TRAFFIC_OBJECT)
             .expect("load the bench object");
-        for name in [names::GENERATOR, names::DROP_ALL, names::COUNT_DROP] {
+        for name in [
+            names::GENERATOR,
+            names::DROP_ALL,
+            names::PASS,
+            names::COUNT_DROP,
+        ] {
             let program: &mut Xdp = ebpf
                 .program_mut(name)
                 .unwrap_or_else(|| panic!("{name} missing"))
@@ -193,12 +198,35 @@ impl Programs {
             dst_v6: RX_V6.octets(),
             src_mac: lab.tx_mac,
             dst_mac: lab.rx_mac,
+            tcp_syn: 0,
+            reserved: [0; 7],
         };
         self.write_config(config);
     }
 
+    /// Makes the generator send a spoofed SYN flood instead: every frame
+    /// an IPv4 TCP SYN from a random address in 10.128.0.0/9 to
+    /// [`RX_V4`]`:port` (the rate stays).
+    pub fn set_syn_flood(&mut self, lab: &Lab, port: u16) {
+        self.set_mix(
+            lab,
+            &Mix {
+                light_sources: 0,
+                heavy_sources: 0,
+                heavy_share: 0.0,
+                random_share: 1.0,
+                ipv6_share: 0.0,
+            },
+        );
+        let mut config = self.config();
+        config.dst_port = port;
+        config.tcp_syn = 1;
+        self.write_config(config);
+    }
+
     /// Attaches one of the object's XDP floors (`names::DROP_ALL`,
-    /// `names::COUNT_DROP`) to the receiving veth, native mode.
+    /// `names::PASS`, `names::COUNT_DROP`) to the receiving veth, native
+    /// mode.
     pub fn attach_floor(&mut self, lab: &Lab, name: &'static str) {
         assert!(self.attached.is_none(), "one XDP program per lab");
         let program: &mut Xdp = self

@@ -6,6 +6,8 @@
 //!   whole frame per run (source picked per `limiter_bench_common::traffic`) and
 //!   returns XDP_TX, which transmits it to the receiving peer.
 //! - `xdp_drop_all`: drops every frame, the cost floor of any XDP filter.
+//! - `xdp_pass`: passes every frame: the service scenario's trivial native
+//!   program (what attaching native XDP alone does to a veth receiver).
 //! - `xdp_count_drop`: parses like the limiter, bumps one per-CPU LRU
 //!   counter per source and drops: the floor of any XDP filter that keeps
 //!   per-source state (the `bench xdp` baseline, dropping).
@@ -75,6 +77,11 @@ fn try_generate(ctx: &XdpContext) -> Option<u32> {
 #[xdp]
 pub fn xdp_drop_all(_ctx: XdpContext) -> u32 {
     xdp_action::XDP_DROP
+}
+
+#[xdp]
+pub fn xdp_pass(_ctx: XdpContext) -> u32 {
+    xdp_action::XDP_PASS
 }
 
 #[xdp]
