@@ -198,9 +198,10 @@ fn every_scenario_installs_its_filter() {
 
 /// The service scenario (issue 26) in a few seconds: nginx in the lab, 10
 /// clients and a paced spoofed SYN flood from the generator, xdp-limiter
-/// native at 1000 pps. The clients are all answered quickly, the flood is
-/// sent at its rate and reaches the server (SYN cookies), and the
-/// daemon's outcome counters come back.
+/// native at 100 pps with a penalty (a limit that had no cheap tier before
+/// issue 26: every spoofed frame took a window). The clients are all
+/// answered quickly, the flood is sent at its rate and reaches the server
+/// (SYN cookies), and the daemon judged the flood in its cheap tier.
 #[test]
 fn service_clients_are_answered_under_a_paced_syn_flood() {
     let _serial = serial();
@@ -215,8 +216,8 @@ fn service_clients_are_answered_under_a_paced_syn_flood() {
     };
     let filter = Filter::Limiter {
         attach: Attach::Native,
-        pps: 1000,
-        variant: Variant::Node,
+        pps: 100,
+        variant: Variant::Block,
     };
     let cell = service::run_cell(filter, &plan, 1, &AtomicBool::new(false))
         .expect("the service cell runs")
@@ -241,9 +242,14 @@ fn service_clients_are_answered_under_a_paced_syn_flood() {
         run.tcp
     );
     let outcomes = cell.outcomes.as_ref().expect("the daemon's outcomes");
-    // At 1000 pps spoofed sources (one frame each) stay in the cheap tier.
+    // Spoofed sources (one frame each) stay in the cheap tier, penalty or
+    // not, and take (almost) no window.
     assert!(
         outcomes.get("cheap").copied().unwrap_or(0.0) > 0.5 * plan.flood_pps as f64,
+        "{outcomes:?}"
+    );
+    assert!(
+        outcomes.get("new_window").copied().unwrap_or(0.0) < 0.01 * plan.flood_pps as f64,
         "{outcomes:?}"
     );
 }

@@ -245,15 +245,17 @@ fn tiered(config: &Config, key: &SourceKey, now: u64, len: u64) -> Tiered {
     // frames charge nothing again. A source whose first frame this is (one
     // of a spoofed flood) is not marked: nothing to charge, and its mark
     // would only make its neighbours in the sketch look windowed.
-    let unwindowed = if seen.windowed() {
-        0
-    } else {
-        count.saturating_sub(1)
-    };
     // Marked in the last epoch only: carry the mark into this one, or the
     // next epoch would read this one's frames as the cheap tier's.
     let carry = seen.previous >= sketch::WINDOWED && seen.current < sketch::WINDOWED;
-    if unwindowed != 0 || carry || (marked && !seen.windowed()) {
+    let mut unwindowed = 0;
+    if !seen.windowed() && (count > 1 || marked) {
+        // Only the CPU whose compare-and-swap sets the mark charges: two
+        // CPUs leaving the cheap tier at once would charge twice.
+        if shared::sketch_mark(place, tag) {
+            unwindowed = count - 1;
+        }
+    } else if carry {
         shared::sketch_mark(place, tag);
     }
     if let Some(traffic) = SOURCES.get_ptr_mut(key) {
@@ -282,7 +284,8 @@ fn tiered(config: &Config, key: &SourceKey, now: u64, len: u64) -> Tiered {
             None => Tiered::Judged(stateless(config, key)),
         };
     }
-    exact(config, key, rule, index, count, unwindowed, now, len)
+    let busy = seen.current > sketch::HOT_FRAMES;
+    exact(config, key, rule, index, count, busy, unwindowed, now, len)
 }
 
 /// Whether the cheap tier may admit a frame of a source that reads `count`
@@ -401,6 +404,7 @@ fn exact(
     rule: &Rule,
     index: u32,
     count: u32,
+    busy: bool,
     unwindowed: u32,
     now: u64,
     len: u64,
@@ -432,7 +436,7 @@ fn exact(
         refuse(dry_run, Outcome::DroppedLimit)
     };
     let mut promoted = false;
-    if !admitted || answer & LIMIT_HALF_USED != 0 || count > sketch::HOT_FRAMES {
+    if !admitted || answer & LIMIT_HALF_USED != 0 || busy {
         // Its frames this second, as the cheap tier counted them (at
         // least what it sent; more only if other sources share its
         // counters): what `top` shows of the second it became hot in.

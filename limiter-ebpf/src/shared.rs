@@ -186,22 +186,23 @@ pub fn sketch_count(place: sketch::Place, tag: u64, limit: u32) -> Option<sketch
 }
 
 /// Marks the source at `place` windowed in the epoch tagged `tag`
-/// (`sketch::marked`). Best effort: a mark lost to other CPUs'
-/// compare-and-swaps is set again by the source's next frame past the
-/// cheap tier.
+/// (`sketch::marked`). True if this call set the mark (the source read
+/// below it in this epoch until now), or if the compare-and-swap kept
+/// losing (the caller then charges: counting twice errs on the safe
+/// side); false if another CPU's frame had marked it already.
 #[inline(always)]
-pub fn sketch_mark(place: sketch::Place, tag: u64) {
+pub fn sketch_mark(place: sketch::Place, tag: u64) -> bool {
     let Some((word, _)) = sketch_word(place, tag) else {
-        return;
+        return true;
     };
     let mut attempts = 0;
     while attempts < 4 {
         // SAFETY: an aligned u64 of a live array element.
         let old = unsafe { read_volatile(word) };
-        let new = sketch::marked(old, tag, place);
-        if new == old {
-            return;
+        if sketch::count(old, tag, place) >= sketch::WINDOWED {
+            return false;
         }
+        let new = sketch::marked(old, tag, place);
         // SAFETY: as above; BPF_CMPXCHG is atomic.
         let (_, swapped) = unsafe {
             atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(
@@ -209,10 +210,11 @@ pub fn sketch_mark(place: sketch::Place, tag: u64) {
             )
         };
         if swapped {
-            return;
+            return true;
         }
         attempts += 1;
     }
+    true
 }
 
 /// Whether mark cell `cell` of `marks` (`PENALTY_MARKS` or
