@@ -237,36 +237,16 @@ fn tiered(config: &Config, key: &SourceKey, now: u64, len: u64) -> Tiered {
             }
         }
     }
-    // Past the cheap tier. Unless the source is marked windowed in the
-    // sketch (or is that busy), the frames the cheap tier admitted for it
-    // since the start of the last epoch are still to be charged to its
-    // window: at most the frames counted before this one (`limit` takes
-    // at most the rule's cheap frames of them). Marked windowed, its next
-    // frames charge nothing again. A source whose first frame this is (one
-    // of a spoofed flood) is not marked: nothing to charge, and its mark
-    // would only make its neighbours in the sketch look windowed.
-    // Marked in the last epoch only: carry the mark into this one, or the
-    // next epoch would read this one's frames as the cheap tier's.
-    let carry = seen.previous >= sketch::WINDOWED && seen.current < sketch::WINDOWED;
-    let mut unwindowed = 0;
-    if !seen.windowed() && (count > 1 || marked) {
-        // Only the CPU whose compare-and-swap sets the mark charges: two
-        // CPUs leaving the cheap tier at once would charge twice.
-        if shared::sketch_mark(place, tag) {
-            unwindowed = count - 1;
-        }
-    } else if carry {
-        shared::sketch_mark(place, tag);
-    }
     if let Some(traffic) = SOURCES.get_ptr_mut(key) {
         // SAFETY: this CPU's slot of a per-CPU map value.
-        unsafe {
-            (*traffic).record_at(now, len);
-            if unwindowed != 0 {
-                // Charged by this CPU's next look at the window (this
-                // frame's, unless the source is held or leased).
-                (*traffic).carried = unwindowed;
-            }
+        let state = unsafe { &mut *traffic };
+        state.record_at(now, len);
+        let cheap_frames = RULES.get(state.rule).map_or(0, |rule| rule.cheap_frames);
+        let unwindowed = leave_cheap_tier(place, tag, seen, marked, cheap_frames);
+        if unwindowed != 0 {
+            // Charged by this CPU's next look at the window (this frame's,
+            // unless the source is held or leased).
+            state.carried = unwindowed;
         }
         return Tiered::Hot(traffic);
     }
@@ -284,8 +264,44 @@ fn tiered(config: &Config, key: &SourceKey, now: u64, len: u64) -> Tiered {
             None => Tiered::Judged(stateless(config, key)),
         };
     }
+    let unwindowed = leave_cheap_tier(place, tag, seen, marked, rule.cheap_frames);
     let busy = seen.current > sketch::HOT_FRAMES;
     exact(config, key, rule, index, count, busy, unwindowed, now, len)
+}
+
+/// A limited source's frame past the cheap tier (at `place`, reading
+/// `seen` in the epoch tagged `tag`; `marked`: within its cheap frames but
+/// sent to its window by a mark) under a rule with `cheap_frames`. Unless
+/// the source is marked windowed in the sketch (or is that busy), the
+/// frames the cheap tier admitted for it since the start of the last epoch
+/// are still to be charged to its window: at most the frames counted
+/// before this one (`limit` takes at most the rule's cheap frames of
+/// them); the source is marked windowed, so that its next frames charge
+/// nothing again, and only the CPU whose compare-and-swap sets the mark
+/// charges (two CPUs leaving the cheap tier at once would charge twice).
+/// Returns what to charge. Not marked: a source whose first frame this is
+/// (one of a spoofed flood; nothing to charge), and any source of a rule
+/// without cheap frames (nothing was admitted uncounted): their marks
+/// would only make their neighbours in the sketch look windowed. A mark
+/// of the last epoch is carried into this one, or the next epoch would
+/// read this one's frames as the cheap tier's.
+#[inline(always)]
+fn leave_cheap_tier(
+    place: sketch::Place,
+    tag: u64,
+    seen: sketch::Seen,
+    marked: bool,
+    cheap_frames: u8,
+) -> u32 {
+    let count = seen.total();
+    if !seen.windowed() {
+        if cheap_frames != 0 && (count > 1 || marked) && shared::sketch_mark(place, tag) {
+            return count - 1;
+        }
+    } else if seen.previous >= sketch::WINDOWED && seen.current < sketch::WINDOWED {
+        shared::sketch_mark(place, tag);
+    }
+    0
 }
 
 /// Whether the cheap tier may admit a frame of a source that reads `count`
