@@ -264,9 +264,11 @@ fn tiered(config: &Config, key: &SourceKey, now: u64, len: u64) -> Tiered {
             None => Tiered::Judged(stateless(config, key)),
         };
     }
-    let unwindowed = leave_cheap_tier(place, tag, seen, marked, rule.cheap_frames);
-    let busy = seen.current > sketch::HOT_FRAMES;
-    exact(config, key, rule, index, count, busy, unwindowed, now, len)
+    let past = Past {
+        seen,
+        unwindowed: leave_cheap_tier(place, tag, seen, marked, rule.cheap_frames),
+    };
+    exact(config, key, rule, index, past, now, len)
 }
 
 /// A limited source's frame past the cheap tier (at `place`, reading
@@ -406,6 +408,15 @@ fn cheap(config: &Config, rule: &Rule, index: u32) -> Verdict {
     }
 }
 
+/// What the cheap tier knows of a frame that left it: what its source
+/// reads in the sketch (this frame included), and what the window must
+/// be charged (`leave_cheap_tier`).
+#[derive(Clone, Copy)]
+struct Past {
+    seen: sketch::Seen,
+    unwindowed: u32,
+}
+
 /// A frame of a limited source without per-CPU state (the exact tier),
 /// judged on its shared window alone: through [`limit`] like a hot
 /// source's, but with this CPU's scratch as its per-CPU state, no lease,
@@ -419,12 +430,11 @@ fn exact(
     key: &SourceKey,
     rule: &Rule,
     index: u32,
-    count: u32,
-    busy: bool,
-    unwindowed: u32,
+    past: Past,
     now: u64,
     len: u64,
 ) -> Tiered {
+    let count = past.seen.total();
     let dry_run = rule.is_dry_run(config.dry_run());
     let Some(scratch) = TRAFFIC_SEED.get_ptr_mut(0) else {
         // No state to judge it with: fail closed.
@@ -439,7 +449,7 @@ fn exact(
     state.generation = config.generation;
     // What the cheap tier admitted and the window must still count
     // (`limit` takes at most the rule's cheap frames of it).
-    state.carried = unwindowed;
+    state.carried = past.unwindowed;
     let flags = (u32::from(dry_run) * LIMIT_DRY_RUN) | LIMIT_EXACT_TIER;
     let answer = limit(key, scratch, len, flags);
     let admitted = answer & LIMIT_ADMITTED != 0;
@@ -452,6 +462,8 @@ fn exact(
         refuse(dry_run, Outcome::DroppedLimit)
     };
     let mut promoted = false;
+    // Busy: this epoch's count alone (a mark is not frames).
+    let busy = past.seen.current > sketch::HOT_FRAMES;
     if !admitted || answer & LIMIT_HALF_USED != 0 || busy {
         // Its frames this second, as the cheap tier counted them (at
         // least what it sent; more only if other sources share its
