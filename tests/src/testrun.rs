@@ -11,7 +11,7 @@ use std::{
 };
 
 use aya::programs::{ProgramError, TestRun, TestRunOptions, TestRunResult, Xdp};
-use limiter_common::{Counter, Outcome, SourceKey, SourceTraffic};
+use limiter_common::{rules::rules_base, Counter, Outcome, Rule, SourceKey, SourceTraffic};
 use limiter_user::{
     kernel::{self, push, read, LoadOptions, Maps, Program},
     rules::RuleSet,
@@ -53,6 +53,14 @@ impl Harness {
     }
 
     /// The program's maps.
+    /// Rule `i` of the first generation pushed (0: the default), as the
+    /// kernel reads it from `RULES`.
+    pub fn first_rule(&self, i: u32) -> Rule {
+        self.maps()
+            .rule(rules_base(1) + i)
+            .expect("the rule in RULES")
+    }
+
     pub fn maps(&self) -> &Maps {
         &self.program.maps
     }

@@ -19,8 +19,7 @@ use std::{
 };
 
 use limiter_common::{
-    rules::rules_base, ClusterShare, ClusterState, EventKind, LimitEvent, Outcome, Rule, Scope,
-    SourceKey,
+    rules::rules_base, ClusterShare, ClusterState, EventKind, LimitEvent, Outcome, Scope, SourceKey,
 };
 use limiter_tests::{
     net,
@@ -50,7 +49,7 @@ fn harness(tiered: bool) -> Harness {
     };
     let mut harness = Harness::load();
     assert_eq!(harness.push(&set), 1, "first generation");
-    let mut default = rule(&harness, 0);
+    let mut default = harness.first_rule(0);
     assert_eq!(default.allowance_packets, LIMIT);
     default.set_scope(Scope::Cluster);
     cluster::kernel_ready(&mut default);
@@ -59,16 +58,8 @@ fn harness(tiered: bool) -> Harness {
         .rules
         .set(rules_base(1), default, 0)
         .expect("writing the cluster-scoped rule");
-    assert_eq!(rule(&harness, 1).scope(), Some(Scope::Node));
+    assert_eq!(harness.first_rule(1).scope(), Some(Scope::Node));
     harness
-}
-
-/// Rule `i` of the first generation (0: the default), as the kernel reads it.
-fn rule(harness: &Harness, i: u32) -> Rule {
-    harness
-        .maps()
-        .rule(rules_base(1) + i)
-        .expect("the rule in RULES")
 }
 
 /// The kernel's clock now (ns).
@@ -114,7 +105,7 @@ fn set_share(harness: &mut Harness, addr: [u8; 4], allowance: u64, expires_ns: u
 
 /// The window key of `addr` under the default rule: its share's key.
 fn window_key(harness: &Harness, addr: [u8; 4]) -> SourceKey {
-    cluster::share_key(&SourceKey::v4(addr), &rule(harness, 0))
+    cluster::share_key(&SourceKey::v4(addr), &harness.first_rule(0))
 }
 
 fn udp(addr: [u8; 4]) -> Vec<u8> {
@@ -366,7 +357,7 @@ fn a_source_at_a_cap_of_zero_is_reported_hot_on_its_refusal() {
 #[test]
 fn tiered_a_cluster_source_is_held_to_its_share_or_the_cold_cap() {
     let mut harness = harness(true);
-    let cheap = u64::from(rule(&harness, 0).cheap_frames);
+    let cheap = u64::from(harness.first_rule(0).cheap_frames);
     assert!(cheap > 0, "the cluster rule has cheap frames");
     set_state(&mut harness, fresh(4, 2));
     let addr = [192, 0, 2, 14];

@@ -23,7 +23,7 @@ use std::{
 
 use aya::programs::Xdp;
 use limiter_common::{
-    rules::rules_base, sketch, window::MAX_PACKETS, ClusterState, Outcome, Rule, Scope, SourceKey,
+    rules::rules_base, sketch, window::MAX_PACKETS, ClusterState, Outcome, Scope, SourceKey,
 };
 use limiter_tests::{
     net,
@@ -101,14 +101,6 @@ fn harness() -> Harness {
     let state = ClusterState::new(now, 600_000_000_000, 2, 2, 500);
     cluster::write_state(harness.maps_mut(), state).expect("writing CLUSTER");
     harness
-}
-
-/// Rule `i` of the first generation (0: the default), as the kernel reads it.
-fn rule(harness: &Harness, i: u32) -> Rule {
-    harness
-        .maps()
-        .rule(rules_base(1) + i)
-        .expect("the rule in RULES")
 }
 
 /// The rule of [`SMALL_NET`] and of [`PENALTY_NET`].
@@ -199,7 +191,7 @@ fn a_spoofed_flood_takes_no_window_under_small_limits_penalties_or_cluster_scope
     let mut harness = harness();
     for (i, (kind, _)) in KINDS.iter().enumerate() {
         assert!(
-            rule(&harness, i as u32 + 1).cheap_frames >= 10,
+            harness.first_rule(i as u32 + 1).cheap_frames >= 10,
             "{kind}: the cheap tier takes part"
         );
     }
@@ -237,7 +229,7 @@ fn a_spoofed_flood_takes_no_window_under_small_limits_penalties_or_cluster_scope
 fn a_burst_under_a_small_limit_gets_its_allowance_and_not_the_cheap_frames_on_top() {
     for cpus in [&[0][..], &[0, 1][..]] {
         let mut harness = harness();
-        let allowance = rule(&harness, SMALL_RULE).allowance_packets;
+        let allowance = harness.first_rule(SMALL_RULE).allowance_packets;
         assert_eq!(allowance, 10);
         let frame = udp4(Ipv4Addr::new(198, 51, 100, 1));
         let program = harness.program();
@@ -273,7 +265,8 @@ fn a_burst_under_a_small_limit_gets_its_allowance_and_not_the_cheap_frames_on_to
             "CPUs {cpus:?}: {passed} admitted, allowance {allowance}"
         );
         let windows = read::windows(harness.maps()).expect("read WINDOWS");
-        let key = SourceKey::v4([198, 51, 100, 1]).with_class(rule(&harness, SMALL_RULE).budget);
+        let key =
+            SourceKey::v4([198, 51, 100, 1]).with_class(harness.first_rule(SMALL_RULE).budget);
         let counted: u64 = windows[&key].slots.iter().map(|s| s[0] & MAX_PACKETS).sum();
         assert!(
             counted >= allowance,
@@ -293,7 +286,7 @@ fn a_burst_under_a_small_limit_gets_its_allowance_and_not_the_cheap_frames_on_to
 fn a_small_limit_holds_beside_a_spoofed_flood() {
     assert!(online_cpus() >= 2, "this test needs two CPUs");
     let mut harness = harness();
-    let allowance = rule(&harness, SMALL_RULE).allowance_packets;
+    let allowance = harness.first_rule(SMALL_RULE).allowance_packets;
     let frame = udp4(Ipv4Addr::new(198, 51, 100, 2));
     let program = harness.program();
     const WINDOWS: usize = 4;
@@ -377,7 +370,7 @@ fn a_small_limit_holds_beside_a_spoofed_flood() {
 #[test]
 fn a_source_back_from_silence_is_charged_what_the_cheap_tier_admitted() {
     let mut harness = harness();
-    let allowance = rule(&harness, SMALL_RULE).allowance_packets;
+    let allowance = harness.first_rule(SMALL_RULE).allowance_packets;
     let frame = udp4(Ipv4Addr::new(198, 51, 100, 3));
     at_epoch_start();
     assert_eq!(burst(&mut harness, 0, &frame, 3 * allowance), allowance);
@@ -408,10 +401,10 @@ fn a_source_back_from_silence_is_charged_what_the_cheap_tier_admitted() {
 #[test]
 fn a_blocked_source_stays_blocked_through_a_spoofed_flood_and_a_silence() {
     let mut harness = harness();
-    let allowance = rule(&harness, PENALTY_RULE).allowance_packets;
+    let allowance = harness.first_rule(PENALTY_RULE).allowance_packets;
     let frame = udp4(Ipv4Addr::new(203, 0, 113, 9));
     assert_eq!(harness.offer(0, &frame, allowance + 1), (allowance, 1));
-    let key = SourceKey::v4([203, 0, 113, 9]).with_class(rule(&harness, PENALTY_RULE).budget);
+    let key = SourceKey::v4([203, 0, 113, 9]).with_class(harness.first_rule(PENALTY_RULE).budget);
     let blocked_until = read::windows(harness.maps()).expect("read WINDOWS")[&key].blocked_until_ns;
     assert!(blocked_until > 0, "a penalty was armed");
 
@@ -456,7 +449,7 @@ fn a_blocked_source_stays_blocked_through_a_spoofed_flood_and_a_silence() {
 fn a_cluster_window_counts_every_frame_the_cheap_tier_admitted() {
     let mut harness = harness();
     let index = CLUSTER_KIND as u32 + 1;
-    let shared = rule(&harness, index);
+    let shared = harness.first_rule(index);
     assert_eq!(shared.scope(), Some(Scope::Cluster));
     let cold_cap = shared.allowance_packets / 2;
     assert!(

@@ -61,16 +61,6 @@ fn harness_with(set: &RuleSet, options: &LoadOptions) -> Harness {
     harness
 }
 
-/// Rule `i` of the first generation (0: the default) as the kernel reads
-/// it: the tests take `cheap_frames` and the allowance from what was
-/// compiled and pushed, not from their own copy of the formula.
-fn rule(harness: &Harness, i: u32) -> Rule {
-    harness
-        .maps()
-        .rule(rules_base(1) + i)
-        .expect("the rule in RULES")
-}
-
 /// The most frames a window of `rule` may admit. A packet limit over at
 /// most an epoch: its allowance, within the sliding window's own 1% (the
 /// frames the cheap tier admits are charged to the source's window when it
@@ -248,7 +238,7 @@ fn a_10x_flood_from_one_cpu_gets_its_limit_with_the_cheap_frames_charged() {
         &tiered(limit("0.0.0.0/0", flood_pps()), vec![]),
         &LoadOptions::default(),
     );
-    let rule = rule(&harness, 0);
+    let rule = harness.first_rule(0);
     assert!(rule.cheap_frames > 0, "the cheap tier takes part");
     let frame = udp4(Ipv4Addr::new(192, 0, 2, 50));
     let run = paced(
@@ -285,7 +275,7 @@ fn a_10x_flood_over_both_cpus_gets_its_limit_with_the_cheap_frames_charged() {
         &tiered(limit("0.0.0.0/0", flood_pps()), vec![]),
         &LoadOptions::default(),
     );
-    let rule = rule(&harness, 0);
+    let rule = harness.first_rule(0);
     let frame = udp4(Ipv4Addr::new(192, 0, 2, 51));
     let duration = window_of(&rule) * FLOOD_WINDOWS as u32;
     let ([a, b], passed_at) =
@@ -339,7 +329,7 @@ fn a_window_created_on_promotion_carries_what_the_cheap_tier_admitted() {
             &tiered(limit("0.0.0.0/0", flood_pps()), vec![]),
             &LoadOptions::default(),
         );
-        let rule = rule(&harness, 0);
+        let rule = harness.first_rule(0);
         assert!(rule.cheap_frames > 0, "the cheap tier takes part");
         let allowance = rule.allowance_packets;
         let frame = udp4(Ipv4Addr::new(192, 0, 2, 60));
@@ -413,11 +403,11 @@ fn a_steady_source_is_never_dropped_while_5m_spoofed_sources_share_the_cheap_tie
         vec![limit("10.0.0.0/8", 10_000), limit("2001:db8::/32", 10_000)],
     );
     let mut harness = harness_with(&set, &LoadOptions::default());
-    let steady_rule = rule(&harness, 0);
-    let flood_rule = rule(&harness, 1);
+    let steady_rule = harness.first_rule(0);
+    let flood_rule = harness.first_rule(1);
     assert_eq!(
         flood_rule.cheap_frames,
-        rule(&harness, 2).cheap_frames,
+        harness.first_rule(2).cheap_frames,
         "both flood prefixes alike"
     );
     assert!(
@@ -579,9 +569,13 @@ fn a_5m_source_churn_frees_neither_a_limited_nor_a_blocked_source() {
         },
     );
     for (i, what) in [(1, "churn"), (2, "churn"), (3, "limited"), (4, "blocked")] {
-        assert_eq!(rule(&harness, i).cheap_frames, 0, "{what}: no cheap frames");
+        assert_eq!(
+            harness.first_rule(i).cheap_frames,
+            0,
+            "{what}: no cheap frames"
+        );
     }
-    let limited_allowance = rule(&harness, 3).allowance_packets;
+    let limited_allowance = harness.first_rule(3).allowance_packets;
     let limited_key = SourceKey::v4([192, 0, 2, 1]);
     let limited = udp4(Ipv4Addr::new(192, 0, 2, 1));
     // Blocked, and sending during the churn.
@@ -704,7 +698,7 @@ fn cheap_frames_are_judged_without_state() {
         udp4(Ipv4Addr::new(203, 0, 113, 7)),
     );
     let len = limited.len();
-    let cheap = |i| u64::from(rule(&harness, i).cheap_frames);
+    let cheap = |i| u64::from(harness.first_rule(i).cheap_frames);
     let (limit_cheap, allow_cheap, deny_cheap) = (cheap(0), cheap(1), cheap(2));
     assert!(limit_cheap > 0 && allow_cheap > 0 && deny_cheap > 0);
     let stateless = |harness: &Harness| {
