@@ -367,14 +367,20 @@ fn budget_place(
     if rule.budget == key.class {
         place
     } else {
-        sketch::place(
-            &key.addr,
-            key.family() == AddressFamily::V6,
-            key.prefix_len,
-            rule.budget,
-            config.sketch_seed,
-        )
+        hashed_budget_place(config, key, rule)
     }
+}
+
+/// The sketch place of `key`'s source as keyed by `rule`'s budget, hashed.
+#[inline(always)]
+fn hashed_budget_place(config: &Config, key: &SourceKey, rule: &Rule) -> sketch::Place {
+    sketch::place(
+        &key.addr,
+        key.family() == AddressFamily::V6,
+        key.prefix_len,
+        rule.budget,
+        config.sketch_seed,
+    )
 }
 
 /// After `limit` refused a source of `rule`: if a penalty holds it now
@@ -384,13 +390,7 @@ fn budget_place(
 #[inline(always)]
 fn note_penalty(config: &Config, key: &SourceKey, rule: &Rule, hold_until_ns: u64, now: u64) {
     if rule.block_ns != 0 && hold_until_ns > now {
-        let at = sketch::place(
-            &key.addr,
-            key.family() == AddressFamily::V6,
-            key.prefix_len,
-            rule.budget,
-            config.sketch_seed,
-        );
+        let at = hashed_budget_place(config, key, rule);
         shared::mark_penalty(sketch::mark_cell(at, sketch::PENALTY_CELLS), hold_until_ns);
     }
 }
