@@ -118,9 +118,14 @@ impl LimitEvent {
     }
 }
 
-/// Events each CPU may send per second; more are dropped (and counted in
-/// the `EVENTS_DROPPED` stats slot).
+/// "Source limited" events each CPU may send per second; more are dropped
+/// (and counted as `Outcome::EventDropped`).
 pub const EVENTS_PER_CPU_PER_SECOND: u64 = 64;
+/// "Cluster hot" reports each CPU may send per second, a budget of their
+/// own: a flood of refused sources spends the other one, not this. More
+/// are dropped (counted as `Outcome::ClusterHotDropped`) and retried by
+/// the source's next frame.
+pub const HOT_REPORTS_PER_CPU_PER_SECOND: u64 = 64;
 
 /// A source refused again within this long is still the same episode.
 pub const EPISODE_GAP_NS: u64 = 1_000_000_000;

@@ -22,17 +22,15 @@ use crate::{
 /// Version of the map layouts (keys, values and their field order). Bump it
 /// on any change: a daemon never adopts pinned maps of another version,
 /// since sizes alone do not reveal a reordered field.
-pub const MAP_LAYOUT_VERSION: u32 = 6;
+pub const MAP_LAYOUT_VERSION: u32 = 7;
 
 /// Default capacity of the exact tier (`WINDOWS`, one shared window per
-/// source); userspace sets the real size (`max_sources`) before loading.
+/// source, and as many in `WINDOW_SPILL`, `HOLDS` as many holds);
+/// userspace sets the real size (`max_sources`) before loading.
 pub const DEFAULT_MAX_SOURCES: u32 = 65_536;
 /// Default capacity of the per-CPU state (`SOURCES`, the hot sources);
 /// userspace sets the real size (`max_hot_sources`) before loading.
 pub const DEFAULT_MAX_HOT_SOURCES: u32 = 16_384;
-/// Capacity of `HOLDS`: sources held (blocked, or refused within their
-/// window) at once.
-pub const MAX_HOLDS: u32 = 65_536;
 
 /// Who decides a map's capacity.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -158,9 +156,25 @@ pub const SOURCES: MapSpec = MapSpec {
 };
 
 /// Admission windows per source and rule budget, shared by all CPUs:
-/// `SourceKey` -> `WindowState`.
+/// `SourceKey` -> `WindowState`. A plain hash, which never evicts: a
+/// window is kept until the daemon finds it idle for its longest possible
+/// length (`WindowState::idle_at`), so no flood of other sources can take
+/// a source's count away. Full, new windows go to `WINDOW_SPILL`.
 pub const WINDOWS: MapSpec = MapSpec {
     name: "WINDOWS",
+    kind: MapKind::Hash,
+    key_size: bytes::<SourceKey>(),
+    value_size: bytes::<WindowState>(),
+    max_entries: DEFAULT_MAX_SOURCES,
+    sizing: Sizing::Sources,
+    pinned: true,
+};
+
+/// The windows created while `WINDOWS` was full: `SourceKey` ->
+/// `WindowState`. LRU: a flood of other sources may evict one, which
+/// `HOLDS` then stands in for if its source was refused.
+pub const WINDOW_SPILL: MapSpec = MapSpec {
+    name: "WINDOW_SPILL",
     kind: MapKind::LruHash,
     key_size: bytes::<SourceKey>(),
     value_size: bytes::<WindowState>(),
@@ -282,12 +296,14 @@ pub const EVENTS: MapSpec = MapSpec {
     pinned: false,
 };
 
-/// Per CPU: `[second, events sent in it]`, the events' rate limit.
+/// Per CPU: `[second, "source limited" events sent in it, "cluster hot"
+/// reports sent in it]`, the events' rate limits (one budget per kind, so
+/// that a flood of refused sources cannot starve the cluster's reports).
 pub const EVENT_BUDGET: MapSpec = MapSpec {
     name: "EVENT_BUDGET",
     kind: MapKind::PerCpuArray,
     key_size: INDEX,
-    value_size: bytes::<[u64; 2]>(),
+    value_size: bytes::<[u64; 3]>(),
     max_entries: 1,
     sizing: Sizing::Fixed,
     pinned: false,
@@ -336,15 +352,17 @@ pub const SHARE_MARKS: MapSpec = MapSpec {
     pinned: true,
 };
 
-/// Holds apart from the windows: `SourceKey` (the window's key) ->
-/// `Hold`. A plain hash, which never evicts (see `state::Hold`).
+/// Holds apart from the spilled windows: `SourceKey` (the window's key)
+/// -> `Hold`. A plain hash, which never evicts (see `state::Hold`); a kept
+/// window holds its own refusals. Full, a hold is not kept
+/// (`Outcome::HoldFailed`).
 pub const HOLDS: MapSpec = MapSpec {
     name: "HOLDS",
     kind: MapKind::Hash,
     key_size: bytes::<SourceKey>(),
     value_size: bytes::<Hold>(),
-    max_entries: MAX_HOLDS,
-    sizing: Sizing::Fixed,
+    max_entries: DEFAULT_MAX_SOURCES,
+    sizing: Sizing::Sources,
     pinned: true,
 };
 
@@ -380,9 +398,10 @@ pub const CLUSTER: MapSpec = MapSpec {
 };
 
 /// Every map of the program.
-pub const ALL: [MapSpec; 19] = [
+pub const ALL: [MapSpec; 20] = [
     SOURCES,
     WINDOWS,
+    WINDOW_SPILL,
     WINDOW_SEED,
     TRAFFIC_SEED,
     FRAME_KEY,
@@ -439,6 +458,7 @@ pub mod names {
     pub const PROGRAM: &str = "xdp_limiter";
     pub const SOURCES: &str = super::SOURCES.name;
     pub const WINDOWS: &str = super::WINDOWS.name;
+    pub const WINDOW_SPILL: &str = super::WINDOW_SPILL.name;
     pub const WINDOW_SEED: &str = super::WINDOW_SEED.name;
     pub const TRAFFIC_SEED: &str = super::TRAFFIC_SEED.name;
     pub const FRAME_KEY: &str = super::FRAME_KEY.name;
@@ -473,12 +493,13 @@ mod tests {
 
     #[test]
     fn the_daemon_pins_the_state_and_rule_maps() {
-        let pinned: [&str; 14] = PINNED.map(|spec| spec.name);
+        let pinned: [&str; 15] = PINNED.map(|spec| spec.name);
         assert_eq!(
             pinned,
             [
                 "SOURCES",
                 "WINDOWS",
+                "WINDOW_SPILL",
                 "STATS",
                 "CONFIG",
                 "RULES",
@@ -499,6 +520,8 @@ mod tests {
     fn capacities_as_loaded() {
         assert_eq!(SOURCES.expected_max_entries(1000, 10), Some(10));
         assert_eq!(WINDOWS.expected_max_entries(1000, 10), Some(1000));
+        assert_eq!(WINDOW_SPILL.expected_max_entries(1000, 10), Some(1000));
+        assert_eq!(HOLDS.expected_max_entries(1000, 10), Some(1000));
         assert_eq!(RULES.expected_max_entries(1000, 10), Some(RULE_SLOTS));
         assert_eq!(STATS.expected_max_entries(1000, 10), Some(Outcome::COUNT));
         assert_eq!(SKETCH.expected_max_entries(1000, 10), Some(1 << 16));
@@ -515,12 +538,13 @@ mod tests {
     #[test]
     fn sizes_of_the_layout() {
         // The sizes a pinned map of this layout version has.
-        let sizes: [(&str, u32, u32); 14] = PINNED.map(|s| (s.name, s.key_size, s.value_size));
+        let sizes: [(&str, u32, u32); 15] = PINNED.map(|s| (s.name, s.key_size, s.value_size));
         assert_eq!(
             sizes,
             [
                 ("SOURCES", 20, 200),
                 ("WINDOWS", 20, 288),
+                ("WINDOW_SPILL", 20, 288),
                 ("STATS", 4, 16),
                 ("CONFIG", 4, 80),
                 ("RULES", 4, 64),

@@ -3,7 +3,7 @@
 //! in the `WINDOWS` map).
 
 use crate::{
-    window::{WindowCache, RING},
+    window::{bytes_in, packets_in, slot_of, WindowCache, BYTES, PACKETS, RING},
     Counter,
 };
 
@@ -159,6 +159,27 @@ impl WindowState {
     pub const fn blocked_at(&self, now_ns: u64, block_tag: u64) -> bool {
         block_tag != 0 && self.blocked_tag == block_tag && now_ns < self.blocked_until_ns
     }
+
+    /// Whether the window holds nothing that matters at `now_ns`: no
+    /// penalty runs, and no slot counts a frame or a byte in any bucket of
+    /// the longest window its bucket width allows (`RING` buckets), nor in
+    /// the bucket after now (a CPU's clock may run a bucket ahead of the
+    /// caller's). Deleting it then changes no verdict: a window created
+    /// again for its source starts from the same zero counts.
+    pub fn idle_at(&self, now_ns: u64) -> bool {
+        if now_ns < self.blocked_until_ns {
+            return false;
+        }
+        if self.bucket_ns == 0 {
+            return self.slots.iter().all(|slot| *slot == [0, 0]);
+        }
+        let now_bucket = now_ns / self.bucket_ns;
+        let first = now_bucket.saturating_sub(RING as u64);
+        (first..=now_bucket + 1).all(|bucket| {
+            let slot = &self.slots[slot_of(bucket)];
+            packets_in(slot[PACKETS], bucket) == 0 && bytes_in(slot[BYTES], bucket) == 0
+        })
+    }
 }
 
 #[cfg(feature = "user")]
@@ -190,6 +211,52 @@ pub struct Hold {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::window::{pack_bytes, pack_packets};
+
+    const BUCKET: u64 = 100_000_000;
+
+    /// A window of 100 ms buckets counting `packets` in the bucket of `at`.
+    fn window_counting(at: u64, packets: u64) -> WindowState {
+        let bucket = at / BUCKET;
+        let mut window = WindowState {
+            bucket_ns: BUCKET,
+            ..WindowState::ZERO
+        };
+        window.slots[slot_of(bucket)][PACKETS] = pack_packets(bucket, 0, packets);
+        window
+    }
+
+    #[test]
+    fn a_window_is_idle_once_its_last_count_is_older_than_the_ring() {
+        let at = 1_000 * BUCKET + 5;
+        let window = window_counting(at, 3);
+        assert!(!window.idle_at(at), "counting now");
+        assert!(!window.idle_at(at - BUCKET), "a clock a bucket behind");
+        assert!(
+            !window.idle_at(at + RING as u64 * BUCKET),
+            "still in the ring"
+        );
+        assert!(window.idle_at(at + (RING as u64 + 1) * BUCKET));
+        assert!(window.idle_at(at + 1_000 * BUCKET));
+        assert!(WindowState::ZERO.idle_at(at), "never used");
+    }
+
+    #[test]
+    fn a_window_with_bytes_or_a_penalty_is_not_idle() {
+        let at = 1_000 * BUCKET;
+        let later = at + 100 * BUCKET;
+        let mut bytes = window_counting(at, 0);
+        let bucket = later / BUCKET;
+        bytes.slots[slot_of(bucket)][BYTES] = pack_bytes(bucket, 60);
+        assert!(!bytes.idle_at(later));
+        let blocked = WindowState {
+            blocked_until_ns: later + 1,
+            blocked_tag: 7,
+            ..window_counting(at, 1)
+        };
+        assert!(!blocked.idle_at(later));
+        assert!(blocked.idle_at(later + 1));
+    }
 
     #[test]
     fn traffic_rolls_seconds_over() {

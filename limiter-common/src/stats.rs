@@ -55,8 +55,9 @@ pub enum Outcome {
     /// A state map refused a new source; the frame was judged without
     /// per-source state (limit rules fail closed).
     InsertFailure = 8,
-    /// A "source limited" event was not sent: over the per-CPU event rate
-    /// or the ring buffer was full (the frame counts here with no verdict).
+    /// A "source limited" event was not sent: over the per-CPU rate of
+    /// those events or the ring buffer was full (the frame counts here with
+    /// no verdict).
     EventDropped = 9,
     /// The frame was judged in the cheap tier: no per-source state looked
     /// up or created (its source has sent at most its rule's
@@ -66,11 +67,25 @@ pub enum Outcome {
     /// tier; with the tiers on, per-CPU state (`NewSource`) comes later,
     /// if the source gets busy or refused.
     NewWindow = 11,
+    /// A "cluster hot" report was not sent: over the per-CPU rate of those
+    /// reports (a budget apart from "source limited" events) or the ring
+    /// buffer was full. The window's claim is released, so a later frame
+    /// of the source reports it.
+    ClusterHotDropped = 12,
+    /// The frame created its source's window in the spill (`WINDOW_SPILL`,
+    /// an LRU map) because the kept windows (`WINDOWS`) were full: that
+    /// window may be evicted by other sources, and its source come back
+    /// with a fresh allowance (docs/architecture.md, "The bounds").
+    WindowSpilled = 13,
+    /// A refusal or penalty of a spilled window could not be kept apart
+    /// from it (`HOLDS` full): should the window be evicted, the refusal
+    /// is forgotten.
+    HoldFailed = 14,
 }
 
 impl Outcome {
     /// Number of outcomes: the `STATS` array length.
-    pub const COUNT: u32 = 12;
+    pub const COUNT: u32 = 15;
 
     /// Every outcome, in index order.
     pub const ALL: [Outcome; Self::COUNT as usize] = [
@@ -86,6 +101,9 @@ impl Outcome {
         Outcome::EventDropped,
         Outcome::Cheap,
         Outcome::NewWindow,
+        Outcome::ClusterHotDropped,
+        Outcome::WindowSpilled,
+        Outcome::HoldFailed,
     ];
 
     /// The verdicts, `Passed` through `Malformed`: every frame counts under
@@ -107,6 +125,9 @@ impl Outcome {
             Outcome::EventDropped => "event_dropped",
             Outcome::Cheap => "cheap",
             Outcome::NewWindow => "new_window",
+            Outcome::ClusterHotDropped => "cluster_hot_dropped",
+            Outcome::WindowSpilled => "window_spilled",
+            Outcome::HoldFailed => "hold_failed",
         }
     }
 }

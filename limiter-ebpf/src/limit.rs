@@ -10,7 +10,7 @@
 //!
 //! A source's shared window is created on its second frame, not its first:
 //! under a spoofed flood nearly every source sends one frame, and a window
-//! entry per frame would cost a second LRU insert and eviction. The first
+//! entry per frame would cost a second map insert. The first
 //! frame is always under a limit of at least one frame, so it is admitted
 //! without a window, if none exists, by the one CPU whose insert created
 //! the source's `SOURCES` entry; it is counted in the window when one is
@@ -32,8 +32,9 @@
 //! Tiers (with `Config::tiered`; off, every source is hot from its first
 //! frame, as described above). A frame first counts in the cheap tier
 //! (`sketch`: a shared row of epoch-tagged counters, no per-source
-//! entry): while its source has sent at most its rule's `cheap_frames`
-//! over this epoch and the last, and no mark says it may be blocked or
+//! entry, counted by source whatever the frame's class): while its source
+//! has sent at most its rule's `cheap_frames` over this epoch and the
+//! last, and no mark says it may be blocked or
 //! have a cluster share (`PENALTY_MARKS`, `SHARE_MARKS`), the frame is
 //! judged without any per-source state (a limit admits it, allow passes,
 //! deny drops). The frame that leaves the cheap tier marks the source
@@ -47,11 +48,15 @@
 //! limit or busy (more than `sketch::HOT_FRAMES` frames in an epoch), and
 //! at once under an allow or deny rule (for `top` and events). A spoofed
 //! flood thus costs a counter update per frame and no map insert, whatever
-//! the rule, and cannot evict the sources it hides behind; held sources
-//! look their window up once a bucket so that other sources' churn does
-//! not evict it, and penalties and refusals also live in `HOLDS`, which
-//! never evicts: a window created again for a held source comes back
-//! blocked or exhausted, whichever CPU creates it.
+//! the rule. Windows are kept (`WINDOWS` never evicts; the daemon deletes
+//! idle ones), so no flood takes a source's count away; once `WINDOWS` is
+//! full, new windows spill into an LRU map (`WINDOW_SPILL`), where held
+//! sources look their window up once a bucket so that other sources'
+//! churn does not evict it, and penalties and refusals also live in
+//! `HOLDS`, which never evicts: a window created again for a held source
+//! comes back blocked or exhausted, whichever CPU creates it
+//! (docs/architecture.md, "Floods cannot free the sources they hide
+//! behind").
 //!
 //! Cluster scope (`Scope::Cluster`, `limiter_common::cluster`). A node
 //! rule pays one byte test on the rule in hand, in `limit_window`. A
@@ -100,13 +105,15 @@ use limiter_ebpf::parse::Packet;
 use crate::{
     maps::{
         self, CLUSTER, CLUSTER_SHARES, CONFIG, FRAME_KEY, HOLDS, PENALTY_MARKS, PREFIXES_V4,
-        PREFIXES_V6, RULES, SHARE_MARKS, SOURCES, TRAFFIC_SEED, WINDOWS, WINDOW_SEED,
+        PREFIXES_V6, RULES, SHARE_MARKS, SOURCES, TRAFFIC_SEED, WINDOWS, WINDOW_SEED, WINDOW_SPILL,
     },
     shared::{self, SharedWindow},
 };
 
 /// `bpf_map_update_elem` flag: create only.
 const BPF_NOEXIST: u64 = 1;
+/// `bpf_map_update_elem`'s error when a map without eviction is full.
+const E2BIG: i32 = -7;
 
 /// What to do with a frame and what to count it as.
 pub struct Verdict {
@@ -188,7 +195,7 @@ pub fn judge(packet: &Packet, len: u64) -> Verdict {
             // A new episode of refusals: tell the daemon.
             let dry_run = verdict.outcome == Outcome::DryRunWouldDrop;
             let event = LimitEvent::new(*key, traffic.rule, now, dry_run);
-            maps::send_event(&event, now / 1_000_000_000);
+            maps::send_event(&event, now);
         }
         traffic.last_refused_ns = now;
     }
@@ -209,11 +216,13 @@ enum Tiered {
 /// A frame with the tiers on (see the module docs).
 #[inline(always)]
 fn tiered(config: &Config, key: &SourceKey, now: u64, len: u64) -> Tiered {
+    // Counted by source, whatever the frame's class: the classes one rule
+    // judges share its window, so they share its cheap frames too.
     let place = sketch::place(
         &key.addr,
         key.family() == AddressFamily::V6,
         key.prefix_len,
-        key.class,
+        0,
         config.sketch_seed,
     );
     let tag = sketch::tag(now);
@@ -356,7 +365,8 @@ fn must_be_exact(
 }
 
 /// The sketch place of `key`'s source as keyed by `rule`'s budget (where
-/// its marks are): `place` itself when the frame's class is the budget.
+/// its marks are): `place` (the source's, keyed as budget 0) itself when
+/// the budget is 0.
 #[inline(always)]
 fn budget_place(
     config: &Config,
@@ -364,7 +374,7 @@ fn budget_place(
     rule: &Rule,
     place: sketch::Place,
 ) -> sketch::Place {
-    if rule.budget == key.class {
+    if rule.budget == 0 {
         place
     } else {
         hashed_budget_place(config, key, rule)
@@ -520,20 +530,32 @@ fn promote(
     Some(traffic)
 }
 
-/// Arms a penalty for `rule` on the window keyed `wkey`: in the window, and
-/// in `HOLDS`, so that the window comes back blocked if it is evicted
-/// meanwhile. Returns until when.
+/// Arms a penalty for `rule` on the window keyed `wkey`: in the window,
+/// and in `HOLDS`, so that the window comes back blocked should it be
+/// evicted meanwhile (a spilled one may be). Returns until when.
 #[inline(always)]
 fn arm_penalty(window: &SharedWindow, wkey: &SourceKey, rule: &Rule, now: u64) -> u64 {
     let until = now + rule.block_ns;
     window.set_blocked(until, rule.block_tag);
-    let penalty = Hold {
-        until_ns: until,
-        tag: rule.block_tag,
-    };
-    // Full: the penalty lives in the window only.
-    let _ = HOLDS.insert(wkey, penalty, 0);
+    hold(
+        wkey,
+        Hold {
+            until_ns: until,
+            tag: rule.block_tag,
+        },
+    );
     until
+}
+
+/// Keeps a refusal or penalty apart from the window (`HOLDS`); counts
+/// `hold_failed` when `HOLDS` is full. Every window's, not only a spilled
+/// one's: which map a window is in would have to be carried through
+/// `limit`, whose stack is at 6.1's limit.
+#[inline(always)]
+fn hold(wkey: &SourceKey, held: Hold) {
+    if HOLDS.insert(wkey, held, 0).is_err() {
+        maps::count(Outcome::HoldFailed, 0);
+    }
 }
 
 /// The key of a frame's state: its source cut to the configured prefix,
@@ -741,8 +763,8 @@ fn limit_window(
     let packet_only = unwindowed_first
         && rule.allowance_bytes == window::UNLIMITED
         && params.allowance_packets != 0;
-    let (window, created) = match WINDOWS.get_ptr_mut(key) {
-        Some(state) => (SharedWindow(state), false),
+    let (window, created) = match find_window(key) {
+        Some(window) => (window, false),
         None => {
             if packet_only && first_frame == FIRST_CREATED {
                 traffic.unwindowed_ns = now;
@@ -832,14 +854,16 @@ fn limit_window(
             traffic.hold_until_ns = if rule.block_ns != 0 && !dry_run {
                 arm_penalty(&window, key, rule, now)
             } else {
-                // Refused over its limit: should its window be evicted
-                // within a window from now, it comes back exhausted,
-                // whichever CPU creates it again.
-                let held = Hold {
-                    until_ns: now + rule.bucket_ns * u64::from(rule.buckets),
-                    tag: 0,
-                };
-                let _ = HOLDS.insert(key, held, 0);
+                // Refused over its limit: should its window be evicted (a
+                // spilled one may be) within a window from now, it comes
+                // back exhausted, whichever CPU creates it again.
+                hold(
+                    key,
+                    Hold {
+                        until_ns: now + rule.bucket_ns * u64::from(rule.buckets),
+                        tag: 0,
+                    },
+                );
                 hold_until_ns
             };
             Some(0)
@@ -863,13 +887,15 @@ fn cluster_allowance(state: &ClusterState, wkey: &SourceKey, rule: &Rule, now: u
 
 /// Tells the daemon that the cluster-scoped source whose window is
 /// `window` (keyed `wkey`) is hot under rule `index`, once per window
-/// length whichever CPU finds it so, within the CPU's event budget (a
-/// report the budget drops waits for the next window: the source is
-/// still hot then, or did not matter).
+/// length whichever CPU finds it so, within the CPU's budget of reports.
+/// A report the budget (or a full ring) drops gives its claim back, so the
+/// source's next frame that finds it hot reports it.
 #[inline(always)]
 fn report_hot(window: &SharedWindow, wkey: &SourceKey, rule: &Rule, index: u32, now: u64) {
-    if window.claim_hot_report(now, rule.bucket_ns * u64::from(rule.buckets)) {
-        maps::send_cluster_hot(wkey, index, now);
+    if window.claim_hot_report(now, rule.bucket_ns * u64::from(rule.buckets))
+        && !maps::send_cluster_hot(wkey, index, now)
+    {
+        window.release_hot_report(now);
     }
 }
 
@@ -884,14 +910,24 @@ fn params(rule: &Rule) -> WindowParams {
 }
 
 /// Looks a held source's window up once a bucket (per CPU): a held source
-/// reads no window otherwise, and the LRU map would evict it under a flood
-/// of other sources, bringing it back with a fresh allowance.
+/// reads no window otherwise, and were its window spilled, the LRU map
+/// would evict it under a flood of other sources.
 #[inline(always)]
 fn touch(key: &SourceKey, rule: &Rule, traffic: &mut SourceTraffic, now: u64) {
     if now.wrapping_sub(traffic.touched_ns) >= rule.bucket_ns {
         traffic.touched_ns = now;
-        let _ = WINDOWS.get_ptr(key.with_class(rule.budget));
+        let _ = find_window(&key.with_class(rule.budget));
     }
+}
+
+/// The shared window of `wkey`: kept (`WINDOWS`), else spilled
+/// (`WINDOW_SPILL`).
+#[inline(always)]
+fn find_window(wkey: &SourceKey) -> Option<SharedWindow> {
+    if let Some(state) = WINDOWS.get_ptr_mut(wkey) {
+        return Some(SharedWindow(state));
+    }
+    WINDOW_SPILL.get_ptr_mut(wkey).map(SharedWindow)
 }
 
 /// Creates the shared window of `key` (unless another CPU just did),
@@ -931,11 +967,24 @@ fn create_window(
             exhausted = true;
         }
     }
-    // Failure (EEXIST) just means another CPU created it first (and counted
-    // what this one owed). The value is passed by reference to the map
-    // value: a copy would take 272 of the 512 bytes of BPF stack.
+    // Failure with EEXIST just means another CPU created it first (and
+    // counted what this one owed); with E2BIG, that the kept windows are
+    // full: the window goes to the spill. The value is passed by reference
+    // to the map value: a copy would take 272 of the 512 bytes of BPF
+    // stack.
     #[allow(clippy::needless_borrows_for_generic_args)]
-    let created = WINDOWS.insert(key, &*seed, BPF_NOEXIST).is_ok();
+    let created = match WINDOWS.insert(key, &*seed, BPF_NOEXIST) {
+        Ok(()) => true,
+        Err(E2BIG) => {
+            #[allow(clippy::needless_borrows_for_generic_args)]
+            let spilled = WINDOW_SPILL.insert(key, &*seed, BPF_NOEXIST).is_ok();
+            if spilled {
+                maps::count(Outcome::WindowSpilled, len);
+            }
+            spilled
+        }
+        Err(_) => false,
+    };
     // The seed is all zero between uses.
     // Volatile, one word each: plain stores of these three adjacent
     // words are merged into a `memset` call, whose frame 6.1's verifier
@@ -948,9 +997,8 @@ fn create_window(
         core::ptr::write_volatile(&mut seed.blocked_until_ns, 0);
         core::ptr::write_volatile(&mut seed.blocked_tag, 0);
     }
-    match WINDOWS.get_ptr_mut(key) {
-        Some(state) => {
-            let window = SharedWindow(state);
+    match find_window(key) {
+        Some(window) => {
             if created && exhausted {
                 window::mark_exhausted(&window, params, now);
             }

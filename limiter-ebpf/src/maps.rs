@@ -16,7 +16,7 @@ use aya_ebpf::{
 };
 use limiter_common::{
     cluster::{ClusterShare, ClusterState},
-    event::EVENTS_PER_CPU_PER_SECOND,
+    event::{EVENTS_PER_CPU_PER_SECOND, HOT_REPORTS_PER_CPU_PER_SECOND},
     maps as spec,
     rules::{PrefixKeyV4, PrefixKeyV6},
     sketch, Config, Counter, Hold, LimitEvent, Outcome, Rule, RuleRefs, SourceKey, SourceTraffic,
@@ -31,11 +31,18 @@ pub static SOURCES: LruPerCpuHashMap<SourceKey, SourceTraffic> =
 const _: () = spec::SOURCES.check::<SourceKey, SourceTraffic>("SOURCES");
 
 /// Admission window per source, shared by all CPUs (written only when a
-/// frame is admitted). LRU like `SOURCES`.
+/// frame is admitted). Never evicted: the daemon deletes idle windows.
 #[map(name = "WINDOWS")]
-pub static WINDOWS: LruHashMap<SourceKey, WindowState> =
-    LruHashMap::with_max_entries(spec::WINDOWS.max_entries, 0);
+pub static WINDOWS: HashMap<SourceKey, WindowState> =
+    HashMap::with_max_entries(spec::WINDOWS.max_entries, 0);
 const _: () = spec::WINDOWS.check::<SourceKey, WindowState>("WINDOWS");
+
+/// Windows created while `WINDOWS` was full. LRU: other sources' windows
+/// may evict them (`HOLDS` keeps their refusals).
+#[map(name = "WINDOW_SPILL")]
+pub static WINDOW_SPILL: LruHashMap<SourceKey, WindowState> =
+    LruHashMap::with_max_entries(spec::WINDOW_SPILL.max_entries, 0);
+const _: () = spec::WINDOW_SPILL.check::<SourceKey, WindowState>("WINDOW_SPILL");
 
 /// Scratch for a new `WINDOWS` value (too large for the BPF stack): all
 /// zero between uses, seeded, inserted and zeroed again (`limit.rs`).
@@ -62,8 +69,8 @@ const _: () = spec::PENALTY_MARKS.check::<u32, u64>("PENALTY_MARKS");
 pub static SHARE_MARKS: Array<u64> = Array::with_max_entries(spec::SHARE_MARKS.max_entries, 0);
 const _: () = spec::SHARE_MARKS.check::<u32, u64>("SHARE_MARKS");
 
-/// Penalties apart from the windows, so an evicted window comes back
-/// blocked (`limiter_common::state::Hold`).
+/// Refusals and penalties apart from the spilled windows, so an evicted
+/// one comes back blocked or exhausted (`limiter_common::state::Hold`).
 #[map(name = "HOLDS")]
 pub static HOLDS: HashMap<SourceKey, Hold> = HashMap::with_max_entries(spec::HOLDS.max_entries, 0);
 const _: () = spec::HOLDS.check::<SourceKey, Hold>("HOLDS");
@@ -145,24 +152,41 @@ pub fn count_rule_drop(index: u32) {
 pub static EVENTS: RingBuf = RingBuf::with_byte_size(spec::EVENTS.max_entries, 0);
 const _: () = spec::EVENTS.check_name("EVENTS");
 
-/// Per CPU: `[second, events sent in it]`, the events' rate limit.
+/// Per CPU: `[second, "source limited" events sent in it, "cluster hot"
+/// reports sent in it]`, the events' rate limits, one per kind.
 #[map(name = "EVENT_BUDGET")]
-pub static EVENT_BUDGET: PerCpuArray<[u64; 2]> =
+pub static EVENT_BUDGET: PerCpuArray<[u64; 3]> =
     PerCpuArray::with_max_entries(spec::EVENT_BUDGET.max_entries, 0);
-const _: () = spec::EVENT_BUDGET.check::<u32, [u64; 2]>("EVENT_BUDGET");
+const _: () = spec::EVENT_BUDGET.check::<u32, [u64; 3]>("EVENT_BUDGET");
 
-/// Sends `event` unless this CPU already sent its share this second or
-/// the ring is full (then counts `event_dropped`).
+/// This CPU's event budgets for the second of `now`, restarted when a new
+/// second begins.
 #[inline(always)]
-pub fn send_event(event: &LimitEvent, second: u64) {
-    let Some(budget) = EVENT_BUDGET.get_ptr_mut(0) else {
+fn event_budget(now: u64) -> Option<&'static mut [u64; 3]> {
+    let budget = EVENT_BUDGET.get_ptr_mut(0)?;
+    // SAFETY: this CPU's slot of an array element; XDP runs with
+    // migration disabled, so nothing else touches it meanwhile.
+    let budget = unsafe { &mut *budget };
+    let second = now / 1_000_000_000;
+    if budget[0] != second {
+        // One volatile store per word: an array store becomes a `memset`
+        // call, a BPF-to-BPF call that 6.1 counts into `limit`'s stack.
+        for (word, value) in budget.iter_mut().zip([second, 0, 0]) {
+            // SAFETY: an aligned word of this CPU's slot.
+            unsafe { core::ptr::write_volatile(word, value) };
+        }
+    }
+    Some(budget)
+}
+
+/// Sends `event` unless this CPU already sent its share of "source
+/// limited" events this second or the ring is full (then counts
+/// `event_dropped`).
+#[inline(always)]
+pub fn send_event(event: &LimitEvent, now: u64) {
+    let Some(budget) = event_budget(now) else {
         return;
     };
-    // SAFETY: this CPU's slot of an array element.
-    let budget = unsafe { &mut *budget };
-    if budget[0] != second {
-        *budget = [second, 0];
-    }
     if budget[1] >= EVENTS_PER_CPU_PER_SECOND || EVENTS.output::<LimitEvent>(event, 0).is_err() {
         count(Outcome::EventDropped, 0);
         return;
@@ -171,28 +195,23 @@ pub fn send_event(event: &LimitEvent, second: u64) {
 }
 
 /// Sends a cluster-hot event for the window keyed `wkey` under rule
-/// `index` at `now`, within the same per-CPU budget as [`send_event`]
-/// (else counts `event_dropped`). Written in place in the ring, not built
-/// on the stack: it runs inside `limit`, whose frame and its caller's
-/// must fit the 512 bytes of BPF stack together.
+/// `index` at `now`, within this CPU's budget of such reports (a budget
+/// of their own: refused sources cannot spend it); whether it was sent
+/// (else counts `cluster_hot_dropped`). Written in place in the ring, not
+/// built on the stack: it runs inside `limit`, whose frame and its
+/// caller's must fit the 512 bytes of BPF stack together.
 #[inline(always)]
-pub fn send_cluster_hot(wkey: &SourceKey, index: u32, now: u64) {
-    let Some(budget) = EVENT_BUDGET.get_ptr_mut(0) else {
-        return;
+pub fn send_cluster_hot(wkey: &SourceKey, index: u32, now: u64) -> bool {
+    let Some(budget) = event_budget(now) else {
+        return false;
     };
-    // SAFETY: this CPU's slot of an array element.
-    let budget = unsafe { &mut *budget };
-    let second = now / 1_000_000_000;
-    if budget[0] != second {
-        *budget = [second, 0];
-    }
-    if budget[1] >= EVENTS_PER_CPU_PER_SECOND {
-        count(Outcome::EventDropped, 0);
-        return;
+    if budget[2] >= HOT_REPORTS_PER_CPU_PER_SECOND {
+        count(Outcome::ClusterHotDropped, 0);
+        return false;
     }
     let Some(mut entry) = EVENTS.reserve::<LimitEvent>(0) else {
-        count(Outcome::EventDropped, 0);
-        return;
+        count(Outcome::ClusterHotDropped, 0);
+        return false;
     };
     let event = entry.as_mut_ptr();
     // SAFETY: the reserved entry is this CPU's until submitted, and the
@@ -200,7 +219,8 @@ pub fn send_cluster_hot(wkey: &SourceKey, index: u32, now: u64) {
     // aggregate write into ring-buffer memory becomes a `memmove` call.
     unsafe { LimitEvent::write_cluster_hot(event, wkey, index, now) };
     entry.submit(0);
-    budget[1] += 1;
+    budget[2] += 1;
+    true
 }
 
 /// Counts one frame of `len` bytes under `outcome` on this CPU.

@@ -1,4 +1,4 @@
-//! Access to what all CPUs share: the `WINDOWS` value (volatile loads and
+//! Access to what all CPUs share: a `WINDOWS` or `WINDOW_SPILL` value (volatile loads and
 //! stores for single words, and the BPF compare-and-swap, `cmpxchg`, BPF
 //! ISA v3, for the window slots), the cheap tier's sketch and the penalty
 //! marks.
@@ -81,6 +81,21 @@ impl SharedWindow {
             )
         };
         swapped
+    }
+
+    /// Gives back a claim made at `now_ns` (its report could not be sent),
+    /// so that the next CPU to find the window hot reports it; unless
+    /// another claim replaced it meanwhile.
+    #[inline(always)]
+    pub fn release_hot_report(&self, now_ns: u64) {
+        let word = unsafe_field_hot_reported(self.0);
+        // SAFETY: aligned u64 inside a live map value; BPF_CMPXCHG is
+        // atomic.
+        unsafe {
+            atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(
+                word, now_ns, 0,
+            )
+        };
     }
 
     /// Records a new bucket width (after clearing the slots). Several CPUs

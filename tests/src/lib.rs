@@ -1,6 +1,7 @@
 //! Test harness for xdp-limiter, reused by every integration test:
 //!
 //! - [`packets`]: frame builders (IPv4/IPv6, VLAN/QinQ, UDP/TCP/ICMP, ARP).
+//! - [`flood`]: spoofed sources by index, sprayed through the program.
 //! - [`testrun`]: the real program through BPF_PROG_TEST_RUN on a chosen CPU,
 //!   and its counters read back.
 //! - [`netns`]: network namespaces and veth pairs that always clean up.
@@ -20,6 +21,7 @@
 
 pub mod cluster_lab;
 pub mod daemon;
+pub mod flood;
 pub mod fuzz;
 pub mod lab;
 pub mod model;

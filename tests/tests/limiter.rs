@@ -517,10 +517,11 @@ fn a_full_state_map_evicts_old_sources_and_keeps_limiting_the_active_one() {
     );
 }
 
-/// The exhausted-after-eviction path: a source over its limit is refused
-/// from its CPU's hold and never touches its window, so a churn of new
-/// sources evicts that window; when it looks again (at the next bucket) it
-/// must come back exhausted, not with a fresh allowance.
+/// The exhausted-after-eviction path: once the kept windows are full, a
+/// new source's window spills; over its limit, it is refused from its
+/// CPU's hold and never touches its window, so a churn of new sources
+/// evicts that window; when it looks again (at the next bucket) it must
+/// come back exhausted (from `HOLDS`), not with a fresh allowance.
 #[test]
 fn a_limited_source_whose_window_is_evicted_comes_back_exhausted() {
     // Few windows, so that even an emulated kernel's slow churn (100-250
@@ -539,9 +540,18 @@ fn a_limited_source_whose_window_is_evicted_comes_back_exhausted() {
     set.default.limits.window = Duration::from_secs(60);
     set.buckets_per_window = 6;
     harness.push(&set);
+    // The kept windows full (two frames each: every source gets a window).
+    for i in 0..WINDOWS {
+        let frame = udp(Ipv4Addr::from(0xc634_0000u32 + i).octets());
+        harness.offer(0, &frame, 2);
+    }
     let heavy = udp([192, 0, 2, 200]);
     let heavy_key = SourceKey::v4([192, 0, 2, 200]);
     assert_eq!(harness.offer(0, &heavy, 65), (60, 5));
+    assert!(
+        harness.maps().window_spill.get(&heavy_key, 0).is_ok(),
+        "its window spilled"
+    );
     let start = testrun::coarse_now();
     let (mut recreated, mut passed, mut i) = (0, 0, 0u32);
     // Two bucket boundaries at which the heavy source looks again, and at
@@ -554,7 +564,7 @@ fn a_limited_source_whose_window_is_evicted_comes_back_exhausted() {
         if i % 20 == 0 {
             let windowed = |h: &Harness| {
                 let windows = read::windows(h.maps()).expect("read WINDOWS");
-                assert!(windows.len() <= WINDOWS as usize);
+                assert!(windows.len() <= 2 * WINDOWS as usize);
                 windows.contains_key(&heavy_key)
             };
             let before = windowed(&harness);

@@ -454,7 +454,7 @@ impl Sync {
             tracked.window = window;
             let (mut admitted, mut offered) = (0u64, 0u64);
             for (i, (_, maps)) in self.ifaces.iter().enumerate() {
-                if let Ok(state) = maps.windows.get(&tracked.key, 0) {
+                if let Some(state) = maps.window(&tracked.key) {
                     let words = state.slots.map(|slot| slot[0]);
                     let first =
                         first_bucket_of_window(kernel_now, state.bucket_ns.max(1), rule.buckets);

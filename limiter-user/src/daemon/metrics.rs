@@ -35,6 +35,10 @@ pub struct Metrics {
     capacity: IntGaugeVec,
     limited: IntGaugeVec,
     penalties: IntGaugeVec,
+    holds: IntGaugeVec,
+    windows_kept: IntGaugeVec,
+    window_capacity: IntGaugeVec,
+    windows_reclaimed: IntCounterVec,
     rules: IntGaugeVec,
     reattachments: IntCounterVec,
     attached: IntGaugeVec,
@@ -220,6 +224,30 @@ impl Metrics {
                 "Penalties running (sources blocked by a rule's `block`).",
                 &["interface"],
             ),
+            holds: gauge(
+                &registry,
+                "xdp_limiter_holds",
+                "Refusals and penalties kept apart from the windows (HOLDS), of daemon.max_sources at most; at that, new ones are not kept (outcome hold_failed).",
+                &["interface"],
+            ),
+            windows_kept: gauge(
+                &registry,
+                "xdp_limiter_windows_kept",
+                "Windows in the kept map (WINDOWS, never evicted) after the daemon's last pass over it deleted the idle ones; at xdp_limiter_window_capacity, new windows spill (outcome window_spilled).",
+                &["interface"],
+            ),
+            window_capacity: gauge(
+                &registry,
+                "xdp_limiter_window_capacity",
+                "Windows the kept map holds at most (daemon.max_sources).",
+                &["interface"],
+            ),
+            windows_reclaimed: counter(
+                &registry,
+                "xdp_limiter_windows_reclaimed_total",
+                "Idle windows the daemon deleted from the kept map.",
+                &["interface"],
+            ),
             limited: gauge(
                 &registry,
                 "xdp_limiter_limited_sources",
@@ -402,6 +430,30 @@ impl Metrics {
         self.penalties
             .with_label_values(&[iface])
             .set(running as i64);
+    }
+
+    /// Updates the kept windows of `iface`: how many the last complete
+    /// pass left (`None` before one completed), the capacity, and how many
+    /// idle ones were deleted so far (this daemon's).
+    pub fn record_windows(
+        &mut self,
+        iface: &str,
+        kept: Option<usize>,
+        capacity: u32,
+        reclaimed: u64,
+        holds: usize,
+    ) {
+        if let Some(kept) = kept {
+            self.windows_kept
+                .with_label_values(&[iface])
+                .set(kept as i64);
+        }
+        self.window_capacity
+            .with_label_values(&[iface])
+            .set(i64::from(capacity));
+        let counter = self.windows_reclaimed.clone();
+        self.advance(&counter, &[iface], reclaimed);
+        self.holds.with_label_values(&[iface]).set(holds as i64);
     }
 
     /// Updates the link state of `iface`: re-attachments so far (this

@@ -22,7 +22,9 @@ use crate::{
     kernel::{
         self, penalty,
         push::{push_all, PushError},
-        read, Instance, LinkCheck,
+        read,
+        windows::Reclaim,
+        Instance, LinkCheck,
     },
     rules::{rule_name, RuleSet},
 };
@@ -54,6 +56,8 @@ pub struct Iface {
     pub(super) instance: Instance,
     /// The sweep over its per-source map, spread over ticks.
     pub(super) sweep: Sweep,
+    /// The walk over its kept windows that deletes the idle ones.
+    pub(super) reclaim: Reclaim,
     /// Its last aggregation passes.
     pub(super) observed: Observed,
     /// The sources the last complete sweep saw in an episode of refusals
@@ -66,6 +70,7 @@ impl Iface {
         Self {
             instance,
             sweep: Sweep::default(),
+            reclaim: Reclaim::default(),
             observed: Observed::default(),
             refusing: BTreeSet::new(),
         }
@@ -140,7 +145,14 @@ impl Daemon {
         for iface in &mut self.ifaces {
             check_link(&mut iface.instance, daemon.mode);
             let now_ns = kernel::now().as_nanos() as u64;
-            let penalties = penalty::sweep(&mut iface.instance.program.maps, now_ns);
+            let holds = penalty::sweep(&mut iface.instance.program.maps, now_ns);
+            if let Err(e) = iface.reclaim.step(
+                &mut iface.instance.program.maps,
+                now_ns,
+                daemon.sources_per_tick,
+            ) {
+                error!(iface = %iface.instance.iface, error = %e, "reading the kept windows failed");
+            }
             let instance = &iface.instance;
             let snapshot = match aggregate::pass(
                 &instance.program.maps,
@@ -169,7 +181,15 @@ impl Daemon {
                 instance.reattachments,
                 instance.link.is_attached(),
             );
-            self.metrics.record_penalties(&instance.iface, penalties);
+            self.metrics
+                .record_penalties(&instance.iface, holds.penalties);
+            self.metrics.record_windows(
+                &instance.iface,
+                iface.reclaim.kept(),
+                daemon.max_sources,
+                iface.reclaim.deleted_total(),
+                holds.kept,
+            );
             iface.observed.update(snapshot);
         }
         self.metrics

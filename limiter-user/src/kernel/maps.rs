@@ -26,8 +26,11 @@ pub struct Maps {
     /// Offered traffic per source and CPU (an LRU per-CPU hash; a plain
     /// per-CPU hash reads the same).
     pub sources: PerCpuHashMap<MapData, SourceKey, SourceTraffic>,
-    /// Admission window per source, shared by the CPUs.
+    /// Admission window per source, shared by the CPUs: kept (never
+    /// evicted; the daemon deletes idle ones, `kernel::windows`).
     pub windows: HashMap<MapData, SourceKey, WindowState>,
+    /// The windows created while `windows` was full (an LRU hash).
+    pub window_spill: HashMap<MapData, SourceKey, WindowState>,
     /// Per-CPU counters by `Outcome`.
     pub stats: PerCpuArray<MapData, Counter>,
     /// The live configuration (one entry).
@@ -47,7 +50,7 @@ pub struct Maps {
     pub penalty_marks: Array<MapData, u64>,
     /// The cheap tier's share marks, written with the cluster shares.
     pub share_marks: Array<MapData, u64>,
-    /// Penalties apart from the windows.
+    /// Refusals and penalties apart from the spilled windows.
     pub holds: HashMap<MapData, SourceKey, Hold>,
     /// This node's allowance per cluster-scoped source, by window key (an
     /// LRU hash; written through `kernel::cluster`).
@@ -77,13 +80,14 @@ fn pinned<T: TryFrom<Map, Error = aya::maps::MapError>>(
 
 impl Maps {
     /// How many maps a `Maps` holds.
-    pub const COUNT: usize = 13;
+    pub const COUNT: usize = 16;
 
     /// Moves the maps out of a freshly loaded object.
     pub(super) fn take(ebpf: &mut Ebpf) -> Result<Self, MapsError> {
         Ok(Self {
             sources: take(ebpf, names::SOURCES)?,
             windows: take(ebpf, names::WINDOWS)?,
+            window_spill: take(ebpf, names::WINDOW_SPILL)?,
             stats: take(ebpf, names::STATS)?,
             config: take(ebpf, names::CONFIG)?,
             rules: take(ebpf, names::RULES)?,
@@ -108,6 +112,7 @@ impl Maps {
         Ok(Self {
             sources: pinned(maps_dir, names::SOURCES)?,
             windows: pinned(maps_dir, names::WINDOWS)?,
+            window_spill: pinned(maps_dir, names::WINDOW_SPILL)?,
             stats: pinned(maps_dir, names::STATS)?,
             config: pinned(maps_dir, names::CONFIG)?,
             rules: pinned(maps_dir, names::RULES)?,
@@ -127,6 +132,15 @@ impl Maps {
     /// The live configuration (generation 0: nothing pushed yet).
     pub fn live_config(&self) -> Result<Config, MapsError> {
         self.config.get(&0, 0).map_err(MapsError::on(names::CONFIG))
+    }
+
+    /// The shared window of `wkey` (a window key: the source with its
+    /// rule's budget as class), kept or spilled, as the kernel finds it.
+    pub fn window(&self, wkey: &SourceKey) -> Option<WindowState> {
+        self.windows
+            .get(wkey, 0)
+            .or_else(|_| self.window_spill.get(wkey, 0))
+            .ok()
     }
 
     /// The rule at `RULES` index `index`.

@@ -20,6 +20,7 @@ pub mod push;
 pub mod read;
 pub mod sys;
 pub mod verifier;
+pub mod windows;
 
 pub use attach::{Attachment, Instance, LinkCheck};
 pub use maps::Maps;

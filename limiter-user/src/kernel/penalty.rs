@@ -16,9 +16,8 @@ pub fn is_blocked(maps: &Maps, key: &SourceKey, rule_index: u32, now_ns: u64) ->
     let Ok(rule) = maps.rule(rule_index) else {
         return false;
     };
-    maps.windows
-        .get(&key.with_class(rule.budget), 0)
-        .is_ok_and(|window| window.blocked_at(now_ns, rule.block_tag))
+    maps.window(&key.with_class(rule.budget))
+        .is_some_and(|window| window.blocked_at(now_ns, rule.block_tag))
 }
 
 /// Lifts the penalty of every source inside `cidr` whose penalty still
@@ -39,25 +38,26 @@ pub fn lift(maps: &mut Maps, cidr: &IpNet, now_ns: u64) -> usize {
     for key in kept {
         let _ = maps.holds.remove(&key);
     }
-    let keys: Vec<SourceKey> = maps
-        .windows
-        .keys()
-        .filter_map(Result::ok)
-        .filter(|key| inside(key))
-        .collect();
     let mut lifted = 0;
-    for key in keys {
-        let Ok(mut window) = maps.windows.get(&key, 0) else {
-            continue;
-        };
-        if window.blocked_until_ns <= now_ns {
-            continue;
-        }
-        window.blocked_until_ns = 0;
-        window.blocked_tag = 0;
-        // Only while the source still has its window.
-        if maps.windows.insert(key, window, BPF_EXIST).is_ok() {
-            lifted += 1;
+    for windows in [&mut maps.windows, &mut maps.window_spill] {
+        let keys: Vec<SourceKey> = windows
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|key| inside(key))
+            .collect();
+        for key in keys {
+            let Ok(mut window) = windows.get(&key, 0) else {
+                continue;
+            };
+            if window.blocked_until_ns <= now_ns {
+                continue;
+            }
+            window.blocked_until_ns = 0;
+            window.blocked_tag = 0;
+            // Only while the source still has its window.
+            if windows.insert(key, window, BPF_EXIST).is_ok() {
+                lifted += 1;
+            }
         }
     }
     lifted
@@ -66,16 +66,27 @@ pub fn lift(maps: &mut Maps, cidr: &IpNet, now_ns: u64) -> usize {
 /// Removes the holds kept apart from the windows (`HOLDS`) that ended
 /// before `now_ns` (the kernel removes one when it finds it ended; this
 /// keeps the map from filling with holds of sources that never came back).
-/// Returns how many penalties still run.
-pub fn sweep(maps: &mut Maps, now_ns: u64) -> usize {
+pub fn sweep(maps: &mut Maps, now_ns: u64) -> Holds {
     let entries: Vec<(SourceKey, Hold)> = maps.holds.iter().filter_map(Result::ok).collect();
-    let mut penalties = 0;
+    let mut holds = Holds::default();
     for (key, held) in entries {
         if held.until_ns <= now_ns {
             let _ = maps.holds.remove(&key);
-        } else if held.tag != 0 {
-            penalties += 1;
+            continue;
+        }
+        holds.kept += 1;
+        if held.tag != 0 {
+            holds.penalties += 1;
         }
     }
-    penalties
+    holds
+}
+
+/// What [`sweep`] left in `HOLDS`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Holds {
+    /// Holds still running.
+    pub kept: usize,
+    /// Of them, penalties.
+    pub penalties: usize,
 }
