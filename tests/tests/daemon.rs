@@ -463,6 +463,16 @@ fn a_missing_bpffs_is_mounted() {
         let text = std::fs::read_to_string(&log).unwrap_or_default();
         if text.contains("control socket ready") {
             assert!(text.contains("mounting bpffs"), "{text}");
+            // Seen from inside the daemon's mount namespace; the kernel
+            // always sets the sticky bit on a bpffs root.
+            let root = std::path::PathBuf::from(format!("/proc/{}/root/sys/fs/bpf", child.id()));
+            let mode = |dir: &std::path::Path| {
+                std::os::unix::fs::MetadataExt::mode(
+                    &std::fs::metadata(dir).expect("stat in the daemon's namespace"),
+                ) & 0o7777
+            };
+            assert_eq!(mode(&root), 0o1700, "bpffs is root's only");
+            assert_eq!(mode(&root.join("xlt-unshare")), 0o700, "so is the pin dir");
             break;
         }
         if let Some(status) = child.try_wait().expect("wait") {
@@ -486,10 +496,10 @@ fn a_missing_bpffs_is_mounted() {
 }
 
 #[test]
-fn a_pinned_map_of_another_layout_is_recreated_and_detach_removes_everything() {
+fn a_pinned_map_of_another_layout_is_refused_and_detach_removes_everything() {
     let (lab, files, receiver) = limited_lab();
-    // A map pinned where SOURCES goes, with another value size (as an
-    // older version with another layout would have left it).
+    // A map pinned where SOURCES goes, with another value size: not one
+    // this layout version of the daemon could have pinned.
     let maps_dir = limiter_user::kernel::pins::maps_dir(&files.pin_dir.join(RX_IF));
     std::fs::create_dir_all(&maps_dir).expect("bpffs dir");
     let mut other = aya::EbpfLoader::new()
@@ -500,20 +510,32 @@ fn a_pinned_map_of_another_layout_is_recreated_and_detach_removes_everything() {
         aya::maps::Map::PerCpuLruHashMap(data) => data.pin(maps_dir.join("SOURCES")).expect("pin"),
         other => panic!("unexpected map type {other:?}"),
     }
-    let daemon = start(&lab, &files, &["--keep-attached"]);
-    daemon.wait_log("pinned map has another layout or size; starting it afresh");
-    assert_eq!(
-        heavy_through(&lab, &receiver, 25),
-        20,
-        "enforcing with the recreated map"
+    let config = files.config();
+    let args = ["-i", RX_IF, "-c", config.to_str().expect("utf-8")];
+    let (status, log) = Daemon::start_failing(&lab.rx, &files, &args);
+    assert_eq!(status.code(), Some(1));
+    let error = one_error_line(&log);
+    assert!(
+        error.contains(&format!(
+            "refusing to adopt {}: its value size is",
+            maps_dir.join("SOURCES").display()
+        )),
+        "{error}"
     );
+    assert_eq!(lab.attached_program(), None, "nothing attached");
+    assert!(maps_dir.join("SOURCES").exists(), "and nothing removed");
+
+    // The operator removes it; then the start works.
+    std::fs::remove_dir_all(files.pin_dir.join(RX_IF)).expect("remove the foreign pins");
+    let pin_dir = files.pin_dir.to_str().expect("utf-8");
+
+    let daemon = start(&lab, &files, &["--keep-attached"]);
+    assert_eq!(heavy_through(&lab, &receiver, 25), 20, "enforcing afresh");
     assert!(daemon.stop().success());
     assert!(
         lab.attached_program().is_some(),
         "--keep-attached left it attached"
     );
-
-    let pin_dir = files.pin_dir.to_str().expect("utf-8");
     let out = files.cli_ok(&["detach", "--iface", RX_IF, "--pin-dir", pin_dir]);
     assert_eq!(out.trim(), format!("{RX_IF}: detached"));
     assert_eq!(lab.attached_program(), None, "detach removed the program");
