@@ -42,6 +42,8 @@ pub struct Metrics {
     runs: IntCounterVec,
     ns_per_run: GaugeVec,
     pub aggregation: Histogram,
+    /// "source limited" lines the log cap held back.
+    pub limited_log_suppressed: IntCounter,
     /// The cluster sync's metrics (registered whether or not `[cluster]`
     /// is configured, so dashboards see zeros rather than gaps).
     pub cluster: ClusterMetrics,
@@ -276,6 +278,14 @@ impl Metrics {
                     )
                     .buckets(vec![0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5]),
                 )
+                .expect("valid metric"),
+            ),
+            limited_log_suppressed: registered(
+                &registry,
+                IntCounter::with_opts(Opts::new(
+                    "xdp_limiter_limited_log_lines_suppressed_total",
+                    "\"source limited\" log lines not written because of the log cap (daemon.limited_log_per_second), all interfaces together.",
+                ))
                 .expect("valid metric"),
             ),
             cluster: ClusterMetrics::new(&registry),
