@@ -9,7 +9,7 @@ use limiter_common::{
     rules::{rules_base, MAX_RULES},
     Outcome, SourceKey,
 };
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use super::{
     aggregate::{self, Snapshot, Sweep},
@@ -140,7 +140,18 @@ impl Daemon {
         for iface in &mut self.ifaces {
             check_link(&mut iface.instance, daemon.mode);
             let now_ns = kernel::now().as_nanos() as u64;
-            let penalties = penalty::sweep(&mut iface.instance.program.maps, now_ns);
+            let penalties = match penalty::sweep(&mut iface.instance.program.maps, now_ns) {
+                Ok(swept) => {
+                    if !swept.complete {
+                        debug!(iface = %iface.instance.iface, counted = swept.penalties, "the sweep of HOLDS stopped at its cap (the map is churning); the penalties gauge is a floor this tick");
+                    }
+                    Some(swept.penalties)
+                }
+                Err(e) => {
+                    error!(iface = %iface.instance.iface, error = %e, "sweeping the penalties failed");
+                    None
+                }
+            };
             let instance = &iface.instance;
             let snapshot = match aggregate::pass(
                 &instance.program.maps,
@@ -169,7 +180,9 @@ impl Daemon {
                 instance.reattachments,
                 instance.link.is_attached(),
             );
-            self.metrics.record_penalties(&instance.iface, penalties);
+            if let Some(penalties) = penalties {
+                self.metrics.record_penalties(&instance.iface, penalties);
+            }
             iface.observed.update(snapshot);
         }
         self.metrics
