@@ -341,6 +341,76 @@ fn a_source_refused_on_both_cpus_is_logged_once_per_episode() {
     drop(receiver);
 }
 
+/// A flood from many sources, each refused (a new episode each), through
+/// a daemon whose log cap is 1 line a second with a burst of 5: the log
+/// shows at most what the cap allows, and one summary line gives the
+/// number held back, as the metric does.
+#[test]
+fn a_flood_of_refused_sources_is_logged_within_the_log_cap() {
+    const SOURCES: u8 = 50;
+    let flooders: Vec<std::net::Ipv4Addr> = (0..SOURCES)
+        .map(|i| std::net::Ipv4Addr::new(192, 0, 2, 100 + i))
+        .collect();
+    let lab = Lab::new(&[&[MARKER][..], &flooders].concat());
+    let files = Files::new();
+    files.write_config(&limit_config(2).replacen(
+        "[daemon]\n",
+        "[daemon]\nlimited_log_per_second = 1\nlimited_log_burst = 5\n",
+        1,
+    ));
+    let daemon = start(&lab, &files, &[]);
+    let started = std::time::Instant::now();
+    // 25 frames each (20 pass, 5 refused) from one CPU: one event per
+    // source, fewer than the kernel's 64 per CPU and second.
+    on_cpu(0, || {
+        for source in &flooders {
+            lab.send(*source, PORT, 25, 18);
+        }
+    });
+    let flood = started.elapsed();
+    let summary =
+        limiter_tests::wait_until(Duration::from_secs(25), Duration::from_millis(100), || {
+            daemon
+                .log()
+                .lines()
+                .find(|l| l.contains("source-limited lines suppressed in the last"))
+                .map(str::to_string)
+        })
+        .unwrap_or_else(|| panic!("no summary:\n{}", daemon.log()));
+    let log = daemon.log();
+    let lines = log.lines().filter(|l| l.contains("source limited")).count();
+    let allowed = 5 + flood.as_secs() as usize + 1;
+    assert!(
+        (5..=allowed).contains(&lines),
+        "{lines} lines, the cap allows {allowed}:\n{log}"
+    );
+    let suppressed: usize = summary
+        .split("suppressed=")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no count in {summary:?}"));
+    let dropped = daemon
+        .metric(&series("xdp_limiter_packets_total", "event_dropped"))
+        .unwrap_or(0.0) as usize;
+    assert_eq!(
+        lines + suppressed + dropped,
+        SOURCES as usize,
+        "every refused source logged, held back by the cap or by the kernel:\n{log}"
+    );
+    assert_eq!(
+        daemon.metric("xdp_limiter_limited_log_lines_suppressed_total"),
+        Some(suppressed as f64)
+    );
+    assert_eq!(
+        log.lines()
+            .filter(|l| l.contains("suppressed in the last"))
+            .count(),
+        1,
+        "one summary:\n{log}"
+    );
+}
+
 /// The single `error:` line a failed start printed.
 #[track_caller]
 fn one_error_line(log: &str) -> String {
