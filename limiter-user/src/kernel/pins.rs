@@ -51,9 +51,9 @@ pub enum PinError {
     #[error("{0}")]
     Lock(#[from] lock::LockError),
     #[error(
-        "refusing to adopt {path}: {problem}; xdp-limiter creates its pins owned by root \
-         and writable by root only, so something else made or changed it \
-         (inspect it, then remove it, e.g. xdp-limiter detach --pin-dir <dir>)"
+        "refusing to adopt {path}: {problem}; xdp-limiter makes its pins owned by root, \
+         writable by root only and with the maps its program defines, so something else \
+         made or changed it: inspect it, and remove it if it is not yours"
     )]
     Untrusted { path: PathBuf, problem: String },
 }
