@@ -1,12 +1,19 @@
 //! Walks of `WINDOWS` while a flood churns it (`unblock` walks it, and the
 //! tick's sweep walks `HOLDS`, the same way): the worst churn, every key
 //! the walk stands on deleted and a new source added, done in step with
-//! the walk so the outcome does not depend on timing.
+//! the walk so the outcome does not depend on timing; and `unblock`'s
+//! walk (`penalty::lift`) while another thread churns a full `WINDOWS`.
 
-use std::time::{Duration, Instant};
+use std::{
+    sync::{
+        atomic::{AtomicBool, AtomicU64, Ordering},
+        Arc,
+    },
+    time::{Duration, Instant},
+};
 
 use aya::maps::{HashMap, IterableMap, Map, MapData};
-use limiter_common::{names, SourceKey, WindowState};
+use limiter_common::{names, Hold, SourceKey, WindowState};
 use limiter_tests::testrun::Harness;
 use limiter_user::kernel::{batch, penalty, LoadOptions};
 
@@ -29,6 +36,16 @@ fn window() -> WindowState {
 /// The program with `WINDOWS` of `CAPACITY` holding `FILLED` sources, and
 /// a second handle on `WINDOWS` to churn it while a walk holds the first.
 fn churning() -> (Harness, HashMap<MapData, SourceKey, WindowState>) {
+    let (harness, mut other) = loaded();
+    for i in 0..FILLED {
+        other.insert(key(i), window(), 0).expect("fill WINDOWS");
+    }
+    (harness, other)
+}
+
+/// The program with `WINDOWS` of `CAPACITY`, empty, and a second handle
+/// on it.
+fn loaded() -> (Harness, HashMap<MapData, SourceKey, WindowState>) {
     let harness = Harness::load_with(&LoadOptions {
         max_sources: CAPACITY,
         ..LoadOptions::default()
@@ -41,11 +58,8 @@ fn churning() -> (Harness, HashMap<MapData, SourceKey, WindowState>) {
         .expect("WINDOWS' info")
         .id();
     let data = MapData::from_id(id).expect("a second handle on WINDOWS");
-    let mut other: HashMap<MapData, SourceKey, WindowState> =
+    let other: HashMap<MapData, SourceKey, WindowState> =
         HashMap::try_from(Map::LruHashMap(data)).expect("WINDOWS as a hash map");
-    for i in 0..FILLED {
-        other.insert(key(i), window(), 0).expect("fill WINDOWS");
-    }
     (harness, other)
 }
 
@@ -147,4 +161,62 @@ fn walks_a_batched_walk_ends_under_churn_within_its_cap() {
     assert!(walk.complete);
     assert_eq!(walk.visited, FILLED as usize, "the map still holds FILLED");
     assert_eq!(seen.len(), FILLED as usize);
+}
+
+/// `unblock`'s walk as the daemon runs it, while another thread keeps a
+/// full `WINDOWS` churning (each insert evicts a source): it ends, and
+/// lifts the penalty it was asked to.
+#[test]
+fn walks_unblock_ends_while_another_thread_churns_windows() {
+    let (mut harness, mut other) = loaded();
+    let held = SourceKey::v4([203, 0, 113, 7]);
+    let penalty = Hold {
+        until_ns: u64::MAX,
+        tag: 1,
+    };
+    harness
+        .maps_mut()
+        .holds
+        .insert(held, penalty, 0)
+        .expect("a penalty");
+    let stop = Arc::new(AtomicBool::new(false));
+    let inserts = Arc::new(AtomicU64::new(0));
+    let churner = {
+        let (stop, inserts) = (stop.clone(), inserts.clone());
+        std::thread::spawn(move || {
+            let mut i = 0u32;
+            while !stop.load(Ordering::Relaxed) {
+                // Past the capacity, each insert evicts a source.
+                other.insert(key(i), window(), 0).expect("a new source");
+                i = i.wrapping_add(1);
+                inserts.fetch_add(1, Ordering::Relaxed);
+            }
+        })
+    };
+    // Churning, and the map full, before the walk starts.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while inserts.load(Ordering::Relaxed) < 4 * u64::from(CAPACITY) {
+        assert!(Instant::now() < deadline, "the churner never got going");
+        std::thread::yield_now();
+    }
+    let started = Instant::now();
+    let cidr = "203.0.113.0/24".parse().expect("cidr");
+    let lifted = penalty::lift(harness.maps_mut(), &cidr, 0).expect("lift");
+    let took = started.elapsed();
+    // Still churning after the walk (it never blocks, so it was runnable
+    // throughout; whether the scheduler ran it during the few syscalls of
+    // the walk is not something a test can force).
+    let after = inserts.load(Ordering::Relaxed);
+    while inserts.load(Ordering::Relaxed) == after {
+        assert!(Instant::now() < deadline, "the churner stopped");
+        std::thread::yield_now();
+    }
+    stop.store(true, Ordering::Relaxed);
+    churner.join().expect("churner");
+    assert!(took < Duration::from_secs(5), "the walk took {took:?}");
+    assert_eq!(lifted.lifted, 0, "no window in the prefix was blocked");
+    assert!(
+        harness.maps().holds.get(&held, 0).is_err(),
+        "the penalty kept apart from the windows was lifted: {lifted:?}"
+    );
 }
