@@ -341,6 +341,76 @@ fn a_source_refused_on_both_cpus_is_logged_once_per_episode() {
     drop(receiver);
 }
 
+/// A flood from many sources, each refused (a new episode each), through
+/// a daemon whose log cap is 1 line a second with a burst of 5: the log
+/// shows at most what the cap allows, and one summary line gives the
+/// number held back, as the metric does.
+#[test]
+fn a_flood_of_refused_sources_is_logged_within_the_log_cap() {
+    const SOURCES: u8 = 50;
+    let flooders: Vec<std::net::Ipv4Addr> = (0..SOURCES)
+        .map(|i| std::net::Ipv4Addr::new(192, 0, 2, 100 + i))
+        .collect();
+    let lab = Lab::new(&[&[MARKER][..], &flooders].concat());
+    let files = Files::new();
+    files.write_config(&limit_config(2).replacen(
+        "[daemon]\n",
+        "[daemon]\nlimited_log_per_second = 1\nlimited_log_burst = 5\n",
+        1,
+    ));
+    let daemon = start(&lab, &files, &[]);
+    let started = std::time::Instant::now();
+    // 25 frames each (20 pass, 5 refused) from one CPU: one event per
+    // source, fewer than the kernel's 64 per CPU and second.
+    on_cpu(0, || {
+        for source in &flooders {
+            lab.send(*source, PORT, 25, 18);
+        }
+    });
+    let flood = started.elapsed();
+    let summary =
+        limiter_tests::wait_until(Duration::from_secs(25), Duration::from_millis(100), || {
+            daemon
+                .log()
+                .lines()
+                .find(|l| l.contains("source-limited lines suppressed in the last"))
+                .map(str::to_string)
+        })
+        .unwrap_or_else(|| panic!("no summary:\n{}", daemon.log()));
+    let log = daemon.log();
+    let lines = log.lines().filter(|l| l.contains("source limited")).count();
+    let allowed = 5 + flood.as_secs() as usize + 1;
+    assert!(
+        (5..=allowed).contains(&lines),
+        "{lines} lines, the cap allows {allowed}:\n{log}"
+    );
+    let suppressed: usize = summary
+        .split("suppressed=")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no count in {summary:?}"));
+    let dropped = daemon
+        .metric(&series("xdp_limiter_packets_total", "event_dropped"))
+        .unwrap_or(0.0) as usize;
+    assert_eq!(
+        lines + suppressed + dropped,
+        SOURCES as usize,
+        "every refused source logged, held back by the cap or by the kernel:\n{log}"
+    );
+    assert_eq!(
+        daemon.metric("xdp_limiter_limited_log_lines_suppressed_total"),
+        Some(suppressed as f64)
+    );
+    assert_eq!(
+        log.lines()
+            .filter(|l| l.contains("suppressed in the last"))
+            .count(),
+        1,
+        "one summary:\n{log}"
+    );
+}
+
 /// The single `error:` line a failed start printed.
 #[track_caller]
 fn one_error_line(log: &str) -> String {
@@ -463,6 +533,16 @@ fn a_missing_bpffs_is_mounted() {
         let text = std::fs::read_to_string(&log).unwrap_or_default();
         if text.contains("control socket ready") {
             assert!(text.contains("mounting bpffs"), "{text}");
+            // Seen from inside the daemon's mount namespace; the kernel
+            // always sets the sticky bit on a bpffs root.
+            let root = std::path::PathBuf::from(format!("/proc/{}/root/sys/fs/bpf", child.id()));
+            let mode = |dir: &std::path::Path| {
+                std::os::unix::fs::MetadataExt::mode(
+                    &std::fs::metadata(dir).expect("stat in the daemon's namespace"),
+                ) & 0o7777
+            };
+            assert_eq!(mode(&root), 0o1700, "bpffs is root's only");
+            assert_eq!(mode(&root.join("xlt-unshare")), 0o700, "so is the pin dir");
             break;
         }
         if let Some(status) = child.try_wait().expect("wait") {
@@ -486,10 +566,10 @@ fn a_missing_bpffs_is_mounted() {
 }
 
 #[test]
-fn a_pinned_map_of_another_layout_is_recreated_and_detach_removes_everything() {
+fn a_pinned_map_of_another_layout_is_refused_and_detach_removes_everything() {
     let (lab, files, receiver) = limited_lab();
-    // A map pinned where SOURCES goes, with another value size (as an
-    // older version with another layout would have left it).
+    // A map pinned where SOURCES goes, with another value size: not one
+    // this layout version of the daemon could have pinned.
     let maps_dir = limiter_user::kernel::pins::maps_dir(&files.pin_dir.join(RX_IF));
     std::fs::create_dir_all(&maps_dir).expect("bpffs dir");
     let mut other = aya::EbpfLoader::new()
@@ -500,20 +580,32 @@ fn a_pinned_map_of_another_layout_is_recreated_and_detach_removes_everything() {
         aya::maps::Map::PerCpuLruHashMap(data) => data.pin(maps_dir.join("SOURCES")).expect("pin"),
         other => panic!("unexpected map type {other:?}"),
     }
-    let daemon = start(&lab, &files, &["--keep-attached"]);
-    daemon.wait_log("pinned map has another layout or size; starting it afresh");
-    assert_eq!(
-        heavy_through(&lab, &receiver, 25),
-        20,
-        "enforcing with the recreated map"
+    let config = files.config();
+    let args = ["-i", RX_IF, "-c", config.to_str().expect("utf-8")];
+    let (status, log) = Daemon::start_failing(&lab.rx, &files, &args);
+    assert_eq!(status.code(), Some(1));
+    let error = one_error_line(&log);
+    assert!(
+        error.contains(&format!(
+            "refusing to adopt {}: its value size is",
+            maps_dir.join("SOURCES").display()
+        )),
+        "{error}"
     );
+    assert_eq!(lab.attached_program(), None, "nothing attached");
+    assert!(maps_dir.join("SOURCES").exists(), "and nothing removed");
+
+    // The operator removes it; then the start works.
+    std::fs::remove_dir_all(files.pin_dir.join(RX_IF)).expect("remove the foreign pins");
+    let pin_dir = files.pin_dir.to_str().expect("utf-8");
+
+    let daemon = start(&lab, &files, &["--keep-attached"]);
+    assert_eq!(heavy_through(&lab, &receiver, 25), 20, "enforcing afresh");
     assert!(daemon.stop().success());
     assert!(
         lab.attached_program().is_some(),
         "--keep-attached left it attached"
     );
-
-    let pin_dir = files.pin_dir.to_str().expect("utf-8");
     let out = files.cli_ok(&["detach", "--iface", RX_IF, "--pin-dir", pin_dir]);
     assert_eq!(out.trim(), format!("{RX_IF}: detached"));
     assert_eq!(lab.attached_program(), None, "detach removed the program");

@@ -69,6 +69,11 @@ pub struct DaemonSection {
     pub keep_attached: bool,
     /// Unix socket of the control API (root only, mode 0600).
     pub control_socket: PathBuf,
+    /// "source limited" log lines per second at most, all interfaces
+    /// together (0: none); the lines held back are counted and summed up.
+    pub limited_log_per_second: u32,
+    /// Such lines written at once at most, after a quiet spell.
+    pub limited_log_burst: u32,
 }
 
 impl Default for DaemonSection {
@@ -85,6 +90,8 @@ impl Default for DaemonSection {
             sources_per_tick: 131_072,
             keep_attached: false,
             control_socket: PathBuf::from(DEFAULT_SOCKET),
+            limited_log_per_second: crate::daemon::events::DEFAULT_LIMITED_LOG_PER_SECOND,
+            limited_log_burst: crate::daemon::events::DEFAULT_LIMITED_LOG_BURST,
         }
     }
 }

@@ -122,6 +122,14 @@ fn bad_files_are_rejected_with_the_field_and_value_named() {
     );
     rejected("[daemon]\nmax_sources = 0", "daemon.max_sources");
     rejected(
+        "[daemon]\nlimited_log_burst = 0",
+        "daemon.limited_log_burst: 0 is outside 1..=10000",
+    );
+    rejected(
+        "[daemon]\nlimited_log_per_second = 20000",
+        "daemon.limited_log_per_second: 20000 is above 10000",
+    );
+    rejected(
         "[[rules]]\ncidr = \"10.0.0.0/8\"\nprotocol = 0\npps = 1",
         "rules[0].protocol: 0 is not a protocol",
     );

@@ -12,6 +12,10 @@ use limiter_common::{Action, AddressFamily, Scope};
 
 use crate::rules::{compile, rule_name, Limits, Match, RuleError, RuleSet, RuleSpec};
 
+/// The most "source limited" lines a second (or at once) the daemon may
+/// be set to write: beyond, the cap no longer protects the log.
+const MAX_LOG_LINES: u32 = 10_000;
+
 fn field(field: impl Into<String>, message: impl Into<String>) -> ConfigError {
     ConfigError::Field {
         field: field.into(),
@@ -47,6 +51,18 @@ impl FileConfig {
             return Err(field(
                 "daemon.sources_per_tick",
                 format!("{} is below 4096", d.sources_per_tick),
+            ));
+        }
+        if d.limited_log_per_second > MAX_LOG_LINES {
+            return Err(field(
+                "daemon.limited_log_per_second",
+                format!("{} is above {MAX_LOG_LINES}", d.limited_log_per_second),
+            ));
+        }
+        if d.limited_log_burst == 0 || d.limited_log_burst > MAX_LOG_LINES {
+            return Err(field(
+                "daemon.limited_log_burst",
+                format!("{} is outside 1..={MAX_LOG_LINES}", d.limited_log_burst),
             ));
         }
         if !d.control_socket.is_absolute() {

@@ -1,18 +1,23 @@
 //! "Source limited" events from the kernel's ring buffer, logged as they
 //! arrive. The kernel sends one per CPU and episode of refusals (a source
 //! refused again within a second is the same episode) and at most a few
-//! dozen per CPU per second, so a spoofed flood cannot flood the log; what
-//! it holds back is counted as `event_dropped`. The daemon logs one line
-//! per source, rule and episode: the other CPUs' events of an episode
-//! already logged are not logged again ([`Episodes`]).
+//! dozen per CPU per second; what it holds back is counted as
+//! `event_dropped`. The daemon logs one line per source, rule and episode:
+//! the other CPUs' events of an episode already logged are not logged again
+//! ([`Episodes`]). A spoofed flood still starts a new episode per forged
+//! source, on every interface and CPU, so the lines of all interfaces
+//! together are capped ([`LogCap`]): what the cap holds back is counted in
+//! a metric and summed up in one line per [`SUMMARY_PERIOD`].
 
 use std::{
     collections::HashMap,
-    sync::{Arc, RwLock},
+    sync::{Arc, Mutex, RwLock},
+    time::{Duration, Instant},
 };
 
 use aya::maps::{MapData, RingBuf};
 use limiter_common::{event::EPISODE_GAP_NS, EventKind, LimitEvent, SourceKey};
+use prometheus::IntCounter;
 use tokio::io::unix::AsyncFd;
 use tracing::{info, warn};
 
@@ -29,13 +34,14 @@ pub fn watch(
     ring: RingBuf<MapData>,
     names: RuleNames,
     cluster: Option<tokio::sync::mpsc::Sender<LimitEvent>>,
+    cap: SharedLogCap,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         // SAFETY: the ring buffer owns its map fd for its whole life and
         // always returns that same fd; the AsyncFd owns the ring buffer.
         let registered =
             unsafe { AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE) };
-        let mut episodes = Episodes::default();
+        let mut handler = Handler::new(iface.clone(), names, cap);
         let mut ring = match registered {
             Ok(ring) => ring,
             Err(e) => {
@@ -59,12 +65,171 @@ pub fn watch(
                             let _ = cluster.try_send(event);
                         }
                     }
-                    if is_logged(&event) && episodes.starts(&event) {
-                        log(&iface, &event, &names);
-                    }
+                    handler.handle(&event, Instant::now());
                 }
             }
             guard.clear_ready();
+        }
+    })
+}
+
+/// Turns one interface's events into "source limited" lines: one per
+/// episode ([`Episodes`]), within the cap all interfaces share.
+pub struct Handler {
+    iface: String,
+    names: RuleNames,
+    episodes: Episodes,
+    cap: SharedLogCap,
+}
+
+impl Handler {
+    pub fn new(iface: String, names: RuleNames, cap: SharedLogCap) -> Self {
+        Self {
+            iface,
+            names,
+            episodes: Episodes::default(),
+            cap,
+        }
+    }
+
+    /// Logs `event`, arrived at `now`, if it starts an episode and the cap
+    /// lets it through (else counts it as suppressed); logs the summary
+    /// of the period that ended, if one did.
+    pub fn handle(&mut self, event: &LimitEvent, now: Instant) {
+        if !is_logged(event) || !self.episodes.starts(event) {
+            return;
+        }
+        if self.cap.admit(now) {
+            log(&self.iface, event, &self.names);
+        }
+    }
+}
+
+/// The "source limited" lines per second the daemon writes at most by
+/// default, all interfaces together.
+pub const DEFAULT_LIMITED_LOG_PER_SECOND: u32 = 10;
+/// The lines it may write at once by default, above the rate, after a
+/// quiet spell.
+pub const DEFAULT_LIMITED_LOG_BURST: u32 = 20;
+/// How often the number of lines the cap held back is logged (when any
+/// were).
+pub const SUMMARY_PERIOD: Duration = Duration::from_secs(10);
+
+/// A token bucket for "source limited" lines: `per_second` lines a second
+/// on average, up to `burst` at once (none with `per_second` 0); the
+/// lines it refuses are counted.
+#[derive(Debug)]
+pub struct LogCap {
+    per_second: u32,
+    burst: u32,
+    /// Lines that may be written now, in millionths of a line (whole
+    /// numbers keep the refill exact).
+    micro_tokens: u64,
+    refilled: Instant,
+    /// Lines refused since `period_start`.
+    suppressed: u64,
+    period_start: Instant,
+    /// Every line refused, for the metrics.
+    counter: IntCounter,
+}
+
+const MICRO: u64 = 1_000_000;
+
+impl LogCap {
+    /// A full bucket at `now`.
+    pub fn new(per_second: u32, burst: u32, counter: IntCounter, now: Instant) -> Self {
+        Self {
+            per_second,
+            burst,
+            micro_tokens: u64::from(burst) * MICRO,
+            refilled: now,
+            suppressed: 0,
+            period_start: now,
+            counter,
+        }
+    }
+
+    /// Whether a line may be written at `now` (it takes a token); if not,
+    /// it is counted as suppressed.
+    pub fn admit(&mut self, now: Instant) -> bool {
+        let elapsed = now.saturating_duration_since(self.refilled);
+        let gained = elapsed.as_micros() as u64 * u64::from(self.per_second);
+        let full = u64::from(self.burst) * MICRO;
+        self.micro_tokens = self.micro_tokens.saturating_add(gained).min(full);
+        self.refilled = now.max(self.refilled);
+        if self.per_second > 0 && self.micro_tokens >= MICRO {
+            self.micro_tokens -= MICRO;
+            true
+        } else {
+            self.suppressed += 1;
+            self.counter.inc();
+            false
+        }
+    }
+
+    /// Once [`SUMMARY_PERIOD`] has passed since the last summary: the
+    /// lines suppressed since, and over how long (`None` before, and
+    /// when none were; a period starts afresh either way).
+    pub fn summary(&mut self, now: Instant) -> Option<(u64, Duration)> {
+        let period = now.saturating_duration_since(self.period_start);
+        if period < SUMMARY_PERIOD {
+            return None;
+        }
+        let suppressed = std::mem::take(&mut self.suppressed);
+        self.period_start = now;
+        (suppressed > 0).then_some((suppressed, period))
+    }
+}
+
+/// The one [`LogCap`] of a daemon, shared by every interface's watcher.
+#[derive(Clone, Debug)]
+pub struct SharedLogCap(Arc<Mutex<LogCap>>);
+
+impl SharedLogCap {
+    pub fn new(cap: LogCap) -> Self {
+        Self(Arc::new(Mutex::new(cap)))
+    }
+
+    /// [`LogCap::admit`]; also logs the summary of a period that ended.
+    pub fn admit(&self, now: Instant) -> bool {
+        let Ok(mut cap) = self.0.lock() else {
+            // A watcher panicked holding it: log rather than lose lines.
+            return true;
+        };
+        let summary = cap.summary(now);
+        let admitted = cap.admit(now);
+        drop(cap);
+        log_summary(summary);
+        admitted
+    }
+
+    /// Logs the summary of a period that ended (a timer calls this, so a
+    /// flood's last period is reported after it stops).
+    pub fn flush(&self, now: Instant) {
+        let summary = self.0.lock().ok().and_then(|mut cap| cap.summary(now));
+        log_summary(summary);
+    }
+}
+
+fn log_summary(summary: Option<(u64, Duration)>) {
+    if let Some((suppressed, period)) = summary {
+        warn!(
+            suppressed,
+            seconds = period.as_secs(),
+            "{suppressed} source-limited lines suppressed in the last {}s",
+            period.as_secs()
+        );
+    }
+}
+
+/// Logs the summary of each ended period until the task is dropped.
+pub fn summarise(cap: SharedLogCap) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut timer = tokio::time::interval(SUMMARY_PERIOD);
+        timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            timer.tick().await;
+            cap.flush(Instant::now());
         }
     })
 }
@@ -151,6 +316,113 @@ mod tests {
 
     fn event(last_octet: u8, rule: u32, at_ns: u64) -> LimitEvent {
         LimitEvent::new(SourceKey::v4([192, 0, 2, last_octet]), rule, at_ns, false)
+    }
+
+    /// What `run` logs, as text (one line per event).
+    fn logged(run: impl FnOnce()) -> String {
+        #[derive(Clone, Default)]
+        struct Sink(Arc<Mutex<Vec<u8>>>);
+        impl std::io::Write for Sink {
+            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().expect("sink").extend_from_slice(buf);
+                Ok(buf.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let sink = Sink::default();
+        let writer = sink.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish();
+        tracing::subscriber::with_default(subscriber, run);
+        let text = sink.0.lock().expect("sink").clone();
+        String::from_utf8(text).expect("utf-8")
+    }
+
+    fn cap(per_second: u32, burst: u32, counter: &IntCounter, now: Instant) -> SharedLogCap {
+        SharedLogCap::new(LogCap::new(per_second, burst, counter.clone(), now))
+    }
+
+    #[test]
+    fn a_flood_of_episodes_is_logged_within_the_cap_and_the_rest_summed_up() {
+        let counter = IntCounter::new("suppressed", "test").expect("counter");
+        let start = Instant::now();
+        let shared = cap(10, 20, &counter, start);
+        let names = RuleNames::default();
+        // Two interfaces share the one cap.
+        let mut eth0 = Handler::new("eth0".into(), names.clone(), shared.clone());
+        let mut eth1 = Handler::new("eth1".into(), names, shared.clone());
+        let mut sent = 0u32;
+        let mut flood = |handler: &mut Handler, at: Instant, n: u32| {
+            for _ in 0..n {
+                // A new forged source each time: each its own episode.
+                let key = SourceKey::v4((0x0a00_0000 + sent).to_be_bytes());
+                handler.handle(&LimitEvent::new(key, 0, 1_000, false), at);
+                sent += 1;
+            }
+        };
+        let log = logged(|| {
+            // 64 events per CPU and second on 2 CPUs, for 3 seconds, on
+            // each interface.
+            for second in 0..3 {
+                let at = start + Duration::from_secs(second);
+                flood(&mut eth0, at, 128);
+                flood(&mut eth1, at, 128);
+            }
+            shared.flush(start + Duration::from_secs(9));
+            shared.flush(start + SUMMARY_PERIOD);
+            shared.flush(start + SUMMARY_PERIOD + Duration::from_secs(1));
+        });
+        let lines = log.lines().filter(|l| l.contains("source limited")).count();
+        // The burst, then 10 a second for the two seconds after.
+        assert_eq!(lines, 20 + 2 * 10, "{log}");
+        let suppressed = 3 * 256 - lines as u64;
+        assert_eq!(counter.get(), suppressed);
+        let summaries: Vec<&str> = log.lines().filter(|l| l.contains("suppressed")).collect();
+        assert_eq!(summaries.len(), 1, "one summary per period:\n{log}");
+        assert!(
+            summaries[0].contains(&format!(
+                "{suppressed} source-limited lines suppressed in the last 10s"
+            )),
+            "{log}"
+        );
+    }
+
+    #[test]
+    fn the_cap_refills_at_its_rate_up_to_its_burst_and_zero_writes_none() {
+        let counter = IntCounter::new("suppressed", "test").expect("counter");
+        let start = Instant::now();
+        let mut cap = LogCap::new(10, 3, counter.clone(), start);
+        let admitted =
+            |cap: &mut LogCap, at: Instant, n: usize| (0..n).filter(|_| cap.admit(at)).count();
+        assert_eq!(admitted(&mut cap, start, 5), 3, "the burst");
+        assert_eq!(admitted(&mut cap, start + Duration::from_millis(150), 5), 1);
+        assert_eq!(
+            admitted(&mut cap, start + Duration::from_secs(60), 5),
+            3,
+            "no more than the burst"
+        );
+        assert_eq!(counter.get(), 4 + 2 + 2);
+        assert_eq!(
+            cap.summary(start + Duration::from_secs(5)),
+            None,
+            "a period is 10s"
+        );
+        assert_eq!(
+            cap.summary(start + Duration::from_secs(60)),
+            Some((8, Duration::from_secs(60)))
+        );
+        assert_eq!(
+            cap.summary(start + Duration::from_secs(75)),
+            None,
+            "nothing since"
+        );
+
+        let mut none = LogCap::new(0, 3, counter, start);
+        assert_eq!(admitted(&mut none, start + Duration::from_secs(60), 5), 0);
     }
 
     #[test]

@@ -4,7 +4,7 @@
 
 use ipnet::IpNet;
 use limiter_common::{Action, Scope};
-use tracing::info;
+use tracing::{info, warn};
 
 use super::{edit, state::Daemon};
 use crate::{
@@ -147,20 +147,43 @@ impl Daemon {
     /// so that every CPU drops what it concluded from the penalty.
     fn unblock(&mut self, cidr: &IpNet) -> Result<String, String> {
         let now_ns = kernel::now().as_nanos() as u64;
-        let lifted: usize = self
-            .ifaces
-            .iter_mut()
-            .map(|iface| penalty::lift(&mut iface.instance.program.maps, cidr, now_ns))
-            .sum();
+        let mut lifted = 0;
+        let mut cut_short = Vec::new();
+        let mut failed = Vec::new();
+        for iface in &mut self.ifaces {
+            match penalty::lift(&mut iface.instance.program.maps, cidr, now_ns) {
+                Ok(done) => {
+                    lifted += done.lifted;
+                    if !done.complete {
+                        cut_short.push(iface.instance.iface.clone());
+                    }
+                }
+                Err(e) => failed.push(format!("{}: {e}", iface.instance.iface)),
+            }
+        }
+        // Push even after a failure: what was lifted must take effect.
         let rules = self.config.rules.clone();
         let generation = self
             .push(&rules)
             .map_err(|e| format!("lifting the penalties failed: {e}"))?;
         info!(%cidr, lifted, generation, "penalties lifted through the control socket");
         let noun = if lifted == 1 { "source" } else { "sources" };
-        Ok(format!(
-            "unblocked {lifted} {noun} in {cidr}; rule generation {generation}"
-        ))
+        if !failed.is_empty() {
+            return Err(format!(
+                "unblocked {lifted} {noun} in {cidr}, but reading the penalties failed on {}",
+                failed.join("; ")
+            ));
+        }
+        let mut message =
+            format!("unblocked {lifted} {noun} in {cidr}; rule generation {generation}");
+        if !cut_short.is_empty() {
+            warn!(%cidr, interfaces = ?cut_short, "unblock stopped at its cap of map entries (the maps are churning)");
+            message.push_str(&format!(
+                "; the walk of the penalties on {} stopped at its cap while the maps churned: run unblock again to reach the rest",
+                cut_short.join(", ")
+            ));
+        }
+        Ok(message)
     }
 
     /// Global dry-run on or off, on every interface; with `save` written to

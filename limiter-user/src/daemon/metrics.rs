@@ -46,6 +46,8 @@ pub struct Metrics {
     runs: IntCounterVec,
     ns_per_run: GaugeVec,
     pub aggregation: Histogram,
+    /// "source limited" lines the log cap held back.
+    pub limited_log_suppressed: IntCounter,
     /// The cluster sync's metrics (registered whether or not `[cluster]`
     /// is configured, so dashboards see zeros rather than gaps).
     pub cluster: ClusterMetrics,
@@ -306,6 +308,14 @@ impl Metrics {
                 )
                 .expect("valid metric"),
             ),
+            limited_log_suppressed: registered(
+                &registry,
+                IntCounter::with_opts(Opts::new(
+                    "xdp_limiter_limited_log_lines_suppressed_total",
+                    "\"source limited\" log lines not written because of the log cap (daemon.limited_log_per_second), all interfaces together.",
+                ))
+                .expect("valid metric"),
+            ),
             cluster: ClusterMetrics::new(&registry),
             last: HashMap::new(),
             registry,
@@ -441,7 +451,6 @@ impl Metrics {
         kept: Option<usize>,
         capacity: u32,
         reclaimed: u64,
-        holds: usize,
     ) {
         if let Some(kept) = kept {
             self.windows_kept
@@ -453,6 +462,10 @@ impl Metrics {
             .set(i64::from(capacity));
         let counter = self.windows_reclaimed.clone();
         self.advance(&counter, &[iface], reclaimed);
+    }
+
+    /// Updates the holds kept apart from the windows on `iface`.
+    pub fn record_holds(&mut self, iface: &str, holds: usize) {
         self.holds.with_label_values(&[iface]).set(holds as i64);
     }
 

@@ -99,7 +99,13 @@ pub async fn run(options: RunOptions) -> anyhow::Result<()> {
         }
     }
     let cluster_events = cluster_task.as_ref().map(|_| cluster_tx);
-    let mut watchers = Vec::new();
+    let log_cap = events::SharedLogCap::new(events::LogCap::new(
+        settings.limited_log_per_second,
+        settings.limited_log_burst,
+        daemon.metrics.limited_log_suppressed.clone(),
+        std::time::Instant::now(),
+    ));
+    let mut watchers = vec![events::summarise(log_cap.clone())];
     for iface in &mut daemon.ifaces {
         let instance = &mut iface.instance;
         match instance.program.maps.events.take() {
@@ -108,6 +114,7 @@ pub async fn run(options: RunOptions) -> anyhow::Result<()> {
                 ring,
                 daemon.names.clone(),
                 cluster_events.clone(),
+                log_cap.clone(),
             )),
             None => {
                 warn!(iface = %instance.iface, "no event ring buffer; limit events are not logged")

@@ -9,7 +9,7 @@ use limiter_common::{
     rules::{rules_base, MAX_RULES},
     Outcome, SourceKey,
 };
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use super::{
     aggregate::{self, Snapshot, Sweep},
@@ -145,7 +145,18 @@ impl Daemon {
         for iface in &mut self.ifaces {
             check_link(&mut iface.instance, daemon.mode);
             let now_ns = kernel::now().as_nanos() as u64;
-            let holds = penalty::sweep(&mut iface.instance.program.maps, now_ns);
+            let swept = match penalty::sweep(&mut iface.instance.program.maps, now_ns) {
+                Ok(swept) => {
+                    if !swept.complete {
+                        debug!(iface = %iface.instance.iface, counted = swept.penalties, "the sweep of HOLDS stopped at its cap (the map is churning); the penalties gauge is a floor this tick");
+                    }
+                    Some(swept)
+                }
+                Err(e) => {
+                    error!(iface = %iface.instance.iface, error = %e, "sweeping the penalties failed");
+                    None
+                }
+            };
             if let Err(e) = iface.reclaim.step(
                 &mut iface.instance.program.maps,
                 now_ns,
@@ -181,14 +192,16 @@ impl Daemon {
                 instance.reattachments,
                 instance.link.is_attached(),
             );
-            self.metrics
-                .record_penalties(&instance.iface, holds.penalties);
+            if let Some(swept) = swept {
+                self.metrics
+                    .record_penalties(&instance.iface, swept.penalties);
+                self.metrics.record_holds(&instance.iface, swept.kept);
+            }
             self.metrics.record_windows(
                 &instance.iface,
                 iface.reclaim.kept(),
                 daemon.max_sources,
                 iface.reclaim.deleted_total(),
-                holds.kept,
             );
             iface.observed.update(snapshot);
         }

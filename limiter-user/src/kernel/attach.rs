@@ -129,12 +129,10 @@ pub fn load(iface: &str, pin_dir: &Path, options: LoadOptions) -> Result<Instanc
     nix::net::if_::if_nametoindex(iface).map_err(|_| AttachError::NoInterface(iface.into()))?;
     pins::ensure_bpffs(pin_dir)?;
     let dir = pins::iface_dir(pin_dir, iface);
+    pins::check_adoptable(pin_dir, &dir)?;
     pins::drop_incompatible_pins(&dir, &options);
     let maps_dir = pins::maps_dir(&dir);
-    fs::create_dir_all(&maps_dir).map_err(|source| PinError::Io {
-        path: maps_dir.clone(),
-        source,
-    })?;
+    pins::create_private_dir(&maps_dir)?;
     let found_link = dir.join("link").exists();
     let program = object::load(&LoadOptions {
         pins: pins::map_pins(&maps_dir),

@@ -69,15 +69,52 @@ pub fn read_per_cpu<K: Pod, V: Pod>(
     cpus: usize,
     from: Resume,
     budget: usize,
-    mut each: impl FnMut(&K, &[V]),
+    each: impl FnMut(&K, &[V]),
 ) -> io::Result<(usize, Option<Resume>)> {
     assert_eq!(
         per_cpu_stride::<V>(),
         size_of::<V>(),
         "values must be 8-byte multiples"
     );
-    let mut keys: Vec<MaybeUninit<K>> = Vec::with_capacity(BATCH);
-    let mut values: Vec<MaybeUninit<V>> = Vec::with_capacity(BATCH * cpus);
+    lookup_batches(fd, cpus, BATCH, from, budget, each)
+}
+
+/// Calls `each(key, value)` for the entries of a hash map that is not
+/// per-CPU, `batch` entries per syscall, from `from`, stopping once at
+/// least `budget` entries were read. Returns how many were read and where
+/// to go on (`None`: the end of the map was reached).
+///
+/// The kernel's batch token is a bucket index, so a walk visits each
+/// bucket once whatever is deleted or added meanwhile: unlike
+/// `BPF_MAP_GET_NEXT_KEY`, which starts again from the first bucket when
+/// the key it is given was deleted, it cannot go round forever on a map
+/// that a flood churns. `batch` must exceed the longest bucket (the kernel
+/// answers ENOSPC otherwise); [`BATCH`] does by far.
+pub fn read<K: Pod, V: Pod>(
+    fd: BorrowedFd<'_>,
+    batch: usize,
+    from: Resume,
+    budget: usize,
+    mut each: impl FnMut(&K, &V),
+) -> io::Result<(usize, Option<Resume>)> {
+    lookup_batches(fd, 1, batch, from, budget, |key, values: &[V]| {
+        each(key, &values[0])
+    })
+}
+
+/// `BPF_MAP_LOOKUP_BATCH` from `from` until the end of the map or at
+/// least `budget` entries, `batch` per syscall, each key with its
+/// `values_per_key` values (the CPUs of a per-CPU map, else one).
+fn lookup_batches<K: Pod, V: Pod>(
+    fd: BorrowedFd<'_>,
+    values_per_key: usize,
+    batch: usize,
+    from: Resume,
+    budget: usize,
+    mut each: impl FnMut(&K, &[V]),
+) -> io::Result<(usize, Option<Resume>)> {
+    let mut keys: Vec<MaybeUninit<K>> = Vec::with_capacity(batch);
+    let mut values: Vec<MaybeUninit<V>> = Vec::with_capacity(batch * values_per_key);
     let mut token = [match from {
         Resume::Start => 0,
         Resume::At(t) => t,
@@ -91,29 +128,33 @@ pub fn read_per_cpu<K: Pod, V: Pod>(
             out_batch: next.as_mut_ptr() as u64,
             keys: keys.as_mut_ptr() as u64,
             values: values.as_mut_ptr() as u64,
-            count: BATCH as u32,
+            count: batch as u32,
             map_fd: fd.as_raw_fd() as u32,
             ..BatchAttr::default()
         };
         // SAFETY: `attr` is `bpf_attr.batch`; `keys` and `values` have room
-        // for `count` entries (`count * cpus` values), the batch tokens are
-        // one u64 each.
+        // for `count` entries (`count * values_per_key` values), the batch
+        // tokens are one u64 each.
         let done = match unsafe { bpf(BPF_MAP_LOOKUP_BATCH, &mut attr) } {
             Ok(_) => false,
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => true,
             Err(e) => return Err(e),
         };
-        let count = attr.count as usize;
-        // SAFETY: the kernel initialised `count` keys and `count * cpus`
-        // values (`count` never exceeds what was asked for).
+        let count = (attr.count as usize).min(batch);
+        // SAFETY: the kernel initialised `count` keys and
+        // `count * values_per_key` values (`count` never exceeds what was
+        // asked for).
         let (keys_done, values_done) = unsafe {
             (
                 std::slice::from_raw_parts(keys.as_ptr().cast::<K>(), count),
-                std::slice::from_raw_parts(values.as_ptr().cast::<V>(), count * cpus),
+                std::slice::from_raw_parts(values.as_ptr().cast::<V>(), count * values_per_key),
             )
         };
-        for (key, per_cpu) in keys_done.iter().zip(values_done.chunks_exact(cpus)) {
-            each(key, per_cpu);
+        for (key, per_key) in keys_done
+            .iter()
+            .zip(values_done.chunks_exact(values_per_key))
+        {
+            each(key, per_key);
         }
         seen += count;
         if done {

@@ -1,11 +1,19 @@
 //! Penalties (`block`) as the kernel keeps them: in each source's shared
 //! window, tagged with the rule that armed them, honoured only while the
 //! rule in force carries that tag.
+//!
+//! `WINDOWS` and `HOLDS` are walked while a flood churns them, so they are
+//! walked in batches ([`walk`]): a walk visits each hash bucket once and
+//! at most about as many entries as the map holds, then stops and says so.
 
+use aya::{
+    maps::{IterableMap, MapData},
+    Pod,
+};
 use ipnet::IpNet;
-use limiter_common::{Hold, SourceKey};
+use limiter_common::{names, Hold, SourceKey, WindowState};
 
-use super::Maps;
+use super::{batch, Maps, MapsError};
 
 /// `bpf_map_update_elem` flag: only update an existing entry.
 const BPF_EXIST: u64 = 2;
@@ -20,32 +28,100 @@ pub fn is_blocked(maps: &Maps, key: &SourceKey, rule_index: u32, now_ns: u64) ->
         .is_some_and(|window| window.blocked_at(now_ns, rule.block_tag))
 }
 
+/// How a walk of a map ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Walk {
+    /// Entries visited.
+    pub visited: usize,
+    /// The walk reached the end of the map; `false`: it stopped at its
+    /// cap of visited entries (the map was churning), and entries it had
+    /// not reached were not visited.
+    pub complete: bool,
+}
+
+/// Visits the entries of `map` (a hash map, not per-CPU) in batches of
+/// `batch`, stopping once `cap` entries were visited (at most `batch - 1`
+/// more are): bounded in time and memory however fast the map churns
+/// meanwhile (see `batch::read`).
+pub fn walk<K: Pod, V: Pod>(
+    map: &MapData,
+    name: &'static str,
+    cap: usize,
+    batch: usize,
+    each: impl FnMut(&K, &V),
+) -> Result<Walk, MapsError> {
+    let (visited, rest) = batch::read(batch::fd(map), batch, batch::Resume::Start, cap, each)
+        .map_err(|source| MapsError::Batch { map: name, source })?;
+    Ok(Walk {
+        visited,
+        complete: rest.is_none(),
+    })
+}
+
+/// The cap of one walk of `map`: its capacity. A walk of a stable map
+/// visits no more; under churn, one that visited as many entries as the
+/// map holds has done its share.
+fn cap_of(map: &MapData, name: &'static str) -> Result<usize, MapsError> {
+    map.info()
+        .map(|info| info.max_entries() as usize)
+        .map_err(MapsError::on(name))
+}
+
+/// What [`lift`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Lifted {
+    /// Penalties lifted in the windows.
+    pub lifted: usize,
+    /// Both walks reached the end of their maps; `false`: one stopped at
+    /// its cap, so penalties it had not reached may still run (lifting
+    /// again reaches them).
+    pub complete: bool,
+}
+
 /// Lifts the penalty of every source inside `cidr` whose penalty still
-/// runs at `now_ns`; how many were lifted. Sources keep their windows (and
+/// runs at `now_ns`. Sources keep their windows (and
 /// a refusal over the limit stays a refusal); the penalties kept apart
 /// from them (`HOLDS`) go. A CPU that already
 /// concluded "blocked" keeps refusing until it looks again: the caller
 /// pushes the rules again so every CPU re-resolves.
-pub fn lift(maps: &mut Maps, cidr: &IpNet, now_ns: u64) -> usize {
+pub fn lift(maps: &mut Maps, cidr: &IpNet, now_ns: u64) -> Result<Lifted, MapsError> {
     let inside = |key: &SourceKey| cidr.contains(&key.ip()) && key.prefix_len >= cidr.prefix_len();
-    let kept: Vec<SourceKey> = maps
-        .holds
-        .iter()
-        .filter_map(Result::ok)
-        .filter(|(key, held)| held.tag != 0 && inside(key))
-        .map(|(key, _)| key)
-        .collect();
+    let mut kept = Vec::new();
+    let holds = walk(
+        maps.holds.map(),
+        names::HOLDS,
+        cap_of(maps.holds.map(), names::HOLDS)?,
+        batch::BATCH,
+        |key: &SourceKey, held: &Hold| {
+            if held.tag != 0 && inside(key) {
+                kept.push(*key);
+            }
+        },
+    )?;
     for key in kept {
         let _ = maps.holds.remove(&key);
     }
     let mut lifted = 0;
-    for windows in [&mut maps.windows, &mut maps.window_spill] {
-        let keys: Vec<SourceKey> = windows
-            .keys()
-            .filter_map(Result::ok)
-            .filter(|key| inside(key))
-            .collect();
+    let mut complete = holds.complete;
+    for (windows, name) in [
+        (&mut maps.windows, names::WINDOWS),
+        (&mut maps.window_spill, names::WINDOW_SPILL),
+    ] {
+        let mut keys = Vec::new();
+        let walked = walk(
+            windows.map(),
+            name,
+            cap_of(windows.map(), name)?,
+            batch::BATCH,
+            |key: &SourceKey, window: &WindowState| {
+                if inside(key) && window.blocked_until_ns > now_ns {
+                    keys.push(*key);
+                }
+            },
+        )?;
+        complete &= walked.complete;
         for key in keys {
+            // Read again: the kernel may have changed it since the walk.
             let Ok(mut window) = windows.get(&key, 0) else {
                 continue;
             };
@@ -60,33 +136,50 @@ pub fn lift(maps: &mut Maps, cidr: &IpNet, now_ns: u64) -> usize {
             }
         }
     }
-    lifted
+    Ok(Lifted { lifted, complete })
+}
+
+/// What [`sweep`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Swept {
+    /// Penalties still running among the holds visited.
+    pub penalties: usize,
+    /// Holds still running among those visited (penalties included).
+    pub kept: usize,
+    /// The walk of `HOLDS` reached its end; `false`: it stopped at its
+    /// cap, `penalties` is a floor and the next sweep starts over.
+    pub complete: bool,
 }
 
 /// Removes the holds kept apart from the windows (`HOLDS`) that ended
 /// before `now_ns` (the kernel removes one when it finds it ended; this
-/// keeps the map from filling with holds of sources that never came back).
-pub fn sweep(maps: &mut Maps, now_ns: u64) -> Holds {
-    let entries: Vec<(SourceKey, Hold)> = maps.holds.iter().filter_map(Result::ok).collect();
-    let mut holds = Holds::default();
-    for (key, held) in entries {
-        if held.until_ns <= now_ns {
-            let _ = maps.holds.remove(&key);
-            continue;
-        }
-        holds.kept += 1;
-        if held.tag != 0 {
-            holds.penalties += 1;
-        }
+/// keeps the map from filling with holds of sources that never came back),
+/// and counts the holds and penalties that still run.
+pub fn sweep(maps: &mut Maps, now_ns: u64) -> Result<Swept, MapsError> {
+    let mut ended = Vec::new();
+    let (mut penalties, mut kept) = (0, 0);
+    let walked = walk(
+        maps.holds.map(),
+        names::HOLDS,
+        cap_of(maps.holds.map(), names::HOLDS)?,
+        batch::BATCH,
+        |key: &SourceKey, held: &Hold| {
+            if held.until_ns <= now_ns {
+                ended.push(*key);
+                return;
+            }
+            kept += 1;
+            if held.tag != 0 {
+                penalties += 1;
+            }
+        },
+    )?;
+    for key in ended {
+        let _ = maps.holds.remove(&key);
     }
-    holds
-}
-
-/// What [`sweep`] left in `HOLDS`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Holds {
-    /// Holds still running.
-    pub kept: usize,
-    /// Of them, penalties.
-    pub penalties: usize,
+    Ok(Swept {
+        penalties,
+        kept,
+        complete: walked.complete,
+    })
 }

@@ -50,13 +50,13 @@ impl Reclaim {
     /// the map) and deletes those idle at `now_ns`.
     pub fn step(&mut self, maps: &mut Maps, now_ns: u64, budget: usize) -> io::Result<Slice> {
         let mut idle: Vec<SourceKey> = Vec::new();
-        let (seen, next) = batch::read_per_cpu(
+        let (seen, next) = batch::read(
             batch::fd(maps.windows.map()),
-            1,
+            batch::BATCH,
             self.resume,
             budget.max(1),
-            |key: &SourceKey, window: &[WindowState]| {
-                if window.iter().all(|w| w.idle_at(now_ns)) {
+            |key: &SourceKey, window: &WindowState| {
+                if window.idle_at(now_ns) {
                     idle.push(*key);
                 }
             },
