@@ -89,6 +89,7 @@ pub const GUEST_TESTS: &[(&str, &[&str])] = &[
     ("batch", &[]),
     ("netns_counting", &[]),
     ("refusal", &[]),
+    ("adversarial", &[]),
     (
         "daemon",
         &[
