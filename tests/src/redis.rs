@@ -12,8 +12,8 @@
 //!   tokio runtime on a thread inside the namespace;
 //! - [`RedisServer::cli`]: `redis-cli` inside the namespace, for what the
 //!   tests inspect or do behind the client's back (TTL, SCRIPT FLUSH);
-//! - [`RedisServer::start_secured`] and
-//!   [`RedisServer::start_sentinel_secured`]: the same behind TLS (a
+//! - [`RedisServer::start_secured`], [`RedisServer::start_cluster_secured`]
+//!   and [`RedisServer::start_sentinel_secured`]: the same behind TLS (a
 //!   throwaway CA and certificates made at test time, [`Pki`]), an ACL
 //!   user with a password, or both ([`Security`]).
 //!
@@ -303,6 +303,15 @@ impl RedisServer {
         server
     }
 
+    /// As [`RedisServer::start_cluster`], secured as `security` says (the
+    /// cluster bus over TLS too).
+    pub fn start_cluster_secured(security: Security) -> Self {
+        let mut server = Self::empty("rcluster");
+        server.secure(security, &[]);
+        server.cluster_on("127.0.0.1", &[]);
+        server
+    }
+
     /// As [`RedisServer::start_cluster`], but every primary listens on
     /// every address of its namespace and the cluster is built on, and
     /// announces (`cluster-announce-ip`, so MOVED redirections and `CLUSTER
@@ -336,6 +345,10 @@ impl RedisServer {
                 "5000",
             ];
             args.extend_from_slice(extra);
+            if self.security.tls {
+                // The cluster bus over TLS too (port 0: nothing else).
+                args.extend(["--tls-cluster", "yes"]);
+            }
             self.spawn_bound(port, bind, &args);
         }
         for &port in &ports {
@@ -348,6 +361,7 @@ impl RedisServer {
         let out = self
             .ns
             .command("redis-cli")
+            .args(self.security.cli_args(self.pki.as_ref()))
             .args(&args)
             .output()
             .expect("start redis-cli");

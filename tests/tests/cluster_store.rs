@@ -891,6 +891,34 @@ fn the_acl_user_of_the_url_is_who_the_store_logs_in_as() {
 }
 
 #[test]
+fn a_redis_cluster_behind_tls_and_an_acl_user_takes_the_sync() {
+    let server = RedisServer::start_cluster_secured(locked_down());
+    let urls = server.urls();
+    assert!(
+        urls.iter().all(|u| u.starts_with("rediss://xl-node:")),
+        "{urls:?}"
+    );
+    let mut config = StoreConfig::new(urls, Mode::Cluster);
+    config.timeout = Duration::from_secs(2);
+    config.bulk_timeout = Duration::from_secs(2);
+    config.tls = Some(certs(server.pki(), &server.pki().ca, true));
+    // Sources over many slots, so every primary is reached (each over its
+    // own TLS connection, logged in as the ACL user).
+    let reports: Vec<Report> = (0..100u64)
+        .map(|i| report(&format!("10.8.0.{i}/32|r"), 1, 2))
+        .collect();
+    let totals = server.block_on(|| async {
+        let store = connect(&config).await;
+        store.sync("a", long_window(), &reports).await.unwrap()
+    });
+    assert!(totals.iter().all(|t| counts(t) == [1, 2, 1, 2]));
+    for port in server.server_ports() {
+        let keys = server.cli_at(port, &["dbsize"]);
+        assert_ne!(keys.trim(), "0", "primary {port} got no key");
+    }
+}
+
+#[test]
 fn every_connection_failure_is_clear_and_never_shows_the_password() {
     let server = RedisServer::start_secured(locked_down());
     let pki = server.pki().clone();
