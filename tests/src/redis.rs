@@ -60,8 +60,11 @@ struct Server {
     cli: Vec<String>,
 }
 
-/// The ACL user [`Security::acl_user`] creates.
+/// The ACL user [`Security::acl_password`] creates, for the clients tested.
 pub const ACL_USER: &str = "xl-node";
+/// The ACL user with every right the fixture's redis-cli logs in as (same
+/// password), whatever [`Security::acl_rules`] leaves [`ACL_USER`].
+pub const ADMIN_USER: &str = "xl-admin";
 
 /// How [`RedisServer::start_secured`] protects its Redis.
 #[derive(Clone, Debug, Default)]
@@ -75,6 +78,9 @@ pub struct Security {
     /// The password of the ACL user [`ACL_USER`]; the `default` user is
     /// off, so nothing else logs in.
     pub acl_password: Option<String>,
+    /// The rules of [`ACL_USER`] (`~xl:* +evalsha ...`); empty: every
+    /// key and command.
+    pub acl_rules: Vec<String>,
 }
 
 impl Security {
@@ -101,12 +107,13 @@ impl Security {
             ]);
         }
         if let Some(password) = &self.acl_password {
-            // One user with every right; the default user cannot log in.
+            // The default user cannot log in; the fixture's own user can
+            // do anything.
             args.extend(["--user", "default", "off"].iter().map(|a| a.to_string()));
             args.extend(
                 [
                     "--user",
-                    ACL_USER,
+                    ADMIN_USER,
                     "on",
                     &format!(">{password}"),
                     "~*",
@@ -116,6 +123,16 @@ impl Security {
                 .iter()
                 .map(|a| a.to_string()),
             );
+            args.extend(
+                ["--user", ACL_USER, "on", &format!(">{password}")]
+                    .iter()
+                    .map(|a| a.to_string()),
+            );
+            if self.acl_rules.is_empty() {
+                args.extend(["~*", "&*", "+@all"].iter().map(|a| a.to_string()));
+            } else {
+                args.extend(self.acl_rules.iter().cloned());
+            }
         }
         args
     }
@@ -133,9 +150,15 @@ impl Security {
         }
         if let Some(password) = &self.acl_password {
             args.extend(
-                ["--no-auth-warning", "--user", ACL_USER, "--pass", password]
-                    .iter()
-                    .map(|a| a.to_string()),
+                [
+                    "--no-auth-warning",
+                    "--user",
+                    ADMIN_USER,
+                    "--pass",
+                    password,
+                ]
+                .iter()
+                .map(|a| a.to_string()),
             );
         }
         args

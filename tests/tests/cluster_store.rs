@@ -797,6 +797,7 @@ fn locked_down() -> Security {
         tls: true,
         client_certs: true,
         acl_password: Some(PASSWORD.into()),
+        ..Security::default()
     }
 }
 
@@ -916,6 +917,81 @@ fn a_redis_cluster_behind_tls_and_an_acl_user_takes_the_sync() {
         let keys = server.cli_at(port, &["dbsize"]);
         assert_ne!(keys.trim(), "0", "primary {port} got no key");
     }
+}
+
+/// The ACL rules docs/operations.md gives the daemon's user: its keys
+/// and the commands of its scripts, nothing else.
+const LEAST_RIGHTS: &[&str] = &[
+    "~xl:*",
+    "+evalsha",
+    "+eval",
+    "+script|load",
+    "+ping",
+    "+time",
+    "+hincrby",
+    "+hmget",
+    "+hset",
+    "+hdel",
+    "+hgetall",
+    "+pexpire",
+    "+zadd",
+    "+zcard",
+    "+zrangebyscore",
+    "+zremrangebyscore",
+];
+
+#[test]
+fn the_documented_least_rights_are_enough_for_every_call() {
+    let rules: Vec<String> = LEAST_RIGHTS.iter().map(|r| r.to_string()).collect();
+    let server = RedisServer::start_secured(Security {
+        acl_password: Some(PASSWORD.into()),
+        acl_rules: rules.clone(),
+        ..Security::default()
+    });
+    let config = config(&server);
+    let key = "192.0.2.90/32|default";
+    let window = long_window();
+    let hot = server.block_on(|| async {
+        let store = connect(&config).await;
+        store.heartbeat("a", window.window()).await.unwrap();
+        let totals = store.sync("a", window, &[report(key, 1, 2)]).await.unwrap();
+        assert_eq!(counts(&totals[0]), [1, 2, 1, 2]);
+        // A key outside the prefix is refused: the rules do bind.
+        let other: Result<i64, _> = redis::cmd("HINCRBY")
+            .arg("other")
+            .arg("f")
+            .arg(1)
+            .query_async(&mut store.connection())
+            .await;
+        assert!(other.is_err(), "{other:?}");
+        store.hot_sources(window.window()).await.unwrap()
+    });
+    assert_eq!(hot, vec![key.to_string()]);
+}
+
+#[test]
+fn a_redis_cluster_takes_the_sync_with_the_least_rights_and_cluster_slots() {
+    let mut rules: Vec<String> = LEAST_RIGHTS.iter().map(|r| r.to_string()).collect();
+    rules.push("+cluster|slots".into());
+    let server = RedisServer::start_cluster_secured(Security {
+        acl_password: Some(PASSWORD.into()),
+        acl_rules: rules,
+        ..Security::default()
+    });
+    let mut config = StoreConfig::new(server.urls(), Mode::Cluster);
+    config.timeout = Duration::from_secs(2);
+    config.bulk_timeout = Duration::from_secs(2);
+    let reports: Vec<Report> = (0..50u64)
+        .map(|i| report(&format!("10.7.0.{i}/32|r"), 1, 2))
+        .collect();
+    let window = long_window();
+    server.block_on(|| async {
+        let store = connect(&config).await;
+        store.heartbeat("a", window.window()).await.unwrap();
+        let totals = store.sync("a", window, &reports).await.unwrap();
+        assert!(totals.iter().all(|t| counts(t) == [1, 2, 1, 2]));
+        store.hot_sources(window.window()).await.unwrap();
+    });
 }
 
 #[test]

@@ -30,6 +30,7 @@ fn lab() -> ClusterLab {
         tls: true,
         client_certs: true,
         acl_password: Some(PASSWORD.into()),
+        ..Security::default()
     };
     let lab = ClusterLab::with_redis(
         1,
