@@ -210,9 +210,12 @@ fn spawn_with(
             Ok(())
         });
     }
+    // `info` unless the caller asks for another level.
+    if !env.iter().any(|(key, _)| *key == "RUST_LOG") {
+        cmd.env("RUST_LOG", "info");
+    }
     cmd.args(args)
         .envs(env.iter().copied())
-        .env("RUST_LOG", "info")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(log_file)

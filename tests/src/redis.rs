@@ -11,7 +11,11 @@
 //! - [`RedisServer::block_on`]: runs async client code on a current-thread
 //!   tokio runtime on a thread inside the namespace;
 //! - [`RedisServer::cli`]: `redis-cli` inside the namespace, for what the
-//!   tests inspect or do behind the client's back (TTL, SCRIPT FLUSH).
+//!   tests inspect or do behind the client's back (TTL, SCRIPT FLUSH);
+//! - [`RedisServer::start_secured`], [`RedisServer::start_cluster_secured`]
+//!   and [`RedisServer::start_sentinel_secured`]: the same behind TLS (a
+//!   throwaway CA and certificates made at test time, [`Pki`]), an ACL
+//!   user with a password, or both ([`Security`]).
 //!
 //! Servers are killed and the namespace removed on drop, also when the test
 //! panics. Startup waits until every server answers PING (bounded), never a
@@ -52,6 +56,194 @@ struct Server {
     bind: String,
     extra: Vec<String>,
     child: Child,
+    /// What `redis-cli` needs to reach it (TLS files, a login).
+    cli: Vec<String>,
+}
+
+/// The ACL user [`Security::acl_password`] creates, for the clients tested.
+pub const ACL_USER: &str = "xl-node";
+/// The ACL user with every right the fixture's redis-cli logs in as (same
+/// password), whatever [`Security::acl_rules`] leaves [`ACL_USER`].
+pub const ADMIN_USER: &str = "xl-admin";
+
+/// How [`RedisServer::start_secured`] protects its Redis.
+#[derive(Clone, Debug, Default)]
+pub struct Security {
+    /// TLS only (no plain port), with a certificate for 127.0.0.1 (and
+    /// `Pki::new`'s other addresses) signed by the fixture's CA.
+    pub tls: bool,
+    /// With `tls`: clients must show a certificate of that CA
+    /// (`tls-auth-clients yes`).
+    pub client_certs: bool,
+    /// The password of the ACL user [`ACL_USER`]; the `default` user is
+    /// off, so nothing else logs in.
+    pub acl_password: Option<String>,
+    /// The rules of [`ACL_USER`] (`~xl:* +evalsha ...`); empty: every
+    /// key and command.
+    pub acl_rules: Vec<String>,
+}
+
+impl Security {
+    /// The redis-server arguments for it.
+    fn server_args(&self, pki: Option<&Pki>, port: u16) -> Vec<String> {
+        let mut args: Vec<String> = Vec::new();
+        if let (true, Some(pki)) = (self.tls, pki) {
+            let path = |p: &PathBuf| p.to_string_lossy().into_owned();
+            args.extend([
+                "--port".into(),
+                "0".into(),
+                "--tls-port".into(),
+                port.to_string(),
+                "--tls-cert-file".into(),
+                path(&pki.server_cert),
+                "--tls-key-file".into(),
+                path(&pki.server_key),
+                "--tls-ca-cert-file".into(),
+                path(&pki.ca),
+                "--tls-auth-clients".into(),
+                (if self.client_certs { "yes" } else { "no" }).into(),
+                "--tls-replication".into(),
+                "yes".into(),
+            ]);
+        }
+        if let Some(password) = &self.acl_password {
+            // The default user cannot log in; the fixture's own user can
+            // do anything.
+            args.extend(["--user", "default", "off"].iter().map(|a| a.to_string()));
+            args.extend(
+                [
+                    "--user",
+                    ADMIN_USER,
+                    "on",
+                    &format!(">{password}"),
+                    "~*",
+                    "&*",
+                    "+@all",
+                ]
+                .iter()
+                .map(|a| a.to_string()),
+            );
+            args.extend(
+                ["--user", ACL_USER, "on", &format!(">{password}")]
+                    .iter()
+                    .map(|a| a.to_string()),
+            );
+            if self.acl_rules.is_empty() {
+                args.extend(["~*", "&*", "+@all"].iter().map(|a| a.to_string()));
+            } else {
+                args.extend(self.acl_rules.iter().cloned());
+            }
+        }
+        args
+    }
+
+    /// The redis-cli arguments that reach a server secured so.
+    fn cli_args(&self, pki: Option<&Pki>) -> Vec<String> {
+        let mut args = Vec::new();
+        if let (true, Some(pki)) = (self.tls, pki) {
+            args.extend(["--tls".to_string(), "--cacert".into()]);
+            args.push(pki.ca.to_string_lossy().into_owned());
+            args.extend(["--cert".to_string()]);
+            args.push(pki.client_cert.to_string_lossy().into_owned());
+            args.extend(["--key".to_string()]);
+            args.push(pki.client_key.to_string_lossy().into_owned());
+        }
+        if let Some(password) = &self.acl_password {
+            args.extend(
+                [
+                    "--no-auth-warning",
+                    "--user",
+                    ADMIN_USER,
+                    "--pass",
+                    password,
+                ]
+                .iter()
+                .map(|a| a.to_string()),
+            );
+        }
+        args
+    }
+}
+
+/// A throwaway certificate authority made at test time (rcgen), with a
+/// server certificate and a client certificate it signed, and a second CA
+/// that signed nothing (what a client configured with the wrong CA
+/// trusts). PEM files in the server's directory.
+#[derive(Clone, Debug)]
+pub struct Pki {
+    pub ca: PathBuf,
+    pub server_cert: PathBuf,
+    pub server_key: PathBuf,
+    pub client_cert: PathBuf,
+    pub client_key: PathBuf,
+    /// A CA that signed neither certificate.
+    pub other_ca: PathBuf,
+}
+
+impl Pki {
+    /// Writes the files into `dir`; the server certificate names
+    /// 127.0.0.1, `localhost` and `addresses` (and nothing else: another
+    /// address of the same server is the wrong name).
+    pub fn new(dir: &std::path::Path, addresses: &[Ipv4Addr]) -> Self {
+        use rcgen::{
+            BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
+            KeyUsagePurpose,
+        };
+        let ca_of = |name: &str| {
+            let key = KeyPair::generate().expect("CA key");
+            let mut params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
+            params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+            params.distinguished_name.push(DnType::CommonName, name);
+            params.key_usages = vec![
+                KeyUsagePurpose::KeyCertSign,
+                KeyUsagePurpose::CrlSign,
+                KeyUsagePurpose::DigitalSignature,
+            ];
+            let cert = params.self_signed(&key).expect("self-signed CA");
+            (cert, key)
+        };
+        let (ca, ca_key) = ca_of("xdp-limiter test CA");
+        let (other_ca, _) = ca_of("xdp-limiter other CA");
+        let leaf = |names: Vec<String>, usages: Vec<ExtendedKeyUsagePurpose>| {
+            let key = KeyPair::generate().expect("leaf key");
+            let mut params = CertificateParams::new(names).expect("leaf params");
+            params
+                .distinguished_name
+                .push(DnType::CommonName, "xdp-limiter test");
+            params.extended_key_usages = usages;
+            params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+            let cert = params.signed_by(&key, &ca, &ca_key).expect("sign leaf");
+            (cert, key)
+        };
+        let mut names = vec!["127.0.0.1".to_string(), "localhost".to_string()];
+        names.extend(addresses.iter().map(Ipv4Addr::to_string));
+        // The servers' certificate is also what a replica or a Sentinel
+        // shows when it connects to the primary (`tls-auth-clients`).
+        let (server, server_key) = leaf(
+            names,
+            vec![
+                ExtendedKeyUsagePurpose::ServerAuth,
+                ExtendedKeyUsagePurpose::ClientAuth,
+            ],
+        );
+        let (client, client_key) = leaf(
+            vec!["xl-node.test".to_string()],
+            vec![ExtendedKeyUsagePurpose::ClientAuth],
+        );
+        let write = |name: &str, pem: String| {
+            let path = dir.join(name);
+            std::fs::write(&path, pem).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            path
+        };
+        Self {
+            ca: write("ca.pem", ca.pem()),
+            server_cert: write("server.pem", server.pem()),
+            server_key: write("server-key.pem", server_key.serialize_pem()),
+            client_cert: write("client.pem", client.pem()),
+            client_key: write("client-key.pem", client_key.serialize_pem()),
+            other_ca: write("other-ca.pem", other_ca.pem()),
+        }
+    }
 }
 
 /// One or several `redis-server` processes in their own namespace.
@@ -62,6 +254,8 @@ pub struct RedisServer {
     /// The address URLs name (127.0.0.1, or the announced address).
     host: Ipv4Addr,
     dir: PathBuf,
+    security: Security,
+    pki: Option<Pki>,
     // Dropped after the servers are killed (fields drop after `drop`).
     ns: NetNs,
 }
@@ -86,11 +280,57 @@ impl RedisServer {
         server
     }
 
+    /// One instance on 127.0.0.1:[`PORT`] secured as `security` says,
+    /// answering PING (through redis-cli secured the same way). It also
+    /// listens on 127.0.0.2, which its certificate does not name: the
+    /// wrong server name.
+    pub fn start_secured(security: Security) -> Self {
+        let mut server = Self::empty("redis");
+        server.secure(security, &[]);
+        server.spawn_bound(PORT, "127.0.0.1 127.0.0.2", &[]);
+        server.wait_ping(PORT);
+        server
+    }
+
+    /// [`RedisServer::start_on_all_addresses`] secured as `security` says,
+    /// its certificate naming `addresses` too (where a lab's nodes reach
+    /// it).
+    pub fn start_on_all_addresses_secured(security: Security, addresses: &[Ipv4Addr]) -> Self {
+        let mut server = Self::empty("redis");
+        server.secure(security, addresses);
+        server.spawn_bound(PORT, "* -::*", &["--protected-mode", "no"]);
+        server.wait_ping(PORT);
+        server
+    }
+
+    fn secure(&mut self, security: Security, addresses: &[Ipv4Addr]) {
+        if security.tls {
+            self.pki = Some(Pki::new(&self.dir, addresses));
+        }
+        self.security = security;
+    }
+
+    /// The certificates of a TLS server.
+    pub fn pki(&self) -> &Pki {
+        self.pki
+            .as_ref()
+            .expect("a server started with Security::tls")
+    }
+
     /// Three primaries on 127.0.0.1:[`CLUSTER_PORT`]..+2 joined into a
     /// Redis Cluster whose 16384 slots are all served (`cluster_state:ok`
     /// on every node).
     pub fn start_cluster() -> Self {
         let mut server = Self::empty("rcluster");
+        server.cluster_on("127.0.0.1", &[]);
+        server
+    }
+
+    /// As [`RedisServer::start_cluster`], secured as `security` says (the
+    /// cluster bus over TLS too).
+    pub fn start_cluster_secured(security: Security) -> Self {
+        let mut server = Self::empty("rcluster");
+        server.secure(security, &[]);
         server.cluster_on("127.0.0.1", &[]);
         server
     }
@@ -128,6 +368,10 @@ impl RedisServer {
                 "5000",
             ];
             args.extend_from_slice(extra);
+            if self.security.tls {
+                // The cluster bus over TLS too (port 0: nothing else).
+                args.extend(["--tls-cluster", "yes"]);
+            }
             self.spawn_bound(port, bind, &args);
         }
         for &port in &ports {
@@ -140,6 +384,7 @@ impl RedisServer {
         let out = self
             .ns
             .command("redis-cli")
+            .args(self.security.cli_args(self.pki.as_ref()))
             .args(&args)
             .output()
             .expect("start redis-cli");
@@ -169,6 +414,8 @@ impl RedisServer {
             children: Mutex::new(Vec::new()),
             host: Ipv4Addr::LOCALHOST,
             dir,
+            security: Security::default(),
+            pki: None,
             ns: NetNs::new(tag),
         }
     }
@@ -180,13 +427,16 @@ impl RedisServer {
     }
 
     fn spawn_bound(&mut self, port: u16, bind: &str, extra: &[&str]) {
-        let extra: Vec<String> = extra.iter().map(|a| a.to_string()).collect();
+        let mut extra: Vec<String> = extra.iter().map(|a| a.to_string()).collect();
+        extra.extend(self.security.server_args(self.pki.as_ref(), port));
         let child = self.spawn_child(port, bind, &extra);
+        let cli = self.security.cli_args(self.pki.as_ref());
         self.servers().push(Server {
             port,
             bind: bind.to_string(),
             extra,
             child,
+            cli,
         });
     }
 
@@ -253,17 +503,28 @@ impl RedisServer {
         }
     }
 
-    /// The URL of the single instance (or of the first cluster node).
+    /// The URL of the single instance (or of the first cluster node):
+    /// `rediss://` with TLS, with the ACL user's login when there is one.
     pub fn url(&self) -> String {
-        format!("redis://{}:{}", self.host, self.ports()[0])
+        self.url_at(&self.host.to_string(), self.ports()[0])
     }
 
     /// Every server's URL (a Redis Cluster's seeds).
     pub fn urls(&self) -> Vec<String> {
         self.ports()
             .iter()
-            .map(|port| format!("redis://{}:{port}", self.host))
+            .map(|&port| self.url_at(&self.host.to_string(), port))
             .collect()
+    }
+
+    /// The URL of `host:port` as [`RedisServer::url`] writes it.
+    pub fn url_at(&self, host: &str, port: u16) -> String {
+        let scheme = if self.security.tls { "rediss" } else { "redis" };
+        let login = match &self.security.acl_password {
+            Some(password) => format!("{ACL_USER}:{password}@"),
+            None => String::new(),
+        };
+        format!("{scheme}://{login}{host}:{port}")
     }
 
     pub fn ns(&self) -> &NetNs {
@@ -335,10 +596,17 @@ impl RedisServer {
     }
 
     fn try_cli(&self, port: u16, args: &[&str]) -> Option<String> {
+        let login = self
+            .servers()
+            .iter()
+            .find(|s| s.port == port)
+            .map(|s| s.cli.clone())
+            .unwrap_or_default();
         let out = self
             .ns
             .command("redis-cli")
             .args(["-p", &port.to_string()])
+            .args(&login)
             .args(args)
             .stdin(Stdio::null())
             .output()
@@ -394,25 +662,69 @@ impl RedisServer {
     /// primary and its replica. `urls()` is then primary, replica,
     /// Sentinel; [`RedisServer::sentinel_url`] the Sentinel's.
     pub fn start_sentinel() -> Self {
+        Self::start_sentinel_secured(Security::default(), None)
+    }
+
+    /// As [`RedisServer::start_sentinel`], the primary and replica secured
+    /// as `security` says (the replica and the Sentinel log in to the
+    /// primary as [`ACL_USER`]), the Sentinel over TLS too when `security`
+    /// is, and asking its own clients for `sentinel_password` when given.
+    pub fn start_sentinel_secured(security: Security, sentinel_password: Option<&str>) -> Self {
         let mut server = Self::empty("rsentinel");
+        server.secure(security.clone(), &[]);
         let (primary, replica) = (SENTINEL_PRIMARY_PORT, SENTINEL_PRIMARY_PORT + 1);
         server.spawn(primary, &[]);
         server.wait_ping(primary);
-        server.spawn(replica, &["--replicaof", "127.0.0.1", &primary.to_string()]);
+        let mut replica_args = vec!["--replicaof", "127.0.0.1"];
+        let primary_text = primary.to_string();
+        replica_args.push(&primary_text);
+        if let Some(password) = &security.acl_password {
+            replica_args.extend(["--masteruser", ACL_USER, "--masterauth", password]);
+        }
+        server.spawn(replica, &replica_args);
         server.wait_ping(replica);
         // Sentinel rewrites its configuration file: it needs one of its own.
         let conf = server.dir.join("sentinel.conf");
-        std::fs::write(
-            &conf,
-            format!(
-                "port {SENTINEL_PORT}\nbind 127.0.0.1\ndir {dir}\n\
-                 sentinel monitor {SENTINEL_MASTER} 127.0.0.1 {primary} 1\n\
-                 sentinel down-after-milliseconds {SENTINEL_MASTER} 300\n\
-                 sentinel failover-timeout {SENTINEL_MASTER} 2000\n",
-                dir = server.dir.display()
+        let mut text = match &server.pki {
+            Some(pki) => format!(
+                "port 0\ntls-port {SENTINEL_PORT}\ntls-cert-file {}\ntls-key-file {}\n\
+                 tls-ca-cert-file {}\ntls-auth-clients {}\ntls-replication yes\n",
+                pki.server_cert.display(),
+                pki.server_key.display(),
+                pki.ca.display(),
+                if security.client_certs { "yes" } else { "no" },
             ),
-        )
-        .unwrap_or_else(|e| panic!("{}: {e}", conf.display()));
+            None => format!("port {SENTINEL_PORT}\n"),
+        };
+        text.push_str(&format!(
+            "bind 127.0.0.1\ndir {dir}\n\
+             sentinel monitor {SENTINEL_MASTER} 127.0.0.1 {primary} 1\n\
+             sentinel down-after-milliseconds {SENTINEL_MASTER} 300\n\
+             sentinel failover-timeout {SENTINEL_MASTER} 2000\n",
+            dir = server.dir.display()
+        ));
+        if let Some(password) = &security.acl_password {
+            text.push_str(&format!(
+                "sentinel auth-user {SENTINEL_MASTER} {ACL_USER}\n\
+                 sentinel auth-pass {SENTINEL_MASTER} {password}\n"
+            ));
+        }
+        if let Some(password) = sentinel_password {
+            text.push_str(&format!("requirepass {password}\n"));
+        }
+        std::fs::write(&conf, text).unwrap_or_else(|e| panic!("{}: {e}", conf.display()));
+        let mut sentinel_cli = Security {
+            acl_password: None,
+            ..security
+        }
+        .cli_args(server.pki.as_ref());
+        if let Some(password) = sentinel_password {
+            sentinel_cli.extend([
+                "--no-auth-warning".to_string(),
+                "-a".into(),
+                password.into(),
+            ]);
+        }
         let log_path = server.dir.join(format!("{SENTINEL_PORT}.log"));
         let log = File::create(&log_path).unwrap_or_else(|e| panic!("{}: {e}", log_path.display()));
         let child = server
@@ -430,6 +742,7 @@ impl RedisServer {
             bind: "127.0.0.1".into(),
             extra: Vec::new(),
             child,
+            cli: sentinel_cli,
         });
         server.wait_ping(SENTINEL_PORT);
         let ready = wait_until(START_LIMIT, Duration::from_millis(20), || {
@@ -444,9 +757,18 @@ impl RedisServer {
         server
     }
 
-    /// The Sentinel's URL (what `mode = "sentinel"` is configured with).
+    /// The Sentinel's URL (what `mode = "sentinel"` is configured with):
+    /// `rediss://` with TLS; without a login (see
+    /// [`RedisServer::sentinel_url_with_password`]).
     pub fn sentinel_url(&self) -> String {
-        format!("redis://127.0.0.1:{SENTINEL_PORT}")
+        let scheme = if self.security.tls { "rediss" } else { "redis" };
+        format!("{scheme}://127.0.0.1:{SENTINEL_PORT}")
+    }
+
+    /// [`RedisServer::sentinel_url`] logging in with `password`.
+    pub fn sentinel_url_with_password(&self, password: &str) -> String {
+        let scheme = if self.security.tls { "rediss" } else { "redis" };
+        format!("{scheme}://:{password}@127.0.0.1:{SENTINEL_PORT}")
     }
 
     /// The port the Sentinel names as the primary now.

@@ -2,11 +2,16 @@
 //! scripts) against a real `redis-server` in a namespace of its own: nodes
 //! sharing totals, the sliding window on Redis time, key TTLs, heartbeats,
 //! NOSCRIPT recovery, timeouts on a hung server, clear connection errors,
-//! and the same sync through a 3-primary Redis Cluster.
+//! the same sync through a 3-primary Redis Cluster, and Redis behind TLS
+//! and ACL logins (directly and through a Sentinel), whose every failure
+//! is told without the password.
 
 use std::time::{Duration, Instant};
 
-use limiter_tests::{redis::RedisServer, wait_until};
+use limiter_tests::{
+    redis::{Pki, RedisServer, Security, ACL_USER},
+    wait_until,
+};
 use limiter_user::cluster::{
     node_claim,
     store::{
@@ -777,4 +782,439 @@ fn a_sync_that_part_of_redis_cannot_serve_syncs_the_rest() {
         store.sync("a", window, &reports).await.err()
     });
     assert!(all.is_some_and(|e| e.to_string().contains("WRONGTYPE")));
+}
+
+/// The ACL user's password on the secured servers: no error may show it.
+const PASSWORD: &str = "xl-Secret-7f3a";
+/// A wrong password tried against them: no error may show it either.
+const WRONG_PASSWORD: &str = "xl-Wrong-93c1";
+/// The Sentinel's own password (`requirepass` of the Sentinel).
+const SENTINEL_PASSWORD: &str = "xl-Sentinel-5d2e";
+
+/// TLS, client certificates and an ACL user with [`PASSWORD`].
+fn locked_down() -> Security {
+    Security {
+        tls: true,
+        client_certs: true,
+        acl_password: Some(PASSWORD.into()),
+        ..Security::default()
+    }
+}
+
+/// The certificates a client of `pki` is configured with: `ca` as the CA
+/// (the right one or `pki.other_ca`), and the client certificate if
+/// `client`.
+fn certs(pki: &Pki, ca: &std::path::Path, client: bool) -> redis::TlsCertificates {
+    let read = |p: &std::path::Path| std::fs::read(p).unwrap_or_else(|e| panic!("{p:?}: {e}"));
+    redis::TlsCertificates {
+        root_cert: Some(read(ca)),
+        client_tls: client.then(|| redis::ClientTlsConfig {
+            client_cert: read(&pki.client_cert),
+            client_key: read(&pki.client_key),
+        }),
+    }
+}
+
+/// An error and every error under it, Display and Debug: all of what a
+/// log line or a `status` could be made of.
+fn everything_said(e: &StoreError) -> String {
+    let mut text = format!("{e} | {e:?}");
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        text.push_str(&format!(" | {s} | {s:?}"));
+        source = s.source();
+    }
+    text
+}
+
+#[track_caller]
+fn assert_no_password(text: &str) {
+    for secret in [PASSWORD, WRONG_PASSWORD, SENTINEL_PASSWORD] {
+        assert!(!text.contains(secret), "{secret} shown in: {text}");
+    }
+}
+
+#[test]
+fn tls_with_client_certificates_and_an_acl_user_syncs_as_that_user() {
+    let server = RedisServer::start_secured(locked_down());
+    let url = server.url();
+    assert!(url.starts_with("rediss://xl-node:"), "{url}");
+    let mut config = config(&server);
+    config.tls = Some(certs(server.pki(), &server.pki().ca, true));
+    let key = "192.0.2.41/32|default";
+    let (totals, whoami) = server.block_on(|| async {
+        let store = connect(&config).await;
+        let totals = store
+            .sync("a", long_window(), &[report(key, 2, 3)])
+            .await
+            .unwrap();
+        let whoami: String = redis::cmd("ACL")
+            .arg("WHOAMI")
+            .query_async(&mut store.connection())
+            .await
+            .unwrap();
+        (totals, whoami)
+    });
+    assert_eq!(counts(&totals[0]), [2, 3, 2, 3]);
+    assert_eq!(whoami, ACL_USER);
+    // Redis has the counts (read over TLS by redis-cli, as the ACL user).
+    let keys = server.cli(&["--scan", "--pattern", "xl:*"]);
+    assert!(keys.contains(key), "{keys}");
+}
+
+#[test]
+fn the_acl_user_of_the_url_is_who_the_store_logs_in_as() {
+    // No TLS: the login alone (the default user is off, so only the ACL
+    // user gets in at all).
+    let server = RedisServer::start_secured(Security {
+        acl_password: Some(PASSWORD.into()),
+        ..Security::default()
+    });
+    let url = server.url();
+    assert_eq!(url, format!("redis://{ACL_USER}:{PASSWORD}@127.0.0.1:6379"));
+    let config = config(&server);
+    let whoami = server.block_on(|| async {
+        let store = connect(&config).await;
+        store.heartbeat("a", Duration::from_secs(1)).await.unwrap();
+        redis::cmd("ACL")
+            .arg("WHOAMI")
+            .query_async::<String>(&mut store.connection())
+            .await
+            .unwrap()
+    });
+    assert_eq!(whoami, ACL_USER);
+    // Without the login the server refuses the store's scripts.
+    let anonymous = StoreConfig::new(vec!["redis://127.0.0.1:6379".into()], Mode::Single);
+    let e = server
+        .block_on(|| async { Store::connect(&anonymous).await.err() })
+        .expect("connected without logging in");
+    assert!(e.to_string().contains("NOAUTH"), "{e}");
+}
+
+#[test]
+fn a_redis_cluster_behind_tls_and_an_acl_user_takes_the_sync() {
+    let server = RedisServer::start_cluster_secured(locked_down());
+    let urls = server.urls();
+    assert!(
+        urls.iter().all(|u| u.starts_with("rediss://xl-node:")),
+        "{urls:?}"
+    );
+    let mut config = StoreConfig::new(urls, Mode::Cluster);
+    config.timeout = Duration::from_secs(2);
+    config.bulk_timeout = Duration::from_secs(2);
+    config.tls = Some(certs(server.pki(), &server.pki().ca, true));
+    // Sources over many slots, so every primary is reached (each over its
+    // own TLS connection, logged in as the ACL user).
+    let reports: Vec<Report> = (0..100u64)
+        .map(|i| report(&format!("10.8.0.{i}/32|r"), 1, 2))
+        .collect();
+    let totals = server.block_on(|| async {
+        let store = connect(&config).await;
+        store.sync("a", long_window(), &reports).await.unwrap()
+    });
+    assert!(totals.iter().all(|t| counts(t) == [1, 2, 1, 2]));
+    for port in server.server_ports() {
+        let keys = server.cli_at(port, &["dbsize"]);
+        assert_ne!(keys.trim(), "0", "primary {port} got no key");
+    }
+}
+
+/// The ACL rules docs/operations.md gives the daemon's user: its keys
+/// and the commands of its scripts, nothing else.
+const LEAST_RIGHTS: &[&str] = &[
+    "~xl:*",
+    "+evalsha",
+    "+eval",
+    "+script|load",
+    "+ping",
+    "+time",
+    "+hincrby",
+    "+hmget",
+    "+hset",
+    "+hdel",
+    "+hgetall",
+    "+pexpire",
+    "+zadd",
+    "+zcard",
+    "+zrangebyscore",
+    "+zremrangebyscore",
+];
+
+#[test]
+fn the_documented_least_rights_are_enough_for_every_call() {
+    let rules: Vec<String> = LEAST_RIGHTS.iter().map(|r| r.to_string()).collect();
+    let server = RedisServer::start_secured(Security {
+        acl_password: Some(PASSWORD.into()),
+        acl_rules: rules.clone(),
+        ..Security::default()
+    });
+    let config = config(&server);
+    let key = "192.0.2.90/32|default";
+    let window = long_window();
+    let hot = server.block_on(|| async {
+        let store = connect(&config).await;
+        store.heartbeat("a", window.window()).await.unwrap();
+        let totals = store.sync("a", window, &[report(key, 1, 2)]).await.unwrap();
+        assert_eq!(counts(&totals[0]), [1, 2, 1, 2]);
+        // A key outside the prefix is refused: the rules do bind.
+        let other: Result<i64, _> = redis::cmd("HINCRBY")
+            .arg("other")
+            .arg("f")
+            .arg(1)
+            .query_async(&mut store.connection())
+            .await;
+        assert!(other.is_err(), "{other:?}");
+        store.hot_sources(window.window()).await.unwrap()
+    });
+    assert_eq!(hot, vec![key.to_string()]);
+}
+
+#[test]
+fn a_redis_cluster_takes_the_sync_with_the_least_rights_and_cluster_slots() {
+    let mut rules: Vec<String> = LEAST_RIGHTS.iter().map(|r| r.to_string()).collect();
+    rules.push("+cluster|slots".into());
+    let server = RedisServer::start_cluster_secured(Security {
+        acl_password: Some(PASSWORD.into()),
+        acl_rules: rules,
+        ..Security::default()
+    });
+    let mut config = StoreConfig::new(server.urls(), Mode::Cluster);
+    config.timeout = Duration::from_secs(2);
+    config.bulk_timeout = Duration::from_secs(2);
+    let reports: Vec<Report> = (0..50u64)
+        .map(|i| report(&format!("10.7.0.{i}/32|r"), 1, 2))
+        .collect();
+    let window = long_window();
+    server.block_on(|| async {
+        let store = connect(&config).await;
+        store.heartbeat("a", window.window()).await.unwrap();
+        let totals = store.sync("a", window, &reports).await.unwrap();
+        assert!(totals.iter().all(|t| counts(t) == [1, 2, 1, 2]));
+        store.hot_sources(window.window()).await.unwrap();
+    });
+}
+
+#[test]
+fn every_connection_failure_is_clear_and_never_shows_the_password() {
+    let server = RedisServer::start_secured(locked_down());
+    let pki = server.pki().clone();
+    let good = certs(&pki, &pki.ca, true);
+    let login = |password: &str, host: &str, port: u16| {
+        format!("rediss://{ACL_USER}:{password}@{host}:{port}")
+    };
+    let cases: Vec<(&str, String, Option<redis::TlsCertificates>, &[&str])> = vec![
+        (
+            "connection refused",
+            login(PASSWORD, "127.0.0.1", 6390),
+            Some(good.clone()),
+            &["refused"],
+        ),
+        (
+            "DNS failure",
+            login(PASSWORD, "no-such-redis.invalid", 6379),
+            Some(good.clone()),
+            &["failed to lookup address"],
+        ),
+        (
+            "wrong password",
+            login(WRONG_PASSWORD, "127.0.0.1", 6379),
+            Some(good.clone()),
+            &["authentication failed"],
+        ),
+        (
+            "a CA that did not sign the server's certificate",
+            login(PASSWORD, "127.0.0.1", 6379),
+            Some(certs(&pki, &pki.other_ca, true)),
+            &["UnknownIssuer"],
+        ),
+        (
+            "an address the certificate does not name",
+            login(PASSWORD, "127.0.0.2", 6379),
+            Some(good.clone()),
+            &["not valid for name"],
+        ),
+        (
+            "no client certificate",
+            login(PASSWORD, "127.0.0.1", 6379),
+            Some(certs(&pki, &pki.ca, false)),
+            &["CertificateRequired"],
+        ),
+        (
+            "plain TCP to the TLS port",
+            format!("redis://{ACL_USER}:{PASSWORD}@127.0.0.1:6379"),
+            None,
+            &[],
+        ),
+    ];
+    for (what, url, tls, says) in cases {
+        let mut config = StoreConfig::new(vec![url.clone()], Mode::Single);
+        config.timeout = Duration::from_millis(500);
+        config.bulk_timeout = Duration::from_millis(500);
+        config.tls = tls;
+        let e = server
+            .block_on(|| async { Store::connect(&config).await.err() })
+            .unwrap_or_else(|| panic!("{what}: connected"));
+        let text = everything_said(&e);
+        assert_no_password(&text);
+        assert!(matches!(e, StoreError::Connect { .. }), "{what}: {text}");
+        // The URL is named, with its password hidden.
+        let shown = url.replace(PASSWORD, "***").replace(WRONG_PASSWORD, "***");
+        assert!(text.contains(&shown), "{what}: {shown} not in {text}");
+        for word in says {
+            assert!(
+                text.to_lowercase().contains(&word.to_lowercase()),
+                "{what}: {word:?} not in {text}"
+            );
+        }
+    }
+    // A URL the client cannot parse is shown without its password too.
+    let bad = StoreConfig::new(vec![format!("redis://u:{PASSWORD}@h:99999")], Mode::Single);
+    let e = server
+        .block_on(|| async { Store::connect(&bad).await.err() })
+        .expect("an invalid URL connected");
+    assert!(matches!(e, StoreError::Url { .. }), "{e}");
+    assert_no_password(&everything_said(&e));
+}
+
+#[test]
+fn a_primary_behind_an_authenticating_sentinel_is_logged_in_to_over_tls() {
+    use limiter_tests::redis::{SENTINEL_MASTER, SENTINEL_PRIMARY_PORT};
+    let server = RedisServer::start_sentinel_secured(locked_down(), Some(SENTINEL_PASSWORD));
+    let mut config = StoreConfig::new(
+        vec![server.sentinel_url_with_password(SENTINEL_PASSWORD)],
+        Mode::Sentinel,
+    );
+    config.timeout = Duration::from_secs(2);
+    config.bulk_timeout = Duration::from_secs(2);
+    config.sentinel_master = Some(SENTINEL_MASTER.into());
+    config.tls = Some(certs(server.pki(), &server.pki().ca, true));
+    config.primary_username = Some(ACL_USER.into());
+    config.primary_password = Some(PASSWORD.into());
+    let key = "192.0.2.78/32|default";
+    let (totals, whoami) = server.block_on(|| async {
+        let store = connect(&config).await;
+        let totals = store
+            .sync("a", long_window(), &[report(key, 3, 4)])
+            .await
+            .unwrap();
+        let whoami: String = redis::cmd("ACL")
+            .arg("WHOAMI")
+            .query_async(&mut store.connection())
+            .await
+            .unwrap();
+        (totals, whoami)
+    });
+    assert_eq!(counts(&totals[0]), [3, 4, 3, 4]);
+    assert_eq!(whoami, ACL_USER);
+    let on_primary = server.cli_at(SENTINEL_PRIMARY_PORT, &["--scan", "--pattern", "xl:*"]);
+    assert!(on_primary.contains(key), "{on_primary}");
+
+    // The Sentinel's password wrong, the primary's wrong, or none given:
+    // refused, and no error shows a password.
+    let mut wrong_sentinel = config.clone();
+    wrong_sentinel.urls = vec![server.sentinel_url_with_password(WRONG_PASSWORD)];
+    let mut wrong_primary = config.clone();
+    wrong_primary.primary_password = Some(WRONG_PASSWORD.into());
+    let mut no_primary_login = config.clone();
+    no_primary_login.primary_username = None;
+    no_primary_login.primary_password = None;
+    for (what, config) in [
+        ("wrong Sentinel password", wrong_sentinel),
+        ("wrong primary password", wrong_primary),
+        ("no primary login", no_primary_login),
+    ] {
+        let e = server
+            .block_on(|| async { Store::connect(&config).await.err() })
+            .unwrap_or_else(|| panic!("{what}: connected"));
+        let text = everything_said(&e);
+        assert_no_password(&text);
+        assert!(matches!(e, StoreError::Connect { .. }), "{what}: {text}");
+    }
+}
+
+#[test]
+fn tls_files_are_checked_when_the_configuration_is_read_naming_the_field() {
+    use limiter_user::config::Config;
+    let dir = std::env::temp_dir().join(format!("xlt-tls-files-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let pki = Pki::new(&dir, &[]);
+    let garbage = dir.join("garbage.pem");
+    std::fs::write(&garbage, "-----BEGIN CERTIFICATE-----\nnot base64!\n").unwrap();
+    let section = |files: &[(&str, &std::path::Path)]| {
+        let mut text =
+            String::from("[cluster]\nredis = [\"rediss://u:pw@10.0.0.1:6379\"]\nnode = \"n1\"\n");
+        for (field, path) in files {
+            text.push_str(&format!("{field} = \"{}\"\n", path.display()));
+        }
+        text
+    };
+    let ok = Config::parse(
+        &section(&[
+            ("tls_ca_file", &pki.ca),
+            ("tls_cert_file", &pki.client_cert),
+            ("tls_key_file", &pki.client_key),
+        ]),
+        "tls.toml",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let tls = ok.cluster.unwrap().tls.expect("TLS files");
+    assert_eq!(tls.ca.unwrap().path, pki.ca);
+    assert_eq!(tls.client.unwrap().1.path, pki.client_key);
+    let missing = dir.join("missing.pem");
+    for (files, expect) in [
+        (
+            vec![("tls_ca_file", missing.as_path())],
+            format!("cluster.tls_ca_file: cannot read {}", missing.display()),
+        ),
+        (
+            vec![("tls_ca_file", pki.client_key.as_path())],
+            "cluster.tls_ca_file: ".to_string()
+                + &format!("{} holds no certificate", pki.client_key.display()),
+        ),
+        (
+            vec![("tls_ca_file", garbage.as_path())],
+            format!(
+                "cluster.tls_ca_file: {} is not a PEM certificate file",
+                garbage.display()
+            ),
+        ),
+        (
+            vec![
+                ("tls_cert_file", pki.client_key.as_path()),
+                ("tls_key_file", pki.client_key.as_path()),
+            ],
+            format!(
+                "cluster.tls_cert_file: {} holds no certificate",
+                pki.client_key.display()
+            ),
+        ),
+        (
+            vec![
+                ("tls_cert_file", pki.client_cert.as_path()),
+                ("tls_key_file", pki.client_cert.as_path()),
+            ],
+            format!(
+                "cluster.tls_key_file: {} holds no usable private key",
+                pki.client_cert.display()
+            ),
+        ),
+        (
+            // The server's key with the client's certificate.
+            vec![
+                ("tls_cert_file", pki.client_cert.as_path()),
+                ("tls_key_file", pki.server_key.as_path()),
+            ],
+            format!(
+                "cluster.tls_key_file: {} cannot be used with the certificate of {}",
+                pki.server_key.display(),
+                pki.client_cert.display()
+            ),
+        ),
+    ] {
+        let e = Config::parse(&section(&files), "tls.toml")
+            .err()
+            .unwrap_or_else(|| panic!("{files:?} accepted"));
+        assert!(e.to_string().starts_with(&expect), "{files:?}: {e}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -32,9 +32,11 @@ use redis::{
     aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig},
     cluster::ClusterClientBuilder,
     cluster_async::ClusterConnection,
-    sentinel::{SentinelClient, SentinelServerType},
-    Cmd, Pipeline, RedisError, RedisFuture, Script, Value,
+    sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType},
+    Cmd, ConnectionAddr, ConnectionInfo, Pipeline, RedisError, RedisFuture, Script, TlsMode, Value,
 };
+
+use crate::config::{redact_url, Secret};
 
 /// The sync script (see the file for its keys and arguments).
 const SYNC_LUA: &str = include_str!("sync.lua");
@@ -227,6 +229,15 @@ pub struct StoreConfig {
     /// With [`Mode::Sentinel`]: the name the Sentinels monitor the primary
     /// under (`sentinel monitor <name> ...`).
     pub sentinel_master: Option<String>,
+    /// With `rediss://` URLs: the CA that Redis's certificate must chain to
+    /// (`None` inside: the system's trust store) and this client's
+    /// certificate and key (mutual TLS). Behind Sentinel, for the
+    /// Sentinels and the primary alike.
+    pub tls: Option<redis::TlsCertificates>,
+    /// With [`Mode::Sentinel`]: the primary's ACL user and password (the
+    /// URLs' own are the Sentinels').
+    pub primary_username: Option<String>,
+    pub primary_password: Option<Secret>,
 }
 
 impl StoreConfig {
@@ -242,6 +253,9 @@ impl StoreConfig {
             claim_horizon: Duration::from_millis(100),
             claim_hold: Duration::from_millis(300),
             sentinel_master: None,
+            tls: None,
+            primary_username: None,
+            primary_password: None,
         }
     }
 }
@@ -406,13 +420,18 @@ impl Store {
         for url in urls {
             let info = redis::IntoConnectionInfo::into_connection_info(url.as_str()).map_err(
                 |source| StoreError::Url {
-                    url: url.clone(),
+                    url: redact_url(url),
                     source,
                 },
             )?;
             infos.push(info);
         }
-        let target = urls.join(", ");
+        // Errors name the URLs without their passwords.
+        let target = urls
+            .iter()
+            .map(|url| redact_url(url))
+            .collect::<Vec<_>>()
+            .join(", ");
         let timeout = config.timeout;
         // The crate's own bound on a reply: the longest of ours (each call
         // is also bounded by `timeout` or a bulk budget around it).
@@ -426,7 +445,7 @@ impl Store {
                 if infos.len() != 1 {
                     return Err(StoreError::SingleWithSeveralUrls(infos.len()));
                 }
-                let client = redis::Client::open(infos.remove(0)).map_err(connect_err)?;
+                let client = client(infos.remove(0), &config.tls).map_err(connect_err)?;
                 Connection::Single(
                     single(client, timeout, response)
                         .await
@@ -438,9 +457,7 @@ impl Store {
                     .sentinel_master
                     .clone()
                     .ok_or(StoreError::NoSentinelMaster)?;
-                let mut sentinels =
-                    SentinelClient::build(infos, master, None, SentinelServerType::Master)
-                        .map_err(connect_err)?;
+                let mut sentinels = sentinel_client(&infos, master, config).map_err(connect_err)?;
                 // Asks the Sentinels (in order) for the primary and checks
                 // its role; the connection then goes to that address. After
                 // a failover the old address refuses writes or is gone: the
@@ -456,7 +473,11 @@ impl Store {
                 )
             }
             Mode::Cluster => {
-                let client = ClusterClientBuilder::new(infos)
+                let mut builder = ClusterClientBuilder::new(infos);
+                if let Some(certs) = &config.tls {
+                    builder = builder.certs(certs.clone());
+                }
+                let client = builder
                     .connection_timeout(timeout)
                     .response_timeout(response)
                     .retries(1)
@@ -703,6 +724,55 @@ impl Store {
             .store(count, std::sync::atomic::Ordering::Relaxed);
         Ok(count)
     }
+}
+
+/// The client of one Redis: with the TLS certificates when there are.
+fn client(
+    info: ConnectionInfo,
+    tls: &Option<redis::TlsCertificates>,
+) -> Result<redis::Client, RedisError> {
+    match tls {
+        Some(certs) => redis::Client::build_with_tls(info, certs.clone()),
+        None => redis::Client::open(info),
+    }
+}
+
+/// The Sentinels' client: logged in to each Sentinel as its URL says (the
+/// first URL's login serves them all: the crate takes one), to the primary
+/// as `primary_username`/`primary_password` say, in the first URL's
+/// database; over TLS to both when the URLs are `rediss://`.
+fn sentinel_client(
+    infos: &[ConnectionInfo],
+    master: String,
+    config: &StoreConfig,
+) -> Result<SentinelClient, RedisError> {
+    let addrs = infos.iter().map(|info| info.addr().clone());
+    let mut builder = SentinelClientBuilder::new(addrs, master, SentinelServerType::Master)?;
+    if let Some(first) = infos.first() {
+        let login = first.redis_settings();
+        if let Some(user) = login.username() {
+            builder = builder.set_client_to_sentinel_username(user);
+        }
+        if let Some(password) = login.password() {
+            builder = builder.set_client_to_sentinel_password(password);
+        }
+        builder = builder.set_client_to_redis_db(login.db());
+        if matches!(first.addr(), ConnectionAddr::TcpTls { .. }) {
+            builder = builder.set_client_to_redis_tls_mode(TlsMode::Secure);
+            if let Some(certs) = &config.tls {
+                builder = builder
+                    .set_client_to_sentinel_certificates(certs.clone())
+                    .set_client_to_redis_certificates(certs.clone());
+            }
+        }
+    }
+    if let Some(user) = &config.primary_username {
+        builder = builder.set_client_to_redis_username(user);
+    }
+    if let Some(password) = &config.primary_password {
+        builder = builder.set_client_to_redis_password(password.expose());
+    }
+    builder.build()
 }
 
 /// A connection manager on `client` with few reconnection retries: the

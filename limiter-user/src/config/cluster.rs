@@ -8,13 +8,15 @@
 //!
 //! Redis URLs are checked here, by hand, so that a typo is refused when the
 //! file is read rather than when the first sync fails, and so that passwords
-//! never reach a log or `status` ([`RedisUrl::redacted`]).
+//! never reach a log or `status` ([`RedisUrl::redacted`], [`Secret`]). The
+//! TLS files of `rediss://` URLs are read and checked here too
+//! ([`super::tls`]).
 
-use std::{fmt, time::Duration};
+use std::{fmt, path::PathBuf, time::Duration};
 
 use serde::{Deserialize, Serialize};
 
-use super::ConfigError;
+use super::{tls::TlsFiles, ConfigError};
 
 /// Shortest and longest `cluster.sync_interval`: below 10 ms the round
 /// trips to Redis are most of the interval; above 10 s a cluster-wide limit
@@ -110,6 +112,26 @@ pub struct ClusterSection {
     /// How long a degraded node keeps each source's last share.
     #[serde(with = "humantime_serde")]
     pub grace: Duration,
+    /// With `rediss://` URLs: the CA certificate(s), PEM, that Redis's
+    /// certificate must chain to; unset: the system's trust store.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_ca_file: Option<PathBuf>,
+    /// With `rediss://` URLs: this node's certificate (PEM), for a Redis
+    /// that authenticates its clients (`tls-auth-clients yes`); with
+    /// `tls_key_file`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_cert_file: Option<PathBuf>,
+    /// The private key (PEM) of `tls_cert_file`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_key_file: Option<PathBuf>,
+    /// With `mode = "sentinel"`: the ACL user the primary is logged in as
+    /// (the URLs' own credentials are the Sentinels').
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub primary_username: Option<String>,
+    /// With `mode = "sentinel"`: the primary's password (`requirepass`, or
+    /// that of `primary_username`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub primary_password: Option<String>,
 }
 
 impl Default for ClusterSection {
@@ -124,6 +146,11 @@ impl Default for ClusterSection {
             threshold: 0.25,
             fallback: Fallback::Split,
             grace: Duration::from_secs(10),
+            tls_ca_file: None,
+            tls_cert_file: None,
+            tls_key_file: None,
+            primary_username: None,
+            primary_password: None,
         }
     }
 }
@@ -132,11 +159,7 @@ impl Default for ClusterSection {
 /// wherever a `Config` is.
 impl fmt::Debug for ClusterSection {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let redis: Vec<String> = self
-            .redis
-            .iter()
-            .map(|u| parse_redis_url(u).map_or_else(|_| redact_guess(u), |u| u.redacted))
-            .collect();
+        let redis: Vec<String> = self.redis.iter().map(|u| redact_url(u)).collect();
         f.debug_struct("ClusterSection")
             .field("redis", &redis)
             .field("mode", &self.mode)
@@ -147,14 +170,50 @@ impl fmt::Debug for ClusterSection {
             .field("threshold", &self.threshold)
             .field("fallback", &self.fallback)
             .field("grace", &self.grace)
+            .field("tls_ca_file", &self.tls_ca_file)
+            .field("tls_cert_file", &self.tls_cert_file)
+            .field("tls_key_file", &self.tls_key_file)
+            .field("primary_username", &self.primary_username)
+            .field(
+                "primary_password",
+                &self.primary_password.as_ref().map(|_| "***"),
+            )
             .finish()
+    }
+}
+
+/// A password: Debug shows `***`, so a configuration printed in a log, an
+/// error or a test failure never carries it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(text: impl Into<String>) -> Self {
+        Self(text.into())
+    }
+
+    /// The password itself, for the Redis client only.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("***")
+    }
+}
+
+impl From<&str> for Secret {
+    fn from(text: &str) -> Self {
+        Self::new(text)
     }
 }
 
 /// Where a Redis URL points (no password in it).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RedisEndpoint {
-    /// `redis://host:port`.
+    /// `redis://host:port` (or `rediss://`, see [`RedisUrl::tls`]).
     Tcp { host: String, port: u16 },
     /// `redis+unix:///path` or `unix:///path`.
     Unix { path: String },
@@ -169,6 +228,11 @@ pub struct RedisUrl {
     pub endpoint: RedisEndpoint,
     /// The database number (0 unless the URL names one).
     pub db: u32,
+    /// `rediss://`: the connection is TLS.
+    pub tls: bool,
+    /// What the URL logs in with (`user:password` before the `@`, or the
+    /// socket's `user`/`pass` parameters), to compare URLs by.
+    login: Option<String>,
     redacted: String,
 }
 
@@ -201,6 +265,12 @@ pub struct ClusterConfig {
     pub threshold: f64,
     pub fallback: Fallback,
     pub grace: Duration,
+    /// Set exactly when the URLs are `rediss://`: the files read and
+    /// checked (each optional inside).
+    pub tls: Option<TlsFiles>,
+    /// With `mode = "sentinel"`: how the primary is logged in to.
+    pub primary_username: Option<String>,
+    pub primary_password: Option<Secret>,
 }
 
 fn field(name: &str, message: impl Into<String>) -> ConfigError {
@@ -258,6 +328,19 @@ impl ClusterSection {
                         ));
                     }
                     if self.mode == ClusterMode::Sentinel {
+                        // The client logs in to every Sentinel with one
+                        // login: a different one would be ignored.
+                        if url.login != redis[0].login {
+                            return Err(field(
+                                &format!("redis[{i}]"),
+                                format!(
+                                    "{}: logs in to its Sentinel differently from redis[0] ({}); \
+                                     the Sentinels share one user and password",
+                                    url.redacted(),
+                                    redis[0].redacted()
+                                ),
+                            ));
+                        }
                         continue;
                     }
                     if url.db != 0 {
@@ -270,6 +353,8 @@ impl ClusterSection {
             }
             ClusterMode::Single => {}
         }
+        let tls = self.tls(&redis)?;
+        let (primary_username, primary_password) = self.primary_login()?;
         let sentinel_master = match (self.mode, &self.sentinel_master) {
             (ClusterMode::Sentinel, None) => {
                 return Err(field(
@@ -364,7 +449,86 @@ impl ClusterSection {
             threshold: self.threshold,
             fallback: self.fallback,
             grace: self.grace,
+            tls,
+            primary_username,
+            primary_password,
         })
+    }
+
+    /// The TLS files, read and checked, when the URLs are `rediss://`;
+    /// every URL is TLS or none is (one client setting serves them all).
+    fn tls(&self, redis: &[RedisUrl]) -> Result<Option<TlsFiles>, ConfigError> {
+        let first_tls = redis.iter().position(|u| u.tls);
+        if let Some(j) = first_tls {
+            if let Some((i, plain)) = redis.iter().enumerate().find(|(_, u)| !u.tls) {
+                return Err(field(
+                    &format!("redis[{i}]"),
+                    format!(
+                        "{} is not TLS but redis[{j}] ({}) is: every URL is rediss:// or none is",
+                        plain.redacted(),
+                        redis[j].redacted()
+                    ),
+                ));
+            }
+        }
+        let files = [
+            ("tls_ca_file", &self.tls_ca_file),
+            ("tls_cert_file", &self.tls_cert_file),
+            ("tls_key_file", &self.tls_key_file),
+        ];
+        if first_tls.is_none() {
+            if let Some((name, _)) = files.iter().find(|(_, path)| path.is_some()) {
+                return Err(field(
+                    name,
+                    "applies to rediss:// (TLS) URLs only, and no URL of cluster.redis is one",
+                ));
+            }
+            return Ok(None);
+        }
+        TlsFiles::load(
+            self.tls_ca_file.as_deref(),
+            self.tls_cert_file.as_deref(),
+            self.tls_key_file.as_deref(),
+        )
+        .map(Some)
+        .map_err(|(name, message)| field(name, message))
+    }
+
+    /// `primary_username` and `primary_password`: only behind Sentinel,
+    /// and a user needs its password (Redis logs in with both or with the
+    /// password alone).
+    fn primary_login(&self) -> Result<(Option<String>, Option<Secret>), ConfigError> {
+        if self.mode != ClusterMode::Sentinel {
+            for (name, set) in [
+                ("primary_username", self.primary_username.is_some()),
+                ("primary_password", self.primary_password.is_some()),
+            ] {
+                if set {
+                    return Err(field(
+                        name,
+                        format!(
+                            "only applies with mode = \"sentinel\" (mode is \"{}\"; the URL \
+                             carries the login: redis://user:password@host)",
+                            self.mode.name()
+                        ),
+                    ));
+                }
+            }
+        }
+        match (&self.primary_username, &self.primary_password) {
+            (Some(user), _) if user.is_empty() || user.contains(char::is_whitespace) => Err(field(
+                "primary_username",
+                format!("{user:?} is not an ACL user name"),
+            )),
+            (Some(_), None) => Err(field(
+                "primary_password",
+                "unset, but cluster.primary_username is set: give the user's password",
+            )),
+            (_, Some(password)) if password.is_empty() => {
+                Err(field("primary_password", "is empty"))
+            }
+            (user, password) => Ok((user.clone(), password.as_deref().map(Secret::from))),
+        }
     }
 }
 
@@ -402,11 +566,10 @@ fn hostname() -> std::io::Result<String> {
         .to_string())
 }
 
-/// Checks one Redis URL: `redis://[user[:password]@]host[:port][/db]`,
-/// `redis+unix:///path[?db=N&user=U&pass=P]` or `unix:///path[...]`.
-/// `rediss://` (TLS) is refused: the daemon's Redis client is built
-/// without TLS (see docs/configuration.md). The error is the message after
-/// the field name.
+/// Checks one Redis URL: `redis://[user[:password]@]host[:port][/db]`
+/// (`rediss://` the same over TLS),
+/// `redis+unix:///path[?db=N&user=U&pass=P]` or `unix:///path[...]`. The
+/// error is the message after the field name (without the password).
 pub fn parse_redis_url(text: &str) -> Result<RedisUrl, String> {
     let Some((scheme, rest)) = text.split_once("://") else {
         return Err(format!(
@@ -415,29 +578,87 @@ pub fn parse_redis_url(text: &str) -> Result<RedisUrl, String> {
         ));
     };
     match scheme.to_ascii_lowercase().as_str() {
-        "redis" => parse_tcp(text, rest),
+        "redis" => parse_tcp(text, rest, false),
+        "rediss" => parse_tcp(text, rest, true),
         "redis+unix" | "unix" => parse_unix(text, rest),
-        "rediss" => Err(
-            "rediss:// (TLS) is not supported: this build's Redis client has no TLS; use \
-             redis:// on a private network, a Unix socket, or a TLS tunnel (stunnel) to Redis"
-                .into(),
-        ),
         _ => Err(format!(
-            "unsupported scheme {scheme:?} (redis://, redis+unix:// or unix://)"
+            "unsupported scheme {scheme:?} (redis://, rediss:// for TLS, redis+unix:// or \
+             unix://)"
         )),
     }
+}
+
+/// `text` (a Redis URL as written, valid or not) without its password: what
+/// errors and logs about a URL show.
+pub fn redact_url(text: &str) -> String {
+    parse_redis_url(text).map_or_else(|_| redact_guess(text), |u| u.redacted)
+}
+
+/// `message` (about the TOML `text`, which TOML's errors quote) with every
+/// password `text` holds replaced by `***`: those of URLs (between `:` and
+/// `@`, and `pass=` parameters) and the values of keys that name a
+/// password (`primary_password`, also misspelled: anything with `pas` or
+/// `pw` in the key).
+pub fn redact_secrets(message: &str, text: &str) -> String {
+    let mut secrets: Vec<&str> = Vec::new();
+    for (at, _) in text.match_indices("://") {
+        let rest = &text[at + 3..];
+        let end = rest
+            .find(|c: char| c.is_whitespace() || matches!(c, '"' | '\'' | ',' | ']'))
+            .unwrap_or(rest.len());
+        let url = &rest[..end];
+        let (authority, query) = url.split_once('?').unwrap_or((url, ""));
+        if let Some((userinfo, _)) = authority.rsplit_once('@') {
+            if let Some((_, password)) = userinfo.split_once(':') {
+                secrets.push(password);
+            }
+        }
+        secrets.extend(
+            query
+                .split('&')
+                .filter_map(|pair| pair.strip_prefix("pass=")),
+        );
+    }
+    for line in text.lines() {
+        if let Some((key, value)) = line.split_once('=') {
+            let key = key.trim().to_ascii_lowercase();
+            if key.contains("pas") || key.contains("pw") {
+                secrets.push(value.trim().trim_matches(['"', '\'']));
+            }
+        }
+    }
+    // Longest first, so a password that contains another is hidden whole.
+    secrets.retain(|s| !s.is_empty());
+    secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
+    secrets
+        .iter()
+        .fold(message.to_string(), |m, secret| m.replace(secret, "***"))
 }
 
 /// Shows `text` with anything between `:` and `@` hidden, for errors about
 /// a string that is not even a URL.
 fn redact_guess(text: &str) -> String {
-    match (text.find(':'), text.rfind('@')) {
+    let text = match (text.find(':'), text.rfind('@')) {
         (Some(colon), Some(at)) if colon < at => format!("{}:***{}", &text[..colon], &text[at..]),
         _ => text.to_string(),
+    };
+    // A Unix socket URL carries its password as a parameter.
+    match text.split_once('?') {
+        Some((path, query)) => {
+            let query: Vec<&str> = query
+                .split('&')
+                .map(|pair| match pair.split_once('=') {
+                    Some(("pass", _)) => "pass=***",
+                    _ => pair,
+                })
+                .collect();
+            format!("{path}?{}", query.join("&"))
+        }
+        None => text,
     }
 }
 
-fn parse_tcp(text: &str, rest: &str) -> Result<RedisUrl, String> {
+fn parse_tcp(text: &str, rest: &str, tls: bool) -> Result<RedisUrl, String> {
     let (userinfo, hostpart) = match rest.rsplit_once('@') {
         Some((userinfo, hostpart)) => (Some(userinfo), hostpart),
         None => (None, rest),
@@ -447,7 +668,8 @@ fn parse_tcp(text: &str, rest: &str) -> Result<RedisUrl, String> {
         None => format!("{u}@"),
     });
     let redacted = format!(
-        "redis://{}{hostpart}",
+        "{}://{}{hostpart}",
+        if tls { "rediss" } else { "redis" },
         redacted_userinfo.clone().unwrap_or_default()
     );
     if hostpart.contains(['?', '#']) {
@@ -507,6 +729,8 @@ fn parse_tcp(text: &str, rest: &str) -> Result<RedisUrl, String> {
         url: text.to_string(),
         endpoint: RedisEndpoint::Tcp { host, port },
         db,
+        tls,
+        login: userinfo.map(str::to_string),
         redacted,
     })
 }
@@ -519,6 +743,7 @@ fn parse_unix(text: &str, rest: &str) -> Result<RedisUrl, String> {
     };
     let mut db = 0;
     let mut shown_query = Vec::new();
+    let mut login = Vec::new();
     for pair in query.into_iter().flat_map(|q| q.split('&')) {
         let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
         match key {
@@ -528,8 +753,14 @@ fn parse_unix(text: &str, rest: &str) -> Result<RedisUrl, String> {
                     .map_err(|_| format!("database {value:?} is not a number"))?;
                 shown_query.push(pair.to_string());
             }
-            "user" => shown_query.push(pair.to_string()),
-            "pass" => shown_query.push("pass=***".to_string()),
+            "user" => {
+                shown_query.push(pair.to_string());
+                login.push(pair);
+            }
+            "pass" => {
+                shown_query.push("pass=***".to_string());
+                login.push(pair);
+            }
             other => {
                 return Err(format!(
                     "unknown parameter {other:?} in a Unix socket URL (db, user, pass)"
@@ -553,6 +784,8 @@ fn parse_unix(text: &str, rest: &str) -> Result<RedisUrl, String> {
             path: path.to_string(),
         },
         db,
+        tls: false,
+        login: (!login.is_empty()).then(|| login.join("&")),
         redacted,
     })
 }

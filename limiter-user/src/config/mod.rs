@@ -7,17 +7,20 @@
 //! `schema` is the file's form (what serde reads and `--save` writes, and
 //! what the control protocol carries for rules); `validate` turns it into
 //! the typed [`Config`] the daemon runs; `cluster` is the `[cluster]`
-//! section in both forms. The daemon, the CLI and the wire
-//! protocol all import from here; this module imports none of them.
+//! section in both forms, `tls` the TLS files it names. The daemon, the
+//! CLI and the wire protocol all import from here; this module imports
+//! none of them.
 
 mod cluster;
 mod schema;
+mod tls;
 mod validate;
 
 use std::path::{Path, PathBuf};
 
 pub use cluster::*;
 pub use schema::*;
+pub use tls::{PemFile, TlsFiles};
 pub use validate::{check_cluster_in_force, check_frame_sizes};
 
 use crate::rules::{RuleError, RuleSet};
@@ -88,9 +91,12 @@ impl Config {
 
     /// Parses and validates TOML `text` (`origin` names it in errors).
     pub fn parse(text: &str, origin: &str) -> Result<Self, ConfigError> {
+        // TOML's errors quote the line at fault: never a password.
         let file: FileConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
             path: origin.to_string(),
-            message: e.to_string().trim_end().replace('\n', " "),
+            message: redact_secrets(&e.to_string(), text)
+                .trim_end()
+                .replace('\n', " "),
         })?;
         file.validate()
     }

@@ -383,6 +383,15 @@ fn redis_urls_of_every_supported_form_are_accepted() {
             "redis://limiter@10.0.0.1/",
         ),
         (
+            "rediss://user:pw@redis.example:6380/3",
+            RedisEndpoint::Tcp {
+                host: "redis.example".into(),
+                port: 6380,
+            },
+            3,
+            "rediss://user:***@redis.example:6380/3",
+        ),
+        (
             "unix:///run/redis/redis.sock",
             RedisEndpoint::Unix {
                 path: "/run/redis/redis.sock".into(),
@@ -404,6 +413,58 @@ fn redis_urls_of_every_supported_form_are_accepted() {
         assert_eq!(parsed.db, db, "{url}");
         assert_eq!(parsed.redacted(), shown, "{url}");
         assert_eq!(parsed.url, url);
+    }
+}
+
+#[test]
+fn a_sentinel_section_takes_the_primarys_login_and_never_shows_its_password() {
+    let text = "[cluster]\nredis = [\"redis://:sentinel-pw@10.0.0.1:26379\"]\n\
+                mode = \"sentinel\"\nsentinel_master = \"xl-primary\"\nnode = \"n1\"\n\
+                primary_username = \"xl-node\"\nprimary_password = \"primary-pw\"\n";
+    let config = Config::parse(text, "sentinel.toml").unwrap();
+    let cluster = config.cluster.as_ref().unwrap();
+    assert_eq!(cluster.primary_username.as_deref(), Some("xl-node"));
+    assert_eq!(
+        cluster.primary_password.as_ref().map(Secret::expose),
+        Some("primary-pw")
+    );
+    let shown = format!("{config:?}");
+    for secret in ["sentinel-pw", "primary-pw"] {
+        assert!(!shown.contains(secret), "{shown}");
+    }
+    assert!(shown.contains("xl-node"), "{shown}");
+    // `--save` writes the login back.
+    let again = Config::parse(&config.file.to_toml(), "round trip").unwrap();
+    assert_eq!(again.cluster, config.cluster);
+}
+
+#[test]
+fn toml_errors_never_quote_a_password() {
+    for text in [
+        "[cluster]\nredis = \"redis://u:hunter2@h:6379\"\n",
+        "[cluster]\nredis = [\"rediss://:hunter2@h\", 7]\n",
+        "[cluster]\nredis = [\"unix:///r.sock?user=u&pass=hunter2\", 7]\n",
+        "[cluster]\nredis = [\"redis://h\"]\nprimary_pasword = \"hunter2\"\n",
+        "[cluster]\nredis = [\"redis://h\"]\nprimary_password = \"hunter2\" x\n",
+    ] {
+        let e = Config::parse(text, "c.toml").unwrap_err();
+        assert!(matches!(e, ConfigError::Parse { .. }), "{text}: {e}");
+        let shown = e.to_string();
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(shown.contains("***"), "{shown}");
+    }
+}
+
+#[test]
+fn urls_that_do_not_parse_are_shown_without_their_password() {
+    for (url, secret) in [
+        ("redis://u:hunter2@h:99999", "hunter2"),
+        ("unix:///run/r.sock?pass=hunter2&colour=1", "hunter2"),
+        ("redis:/u:hunter2@h", "hunter2"),
+    ] {
+        assert!(parse_redis_url(url).is_err(), "{url}");
+        let shown = redact_url(url);
+        assert!(!shown.contains(secret), "{url}: {shown}");
     }
 }
 
@@ -431,8 +492,48 @@ fn bad_cluster_sections_are_rejected_with_the_field_named() {
             "cluster.redis[0]: unsupported scheme \"http\"",
         ),
         (
-            with_urls("\"rediss://10.0.0.1\"", ""),
-            "cluster.redis[0]: rediss:// (TLS) is not supported",
+            with_urls("\"rediss://10.0.0.1\", \"redis://:pw@10.0.0.2\"", "mode = \"cluster\""),
+            "cluster.redis[1]: redis://:***@10.0.0.2 is not TLS but redis[0] (rediss://10.0.0.1) \
+             is: every URL is rediss:// or none is",
+        ),
+        (
+            with_urls("\"redis://10.0.0.1\"", "tls_ca_file = \"/etc/ca.pem\""),
+            "cluster.tls_ca_file: applies to rediss:// (TLS) URLs only",
+        ),
+        (
+            with_urls("\"unix:///run/r.sock\"", "tls_key_file = \"/k.pem\""),
+            "cluster.tls_key_file: applies to rediss:// (TLS) URLs only",
+        ),
+        (
+            with_urls("\"rediss://a\"", "tls_ca_file = \"/nonexistent/ca.pem\""),
+            "cluster.tls_ca_file: cannot read /nonexistent/ca.pem: No such file",
+        ),
+        (
+            with_urls("\"rediss://a\"", "tls_cert_file = \"/nonexistent/c.pem\""),
+            "cluster.tls_key_file: unset, but cluster.tls_cert_file is set",
+        ),
+        (
+            with_urls("\"rediss://a\"", "tls_key_file = \"/nonexistent/k.pem\""),
+            "cluster.tls_cert_file: unset, but cluster.tls_key_file is set",
+        ),
+        (
+            with_urls(
+                "\"redis://:pw@a:26379\", \"redis://:other@b:26379\"",
+                "mode = \"sentinel\"\nsentinel_master = \"m\"",
+            ),
+            "cluster.redis[1]: redis://:***@b:26379: logs in to its Sentinel differently from \
+             redis[0] (redis://:***@a:26379)",
+        ),
+        (
+            with_urls("\"redis://a\"", "primary_password = \"pw\""),
+            "cluster.primary_password: only applies with mode = \"sentinel\"",
+        ),
+        (
+            with_urls(
+                "\"redis://a:26379\"",
+                "mode = \"sentinel\"\nsentinel_master = \"m\"\nprimary_username = \"u\"",
+            ),
+            "cluster.primary_password: unset, but cluster.primary_username is set",
         ),
         (
             with_urls("\"10.0.0.1:6379\"", ""),
@@ -726,12 +827,20 @@ mod cluster_fuzz {
         "threshold",
         "fallback",
         "grace",
+        "tls_ca_file",
+        "tls_cert_file",
+        "tls_key_file",
+        "primary_username",
+        "primary_password",
     ];
     const VALUES: &[&str] = &[
         "[\"redis://a\"]",
         "[\"redis://a\", \"redis://b\"]",
         "[\"redis://:p@[::1]:1/2\"]",
         "[\"rediss://a\"]",
+        "[\"rediss://a\", \"redis://b\"]",
+        "\"/nonexistent.pem\"",
+        "\"/proc/version\"",
         "[\"unix:///s?db=1&pass=x\"]",
         "[\"unix://\"]",
         "[\"redis://\"]",

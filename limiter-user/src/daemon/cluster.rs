@@ -349,6 +349,22 @@ impl Sync {
             },
         );
         config.sentinel_master = self.config.sentinel_master.clone();
+        config.tls = self
+            .config
+            .tls
+            .as_ref()
+            .map(|files| redis::TlsCertificates {
+                root_cert: files.ca.as_ref().map(|ca| ca.pem.clone()),
+                client_tls: files
+                    .client
+                    .as_ref()
+                    .map(|(cert, key)| redis::ClientTlsConfig {
+                        client_cert: cert.pem.clone(),
+                        client_key: key.pem.clone(),
+                    }),
+            });
+        config.primary_username = self.config.primary_username.clone();
+        config.primary_password = self.config.primary_password.clone();
         config.timeout = self.config.timeout;
         // A sync's batches and the hot listing may take the whole tick.
         config.bulk_timeout = self.config.sync_interval;
