@@ -202,7 +202,7 @@ fn holds_full_frees_no_blocked_source() {
     let reclaimed = wait_until(Duration::from_secs(10), Duration::from_millis(200), || {
         let now = kernel::now().as_nanos() as u64;
         while !reclaim
-            .step(harness.maps_mut(), now, CAPACITY as usize)
+            .step(harness.maps_mut(), now, CAPACITY as usize, 0)
             .expect("reading WINDOWS")
             .pass_done
         {}
@@ -396,8 +396,9 @@ fn a_hot_report_dropped_for_lack_of_budget_is_sent_again() {
     );
 }
 
-/// A flood that fills the kept windows: new windows spill (counted), and
-/// the windows of sources already kept stay where they are.
+/// A flood that fills the kept windows: new windows spill (counted), the
+/// windows of sources already kept stay where they are, and the daemon's
+/// pass over the spill tells how many spilled windows were evicted.
 #[test]
 fn a_flood_that_fills_the_kept_windows_spills_and_counts_it() {
     let mut harness = churn_harness(vec![]);
@@ -407,12 +408,12 @@ fn a_flood_that_fills_the_kept_windows_spills_and_counts_it() {
         (1, 0)
     );
     let program = harness.program();
-    on_cpu(0, || spray(program, 0..2 * CAPACITY));
+    on_cpu(0, || spray(program, 0..3 * CAPACITY));
     let spilled = harness.outcome_total(Outcome::WindowSpilled).packets;
-    assert!(
-        spilled >= u64::from(CAPACITY),
-        "{spilled} windows spilled of {} created",
-        2 * CAPACITY
+    assert_eq!(
+        spilled,
+        u64::from(2 * CAPACITY + 1),
+        "every window past the kept ones spilled"
     );
     assert!(harness.maps().windows.get(&key, 0).is_ok(), "still kept");
     assert_eq!(
@@ -423,4 +424,23 @@ fn a_flood_that_fills_the_kept_windows_spills_and_counts_it() {
     assert!(read::windows(harness.maps())
         .expect("windows")
         .contains_key(&key));
+    // A pass over the kept windows (none idle), then one over the spill.
+    let mut reclaim = Reclaim::default();
+    let now = kernel::now().as_nanos() as u64;
+    let budget = CAPACITY as usize;
+    let mut slices = 0;
+    while reclaim.spill_evictions() == 0 && slices < 8 {
+        reclaim
+            .step(harness.maps_mut(), now, budget, spilled)
+            .expect("reading the window maps");
+        slices += 1;
+    }
+    assert_eq!(reclaim.kept(), Some(CAPACITY as usize), "none idle");
+    let live = harness.maps().window_spill.keys().count() as u64;
+    assert_eq!(
+        reclaim.spill_evictions(),
+        spilled - live,
+        "evicted: spilled minus what the spill holds"
+    );
+    assert!(reclaim.spill_evictions() >= u64::from(CAPACITY));
 }

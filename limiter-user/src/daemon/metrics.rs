@@ -39,6 +39,7 @@ pub struct Metrics {
     windows_kept: IntGaugeVec,
     window_capacity: IntGaugeVec,
     windows_reclaimed: IntCounterVec,
+    window_evictions: IntCounterVec,
     rules: IntGaugeVec,
     reattachments: IntCounterVec,
     attached: IntGaugeVec,
@@ -250,6 +251,12 @@ impl Metrics {
                 "Idle windows the daemon deleted from the kept map.",
                 &["interface"],
             ),
+            window_evictions: counter(
+                &registry,
+                "xdp_limiter_window_evictions_total",
+                "Spilled windows evicted by other sources' windows (only the spill evicts), as of the daemon's last complete pass over it: window_spilled before the pass minus the windows it found.",
+                &["interface"],
+            ),
             limited: gauge(
                 &registry,
                 "xdp_limiter_limited_sources",
@@ -444,13 +451,15 @@ impl Metrics {
 
     /// Updates the kept windows of `iface`: how many the last complete
     /// pass left (`None` before one completed), the capacity, and how many
-    /// idle ones were deleted so far (this daemon's).
+    /// idle ones were deleted so far (this daemon's), and the spilled
+    /// windows evicted so far.
     pub fn record_windows(
         &mut self,
         iface: &str,
         kept: Option<usize>,
         capacity: u32,
         reclaimed: u64,
+        evictions: u64,
     ) {
         if let Some(kept) = kept {
             self.windows_kept
@@ -460,8 +469,14 @@ impl Metrics {
         self.window_capacity
             .with_label_values(&[iface])
             .set(i64::from(capacity));
+        // Exported from the first tick, at 0: an alert on their rate needs
+        // the series before the first eviction.
         let counter = self.windows_reclaimed.clone();
+        counter.with_label_values(&[iface]);
         self.advance(&counter, &[iface], reclaimed);
+        let counter = self.window_evictions.clone();
+        counter.with_label_values(&[iface]);
+        self.advance_monotonic(&counter, &[iface], evictions);
     }
 
     /// Updates the holds kept apart from the windows on `iface`.

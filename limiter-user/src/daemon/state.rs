@@ -157,13 +157,6 @@ impl Daemon {
                     None
                 }
             };
-            if let Err(e) = iface.reclaim.step(
-                &mut iface.instance.program.maps,
-                now_ns,
-                daemon.sources_per_tick,
-            ) {
-                error!(iface = %iface.instance.iface, error = %e, "reading the kept windows failed");
-            }
             let instance = &iface.instance;
             let snapshot = match aggregate::pass(
                 &instance.program.maps,
@@ -177,6 +170,19 @@ impl Daemon {
                     continue;
                 }
             };
+            let spilled = snapshot
+                .outcomes
+                .get(Outcome::WindowSpilled as usize)
+                .map_or(0, |c| c.packets);
+            if let Err(e) = iface.reclaim.step(
+                &mut iface.instance.program.maps,
+                now_ns,
+                daemon.sources_per_tick,
+                spilled,
+            ) {
+                error!(iface = %iface.instance.iface, error = %e, "reading the window maps failed");
+            }
+            let instance = &iface.instance;
             log_released(&instance.iface, &iface.refusing, &snapshot.refusing);
             iface.refusing.clone_from(&snapshot.refusing);
             self.metrics.record(
@@ -202,6 +208,7 @@ impl Daemon {
                 iface.reclaim.kept(),
                 daemon.max_sources,
                 iface.reclaim.deleted_total(),
+                iface.reclaim.spill_evictions(),
             );
             iface.observed.update(snapshot);
         }
