@@ -103,6 +103,8 @@ pub enum StoreError {
     Node(String),
     #[error("invalid report key `{0}`: must be 1 to {MAX_NAME} bytes")]
     Key(String),
+    #[error("invalid instance token `{0}`: must be at most {MAX_NAME} bytes")]
+    Token(String),
     #[error("report `{key}`: limit {limit} is above 2^53 (Lua numbers are doubles)")]
     Limit { key: String, limit: u64 },
     #[error("report `{key}`: admitted delta {admitted} exceeds offered delta {offered}")]
@@ -110,6 +112,24 @@ pub enum StoreError {
         key: String,
         admitted: u64,
         offered: u64,
+    },
+    /// Another daemon heartbeats under this node's name
+    /// ([`Store::heartbeat_as`]): nothing was written.
+    #[error(
+        "node name `{node}` is already in use: another xdp-limiter daemon (instance {holder}) \
+         heartbeats into Redis under it (its claim on the name expires in {expires_in:?} \
+         unless renewed); two daemons with one name would each claim the whole limit of a \
+         source. Give each node a distinct `node` under [cluster] (the default is the hostname)"
+    )]
+    DuplicateNode {
+        node: String,
+        /// The other daemon's instance token.
+        holder: String,
+        /// When its claim on the name lapses if it stops renewing it.
+        expires_in: Duration,
+        /// Nodes alive as Redis counts them (the other one included,
+        /// this one not).
+        nodes: u32,
     },
 }
 
@@ -163,8 +183,10 @@ impl StoreError {
             | StoreError::Window(_)
             | StoreError::Node(_)
             | StoreError::Key(_)
+            | StoreError::Token(_)
             | StoreError::Limit { .. }
-            | StoreError::Deltas { .. } => ErrorKind::Other,
+            | StoreError::Deltas { .. }
+            | StoreError::DuplicateNode { .. } => ErrorKind::Other,
         }
     }
 }
@@ -525,6 +547,13 @@ impl Store {
         format!("{}:nodes", self.prefix)
     }
 
+    /// The guard of a node's name (`heartbeat.lua`): the instance token of
+    /// the daemon heartbeating under it. Its hash tag is the node set's
+    /// name, so both keys of a heartbeat are in one Redis Cluster slot.
+    pub fn node_key(&self, node: &str) -> String {
+        format!("{0}:{{{0}:nodes}}:node:{node}", self.prefix)
+    }
+
     /// Adds each report's deltas to the current bucket as `node` and
     /// returns, in the order of `reports`, the window totals after that.
     ///
@@ -682,7 +711,25 @@ impl Store {
     /// within `alive` and returns how many nodes are alive, this one
     /// included.
     pub async fn heartbeat(&self, node: &str, alive: Duration) -> Result<u32, StoreError> {
+        self.heartbeat_as(node, "", alive).await
+    }
+
+    /// [`Store::heartbeat`] as the daemon instance `token` (random per
+    /// run), guarding the name: while another instance's heartbeat under
+    /// `node` is live (renewed within `alive`), nothing is written and the
+    /// call fails with [`StoreError::DuplicateNode`]. An empty token does
+    /// not guard the name. A daemon that stopped frees its name `alive`
+    /// after its last heartbeat.
+    pub async fn heartbeat_as(
+        &self,
+        node: &str,
+        token: &str,
+        alive: Duration,
+    ) -> Result<u32, StoreError> {
         check_node(node)?;
+        if token.len() > MAX_NAME {
+            return Err(StoreError::Token(token.to_owned()));
+        }
         let alive_ms = ms(alive);
         if alive_ms == 0 {
             return Err(StoreError::Window(format!(
@@ -690,15 +737,29 @@ impl Store {
             )));
         }
         let mut call = self.heartbeat.prepare_invoke();
-        call.key(self.nodes_key()).arg(node).arg(alive_ms);
+        call.key(self.nodes_key())
+            .key(self.node_key(node))
+            .arg(node)
+            .arg(alive_ms)
+            .arg(token);
         let mut con = self.con.clone();
-        let count: i64 = bounded("heartbeat", self.timeout, call.invoke_async(&mut con))
-            .await?
-            .map_err(|source| call_error("heartbeat", self.timeout, source))?;
+        let (count, holder, expires_ms): (i64, String, i64) =
+            bounded("heartbeat", self.timeout, call.invoke_async(&mut con))
+                .await?
+                .map_err(|source| call_error("heartbeat", self.timeout, source))?;
         let count = u32::try_from(count).map_err(|_| StoreError::Reply {
             op: "heartbeat",
             detail: format!("node count {count}"),
         })?;
+        if !holder.is_empty() {
+            return Err(StoreError::DuplicateNode {
+                node: node.to_owned(),
+                holder,
+                // PTTL: -1 (no expiry, set by hand) or -2 (gone since).
+                expires_in: Duration::from_millis(u64::try_from(expires_ms).unwrap_or(0)),
+                nodes: count,
+            });
+        }
         self.nodes_alive
             .store(count, std::sync::atomic::Ordering::Relaxed);
         Ok(count)
