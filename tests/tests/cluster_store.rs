@@ -466,6 +466,69 @@ fn the_name_guard_works_on_a_redis_cluster() {
     });
 }
 
+/// The hot list is cut at the bound, on a single instance and across a
+/// Redis Cluster's calls: the keys returned are hot ones, at most the
+/// bound, and the rest are counted, not returned.
+#[test]
+fn the_hot_list_keeps_at_most_the_bound_and_counts_the_rest() {
+    for server in [RedisServer::start(), RedisServer::start_cluster()] {
+        let mut config = config(&server);
+        if server.urls().len() > 1 {
+            config.urls = server.urls();
+            config.mode = Mode::Cluster;
+        }
+        let window = long_window();
+        let n = 300;
+        let reports: Vec<Report> = (0..n)
+            .map(|i| report(&format!("10.1.{}.{}/32#0|default", i / 256, i % 256), 1, 2))
+            .collect();
+        let all: std::collections::BTreeSet<String> =
+            reports.iter().map(|r| r.key.clone()).collect();
+        server.block_on(|| async {
+            let store = connect(&config).await;
+            store.sync("other", window, &reports).await.unwrap();
+            let within = window.window();
+            let budget = config.bulk_timeout;
+            for limit in [1, 100, 299] {
+                let list = store
+                    .hot_sources_bounded(within, 0..GROUPS, budget, limit)
+                    .await
+                    .unwrap();
+                let taken = list.keys.len();
+                if config.mode == Mode::Single {
+                    assert_eq!(taken, limit);
+                } else {
+                    // Each group's call takes its part of the bound
+                    // (rounded up): uneven groups leave some of it unused.
+                    assert!((1..=limit).contains(&taken), "{taken} of {limit}");
+                }
+                assert_eq!(list.omitted, (n - taken) as u64, "{:?}", config.mode);
+                let distinct: std::collections::BTreeSet<&String> = list.keys.iter().collect();
+                assert_eq!(distinct.len(), taken);
+                assert!(list.keys.iter().all(|k| all.contains(k)));
+            }
+            // A bound the hot set fits in returns it all (in cluster mode
+            // once each group's part holds its group).
+            let roomy: &[usize] = match config.mode {
+                Mode::Single => &[300, 10_000],
+                _ => &[10_000],
+            };
+            for &limit in roomy {
+                let list = store
+                    .hot_sources_bounded(within, 0..GROUPS, budget, limit)
+                    .await
+                    .unwrap();
+                assert_eq!((list.keys.len(), list.omitted), (n, 0), "{:?}", config.mode);
+            }
+            let none = store
+                .hot_sources_bounded(within, 0..GROUPS, budget, 0)
+                .await
+                .unwrap();
+            assert!(none.keys.is_empty());
+        });
+    }
+}
+
 #[test]
 fn scripts_are_reloaded_after_script_flush() {
     let server = RedisServer::start();
