@@ -29,6 +29,13 @@
 //! alive` (`split`) or `L` (`local`): never open. The first successful
 //! tick recovers (one log line).
 //!
+//! Node names: each daemon run heartbeats with a random instance token
+//! (`instance_token`), and a name another live daemon heartbeats under is
+//! refused, at start-up (`claim_node_name`: the daemon exits before
+//! attaching) and while running (the node stops syncing and holds its
+//! sources to the fallback cap until the name is free): two daemons with
+//! one name would each claim the whole room of a source.
+//!
 //! The task opens the interfaces' pinned maps itself (the daemon pins them
 //! all), so it never waits on the daemon's main loop and the main loop
 //! never waits on Redis.
@@ -45,7 +52,7 @@ use limiter_common::{
     ClusterShare, EventKind, LimitEvent, Rule, Scope, SourceKey,
 };
 use tokio::sync::mpsc;
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 use super::{events::RuleNames, metrics::ClusterMetrics};
 use crate::{
@@ -78,6 +85,7 @@ pub struct Live {
     synced_sources: usize,
     fallback_in_force: Option<Fallback>,
     failed_ticks: u64,
+    duplicate_node: bool,
 }
 
 pub type SharedLive = Arc<Mutex<Live>>;
@@ -93,6 +101,7 @@ impl Live {
             synced_sources: self.synced_sources,
             fallback_in_force: self.fallback_in_force,
             failed_ticks: self.failed_ticks,
+            duplicate_node: self.duplicate_node,
         }
     }
 }
@@ -181,6 +190,11 @@ pub struct Sync {
     /// Whether this tick has sent a sync to Redis yet (set before the
     /// first is sent; see `unsent_after_failure`).
     syncs_sent: bool,
+    /// This daemon run's token in its heartbeats (`instance_token`).
+    token: String,
+    /// Another daemon heartbeats under this node's name: no sync, shares
+    /// gone, the fallback cap in force.
+    duplicate: bool,
     metrics: ClusterMetrics,
     live: SharedLive,
 }
@@ -291,9 +305,112 @@ fn hot_slice(cursor: u16, interval: Duration, window: Duration) -> std::ops::Ran
     start..(start + size).min(GROUPS)
 }
 
-/// Starts the sync task for `ifaces` (pinned under `pin_dir`).
+/// A token for this daemon run's heartbeats: where it runs (hostname and
+/// pid, for the operator who meets a duplicate name) and 64 random bits,
+/// so a restart of the same daemon is another instance.
+pub fn instance_token() -> String {
+    let mut random = [0u8; 8];
+    let read = std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut random));
+    if read.is_err() {
+        // Unique enough without /dev/urandom: the pid is in the token too.
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        random = nanos.to_le_bytes();
+    }
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_default();
+    let hex: String = random.iter().map(|b| format!("{b:02x}")).collect();
+    let host: String = host.chars().take(64).collect();
+    format!("{host}:{}:{hex}", std::process::id())
+}
+
+/// At start-up, before anything is attached: claims `config.node` in
+/// Redis for the daemon instance `token`, or fails when another live
+/// daemon heartbeats under that name. A heartbeat still live under the
+/// name may be this node's own from before a restart: a daemon that
+/// stopped no longer renews it, and it lapses within one alive period
+/// (`alive_period`, half a second by default), so the claim is retried
+/// until then; only a heartbeat renewed past that is another daemon. A
+/// Redis that cannot be reached is no reason not to start (the sync
+/// degrades as it would at any other time, and checks the name at every
+/// heartbeat).
+pub async fn claim_node_name(config: &ClusterConfig, token: &str) -> anyhow::Result<()> {
+    let store = match Store::connect(&store_config(config)).await {
+        Ok(store) => store,
+        Err(e) => {
+            warn!(error = %e, node = %config.node,
+                "cluster: Redis unreachable at start-up; the node name is checked at every heartbeat");
+            return Ok(());
+        }
+    };
+    let alive = alive_period(config.sync_interval);
+    let started = Instant::now();
+    let deadline = started + alive + config.sync_interval;
+    let mut announced = false;
+    loop {
+        match store.heartbeat_as(&config.node, token, alive).await {
+            Ok(_) => {
+                if announced {
+                    info!(node = %config.node, waited = ?started.elapsed(),
+                        "cluster: the previous heartbeat under this node name lapsed (a daemon that stopped); starting");
+                }
+                return Ok(());
+            }
+            Err(StoreError::DuplicateNode { holder, .. }) if Instant::now() < deadline => {
+                if !announced {
+                    info!(node = %config.node, %holder, wait = ?alive,
+                        "cluster: a heartbeat under this node name is live; waiting one alive period to see whether its daemon still runs");
+                    announced = true;
+                }
+                tokio::time::sleep(config.sync_interval).await;
+            }
+            Err(e @ StoreError::DuplicateNode { .. }) => {
+                return Err(anyhow::anyhow!(
+                    "cluster: {e}. Its heartbeat was still renewed {:?} after this daemon \
+                     first saw it (a daemon that stopped lets it lapse within {alive:?}), so \
+                     this daemon does not start beside it",
+                    started.elapsed()
+                ));
+            }
+            Err(e) => {
+                warn!(error = %e, node = %config.node,
+                    "cluster: cannot check the node name at start-up; it is checked at every heartbeat");
+                return Ok(());
+            }
+        }
+    }
+}
+
+/// How the daemon reaches Redis for `config`.
+fn store_config(config: &ClusterConfig) -> StoreConfig {
+    let mut store = StoreConfig::new(
+        config.redis.iter().map(|u| u.url.clone()).collect(),
+        match config.mode {
+            ClusterMode::Single => Mode::Single,
+            ClusterMode::Cluster => Mode::Cluster,
+            ClusterMode::Sentinel => Mode::Sentinel,
+        },
+    );
+    store.sentinel_master = config.sentinel_master.clone();
+    store.timeout = config.timeout;
+    // A sync's batches and the hot listing may take the whole tick.
+    store.bulk_timeout = config.sync_interval;
+    // A claim is spent until the next tick, and holds the other nodes
+    // back as long as this node's kernel keeps the share it became.
+    store.claim_horizon = config.sync_interval;
+    store.claim_hold = 3 * config.sync_interval;
+    store
+}
+
+/// Starts the sync task for `ifaces` (pinned under `pin_dir`), heartbeating
+/// as the instance `token`.
+#[allow(clippy::too_many_arguments)]
 pub fn start(
     config: ClusterConfig,
+    token: String,
     pin_dir: &Path,
     ifaces: &[String],
     names: RuleNames,
@@ -323,6 +440,8 @@ pub fn start(
         sync_cap: None,
         last_partial: false,
         syncs_sent: false,
+        token,
+        duplicate: false,
         metrics,
         live,
     };
@@ -340,23 +459,7 @@ pub fn start(
 
 impl Sync {
     fn store_config(&self) -> StoreConfig {
-        let mut config = StoreConfig::new(
-            self.config.redis.iter().map(|u| u.url.clone()).collect(),
-            match self.config.mode {
-                ClusterMode::Single => Mode::Single,
-                ClusterMode::Cluster => Mode::Cluster,
-                ClusterMode::Sentinel => Mode::Sentinel,
-            },
-        );
-        config.sentinel_master = self.config.sentinel_master.clone();
-        config.timeout = self.config.timeout;
-        // A sync's batches and the hot listing may take the whole tick.
-        config.bulk_timeout = self.config.sync_interval;
-        // A claim is spent until the next tick, and holds the other nodes
-        // back as long as this node's kernel keeps the share it became.
-        config.claim_horizon = self.config.sync_interval;
-        config.claim_hold = 3 * self.config.sync_interval;
-        config
+        store_config(&self.config)
     }
 
     /// The live generation's rules by name: (RULES index, rule).
@@ -540,10 +643,19 @@ impl Sync {
             Ok((nodes, allowances)) => {
                 let known = self.nodes_alive;
                 self.nodes_alive = nodes;
-                if self.health.success() == Some(Change::Recovered) {
+                let was_duplicate = std::mem::take(&mut self.duplicate);
+                if was_duplicate {
+                    info!(node = %self.config.node, nodes,
+                        "cluster: no other daemon heartbeats under this node name any more: syncing again");
+                }
+                let recovered = self.health.success() == Some(Change::Recovered);
+                if recovered {
                     info!(nodes, "cluster: Redis reachable again, node recovered (outage counts not replayed)");
+                }
+                if recovered || was_duplicate {
                     // Redis holds nothing of what the nodes admitted while
-                    // degraded (dropped, or lost with a restart), but the
+                    // degraded (dropped, or lost with a restart) or while
+                    // this node's name was another daemon's, but the
                     // kernels' windows still do: for one window the
                     // fallback cap stays on top of the claims, or the
                     // cluster would admit the outage's L again.
@@ -602,10 +714,31 @@ impl Sync {
                 Some(count)
             }
             Err(e) => {
-                self.metrics.redis_error(&e);
+                if let StoreError::DuplicateNode { holder, nodes, .. } = &e {
+                    // This node is not in Redis's count of the nodes
+                    // alive (the other daemon holds its name): the
+                    // fallback's split counts it too.
+                    self.nodes_alive = nodes.saturating_add(1);
+                    if !self.duplicate {
+                        error!(node = %self.config.node, %holder, error = %e,
+                            "cluster: another daemon heartbeats under this node's name: not syncing, cluster sources held to the fallback cap until the name is free; give each node a distinct cluster.node");
+                        self.duplicate = true;
+                        // Shares claimed under a name two daemons used
+                        // are not this node's to keep: they end now and
+                        // the fallback applies at once (no grace).
+                        self.write_shares(kernel_now, kernel_now);
+                        for tracked in self.tracked.values_mut() {
+                            tracked.allowance = None;
+                        }
+                    }
+                } else {
+                    self.metrics.redis_error(&e);
+                }
                 // The first failure of a run is logged (its cause says what
                 // to look at); the third degrades the node, logged below.
-                if self.health.phase(now, self.config.grace) == Phase::Normal {
+                if self.duplicate {
+                    debug!(error = %e, "cluster: sync tick refused (duplicate node name)");
+                } else if self.health.phase(now, self.config.grace) == Phase::Normal {
                     info!(error = %e, kind = e.kind().name(),
                         "cluster: a sync tick failed (the node degrades after 3 in a row)");
                 } else {
@@ -615,20 +748,23 @@ impl Sync {
                 // Sentinels again next tick (a single instance's or a
                 // Redis Cluster's connection reconnects and follows the
                 // topology on its own).
-                if self.config.mode == ClusterMode::Sentinel {
+                if self.config.mode == ClusterMode::Sentinel && !self.duplicate {
                     self.store = None;
                 }
-                if self.health.failure(now) == Some(Change::Degraded) {
+                // A duplicate's ticks count as failed too (degraded after
+                // 3), but its fallback is already in force: no grace line.
+                if self.health.failure(now) == Some(Change::Degraded) && !self.duplicate {
                     warn!(error = %e, grace = ?self.config.grace, fallback = self.config.fallback.name(),
                         "cluster: 3 sync ticks failed, node degraded: keeping the last shares for the grace period, then the fallback");
                 }
-                let degraded = self.health.degraded();
+                // A duplicate's deltas are not this name's to report later.
+                let degraded = self.health.degraded() || self.duplicate;
                 for (text, report, _) in groups.values().flatten() {
                     if let Some(tracked) = self.tracked.get_mut(text) {
                         tracked.unsent = unsent_after_failure(self.syncs_sent, degraded, report);
                     }
                 }
-                let phase = self.health.phase(now, self.config.grace);
+                let phase = self.phase(now);
                 if let Some(expires) =
                     share_expiry(kernel_now, self.config.sync_interval, phase, now)
                 {
@@ -646,7 +782,7 @@ impl Sync {
             self.config.sync_interval,
             self.tracked.len(),
         );
-        let phase = self.health.phase(now, self.config.grace);
+        let phase = self.phase(now);
         let state = kernel_state(
             kernel_now,
             self.config.sync_interval,
@@ -672,6 +808,7 @@ impl Sync {
         }
         // Operators.
         let fallback = (phase == Phase::Fallback).then_some(self.config.fallback);
+        self.metrics.duplicate_node.set(i64::from(self.duplicate));
         self.metrics.degraded.set(i64::from(self.health.degraded()));
         self.metrics.nodes_alive.set(i64::from(self.nodes_alive));
         for f in [Fallback::Split, Fallback::Local] {
@@ -691,10 +828,21 @@ impl Sync {
             live.degraded = self.health.degraded();
             live.fallback_in_force = fallback;
             live.failed_ticks = self.health.failed_ticks;
+            live.duplicate_node = self.duplicate;
             if let Some(count) = synced {
                 live.last_sync = Some(now);
                 live.synced_sources = count;
             }
+        }
+    }
+
+    /// Where the node stands: the health's phase, or the fallback at once
+    /// while another daemon holds this node's name.
+    fn phase(&self, now: Instant) -> Phase {
+        if self.duplicate {
+            Phase::Fallback
+        } else {
+            self.health.phase(now, self.config.grace)
         }
     }
 
@@ -719,7 +867,7 @@ impl Sync {
             .store
             .as_ref()
             .expect("connected above")
-            .heartbeat(&node, alive_period(self.config.sync_interval))
+            .heartbeat_as(&node, &self.token, alive_period(self.config.sync_interval))
             .await?;
         // From here on Redis may count what this tick reports.
         self.syncs_sent = !groups.is_empty();

@@ -69,6 +69,8 @@ pub struct ClusterMetrics {
     pub nodes_alive: IntGauge,
     /// 1 while the fallback policy is applied, by policy.
     pub fallback: IntGaugeVec,
+    /// 1 while another daemon heartbeats under this node's name.
+    pub duplicate_node: IntGauge,
 }
 
 impl ClusterMetrics {
@@ -132,6 +134,10 @@ impl ClusterMetrics {
                 "xdp_limiter_cluster_fallback",
                 "1 while the fallback policy (label policy: split or local) is applied: degraded past the grace period.",
                 &["policy"],
+            ),
+            duplicate_node: one(
+                "xdp_limiter_cluster_duplicate_node",
+                "1 while another daemon heartbeats into Redis under this node's name: this node does not sync and holds its cluster sources to the fallback cap until the name is free.",
             ),
         }
     }
