@@ -160,6 +160,9 @@ pub struct ClusterLive {
     /// not sync and holds its sources to the fallback cap.
     #[serde(default)]
     pub duplicate_node: bool,
+    /// Sources tracked because other nodes listed them hot.
+    #[serde(default)]
+    pub remote_sources: usize,
 }
 
 /// The `[cluster]` settings a daemon runs with, as `status` shows them.

@@ -1,14 +1,20 @@
-//! Cluster node names, end to end: real daemons in the cluster lab (`limiter_tests::cluster_lab`)
+//! Cluster node names and the hot sources a node takes from the others,
+//! end to end: real daemons in the cluster lab (`limiter_tests::cluster_lab`)
 //! and a real `redis-server`. Two daemons under one `cluster.node` name would
 //! each claim the whole room of a source, so the second is refused at
 //! start-up (before attaching) and a name taken while running stops the
 //! sync and applies the fallback cap; a restart after a crash gets its name
-//! back.
+//! back. The sources taken from other nodes' hot lists stay within
+//! `cluster.max_remote_sources`, the rest counted.
+
+use std::{collections::BTreeMap, time::Duration};
 
 use limiter_tests::{
     cluster_lab::{node_config, node_if, ClusterLab},
-    daemon::Daemon,
+    daemon::{parse_metric, Daemon},
+    wait_until,
 };
+use limiter_user::cluster::store::group;
 
 const L: u64 = 1000;
 
@@ -203,4 +209,76 @@ fn a_name_taken_while_running_stops_the_sync_and_applies_the_fallback_cap() {
         lab.redis.cli(&["get", &node_key("edge")]).trim(),
         "other-host:1:00"
     );
+}
+
+/// More sources listed hot in Redis than `cluster.max_remote_sources`: the
+/// node tracks (and syncs) at most the bound, counts the rest in the
+/// metric and logs them once, not per source or listing.
+#[test]
+fn more_hot_sources_in_redis_than_the_bound_are_counted_not_tracked() {
+    let _one = ONE_LAB.lock().unwrap_or_else(|e| e.into_inner());
+    const BOUND: usize = 50;
+    const LISTED: u32 = 300;
+    let mut lab = ClusterLab::new(1);
+    start(
+        &mut lab,
+        0,
+        &named(0, "edge", &format!("max_remote_sources = {BOUND}\n")),
+    );
+    let daemon = lab.daemon(0);
+    daemon.wait_metric("xdp_limiter_cluster_nodes_alive", |v| v == 1.0);
+    // Sources another node synced with traffic, as its syncs list them in
+    // their groups' hot sets; scored an hour ahead so they stay listed.
+    let time = lab.redis.cli(&["time"]);
+    let secs: u64 = time.split_whitespace().next().unwrap().parse().unwrap();
+    let later = ((secs + 3600) * 1000).to_string();
+    let mut by_key: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for i in 0..LISTED {
+        let member = format!("10.1.{}.{}/32#0|default", i / 256, i % 256);
+        by_key
+            .entry(format!("xl:{{g{}}}:hot", group(&member)))
+            .or_default()
+            .push(member);
+    }
+    for (key, members) in &by_key {
+        let mut args = vec!["zadd", key.as_str()];
+        for m in members {
+            args.push(&later);
+            args.push(m);
+        }
+        lab.redis.cli(&args);
+    }
+    daemon.wait_metric("xdp_limiter_cluster_remote_sources", |v| v == BOUND as f64);
+    let left_out = daemon.wait_metric("xdp_limiter_cluster_remote_sources_over_limit_total", |v| {
+        v > 0.0
+    });
+    // Over two windows the set stays at the bound and the count grows
+    // with every listing that leaves sources out.
+    let mut highest = 0.0f64;
+    let grew = wait_until(Duration::from_secs(10), Duration::from_millis(100), || {
+        let text = daemon.metrics();
+        let remote = parse_metric(&text, "xdp_limiter_cluster_remote_sources").unwrap();
+        let synced = parse_metric(&text, "xdp_limiter_cluster_synced_sources").unwrap();
+        highest = highest.max(remote).max(synced);
+        let count =
+            parse_metric(&text, "xdp_limiter_cluster_remote_sources_over_limit_total").unwrap();
+        (count >= left_out + (LISTED as f64 - BOUND as f64)).then_some(count)
+    });
+    assert!(
+        grew.is_some(),
+        "the count of sources left out stopped growing"
+    );
+    assert!(
+        highest <= BOUND as f64,
+        "tracked or synced {highest} > {BOUND}"
+    );
+    let live = live(&lab, 0);
+    assert_eq!(live["remote_sources"], BOUND as u64, "{live:#}");
+    // One log line (once a minute at most), not one per source.
+    let log = daemon.log();
+    let lines = log
+        .lines()
+        .filter(|l| l.contains("sources hot on other nodes not tracked here"))
+        .count();
+    assert_eq!(lines, 1, "{log}");
 }

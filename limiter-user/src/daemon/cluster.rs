@@ -36,6 +36,10 @@
 //! sources to the fallback cap until the name is free): two daemons with
 //! one name would each claim the whole room of a source.
 //!
+//! The sources a node takes from the other nodes' hot lists are bounded
+//! (`cluster.max_remote_sources`): those over the bound are counted and
+//! logged once a minute, never tracked.
+//!
 //! The task opens the interfaces' pinned maps itself (the daemon pins them
 //! all), so it never waits on the daemon's main loop and the main loop
 //! never waits on Redis.
@@ -63,7 +67,7 @@ use crate::{
             self, first_bucket_of_window, kernel_state, parse_report_key, report_key, share_expiry,
             AdmittedTracker, Change, Health, OfferedTracker, Phase,
         },
-        Mode, Report, Store, StoreConfig, StoreError, WindowSpec,
+        HotList, Mode, Report, Store, StoreConfig, StoreError, WindowSpec,
     },
     config::{ClusterConfig, ClusterMode, Fallback},
     kernel::{cluster as kernel_cluster, pins, Maps},
@@ -86,6 +90,7 @@ pub struct Live {
     fallback_in_force: Option<Fallback>,
     failed_ticks: u64,
     duplicate_node: bool,
+    remote_sources: usize,
 }
 
 pub type SharedLive = Arc<Mutex<Live>>;
@@ -102,6 +107,7 @@ impl Live {
             fallback_in_force: self.fallback_in_force,
             failed_ticks: self.failed_ticks,
             duplicate_node: self.duplicate_node,
+            remote_sources: self.remote_sources,
         }
     }
 }
@@ -138,6 +144,9 @@ struct Tracked {
     /// sync (connect or heartbeat failed): Redis never saw them, so the
     /// next report carries them (`unsent_after_failure`).
     unsent: (u64, u64),
+    /// Tracked only because another node listed it hot (no event nor
+    /// traffic here yet): counts against `cluster.max_remote_sources`.
+    remote: bool,
 }
 
 /// What a tick that failed did with its reports' deltas, and so what
@@ -195,6 +204,10 @@ pub struct Sync {
     /// Another daemon heartbeats under this node's name: no sync, shares
     /// gone, the fallback cap in force.
     duplicate: bool,
+    /// Hot sources of other nodes left out by the bound since the last
+    /// log line about them, and when that line was.
+    remote_left_out: u64,
+    remote_logged: Option<Instant>,
     metrics: ClusterMetrics,
     live: SharedLive,
 }
@@ -304,6 +317,10 @@ fn hot_slice(cursor: u16, interval: Duration, window: Duration) -> std::ops::Ran
     let start = cursor % GROUPS;
     start..(start + size).min(GROUPS)
 }
+
+/// How often at most the sources left out by `cluster.max_remote_sources`
+/// are logged (one line with their count, not one per source).
+const REMOTE_LOG_EVERY: Duration = Duration::from_secs(60);
 
 /// A token for this daemon run's heartbeats: where it runs (hostname and
 /// pid, for the operator who meets a duplicate name) and 64 random bits,
@@ -442,6 +459,8 @@ pub fn start(
         syncs_sent: false,
         token,
         duplicate: false,
+        remote_left_out: 0,
+        remote_logged: None,
         metrics,
         live,
     };
@@ -488,11 +507,13 @@ impl Sync {
             .map(|(_, n)| n.clone())
     }
 
-    fn track(&mut self, key: SourceKey, rule: String, now: Instant) {
+    /// Tracks a source (`remote`: only because another node listed it
+    /// hot); a source reported here is not remote any more.
+    fn track(&mut self, key: SourceKey, rule: String, now: Instant, remote: bool) {
         let count = self.ifaces.len();
         let text = report_key(&key, &rule);
         self.tracked
-            .entry(text)
+            .entry(text.clone())
             .or_insert_with(|| Tracked {
                 key,
                 rule,
@@ -507,8 +528,14 @@ impl Sync {
                 window: Duration::ZERO,
                 synced: None,
                 unsent: (0, 0),
+                remote,
             })
             .active = now;
+        if !remote {
+            if let Some(tracked) = self.tracked.get_mut(&text) {
+                tracked.remote = false;
+            }
+        }
     }
 
     async fn tick(&mut self) {
@@ -517,7 +544,7 @@ impl Sync {
         while let Ok(event) = self.events.try_recv() {
             if event.kind() == Some(EventKind::ClusterHot) {
                 if let Some(rule) = self.rule_name(event.rule) {
-                    self.track(event.key, rule, started);
+                    self.track(event.key, rule, started, false);
                 }
             }
         }
@@ -596,6 +623,7 @@ impl Sync {
             // it whenever a tick starts just after the window.
             if offered > 0 {
                 tracked.active = started;
+                tracked.remote = false;
             } else if started.duration_since(tracked.active) > 2 * window {
                 gone.push(text.clone());
                 continue;
@@ -808,6 +836,8 @@ impl Sync {
         }
         // Operators.
         let fallback = (phase == Phase::Fallback).then_some(self.config.fallback);
+        let remote = self.tracked.values().filter(|t| t.remote).count();
+        self.metrics.remote_sources.set(remote as i64);
         self.metrics.duplicate_node.set(i64::from(self.duplicate));
         self.metrics.degraded.set(i64::from(self.health.degraded()));
         self.metrics.nodes_alive.set(i64::from(self.nodes_alive));
@@ -829,6 +859,7 @@ impl Sync {
             live.fallback_in_force = fallback;
             live.failed_ticks = self.health.failed_ticks;
             live.duplicate_node = self.duplicate;
+            live.remote_sources = remote;
             if let Some(count) = synced {
                 live.last_sync = Some(now);
                 live.synced_sources = count;
@@ -929,16 +960,15 @@ impl Sync {
         let slice = hot_slice(self.hot_cursor, self.config.sync_interval, window);
         let slice_start = slice.start;
         self.hot_cursor = slice.end % GROUPS;
-        match store.hot_sources_in(window, slice, budget).await {
-            Ok(keys) => {
+        let limit = self.config.max_remote_sources;
+        match store
+            .hot_sources_bounded(window, slice, budget, limit)
+            .await
+        {
+            Ok(list) => {
                 let now = Instant::now();
-                for key in keys {
-                    if let Some(tracked) = self.tracked.get_mut(&key) {
-                        tracked.active = now;
-                    } else if let Some((source, rule)) = parse_report_key(&key) {
-                        self.track(source, rule, now);
-                    }
-                }
+                let left_out = self.take_listed(list, now);
+                self.remote_left_out(left_out, now);
             }
             Err(StoreError::Timeout { .. }) => {
                 // Out of the tick's time (Redis still busy with syncs cut
@@ -951,6 +981,47 @@ impl Sync {
                 self.metrics.redis_error(&e);
                 warn!(error = %e, "cluster: cannot list the sources hot on other nodes (these groups are listed again in a window)");
             }
+        }
+    }
+
+    /// Tracks the sources of a hot listing: renews those tracked, adds the
+    /// others while fewer than `cluster.max_remote_sources` are tracked
+    /// only for being listed. Returns how many were left out (over the
+    /// bound, here or in Redis's reply).
+    fn take_listed(&mut self, list: HotList, now: Instant) -> u64 {
+        let limit = self.config.max_remote_sources;
+        let mut remote = self.tracked.values().filter(|t| t.remote).count();
+        let mut left_out = list.omitted;
+        for key in list.keys {
+            if let Some(tracked) = self.tracked.get_mut(&key) {
+                tracked.active = now;
+            } else if remote >= limit {
+                left_out += 1;
+            } else if let Some((source, rule)) = parse_report_key(&key) {
+                self.track(source, rule, now, true);
+                remote += 1;
+            }
+        }
+        left_out
+    }
+
+    /// Counts hot sources of other nodes left out by the bound, and logs
+    /// them once per `REMOTE_LOG_EVERY` (the first at once), not once per
+    /// source or listing.
+    fn remote_left_out(&mut self, count: u64, now: Instant) {
+        if count == 0 {
+            return;
+        }
+        self.metrics.remote_sources_over_limit.inc_by(count);
+        self.remote_left_out += count;
+        if self
+            .remote_logged
+            .is_none_or(|at| now.duration_since(at) >= REMOTE_LOG_EVERY)
+        {
+            warn!(left_out = self.remote_left_out, limit = self.config.max_remote_sources, every = ?REMOTE_LOG_EVERY,
+                "cluster: sources hot on other nodes not tracked here (cluster.max_remote_sources reached); on this node they stay at the cold cap until they are hot here");
+            self.remote_left_out = 0;
+            self.remote_logged = Some(now);
         }
     }
 
@@ -1016,6 +1087,25 @@ fn share_due(written_until: u64, expires_ns: u64, now_ns: u64, interval: Duratio
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What docs/cluster.md says a tracked source costs (about 1 KiB with
+    /// one interface, what bounds `cluster.max_remote_sources`' memory):
+    /// the entry (its key's text, the struct) and per interface its
+    /// trackers, with room for the hash map's spare slots and the
+    /// allocator's headers.
+    #[test]
+    fn a_tracked_source_costs_under_a_kilobyte_with_one_interface() {
+        use std::mem::size_of;
+        let key_text = "2001:db8:ffff:ffff:ffff:ffff:ffff:ffff/128#7|a-rule-name".len();
+        let entry = size_of::<String>() + key_text + size_of::<Tracked>() + 32;
+        let per_interface = size_of::<AdmittedTracker>()
+            + size_of::<OfferedTracker>()
+            + 3 * size_of::<u64>()
+            + 5 * 16;
+        let total = (entry * 8 / 7) + per_interface;
+        eprintln!("entry {entry} B, per interface {per_interface} B, total {total} B");
+        assert!(total <= 1024, "{total} B");
+    }
 
     #[test]
     fn only_deltas_never_sent_are_carried_and_never_past_degrading() {
