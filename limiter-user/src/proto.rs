@@ -156,6 +156,13 @@ pub struct ClusterLive {
     pub fallback_in_force: Option<Fallback>,
     /// Failed ticks since the daemon started.
     pub failed_ticks: u64,
+    /// Another daemon heartbeats under this node's name: this one does
+    /// not sync and holds its sources to the fallback cap.
+    #[serde(default)]
+    pub duplicate_node: bool,
+    /// Sources tracked because other nodes listed them hot.
+    #[serde(default)]
+    pub remote_sources: usize,
 }
 
 /// The `[cluster]` settings a daemon runs with, as `status` shows them.

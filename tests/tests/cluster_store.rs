@@ -344,6 +344,196 @@ fn the_heartbeat_counts_nodes_alive_and_forgets_silent_ones() {
     });
 }
 
+/// A second daemon instance heartbeating under a live node's name is
+/// refused, writes nothing, and is told what to do; a distinct name is
+/// counted as another node.
+#[test]
+fn a_second_instance_under_a_live_node_name_is_refused_and_a_distinct_name_is_not() {
+    let server = RedisServer::start();
+    let config = config(&server);
+    let alive = Duration::from_secs(5);
+    server.block_on(|| async {
+        let (a, b) = (connect(&config).await, connect(&config).await);
+        assert_eq!(a.heartbeat_as("edge-1", "tok-a", alive).await.unwrap(), 1);
+        // The same instance renews its own name.
+        assert_eq!(a.heartbeat_as("edge-1", "tok-a", alive).await.unwrap(), 1);
+        let e = b
+            .heartbeat_as("edge-1", "tok-b", alive)
+            .await
+            .expect_err("a second instance under a live name");
+        let text = e.to_string();
+        assert!(
+            text.contains("node name `edge-1` is already in use")
+                && text.contains("instance tok-a")
+                && text.contains("distinct `node` under [cluster]"),
+            "{text}"
+        );
+        match e {
+            StoreError::DuplicateNode {
+                node,
+                holder,
+                expires_in,
+                nodes,
+            } => {
+                assert_eq!(
+                    (node.as_str(), holder.as_str(), nodes),
+                    ("edge-1", "tok-a", 1)
+                );
+                assert!(
+                    expires_in <= alive && expires_in > Duration::ZERO,
+                    "{expires_in:?}"
+                );
+            }
+            other => panic!("not a duplicate: {other}"),
+        }
+        assert_eq!(e_kind_other(&b, alive).await, ErrorKind::Other);
+        // Nothing written: the name is still a's, one node alive.
+        assert_eq!(server.cli(&["get", &a.node_key("edge-1")]).trim(), "tok-a");
+        assert_eq!(a.heartbeat_as("edge-1", "tok-a", alive).await.unwrap(), 1);
+        // A distinct name is another node, for both.
+        assert_eq!(b.heartbeat_as("edge-2", "tok-b", alive).await.unwrap(), 2);
+        assert_eq!(a.heartbeat_as("edge-1", "tok-a", alive).await.unwrap(), 2);
+        // A heartbeat without a token (the store's plain heartbeat) guards
+        // nothing and is never refused.
+        assert_eq!(b.heartbeat("edge-1", alive).await.unwrap(), 2);
+    });
+}
+
+/// The kind a duplicate's error is counted under, if it were counted.
+async fn e_kind_other(store: &Store, alive: Duration) -> ErrorKind {
+    store
+        .heartbeat_as("edge-1", "tok-b", alive)
+        .await
+        .expect_err("still refused")
+        .kind()
+}
+
+/// A daemon restarted after a crash (a new instance token, the old
+/// heartbeat still live) is refused only until the old heartbeat lapses,
+/// one alive period after its last renewal; then it holds the name and the
+/// old instance, were it to come back, is the one refused.
+#[test]
+fn a_restarted_node_takes_its_name_back_once_the_old_heartbeat_lapses() {
+    let server = RedisServer::start();
+    let config = config(&server);
+    let alive = Duration::from_millis(400);
+    server.block_on(|| async {
+        let store = connect(&config).await;
+        store.heartbeat_as("edge-1", "old", alive).await.unwrap();
+        let crashed = Instant::now();
+        assert!(matches!(
+            store.heartbeat_as("edge-1", "new", alive).await,
+            Err(StoreError::DuplicateNode { .. })
+        ));
+        let taken = wait_until_async(Duration::from_secs(5), || async {
+            match store.heartbeat_as("edge-1", "new", alive).await {
+                Ok(nodes) => Some(nodes),
+                Err(StoreError::DuplicateNode { .. }) => None,
+                Err(e) => panic!("{e}"),
+            }
+        })
+        .await;
+        let took = crashed.elapsed();
+        assert_eq!(taken, Some(1), "the old heartbeat never lapsed");
+        // Not before the old heartbeat's alive period (less the
+        // round trips between its write and our clock).
+        assert!(took >= alive - Duration::from_millis(50), "{took:?}");
+        assert!(matches!(
+            store.heartbeat_as("edge-1", "old", alive).await,
+            Err(StoreError::DuplicateNode { holder, .. }) if holder == "new"
+        ));
+    });
+}
+
+/// On a Redis Cluster the heartbeat's two keys (the node set and the
+/// name's guard) share a slot: no CROSSSLOT, and the guard holds there too.
+#[test]
+fn the_name_guard_works_on_a_redis_cluster() {
+    let server = RedisServer::start_cluster();
+    let mut config = config(&server);
+    config.urls = server.urls();
+    config.mode = Mode::Cluster;
+    let alive = Duration::from_secs(5);
+    server.block_on(|| async {
+        let store = connect(&config).await;
+        assert_eq!(
+            store.heartbeat_as("edge-1", "tok-a", alive).await.unwrap(),
+            1
+        );
+        assert!(matches!(
+            store.heartbeat_as("edge-1", "tok-b", alive).await,
+            Err(StoreError::DuplicateNode { holder, .. }) if holder == "tok-a"
+        ));
+        assert_eq!(
+            store.heartbeat_as("edge-2", "tok-b", alive).await.unwrap(),
+            2
+        );
+    });
+}
+
+/// The hot list is cut at the bound, on a single instance and across a
+/// Redis Cluster's calls: the keys returned are hot ones, at most the
+/// bound, and the rest are counted, not returned.
+#[test]
+fn the_hot_list_keeps_at_most_the_bound_and_counts_the_rest() {
+    for server in [RedisServer::start(), RedisServer::start_cluster()] {
+        let mut config = config(&server);
+        if server.urls().len() > 1 {
+            config.urls = server.urls();
+            config.mode = Mode::Cluster;
+        }
+        let window = long_window();
+        let n = 300;
+        let reports: Vec<Report> = (0..n)
+            .map(|i| report(&format!("10.1.{}.{}/32#0|default", i / 256, i % 256), 1, 2))
+            .collect();
+        let all: std::collections::BTreeSet<String> =
+            reports.iter().map(|r| r.key.clone()).collect();
+        server.block_on(|| async {
+            let store = connect(&config).await;
+            store.sync("other", window, &reports).await.unwrap();
+            let within = window.window();
+            let budget = config.bulk_timeout;
+            for limit in [1, 100, 299] {
+                let list = store
+                    .hot_sources_bounded(within, 0..GROUPS, budget, limit)
+                    .await
+                    .unwrap();
+                let taken = list.keys.len();
+                if config.mode == Mode::Single {
+                    assert_eq!(taken, limit);
+                } else {
+                    // Each group's call takes its part of the bound
+                    // (rounded up): uneven groups leave some of it unused.
+                    assert!((1..=limit).contains(&taken), "{taken} of {limit}");
+                }
+                assert_eq!(list.omitted, (n - taken) as u64, "{:?}", config.mode);
+                let distinct: std::collections::BTreeSet<&String> = list.keys.iter().collect();
+                assert_eq!(distinct.len(), taken);
+                assert!(list.keys.iter().all(|k| all.contains(k)));
+            }
+            // A bound the hot set fits in returns it all (in cluster mode
+            // once each group's part holds its group).
+            let roomy: &[usize] = match config.mode {
+                Mode::Single => &[300, 10_000],
+                _ => &[10_000],
+            };
+            for &limit in roomy {
+                let list = store
+                    .hot_sources_bounded(within, 0..GROUPS, budget, limit)
+                    .await
+                    .unwrap();
+                assert_eq!((list.keys.len(), list.omitted), (n, 0), "{:?}", config.mode);
+            }
+            let none = store
+                .hot_sources_bounded(within, 0..GROUPS, budget, 0)
+                .await
+                .unwrap();
+            assert!(none.keys.is_empty());
+        });
+    }
+}
+
 #[test]
 fn scripts_are_reloaded_after_script_flush() {
     let server = RedisServer::start();

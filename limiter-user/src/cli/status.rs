@@ -58,7 +58,13 @@ fn render_cluster(cluster: &ClusterStatus) -> String {
             if l.nodes_alive == 1 { "" } else { "s" },
             l.last_sync_age_ms
                 .map_or("never".into(), |ms| format!("{ms} ms ago")),
-            if l.degraded { "DEGRADED" } else { "healthy" },
+            if l.duplicate_node {
+                "DUPLICATE NODE NAME (not syncing)"
+            } else if l.degraded {
+                "DEGRADED"
+            } else {
+                "healthy"
+            },
             l.synced_sources,
             if l.synced_sources == 1 { "" } else { "s" },
             l.fallback_in_force.map_or(String::new(), |f| format!(
@@ -127,6 +133,7 @@ mod tests {
                     synced_sources: 1,
                     fallback_in_force: Some(crate::config::Fallback::Split),
                     failed_ticks: 9,
+                    ..Default::default()
                 })),
                 ..status.cluster
             },
@@ -141,5 +148,18 @@ mod tests {
             "{text}"
         );
         assert!(!text.contains("pw"), "{text}");
+        // A node refused its name says so before anything else.
+        let mut duplicate = status.cluster.clone();
+        if let Some(live) = duplicate.live.as_mut() {
+            live.duplicate_node = true;
+        }
+        let text = render(&Status {
+            cluster: duplicate,
+            ..Status::default()
+        });
+        assert!(
+            text.contains("DUPLICATE NODE NAME (not syncing), 1 synced source"),
+            "{text}"
+        );
     }
 }

@@ -14,4 +14,6 @@ pub mod store;
 pub mod tick;
 
 pub use share::{cold_cap, error_bound, fallback_cap, node_claim, Fallback};
-pub use store::{Mode, Report, Store, StoreConfig, StoreError, SyncOutcome, Totals, WindowSpec};
+pub use store::{
+    HotList, Mode, Report, Store, StoreConfig, StoreError, SyncOutcome, Totals, WindowSpec,
+};

@@ -105,6 +105,8 @@ pub enum StoreError {
     Node(String),
     #[error("invalid report key `{0}`: must be 1 to {MAX_NAME} bytes")]
     Key(String),
+    #[error("invalid instance token `{0}`: must be at most {MAX_NAME} bytes")]
+    Token(String),
     #[error("report `{key}`: limit {limit} is above 2^53 (Lua numbers are doubles)")]
     Limit { key: String, limit: u64 },
     #[error("report `{key}`: admitted delta {admitted} exceeds offered delta {offered}")]
@@ -112,6 +114,24 @@ pub enum StoreError {
         key: String,
         admitted: u64,
         offered: u64,
+    },
+    /// Another daemon heartbeats under this node's name
+    /// ([`Store::heartbeat_as`]): nothing was written.
+    #[error(
+        "node name `{node}` is already in use: another xdp-limiter daemon (instance {holder}) \
+         heartbeats into Redis under it (its claim on the name expires in {expires_in:?} \
+         unless renewed); two daemons with one name would each claim the whole limit of a \
+         source. Give each node a distinct `node` under [cluster] (the default is the hostname)"
+    )]
+    DuplicateNode {
+        node: String,
+        /// The other daemon's instance token.
+        holder: String,
+        /// When its claim on the name lapses if it stops renewing it.
+        expires_in: Duration,
+        /// Nodes alive as Redis counts them (the other one included,
+        /// this one not).
+        nodes: u32,
     },
 }
 
@@ -165,8 +185,10 @@ impl StoreError {
             | StoreError::Window(_)
             | StoreError::Node(_)
             | StoreError::Key(_)
+            | StoreError::Token(_)
             | StoreError::Limit { .. }
-            | StoreError::Deltas { .. } => ErrorKind::Other,
+            | StoreError::Deltas { .. }
+            | StoreError::DuplicateNode { .. } => ErrorKind::Other,
         }
     }
 }
@@ -546,6 +568,13 @@ impl Store {
         format!("{}:nodes", self.prefix)
     }
 
+    /// The guard of a node's name (`heartbeat.lua`): the instance token of
+    /// the daemon heartbeating under it. Its hash tag is the node set's
+    /// name, so both keys of a heartbeat are in one Redis Cluster slot.
+    pub fn node_key(&self, node: &str) -> String {
+        format!("{0}:{{{0}:nodes}}:node:{node}", self.prefix)
+    }
+
     /// Adds each report's deltas to the current bucket as `node` and
     /// returns, in the order of `reports`, the window totals after that.
     ///
@@ -668,42 +697,90 @@ impl Store {
         groups: std::ops::Range<u16>,
         budget: Duration,
     ) -> Result<Vec<String>, StoreError> {
+        Ok(self
+            .hot_sources_bounded(within, groups, budget, UNBOUNDED)
+            .await?
+            .keys)
+    }
+
+    /// [`Store::hot_sources_in`] returning at most `limit` keys: Redis
+    /// only counts the others ([`HotList::omitted`]), so neither the reply
+    /// nor what the caller keeps of it grows with the hot set. In cluster
+    /// mode each group's call returns at most its part of `limit`
+    /// (rounded up), and the whole is cut to `limit`.
+    pub async fn hot_sources_bounded(
+        &self,
+        within: Duration,
+        groups: std::ops::Range<u16>,
+        budget: Duration,
+        limit: usize,
+    ) -> Result<HotList, StoreError> {
         let within_ms = ms(within);
         let groups = groups.start.min(GROUPS)..groups.end.min(GROUPS);
-        if groups.is_empty() {
-            return Ok(Vec::new());
+        if groups.is_empty() || limit == 0 {
+            return Ok(HotList::default());
         }
         let groups: Vec<Vec<u16>> = match self.mode {
             Mode::Single | Mode::Sentinel => vec![groups.collect()],
             Mode::Cluster => groups.map(|g| vec![g]).collect(),
         };
+        let limit = limit.min(UNBOUNDED);
+        let per_call = limit.div_ceil(groups.len());
         let calls = groups.iter().map(|groups| async move {
             let mut call = self.hot.prepare_invoke();
             for &g in groups {
                 call.key(self.hot_key(g));
             }
-            call.arg(within_ms);
+            call.arg(within_ms).arg(per_call);
             let mut con = self.con.clone();
-            bounded(
+            let reply = bounded(
                 "hot sources",
                 budget,
-                call.invoke_async::<Vec<String>>(&mut con),
+                call.invoke_async::<Vec<Value>>(&mut con),
             )
             .await?
-            .map_err(|source| call_error("hot sources", budget, source))
+            .map_err(|source| call_error("hot sources", budget, source))?;
+            parse_hot_reply(reply)
         });
         let lists = join_all(calls)
             .await
             .into_iter()
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(lists.into_iter().flatten().collect())
+        let mut list = HotList::default();
+        for part in lists {
+            list.omitted += part.omitted;
+            list.keys.extend(part.keys);
+        }
+        if list.keys.len() > limit {
+            list.omitted += (list.keys.len() - limit) as u64;
+            list.keys.truncate(limit);
+        }
+        Ok(list)
     }
 
     /// Records `node` alive now (Redis time), forgets nodes not heard from
     /// within `alive` and returns how many nodes are alive, this one
     /// included.
     pub async fn heartbeat(&self, node: &str, alive: Duration) -> Result<u32, StoreError> {
+        self.heartbeat_as(node, "", alive).await
+    }
+
+    /// [`Store::heartbeat`] as the daemon instance `token` (random per
+    /// run), guarding the name: while another instance's heartbeat under
+    /// `node` is live (renewed within `alive`), nothing is written and the
+    /// call fails with [`StoreError::DuplicateNode`]. An empty token does
+    /// not guard the name. A daemon that stopped frees its name `alive`
+    /// after its last heartbeat.
+    pub async fn heartbeat_as(
+        &self,
+        node: &str,
+        token: &str,
+        alive: Duration,
+    ) -> Result<u32, StoreError> {
         check_node(node)?;
+        if token.len() > MAX_NAME {
+            return Err(StoreError::Token(token.to_owned()));
+        }
         let alive_ms = ms(alive);
         if alive_ms == 0 {
             return Err(StoreError::Window(format!(
@@ -711,15 +788,29 @@ impl Store {
             )));
         }
         let mut call = self.heartbeat.prepare_invoke();
-        call.key(self.nodes_key()).arg(node).arg(alive_ms);
+        call.key(self.nodes_key())
+            .key(self.node_key(node))
+            .arg(node)
+            .arg(alive_ms)
+            .arg(token);
         let mut con = self.con.clone();
-        let count: i64 = bounded("heartbeat", self.timeout, call.invoke_async(&mut con))
-            .await?
-            .map_err(|source| call_error("heartbeat", self.timeout, source))?;
+        let (count, holder, expires_ms): (i64, String, i64) =
+            bounded("heartbeat", self.timeout, call.invoke_async(&mut con))
+                .await?
+                .map_err(|source| call_error("heartbeat", self.timeout, source))?;
         let count = u32::try_from(count).map_err(|_| StoreError::Reply {
             op: "heartbeat",
             detail: format!("node count {count}"),
         })?;
+        if !holder.is_empty() {
+            return Err(StoreError::DuplicateNode {
+                node: node.to_owned(),
+                holder,
+                // PTTL: -1 (no expiry, set by hand) or -2 (gone since).
+                expires_in: Duration::from_millis(u64::try_from(expires_ms).unwrap_or(0)),
+                nodes: count,
+            });
+        }
         self.nodes_alive
             .store(count, std::sync::atomic::Ordering::Relaxed);
         Ok(count)
@@ -918,6 +1009,40 @@ fn crc16(bytes: &[u8]) -> u16 {
         }
     }
     crc
+}
+
+/// What [`Store::hot_sources_in`] asks for when unbounded (Lua numbers
+/// are doubles: exact up to 2^53).
+const UNBOUNDED: usize = 1 << 40;
+
+/// Sources hot on any node, as [`Store::hot_sources_bounded`] lists them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HotList {
+    pub keys: Vec<String>,
+    /// Hot sources left out of `keys` by the bound.
+    pub omitted: u64,
+}
+
+/// `hot.lua`'s reply: `{left out, member, ...}`.
+fn parse_hot_reply(reply: Vec<Value>) -> Result<HotList, StoreError> {
+    let bad = |detail: String| StoreError::Reply {
+        op: "hot sources",
+        detail,
+    };
+    let mut items = reply.into_iter();
+    let omitted = match items.next() {
+        Some(Value::Int(n)) => u64::try_from(n).map_err(|_| bad(format!("{n} left out")))?,
+        other => return Err(bad(format!("count {other:?}"))),
+    };
+    let keys = items
+        .map(|item| match item {
+            Value::BulkString(bytes) => {
+                String::from_utf8(bytes).map_err(|e| bad(format!("key not UTF-8: {e}")))
+            }
+            other => Err(bad(format!("key {other:?}"))),
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(HotList { keys, omitted })
 }
 
 fn parse_sync_reply(reply: &[i64], reports: usize) -> Result<Vec<Totals>, StoreError> {

@@ -34,6 +34,15 @@ pub const MAX_GRACE: Duration = Duration::from_secs(3600);
 pub const GRACE_INTERVALS: u32 = 3;
 /// Longest node name (a Linux hostname's limit, `HOST_NAME_MAX`).
 pub const MAX_NODE_NAME: usize = 64;
+/// Default and largest `cluster.max_remote_sources`. Each source a node
+/// tracks costs it under a kilobyte of daemon memory (about 0.7 KiB with
+/// one interface, 0.25 KiB more per further interface) and a sync per
+/// tick; past the default, one Redis core no longer syncs them all each
+/// tick anyway (docs/cluster.md, "Redis load"), and the kernel keeps
+/// 65,536 shares. The largest caps the daemon's memory for them under a
+/// gigabyte with one interface.
+pub const DEFAULT_MAX_REMOTE_SOURCES: usize = 50_000;
+pub const MAX_MAX_REMOTE_SOURCES: usize = 1_000_000;
 /// Port of a `redis://` URL that names none.
 pub const DEFAULT_REDIS_PORT: u16 = 6379;
 
@@ -108,6 +117,9 @@ pub struct ClusterSection {
     pub timeout: Duration,
     /// Fraction of a source's limit on this node past which it is synced.
     pub threshold: f64,
+    /// The most sources this node tracks because other nodes listed them
+    /// hot (sources its own kernel reports are always tracked).
+    pub max_remote_sources: usize,
     pub fallback: Fallback,
     /// How long a degraded node keeps each source's last share.
     #[serde(with = "humantime_serde")]
@@ -144,6 +156,7 @@ impl Default for ClusterSection {
             sync_interval: Duration::from_millis(100),
             timeout: Duration::from_millis(50),
             threshold: 0.25,
+            max_remote_sources: DEFAULT_MAX_REMOTE_SOURCES,
             fallback: Fallback::Split,
             grace: Duration::from_secs(10),
             tls_ca_file: None,
@@ -168,6 +181,7 @@ impl fmt::Debug for ClusterSection {
             .field("sync_interval", &self.sync_interval)
             .field("timeout", &self.timeout)
             .field("threshold", &self.threshold)
+            .field("max_remote_sources", &self.max_remote_sources)
             .field("fallback", &self.fallback)
             .field("grace", &self.grace)
             .field("tls_ca_file", &self.tls_ca_file)
@@ -263,6 +277,7 @@ pub struct ClusterConfig {
     pub sync_interval: Duration,
     pub timeout: Duration,
     pub threshold: f64,
+    pub max_remote_sources: usize,
     pub fallback: Fallback,
     pub grace: Duration,
     /// Set exactly when the URLs are `rediss://`: the files read and
@@ -427,6 +442,17 @@ impl ClusterSection {
                 ),
             ));
         }
+        if !(1..=MAX_MAX_REMOTE_SOURCES).contains(&self.max_remote_sources) {
+            return Err(field(
+                "max_remote_sources",
+                format!(
+                    "{} is outside 1..={MAX_MAX_REMOTE_SOURCES}: the most sources this node \
+                     tracks because other nodes listed them hot (each costs under a kilobyte \
+                     of daemon memory and a sync per tick)",
+                    self.max_remote_sources
+                ),
+            ));
+        }
         let min_grace = self.sync_interval * GRACE_INTERVALS;
         if self.grace < min_grace || self.grace > MAX_GRACE {
             return Err(field(
@@ -447,6 +473,7 @@ impl ClusterSection {
             sync_interval: self.sync_interval,
             timeout: self.timeout,
             threshold: self.threshold,
+            max_remote_sources: self.max_remote_sources,
             fallback: self.fallback,
             grace: self.grace,
             tls,

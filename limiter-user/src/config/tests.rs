@@ -266,6 +266,7 @@ fn a_cluster_section_has_the_documented_defaults() {
     assert_eq!(cluster.sync_interval, Duration::from_millis(100));
     assert_eq!(cluster.timeout, Duration::from_millis(50));
     assert_eq!(cluster.threshold, 0.25);
+    assert_eq!(cluster.max_remote_sources, 50_000);
     assert_eq!(cluster.fallback, Fallback::Split);
     assert_eq!(cluster.grace, Duration::from_secs(10));
     assert_eq!(
@@ -291,6 +292,7 @@ fn a_full_cluster_section_parses_and_survives_a_round_trip() {
         sync_interval = "250ms"
         timeout = "100ms"
         threshold = 0.5
+        max_remote_sources = 2000
         fallback = "local"
         grace = "30s"
 
@@ -318,6 +320,7 @@ fn a_full_cluster_section_parses_and_survives_a_round_trip() {
     assert_eq!(cluster.sync_interval, Duration::from_millis(250));
     assert_eq!(cluster.timeout, Duration::from_millis(100));
     assert_eq!(cluster.threshold, 0.5);
+    assert_eq!(cluster.max_remote_sources, 2000);
     assert_eq!(cluster.fallback, Fallback::Local);
     assert_eq!(cluster.grace, Duration::from_secs(30));
     assert_eq!(cluster.redis.len(), 3);
@@ -681,6 +684,18 @@ fn bad_cluster_sections_are_rejected_with_the_field_named() {
             "cluster.threshold: -0.25 is outside (0, 1]",
         ),
         (
+            with_urls("\"redis://a\"", "max_remote_sources = 0"),
+            "cluster.max_remote_sources: 0 is outside 1..=1000000",
+        ),
+        (
+            with_urls("\"redis://a\"", "max_remote_sources = 1000001"),
+            "cluster.max_remote_sources: 1000001 is outside 1..=1000000",
+        ),
+        (
+            with_urls("\"redis://a\"", "max_remote_sources = -1"),
+            "max_remote_sources",
+        ),
+        (
             with_urls("\"redis://a\"", "grace = \"200ms\""),
             "cluster.grace: 200ms is outside 300ms..=1h: at least 3 x cluster.sync_interval",
         ),
@@ -825,6 +840,7 @@ mod cluster_fuzz {
         "sync_interval",
         "timeout",
         "threshold",
+        "max_remote_sources",
         "fallback",
         "grace",
         "tls_ca_file",

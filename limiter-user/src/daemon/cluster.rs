@@ -29,6 +29,17 @@
 //! alive` (`split`) or `L` (`local`): never open. The first successful
 //! tick recovers (one log line).
 //!
+//! Node names: each daemon run heartbeats with a random instance token
+//! (`instance_token`), and a name another live daemon heartbeats under is
+//! refused, at start-up (`claim_node_name`: the daemon exits before
+//! attaching) and while running (the node stops syncing and holds its
+//! sources to the fallback cap until the name is free): two daemons with
+//! one name would each claim the whole room of a source.
+//!
+//! The sources a node takes from the other nodes' hot lists are bounded
+//! (`cluster.max_remote_sources`): those over the bound are counted and
+//! logged once a minute, never tracked.
+//!
 //! The task opens the interfaces' pinned maps itself (the daemon pins them
 //! all), so it never waits on the daemon's main loop and the main loop
 //! never waits on Redis.
@@ -45,7 +56,7 @@ use limiter_common::{
     ClusterShare, EventKind, LimitEvent, Rule, Scope, SourceKey,
 };
 use tokio::sync::mpsc;
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 use super::{events::RuleNames, metrics::ClusterMetrics};
 use crate::{
@@ -56,7 +67,7 @@ use crate::{
             self, first_bucket_of_window, kernel_state, parse_report_key, report_key, share_expiry,
             AdmittedTracker, Change, Health, OfferedTracker, Phase,
         },
-        Mode, Report, Store, StoreConfig, StoreError, WindowSpec,
+        HotList, Mode, Report, Store, StoreConfig, StoreError, WindowSpec,
     },
     config::{ClusterConfig, ClusterMode, Fallback},
     kernel::{cluster as kernel_cluster, pins, Maps},
@@ -78,6 +89,8 @@ pub struct Live {
     synced_sources: usize,
     fallback_in_force: Option<Fallback>,
     failed_ticks: u64,
+    duplicate_node: bool,
+    remote_sources: usize,
 }
 
 pub type SharedLive = Arc<Mutex<Live>>;
@@ -93,6 +106,8 @@ impl Live {
             synced_sources: self.synced_sources,
             fallback_in_force: self.fallback_in_force,
             failed_ticks: self.failed_ticks,
+            duplicate_node: self.duplicate_node,
+            remote_sources: self.remote_sources,
         }
     }
 }
@@ -129,6 +144,9 @@ struct Tracked {
     /// sync (connect or heartbeat failed): Redis never saw them, so the
     /// next report carries them (`unsent_after_failure`).
     unsent: (u64, u64),
+    /// Tracked only because another node listed it hot (no event nor
+    /// traffic here yet): counts against `cluster.max_remote_sources`.
+    remote: bool,
 }
 
 /// What a tick that failed did with its reports' deltas, and so what
@@ -181,6 +199,15 @@ pub struct Sync {
     /// Whether this tick has sent a sync to Redis yet (set before the
     /// first is sent; see `unsent_after_failure`).
     syncs_sent: bool,
+    /// This daemon run's token in its heartbeats (`instance_token`).
+    token: String,
+    /// Another daemon heartbeats under this node's name: no sync, shares
+    /// gone, the fallback cap in force.
+    duplicate: bool,
+    /// Hot sources of other nodes left out by the bound since the last
+    /// log line about them, and when that line was.
+    remote_left_out: u64,
+    remote_logged: Option<Instant>,
     metrics: ClusterMetrics,
     live: SharedLive,
 }
@@ -291,9 +318,128 @@ fn hot_slice(cursor: u16, interval: Duration, window: Duration) -> std::ops::Ran
     start..(start + size).min(GROUPS)
 }
 
-/// Starts the sync task for `ifaces` (pinned under `pin_dir`).
+/// How often at most the sources left out by `cluster.max_remote_sources`
+/// are logged (one line with their count, not one per source).
+const REMOTE_LOG_EVERY: Duration = Duration::from_secs(60);
+
+/// A token for this daemon run's heartbeats: where it runs (hostname and
+/// pid, for the operator who meets a duplicate name) and 64 random bits,
+/// so a restart of the same daemon is another instance.
+pub fn instance_token() -> String {
+    let mut random = [0u8; 8];
+    let read = std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut random));
+    if read.is_err() {
+        // Unique enough without /dev/urandom: the pid is in the token too.
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        random = nanos.to_le_bytes();
+    }
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_default();
+    let hex: String = random.iter().map(|b| format!("{b:02x}")).collect();
+    let host: String = host.chars().take(64).collect();
+    format!("{host}:{}:{hex}", std::process::id())
+}
+
+/// At start-up, before anything is attached: claims `config.node` in
+/// Redis for the daemon instance `token`, or fails when another live
+/// daemon heartbeats under that name. A heartbeat still live under the
+/// name may be this node's own from before a restart: a daemon that
+/// stopped no longer renews it, and it lapses within one alive period
+/// (`alive_period`, half a second by default), so the claim is retried
+/// until then; only a heartbeat renewed past that is another daemon. A
+/// Redis that cannot be reached is no reason not to start (the sync
+/// degrades as it would at any other time, and checks the name at every
+/// heartbeat).
+pub async fn claim_node_name(config: &ClusterConfig, token: &str) -> anyhow::Result<()> {
+    let store = match Store::connect(&store_config(config)).await {
+        Ok(store) => store,
+        Err(e) => {
+            warn!(error = %e, node = %config.node,
+                "cluster: Redis unreachable at start-up; the node name is checked at every heartbeat");
+            return Ok(());
+        }
+    };
+    let alive = alive_period(config.sync_interval);
+    let started = Instant::now();
+    let deadline = started + alive + config.sync_interval;
+    let mut announced = false;
+    loop {
+        match store.heartbeat_as(&config.node, token, alive).await {
+            Ok(_) => {
+                if announced {
+                    info!(node = %config.node, waited = ?started.elapsed(),
+                        "cluster: the previous heartbeat under this node name lapsed (a daemon that stopped); starting");
+                }
+                return Ok(());
+            }
+            Err(StoreError::DuplicateNode { holder, .. }) if Instant::now() < deadline => {
+                if !announced {
+                    info!(node = %config.node, %holder, wait = ?alive,
+                        "cluster: a heartbeat under this node name is live; waiting one alive period to see whether its daemon still runs");
+                    announced = true;
+                }
+                tokio::time::sleep(config.sync_interval).await;
+            }
+            Err(e @ StoreError::DuplicateNode { .. }) => {
+                return Err(anyhow::anyhow!(
+                    "cluster: {e}. Its heartbeat was still renewed {:?} after this daemon \
+                     first saw it (a daemon that stopped lets it lapse within {alive:?}), so \
+                     this daemon does not start beside it",
+                    started.elapsed()
+                ));
+            }
+            Err(e) => {
+                warn!(error = %e, node = %config.node,
+                    "cluster: cannot check the node name at start-up; it is checked at every heartbeat");
+                return Ok(());
+            }
+        }
+    }
+}
+
+/// How the daemon reaches Redis for `config`.
+fn store_config(config: &ClusterConfig) -> StoreConfig {
+    let mut store = StoreConfig::new(
+        config.redis.iter().map(|u| u.url.clone()).collect(),
+        match config.mode {
+            ClusterMode::Single => Mode::Single,
+            ClusterMode::Cluster => Mode::Cluster,
+            ClusterMode::Sentinel => Mode::Sentinel,
+        },
+    );
+    store.sentinel_master = config.sentinel_master.clone();
+    store.tls = config.tls.as_ref().map(|files| redis::TlsCertificates {
+        root_cert: files.ca.as_ref().map(|ca| ca.pem.clone()),
+        client_tls: files
+            .client
+            .as_ref()
+            .map(|(cert, key)| redis::ClientTlsConfig {
+                client_cert: cert.pem.clone(),
+                client_key: key.pem.clone(),
+            }),
+    });
+    store.primary_username = config.primary_username.clone();
+    store.primary_password = config.primary_password.clone();
+    store.timeout = config.timeout;
+    // A sync's batches and the hot listing may take the whole tick.
+    store.bulk_timeout = config.sync_interval;
+    // A claim is spent until the next tick, and holds the other nodes
+    // back as long as this node's kernel keeps the share it became.
+    store.claim_horizon = config.sync_interval;
+    store.claim_hold = 3 * config.sync_interval;
+    store
+}
+
+/// Starts the sync task for `ifaces` (pinned under `pin_dir`), heartbeating
+/// as the instance `token`.
+#[allow(clippy::too_many_arguments)]
 pub fn start(
     config: ClusterConfig,
+    token: String,
     pin_dir: &Path,
     ifaces: &[String],
     names: RuleNames,
@@ -323,6 +469,10 @@ pub fn start(
         sync_cap: None,
         last_partial: false,
         syncs_sent: false,
+        token,
+        duplicate: false,
+        remote_left_out: 0,
+        remote_logged: None,
         metrics,
         live,
     };
@@ -340,39 +490,7 @@ pub fn start(
 
 impl Sync {
     fn store_config(&self) -> StoreConfig {
-        let mut config = StoreConfig::new(
-            self.config.redis.iter().map(|u| u.url.clone()).collect(),
-            match self.config.mode {
-                ClusterMode::Single => Mode::Single,
-                ClusterMode::Cluster => Mode::Cluster,
-                ClusterMode::Sentinel => Mode::Sentinel,
-            },
-        );
-        config.sentinel_master = self.config.sentinel_master.clone();
-        config.tls = self
-            .config
-            .tls
-            .as_ref()
-            .map(|files| redis::TlsCertificates {
-                root_cert: files.ca.as_ref().map(|ca| ca.pem.clone()),
-                client_tls: files
-                    .client
-                    .as_ref()
-                    .map(|(cert, key)| redis::ClientTlsConfig {
-                        client_cert: cert.pem.clone(),
-                        client_key: key.pem.clone(),
-                    }),
-            });
-        config.primary_username = self.config.primary_username.clone();
-        config.primary_password = self.config.primary_password.clone();
-        config.timeout = self.config.timeout;
-        // A sync's batches and the hot listing may take the whole tick.
-        config.bulk_timeout = self.config.sync_interval;
-        // A claim is spent until the next tick, and holds the other nodes
-        // back as long as this node's kernel keeps the share it became.
-        config.claim_horizon = self.config.sync_interval;
-        config.claim_hold = 3 * self.config.sync_interval;
-        config
+        store_config(&self.config)
     }
 
     /// The live generation's rules by name: (RULES index, rule).
@@ -401,11 +519,13 @@ impl Sync {
             .map(|(_, n)| n.clone())
     }
 
-    fn track(&mut self, key: SourceKey, rule: String, now: Instant) {
+    /// Tracks a source (`remote`: only because another node listed it
+    /// hot); a source reported here is not remote any more.
+    fn track(&mut self, key: SourceKey, rule: String, now: Instant, remote: bool) {
         let count = self.ifaces.len();
         let text = report_key(&key, &rule);
         self.tracked
-            .entry(text)
+            .entry(text.clone())
             .or_insert_with(|| Tracked {
                 key,
                 rule,
@@ -420,8 +540,14 @@ impl Sync {
                 window: Duration::ZERO,
                 synced: None,
                 unsent: (0, 0),
+                remote,
             })
             .active = now;
+        if !remote {
+            if let Some(tracked) = self.tracked.get_mut(&text) {
+                tracked.remote = false;
+            }
+        }
     }
 
     async fn tick(&mut self) {
@@ -430,7 +556,7 @@ impl Sync {
         while let Ok(event) = self.events.try_recv() {
             if event.kind() == Some(EventKind::ClusterHot) {
                 if let Some(rule) = self.rule_name(event.rule) {
-                    self.track(event.key, rule, started);
+                    self.track(event.key, rule, started, false);
                 }
             }
         }
@@ -509,6 +635,7 @@ impl Sync {
             // it whenever a tick starts just after the window.
             if offered > 0 {
                 tracked.active = started;
+                tracked.remote = false;
             } else if started.duration_since(tracked.active) > 2 * window {
                 gone.push(text.clone());
                 continue;
@@ -556,10 +683,19 @@ impl Sync {
             Ok((nodes, allowances)) => {
                 let known = self.nodes_alive;
                 self.nodes_alive = nodes;
-                if self.health.success() == Some(Change::Recovered) {
+                let was_duplicate = std::mem::take(&mut self.duplicate);
+                if was_duplicate {
+                    info!(node = %self.config.node, nodes,
+                        "cluster: no other daemon heartbeats under this node name any more: syncing again");
+                }
+                let recovered = self.health.success() == Some(Change::Recovered);
+                if recovered {
                     info!(nodes, "cluster: Redis reachable again, node recovered (outage counts not replayed)");
+                }
+                if recovered || was_duplicate {
                     // Redis holds nothing of what the nodes admitted while
-                    // degraded (dropped, or lost with a restart), but the
+                    // degraded (dropped, or lost with a restart) or while
+                    // this node's name was another daemon's, but the
                     // kernels' windows still do: for one window the
                     // fallback cap stays on top of the claims, or the
                     // cluster would admit the outage's L again.
@@ -618,10 +754,31 @@ impl Sync {
                 Some(count)
             }
             Err(e) => {
-                self.metrics.redis_error(&e);
+                if let StoreError::DuplicateNode { holder, nodes, .. } = &e {
+                    // This node is not in Redis's count of the nodes
+                    // alive (the other daemon holds its name): the
+                    // fallback's split counts it too.
+                    self.nodes_alive = nodes.saturating_add(1);
+                    if !self.duplicate {
+                        error!(node = %self.config.node, %holder, error = %e,
+                            "cluster: another daemon heartbeats under this node's name: not syncing, cluster sources held to the fallback cap until the name is free; give each node a distinct cluster.node");
+                        self.duplicate = true;
+                        // Shares claimed under a name two daemons used
+                        // are not this node's to keep: they end now and
+                        // the fallback applies at once (no grace).
+                        self.write_shares(kernel_now, kernel_now);
+                        for tracked in self.tracked.values_mut() {
+                            tracked.allowance = None;
+                        }
+                    }
+                } else {
+                    self.metrics.redis_error(&e);
+                }
                 // The first failure of a run is logged (its cause says what
                 // to look at); the third degrades the node, logged below.
-                if self.health.phase(now, self.config.grace) == Phase::Normal {
+                if self.duplicate {
+                    debug!(error = %e, "cluster: sync tick refused (duplicate node name)");
+                } else if self.health.phase(now, self.config.grace) == Phase::Normal {
                     info!(error = %e, kind = e.kind().name(),
                         "cluster: a sync tick failed (the node degrades after 3 in a row)");
                 } else {
@@ -631,20 +788,23 @@ impl Sync {
                 // Sentinels again next tick (a single instance's or a
                 // Redis Cluster's connection reconnects and follows the
                 // topology on its own).
-                if self.config.mode == ClusterMode::Sentinel {
+                if self.config.mode == ClusterMode::Sentinel && !self.duplicate {
                     self.store = None;
                 }
-                if self.health.failure(now) == Some(Change::Degraded) {
+                // A duplicate's ticks count as failed too (degraded after
+                // 3), but its fallback is already in force: no grace line.
+                if self.health.failure(now) == Some(Change::Degraded) && !self.duplicate {
                     warn!(error = %e, grace = ?self.config.grace, fallback = self.config.fallback.name(),
                         "cluster: 3 sync ticks failed, node degraded: keeping the last shares for the grace period, then the fallback");
                 }
-                let degraded = self.health.degraded();
+                // A duplicate's deltas are not this name's to report later.
+                let degraded = self.health.degraded() || self.duplicate;
                 for (text, report, _) in groups.values().flatten() {
                     if let Some(tracked) = self.tracked.get_mut(text) {
                         tracked.unsent = unsent_after_failure(self.syncs_sent, degraded, report);
                     }
                 }
-                let phase = self.health.phase(now, self.config.grace);
+                let phase = self.phase(now);
                 if let Some(expires) =
                     share_expiry(kernel_now, self.config.sync_interval, phase, now)
                 {
@@ -662,7 +822,7 @@ impl Sync {
             self.config.sync_interval,
             self.tracked.len(),
         );
-        let phase = self.health.phase(now, self.config.grace);
+        let phase = self.phase(now);
         let state = kernel_state(
             kernel_now,
             self.config.sync_interval,
@@ -688,6 +848,9 @@ impl Sync {
         }
         // Operators.
         let fallback = (phase == Phase::Fallback).then_some(self.config.fallback);
+        let remote = self.tracked.values().filter(|t| t.remote).count();
+        self.metrics.remote_sources.set(remote as i64);
+        self.metrics.duplicate_node.set(i64::from(self.duplicate));
         self.metrics.degraded.set(i64::from(self.health.degraded()));
         self.metrics.nodes_alive.set(i64::from(self.nodes_alive));
         for f in [Fallback::Split, Fallback::Local] {
@@ -707,10 +870,22 @@ impl Sync {
             live.degraded = self.health.degraded();
             live.fallback_in_force = fallback;
             live.failed_ticks = self.health.failed_ticks;
+            live.duplicate_node = self.duplicate;
+            live.remote_sources = remote;
             if let Some(count) = synced {
                 live.last_sync = Some(now);
                 live.synced_sources = count;
             }
+        }
+    }
+
+    /// Where the node stands: the health's phase, or the fallback at once
+    /// while another daemon holds this node's name.
+    fn phase(&self, now: Instant) -> Phase {
+        if self.duplicate {
+            Phase::Fallback
+        } else {
+            self.health.phase(now, self.config.grace)
         }
     }
 
@@ -735,7 +910,7 @@ impl Sync {
             .store
             .as_ref()
             .expect("connected above")
-            .heartbeat(&node, alive_period(self.config.sync_interval))
+            .heartbeat_as(&node, &self.token, alive_period(self.config.sync_interval))
             .await?;
         // From here on Redis may count what this tick reports.
         self.syncs_sent = !groups.is_empty();
@@ -797,16 +972,15 @@ impl Sync {
         let slice = hot_slice(self.hot_cursor, self.config.sync_interval, window);
         let slice_start = slice.start;
         self.hot_cursor = slice.end % GROUPS;
-        match store.hot_sources_in(window, slice, budget).await {
-            Ok(keys) => {
+        let limit = self.config.max_remote_sources;
+        match store
+            .hot_sources_bounded(window, slice, budget, limit)
+            .await
+        {
+            Ok(list) => {
                 let now = Instant::now();
-                for key in keys {
-                    if let Some(tracked) = self.tracked.get_mut(&key) {
-                        tracked.active = now;
-                    } else if let Some((source, rule)) = parse_report_key(&key) {
-                        self.track(source, rule, now);
-                    }
-                }
+                let left_out = self.take_listed(list, now);
+                self.remote_left_out(left_out, now);
             }
             Err(StoreError::Timeout { .. }) => {
                 // Out of the tick's time (Redis still busy with syncs cut
@@ -819,6 +993,47 @@ impl Sync {
                 self.metrics.redis_error(&e);
                 warn!(error = %e, "cluster: cannot list the sources hot on other nodes (these groups are listed again in a window)");
             }
+        }
+    }
+
+    /// Tracks the sources of a hot listing: renews those tracked, adds the
+    /// others while fewer than `cluster.max_remote_sources` are tracked
+    /// only for being listed. Returns how many were left out (over the
+    /// bound, here or in Redis's reply).
+    fn take_listed(&mut self, list: HotList, now: Instant) -> u64 {
+        let limit = self.config.max_remote_sources;
+        let mut remote = self.tracked.values().filter(|t| t.remote).count();
+        let mut left_out = list.omitted;
+        for key in list.keys {
+            if let Some(tracked) = self.tracked.get_mut(&key) {
+                tracked.active = now;
+            } else if remote >= limit {
+                left_out += 1;
+            } else if let Some((source, rule)) = parse_report_key(&key) {
+                self.track(source, rule, now, true);
+                remote += 1;
+            }
+        }
+        left_out
+    }
+
+    /// Counts hot sources of other nodes left out by the bound, and logs
+    /// them once per `REMOTE_LOG_EVERY` (the first at once), not once per
+    /// source or listing.
+    fn remote_left_out(&mut self, count: u64, now: Instant) {
+        if count == 0 {
+            return;
+        }
+        self.metrics.remote_sources_over_limit.inc_by(count);
+        self.remote_left_out += count;
+        if self
+            .remote_logged
+            .is_none_or(|at| now.duration_since(at) >= REMOTE_LOG_EVERY)
+        {
+            warn!(left_out = self.remote_left_out, limit = self.config.max_remote_sources, every = ?REMOTE_LOG_EVERY,
+                "cluster: sources hot on other nodes not tracked here (cluster.max_remote_sources reached); on this node they stay at the cold cap until they are hot here");
+            self.remote_left_out = 0;
+            self.remote_logged = Some(now);
         }
     }
 
@@ -884,6 +1099,25 @@ fn share_due(written_until: u64, expires_ns: u64, now_ns: u64, interval: Duratio
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What docs/cluster.md says a tracked source costs (about 1 KiB with
+    /// one interface, what bounds `cluster.max_remote_sources`' memory):
+    /// the entry (its key's text, the struct) and per interface its
+    /// trackers, with room for the hash map's spare slots and the
+    /// allocator's headers.
+    #[test]
+    fn a_tracked_source_costs_under_a_kilobyte_with_one_interface() {
+        use std::mem::size_of;
+        let key_text = "2001:db8:ffff:ffff:ffff:ffff:ffff:ffff/128#7|a-rule-name".len();
+        let entry = size_of::<String>() + key_text + size_of::<Tracked>() + 32;
+        let per_interface = size_of::<AdmittedTracker>()
+            + size_of::<OfferedTracker>()
+            + 3 * size_of::<u64>()
+            + 5 * 16;
+        let total = (entry * 8 / 7) + per_interface;
+        eprintln!("entry {entry} B, per interface {per_interface} B, total {total} B");
+        assert!(total <= 1024, "{total} B");
+    }
 
     #[test]
     fn only_deltas_never_sent_are_carried_and_never_past_degrading() {

@@ -76,6 +76,12 @@ pub struct ClusterMetrics {
     pub nodes_alive: IntGauge,
     /// 1 while the fallback policy is applied, by policy.
     pub fallback: IntGaugeVec,
+    /// 1 while another daemon heartbeats under this node's name.
+    pub duplicate_node: IntGauge,
+    /// Sources tracked because other nodes listed them hot.
+    pub remote_sources: IntGauge,
+    /// Hot sources of other nodes left out by `cluster.max_remote_sources`.
+    pub remote_sources_over_limit: IntCounter,
 }
 
 impl ClusterMetrics {
@@ -139,6 +145,22 @@ impl ClusterMetrics {
                 "xdp_limiter_cluster_fallback",
                 "1 while the fallback policy (label policy: split or local) is applied: degraded past the grace period.",
                 &["policy"],
+            ),
+            duplicate_node: one(
+                "xdp_limiter_cluster_duplicate_node",
+                "1 while another daemon heartbeats into Redis under this node's name: this node does not sync and holds its cluster sources to the fallback cap until the name is free.",
+            ),
+            remote_sources: one(
+                "xdp_limiter_cluster_remote_sources",
+                "Cluster sources tracked because other nodes listed them hot (at most cluster.max_remote_sources).",
+            ),
+            remote_sources_over_limit: registered(
+                registry,
+                IntCounter::with_opts(Opts::new(
+                    "xdp_limiter_cluster_remote_sources_over_limit_total",
+                    "Sources listed hot on other nodes that this node did not take, being at cluster.max_remote_sources (counted at every listing that leaves them out).",
+                ))
+                .expect("valid metric"),
             ),
         }
     }

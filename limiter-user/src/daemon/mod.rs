@@ -55,6 +55,19 @@ pub async fn run(options: RunOptions) -> anyhow::Result<()> {
     let (control_tx, mut control_rx) = tokio::sync::mpsc::channel::<control::Command>(16);
     let control_server = control::serve(&settings.control_socket, control_tx).await?;
 
+    // Before anything is attached: a node name another live daemon
+    // heartbeats under is refused (the two would each claim the whole
+    // limit of a source).
+    let token = cluster::instance_token();
+    if let Some(cluster_config) = &config.cluster {
+        if let Err(e) = cluster::claim_node_name(cluster_config, &token).await {
+            drop(control_rx);
+            control_server.stop().await;
+            control::remove(&settings.control_socket);
+            return Err(e);
+        }
+    }
+
     let mut daemon = match startup::protect_all(options, config) {
         Ok(daemon) => daemon,
         Err(e) => {
@@ -81,6 +94,7 @@ pub async fn run(options: RunOptions) -> anyhow::Result<()> {
             .collect();
         match cluster::start(
             cluster_config,
+            token,
             &settings.pin_dir,
             &ifaces,
             daemon.names.clone(),
