@@ -352,10 +352,11 @@ pub const SHARE_MARKS: MapSpec = MapSpec {
     pinned: true,
 };
 
-/// Holds apart from the spilled windows: `SourceKey` (the window's key)
-/// -> `Hold`. A plain hash, which never evicts (see `state::Hold`); a kept
-/// window holds its own refusals. Full, a hold is not kept
-/// (`Outcome::HoldFailed`).
+/// Holds apart from the windows: `SourceKey` (the window's key) ->
+/// `Hold`. A plain hash, which never evicts (see `state::Hold`). Written
+/// for every refusal, needed only for a spilled window (a kept one is
+/// never evicted): telling them apart in `limit()` would cost stack that
+/// 6.1 does not have. Full, a hold is not kept (`Outcome::HoldFailed`).
 pub const HOLDS: MapSpec = MapSpec {
     name: "HOLDS",
     kind: MapKind::Hash,

@@ -77,9 +77,9 @@ pub enum Outcome {
     /// window may be evicted by other sources, and its source come back
     /// with a fresh allowance (docs/architecture.md, "The bounds").
     WindowSpilled = 13,
-    /// A refusal or penalty of a spilled window could not be kept apart
-    /// from it (`HOLDS` full): should the window be evicted, the refusal
-    /// is forgotten.
+    /// A refusal or penalty could not be kept apart from its window
+    /// (`HOLDS` full): should the window be evicted (only a spilled one
+    /// can be), the refusal is forgotten.
     HoldFailed = 14,
 }
 

@@ -69,8 +69,9 @@ const _: () = spec::PENALTY_MARKS.check::<u32, u64>("PENALTY_MARKS");
 pub static SHARE_MARKS: Array<u64> = Array::with_max_entries(spec::SHARE_MARKS.max_entries, 0);
 const _: () = spec::SHARE_MARKS.check::<u32, u64>("SHARE_MARKS");
 
-/// Refusals and penalties apart from the spilled windows, so an evicted
-/// one comes back blocked or exhausted (`limiter_common::state::Hold`).
+/// Refusals and penalties apart from the windows, so a spilled window
+/// that is evicted comes back blocked or exhausted
+/// (`limiter_common::state::Hold`).
 #[map(name = "HOLDS")]
 pub static HOLDS: HashMap<SourceKey, Hold> = HashMap::with_max_entries(spec::HOLDS.max_entries, 0);
 const _: () = spec::HOLDS.check::<SourceKey, Hold>("HOLDS");

@@ -50,7 +50,8 @@ pub struct Maps {
     pub penalty_marks: Array<MapData, u64>,
     /// The cheap tier's share marks, written with the cluster shares.
     pub share_marks: Array<MapData, u64>,
-    /// Refusals and penalties apart from the spilled windows.
+    /// Refusals and penalties apart from the windows (what an evicted
+    /// spilled window comes back with).
     pub holds: HashMap<MapData, SourceKey, Hold>,
     /// This node's allowance per cluster-scoped source, by window key (an
     /// LRU hash; written through `kernel::cluster`).
