@@ -11,7 +11,9 @@ use std::{
 };
 
 use aya::programs::{ProgramError, TestRun, TestRunOptions, TestRunResult, Xdp};
-use limiter_common::{rules::rules_base, Counter, Outcome, Rule, SourceKey, SourceTraffic};
+use limiter_common::{
+    rules::rules_base, Counter, LimitEvent, Outcome, Rule, Scope, SourceKey, SourceTraffic,
+};
 use limiter_user::{
     kernel::{self, push, read, LoadOptions, Maps, Program},
     rules::RuleSet,
@@ -52,7 +54,6 @@ impl Harness {
         })
     }
 
-    /// The program's maps.
     /// Rule `i` of the first generation pushed (0: the default), as the
     /// kernel reads it from `RULES`.
     pub fn first_rule(&self, i: u32) -> Rule {
@@ -61,6 +62,32 @@ impl Harness {
             .expect("the rule in RULES")
     }
 
+    /// Makes rule `i` of the first generation cluster-scoped in `RULES`,
+    /// as a push of a cluster rule writes it (`kernel::cluster::kernel_ready`
+    /// included), so kernel tests need nothing of the configuration side;
+    /// the rule as written.
+    pub fn make_cluster_scoped(&mut self, i: u32) -> Rule {
+        let mut rule = self.first_rule(i);
+        rule.set_scope(Scope::Cluster);
+        kernel::cluster::kernel_ready(&mut rule);
+        self.maps_mut()
+            .rules
+            .set(rules_base(1) + i, rule, 0)
+            .expect("writing the cluster-scoped rule");
+        rule
+    }
+
+    /// The events waiting in the ring buffer, parsed as the daemon does.
+    pub fn drain_events(&mut self) -> Vec<LimitEvent> {
+        let ring = self.maps_mut().events.as_mut().expect("EVENTS");
+        let mut events = Vec::new();
+        while let Some(item) = ring.next() {
+            events.push(limiter_user::daemon::events::parse(&item).expect("an event"));
+        }
+        events
+    }
+
+    /// The program's maps.
     pub fn maps(&self) -> &Maps {
         &self.program.maps
     }

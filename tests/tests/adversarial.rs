@@ -21,10 +21,7 @@ use std::{
     time::Duration,
 };
 
-use limiter_common::{
-    rules::rules_base, ClusterShare, ClusterState, EventKind, LimitEvent, Outcome, Rule, Scope,
-    SourceKey,
-};
+use limiter_common::{ClusterShare, ClusterState, EventKind, LimitEvent, Outcome, Rule, SourceKey};
 use limiter_tests::{
     flood::{assert_same_epoch, at_epoch_start, spoofed, spray, spray_from, udp, udp4, udp6},
     net,
@@ -292,14 +289,7 @@ fn cluster_harness() -> Harness {
     };
     let mut harness = Harness::load();
     assert_eq!(harness.push(&set), 1);
-    let mut default = harness.first_rule(0);
-    default.set_scope(Scope::Cluster);
-    cluster::kernel_ready(&mut default);
-    harness
-        .maps_mut()
-        .rules
-        .set(rules_base(1), default, 0)
-        .expect("writing the cluster-scoped rule");
+    harness.make_cluster_scoped(0);
     let now = kernel::now().as_nanos() as u64;
     let state = ClusterState::new(now, 600_000_000_000, 2, 2, 500);
     cluster::write_state(harness.maps_mut(), state).expect("writing CLUSTER");
@@ -315,15 +305,6 @@ fn share_20(harness: &mut Harness, addr: Ipv4Addr) {
         expires_ns: kernel::now().as_nanos() as u64 + 60_000_000_000,
     };
     cluster::write_share(harness.maps_mut(), &key, share).expect("writing CLUSTER_SHARES");
-}
-
-fn drain_events(harness: &mut Harness) -> Vec<LimitEvent> {
-    let ring = harness.maps_mut().events.as_mut().expect("EVENTS");
-    let mut events = Vec::new();
-    while let Some(item) = ring.next() {
-        events.push(limiter_user::daemon::events::parse(&item).expect("an event"));
-    }
-    events
 }
 
 fn count_of(events: &[LimitEvent], kind: EventKind) -> usize {
@@ -356,7 +337,7 @@ fn a_flood_of_refused_sources_does_not_starve_the_clusters_hot_reports() {
     // Then the cluster source crosses its threshold on the same CPU.
     assert_eq!(harness.offer(0, &udp4(hot), 10), (10, 0));
     assert_same_epoch(second);
-    let events = drain_events(&mut harness);
+    let events = harness.drain_events();
     assert_eq!(count_of(&events, EventKind::ClusterHot), 1, "{events:?}");
     assert_eq!(count_of(&events, EventKind::Limited), 64);
 }
@@ -379,7 +360,7 @@ fn a_hot_report_dropped_for_lack_of_budget_is_sent_again() {
     });
     assert_eq!(passed, 10 * sources.len());
     assert_same_epoch(second);
-    let events = drain_events(&mut harness);
+    let events = harness.drain_events();
     assert_eq!(count_of(&events, EventKind::ClusterHot), 64);
     assert_eq!(harness.outcome_total(Outcome::ClusterHotDropped).packets, 1);
     // The next second (same 10 s window): the last source's next frame
@@ -388,7 +369,7 @@ fn a_hot_report_dropped_for_lack_of_budget_is_sent_again() {
         thread::sleep(Duration::from_millis(100));
     }
     assert_eq!(harness.offer(0, &udp4(sources[64]), 1), (1, 0));
-    let events = drain_events(&mut harness);
+    let events = harness.drain_events();
     assert_eq!(count_of(&events, EventKind::ClusterHot), 1, "{events:?}");
     assert_eq!(
         events[0].key,

@@ -49,15 +49,7 @@ fn harness(tiered: bool) -> Harness {
     };
     let mut harness = Harness::load();
     assert_eq!(harness.push(&set), 1, "first generation");
-    let mut default = harness.first_rule(0);
-    assert_eq!(default.allowance_packets, LIMIT);
-    default.set_scope(Scope::Cluster);
-    cluster::kernel_ready(&mut default);
-    harness
-        .maps_mut()
-        .rules
-        .set(rules_base(1), default, 0)
-        .expect("writing the cluster-scoped rule");
+    assert_eq!(harness.make_cluster_scoped(0).allowance_packets, LIMIT);
     assert_eq!(harness.first_rule(1).scope(), Some(Scope::Node));
     harness
 }
@@ -122,16 +114,6 @@ fn burst(harness: &mut Harness, addr: [u8; 4], n: u64) -> u64 {
             .filter(|_| verdict(program, &frame) == XDP_PASS)
             .count() as u64
     })
-}
-
-/// The events waiting in the ring buffer.
-fn drain_events(harness: &mut Harness) -> Vec<LimitEvent> {
-    let ring = harness.maps_mut().events.as_mut().expect("EVENTS");
-    let mut events = Vec::new();
-    while let Some(item) = ring.next() {
-        events.push(limiter_user::daemon::events::parse(&item).expect("an event"));
-    }
-    events
 }
 
 fn hot_events(events: &[LimitEvent]) -> Vec<LimitEvent> {
@@ -275,7 +257,7 @@ fn a_node_rule_ignores_cluster_state_and_shares() {
     set_state(&mut harness, fresh(5000, 5000));
     let other = [198, 51, 100, 2];
     assert_eq!(burst(&mut harness, other, 1500), LIMIT);
-    let events = drain_events(&mut harness);
+    let events = harness.drain_events();
     assert!(
         hot_events(&events).is_empty(),
         "a node rule is never reported hot: {events:?}"
@@ -293,11 +275,11 @@ fn a_cluster_source_is_reported_hot_once_when_it_crosses_the_threshold() {
     set_share(&mut harness, addr, 300, now() + 60 * SECOND);
     // Below half of its share of 300: no report.
     assert_eq!(burst(&mut harness, addr, 149), 149);
-    let events = drain_events(&mut harness);
+    let events = harness.drain_events();
     assert!(events.is_empty(), "{events:?}");
     // The 150th frame reaches it.
     assert_eq!(burst(&mut harness, addr, 1), 1);
-    let events = drain_events(&mut harness);
+    let events = harness.drain_events();
     assert_eq!(events.len(), 1, "{events:?}");
     let event = events[0];
     assert_eq!(event.kind(), Some(EventKind::ClusterHot));
@@ -311,7 +293,7 @@ fn a_cluster_source_is_reported_hot_once_when_it_crosses_the_threshold() {
     // Up to its share and refused beyond: still one report this window
     // (the refusals' episode is a "source limited" event of its own).
     assert_eq!(burst(&mut harness, addr, 400), 150);
-    let events = drain_events(&mut harness);
+    let events = harness.drain_events();
     assert!(hot_events(&events).is_empty(), "{events:?}");
     assert_eq!(
         events
@@ -331,7 +313,7 @@ fn a_cluster_source_is_reported_hot_once_when_it_crosses_the_threshold() {
         },
     );
     assert_eq!(burst(&mut harness, quiet, 300), LIMIT / 4);
-    let events = drain_events(&mut harness);
+    let events = harness.drain_events();
     assert!(hot_events(&events).is_empty(), "{events:?}");
 }
 
@@ -342,7 +324,7 @@ fn a_source_at_a_cap_of_zero_is_reported_hot_on_its_refusal() {
     let addr = [192, 0, 2, 13];
     set_share(&mut harness, addr, 0, now() + 60 * SECOND);
     assert_eq!(burst(&mut harness, addr, 20), 0);
-    let events = drain_events(&mut harness);
+    let events = harness.drain_events();
     let hot = hot_events(&events);
     assert_eq!(hot.len(), 1, "{events:?}");
     assert_eq!(hot[0].key, window_key(&harness, addr));
@@ -413,7 +395,7 @@ fn a_flood_over_both_cpus_is_held_to_its_share() {
     // reported once per window length between the two CPUs (the first
     // report within the first window, then one a window later each time),
     // not once per CPU.
-    let events = drain_events(&mut harness);
+    let events = harness.drain_events();
     let hot = hot_events(&events);
     assert!(
         (WINDOWS - 1..=WINDOWS).contains(&hot.len()),

@@ -22,9 +22,7 @@ use std::{
 };
 
 use aya::programs::Xdp;
-use limiter_common::{
-    rules::rules_base, sketch, window::MAX_PACKETS, ClusterState, Outcome, Scope, SourceKey,
-};
+use limiter_common::{sketch, window::MAX_PACKETS, ClusterState, Outcome, Scope, SourceKey};
 use limiter_tests::{
     net,
     packets::{self, DST4},
@@ -88,15 +86,7 @@ fn harness() -> Harness {
     };
     let mut harness = Harness::load_with(&LoadOptions::default());
     assert_eq!(harness.push(&set), 1, "first generation");
-    let index = rules_base(1) + 1 + CLUSTER_KIND as u32;
-    let mut shared = harness.maps().rule(index).expect("the rule in RULES");
-    shared.set_scope(Scope::Cluster);
-    cluster::kernel_ready(&mut shared);
-    harness
-        .maps_mut()
-        .rules
-        .set(index, shared, 0)
-        .expect("writing the cluster-scoped rule");
+    harness.make_cluster_scoped(1 + CLUSTER_KIND as u32);
     let now = kernel::now().as_nanos() as u64;
     let state = ClusterState::new(now, 600_000_000_000, 2, 2, 500);
     cluster::write_state(harness.maps_mut(), state).expect("writing CLUSTER");

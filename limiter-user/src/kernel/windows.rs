@@ -18,7 +18,7 @@
 
 use std::io;
 
-use aya::maps::IterableMap;
+use aya::maps::{IterableMap, MapData};
 use limiter_common::{SourceKey, WindowState};
 
 use super::{
@@ -83,16 +83,9 @@ impl Reclaim {
         match self.phase {
             Phase::Kept => self.step_kept(maps, now_ns, budget, spilled_total),
             Phase::Spill { spilled_at_start } => {
-                let (seen, next) = batch::read(
-                    batch::fd(maps.window_spill.map()),
-                    batch::BATCH,
-                    self.resume,
-                    budget.max(1),
-                    |_: &SourceKey, _: &WindowState| {},
-                )?;
+                let (seen, pass_done) =
+                    self.read_slice(maps.window_spill.map(), budget, |_, _| {})?;
                 self.seen += seen;
-                let pass_done = next.is_none();
-                self.resume = next.unwrap_or_default();
                 if pass_done {
                     self.spill_evictions = self.spill_evictions.max(read::evictions(
                         spilled_at_start,
@@ -119,17 +112,11 @@ impl Reclaim {
         spilled_total: u64,
     ) -> io::Result<Slice> {
         let mut idle: Vec<SourceKey> = Vec::new();
-        let (seen, next) = batch::read(
-            batch::fd(maps.windows.map()),
-            batch::BATCH,
-            self.resume,
-            budget.max(1),
-            |key: &SourceKey, window: &WindowState| {
-                if window.idle_at(now_ns) {
-                    idle.push(*key);
-                }
-            },
-        )?;
+        let (seen, pass_done) = self.read_slice(maps.windows.map(), budget, |key, window| {
+            if window.idle_at(now_ns) {
+                idle.push(*key);
+            }
+        })?;
         let mut deleted = 0;
         for key in &idle {
             // Gone already (another reader's delete): nothing to count.
@@ -140,8 +127,6 @@ impl Reclaim {
         self.seen += seen;
         self.deleted += deleted;
         self.deleted_total += deleted as u64;
-        let pass_done = next.is_none();
-        self.resume = next.unwrap_or_default();
         if pass_done {
             self.kept = Some(self.seen.saturating_sub(self.deleted));
             self.seen = 0;
@@ -155,6 +140,27 @@ impl Reclaim {
             deleted,
             pass_done,
         })
+    }
+
+    /// Reads the next slice of at least `budget` windows of `map` from where
+    /// the last one stopped, calling `each` on every window; how many were
+    /// read, and whether the slice reached the end of the map (the next
+    /// one starts over).
+    fn read_slice(
+        &mut self,
+        map: &MapData,
+        budget: usize,
+        each: impl FnMut(&SourceKey, &WindowState),
+    ) -> io::Result<(usize, bool)> {
+        let (seen, next) = batch::read(
+            batch::fd(map),
+            batch::BATCH,
+            self.resume,
+            budget.max(1),
+            each,
+        )?;
+        self.resume = next.unwrap_or_default();
+        Ok((seen, next.is_none()))
     }
 
     /// The windows the last complete pass left kept.
