@@ -47,6 +47,15 @@ async fn connect(config: &StoreConfig) -> Store {
 }
 
 /// A long window (10 x 1 s): nothing slides out during a test.
+/// The ACL user `store` is logged in as (`ACL WHOAMI`).
+async fn whoami(store: &Store) -> String {
+    redis::cmd("ACL")
+        .arg("WHOAMI")
+        .query_async(&mut store.connection())
+        .await
+        .unwrap()
+}
+
 fn long_window() -> WindowSpec {
     WindowSpec::new(Duration::from_secs(1), 10).unwrap()
 }
@@ -1038,12 +1047,7 @@ fn tls_with_client_certificates_and_an_acl_user_syncs_as_that_user() {
             .sync("a", long_window(), &[report(key, 2, 3)])
             .await
             .unwrap();
-        let whoami: String = redis::cmd("ACL")
-            .arg("WHOAMI")
-            .query_async(&mut store.connection())
-            .await
-            .unwrap();
-        (totals, whoami)
+        (totals, whoami(&store).await)
     });
     assert_eq!(counts(&totals[0]), [2, 3, 2, 3]);
     assert_eq!(whoami, ACL_USER);
@@ -1066,11 +1070,7 @@ fn the_acl_user_of_the_url_is_who_the_store_logs_in_as() {
     let whoami = server.block_on(|| async {
         let store = connect(&config).await;
         store.heartbeat("a", Duration::from_secs(1)).await.unwrap();
-        redis::cmd("ACL")
-            .arg("WHOAMI")
-            .query_async::<String>(&mut store.connection())
-            .await
-            .unwrap()
+        whoami(&store).await
     });
     assert_eq!(whoami, ACL_USER);
     // Without the login the server refuses the store's scripts.
@@ -1287,12 +1287,7 @@ fn a_primary_behind_an_authenticating_sentinel_is_logged_in_to_over_tls() {
             .sync("a", long_window(), &[report(key, 3, 4)])
             .await
             .unwrap();
-        let whoami: String = redis::cmd("ACL")
-            .arg("WHOAMI")
-            .query_async(&mut store.connection())
-            .await
-            .unwrap();
-        (totals, whoami)
+        (totals, whoami(&store).await)
     });
     assert_eq!(counts(&totals[0]), [3, 4, 3, 4]);
     assert_eq!(whoami, ACL_USER);
