@@ -1,4 +1,4 @@
-//! The issue's scenarios (issue 13) that `cluster_sync.rs` does not cover,
+//! The cluster scenarios that `cluster_sync.rs` does not cover,
 //! end to end in the same lab (`limiter_tests::cluster_lab`): three real
 //! daemons in node namespaces, each guarding its own veth with XDP, a real
 //! `redis-server` (or a real 3-primary Redis Cluster) reached over separate
@@ -177,8 +177,8 @@ fn redis_errors(lab: &ClusterLab) -> Vec<BTreeMap<&'static str, f64>> {
 /// the scenario: a tick whose calls a stall of this shared machine (or of
 /// the Redis process) held past the call timeout counts one, and one or
 /// two in a row change nothing for the kernel (the node degrades after 3,
-/// which the scenarios check apart). CI saw one on every node at the same
-/// moment once.
+/// which the scenarios check apart); one stall may hit every node at the
+/// same moment.
 fn assert_no_redis_error_but_timeouts(lab: &ClusterLab) -> Vec<BTreeMap<&'static str, f64>> {
     let errors = redis_errors(lab);
     for (i, kinds) in errors.iter().enumerate() {
@@ -407,8 +407,8 @@ fn fifty_thousand_light_sources_stay_unsynced_and_redis_load_follows_the_formula
 /// or later within 0.85L..1.1L, as scenario 1; and the windows straddling
 /// the recovery (`straddling`) at most 1.1L too: Redis lost the outage's
 /// counts, and without the recovery cap (`daemon::cluster`: the fallback cap for a window)
-/// the first claims handed out `L` again on top of what the fallback had
-/// admitted (1.19L to 1.29L measured).
+/// the first claims would hand out `L` again on top of what the fallback
+/// had admitted.
 fn assert_normal_after(what: &str, normal: &[u64], straddling: &[u64], total: &[u64]) {
     for &sum in straddling {
         assert!(
@@ -575,7 +575,7 @@ fn redis_hung(hang: Hang) {
     // holds about 19 ticks, and none may approach 250 ms (a tick waiting
     // for Redis would last the rest of the hang). The daemon ends its
     // ticks within T; a loaded 2-core machine may still wake it over 10 ms
-    // late once (CI saw one tick in 18 over T), not on every tick.
+    // late once, not on every tick.
     for (i, &(count, within_t, _, within_250ms)) in ticks.iter().enumerate() {
         assert!(
             count >= 15.0,

@@ -739,8 +739,8 @@ fn a_redis_cluster_takes_the_same_sync_without_cross_slot_errors() {
     let server = RedisServer::start_cluster();
     let mut config = StoreConfig::new(server.urls(), Mode::Cluster);
     config.timeout = Duration::from_secs(2);
-    // Two 600-source syncs over three primaries: CI timed one out at the
-    // 50 ms default under load.
+    // Two 600-source syncs over three primaries: the 50 ms default is too
+    // short for a loaded machine.
     config.bulk_timeout = Duration::from_secs(2);
     let window = long_window();
     // Sources all over the slot space, some sharing a slot.

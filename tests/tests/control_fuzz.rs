@@ -664,9 +664,8 @@ fn the_control_socket_answers_every_line_clearly_and_changes_nothing() {
         expect.check(&answer, &before, &first);
     }
 
-    // Regression: an allow rule keeps whatever rates it is given, and one
-    // beyond TOML's integers used to be accepted and then panic the
-    // daemon when saved.
+    // An allow rule keeps whatever rates it is given, but one beyond TOML's
+    // integers must be refused: the daemon could not save it.
     let huge = r#"{"version":1,"command":"rules","save":true,"edit":{"op":"add","rule":{"cidr":"203.0.113.0/24","action":"allow","pps":9223372036854775808}}}"#;
     let answer = one_answer(&send(&socket, huge), huge);
     predict(huge, &lines.file)

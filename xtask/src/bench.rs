@@ -21,7 +21,7 @@ pub enum Which {
     /// iptables hashlimit and an XDP drop-all floor; rewrites the results
     /// in docs/benchmarks.md. About 10 minutes. `-- --modes service`: a
     /// web server (nginx) and 50 clients under a spoofed SYN flood, with
-    /// each filter in front (issue 26), about 12 minutes.
+    /// each filter in front, about 12 minutes.
     E2e {
         /// Arguments for the benchmark (see `-- --help`).
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]

@@ -44,7 +44,7 @@ const DEBIAN_PACKAGES: &[&str] = &[
     // redis-server (and redis-cli, in redis-tools) in a namespace.
     "redis-server",
     "redis-tools",
-    // The end-to-end benchmark's service scenario (issue 26): a real web
+    // The end-to-end benchmark's service scenario: a real web
     // server under a spoofed SYN flood, and the flood tool of its hping3
     // variant.
     "nginx-light",

@@ -1,5 +1,5 @@
-//! `cargo xtask bench cluster`: cluster-wide limits through Redis (issue
-//! 13), measured in the multi-node lab (`limiter_tests::cluster_lab`: real
+//! `cargo xtask bench cluster`: cluster-wide limits through Redis,
+//! measured in the multi-node lab (`limiter_tests::cluster_lab`: real
 //! daemons with XDP in node namespaces, one real `redis-server`, real
 //! traffic counted by a UDP sink per node).
 //!

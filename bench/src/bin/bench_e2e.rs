@@ -7,7 +7,7 @@
 //! regenerates the results section and plots of docs/benchmarks.md.
 //!
 //! The `service` mode (`--modes service`, not part of the default run) is
-//! issue 26's scenario: nginx in the receiving namespace, 50 polite
+//! a web service under attack: nginx in the receiving namespace, 50 polite
 //! clients, a spoofed SYN flood, and each filter in turn (no filter, a
 //! native XDP_PASS program, an nftables meter, iptables hashlimit, and
 //! xdp-limiter native and generic at several limits, with and without a
@@ -102,7 +102,7 @@ struct Args {
     client_rate: f64,
     /// Service mode: what sends the flood: generator (the live-frames
     /// generator, paced at --flood-pps) or hping3 (unpaced, through the
-    /// sending namespace's stack; issue 26's set-up).
+    /// sending namespace's stack, as the clients' frames).
     #[arg(long, default_value = "generator")]
     flood_tool: String,
     /// Service mode: nftables' and hashlimit's per-source limit.

@@ -173,7 +173,7 @@ fn rules(tiered: bool) -> RuleSet {
 
 /// The limiter with the tiers on and the daemon's default capacities, or
 /// off with every source's per-CPU state in a map of the baseline's size
-/// (as this bench measured before the tiers).
+/// (the untiered design, for comparison).
 fn limiter(tiered: bool) -> Program {
     let options = if tiered {
         LoadOptions {

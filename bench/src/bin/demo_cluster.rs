@@ -1,4 +1,4 @@
-//! `cargo xtask demo --cluster`: a cluster-wide limit (issue 13) in a
+//! `cargo xtask demo --cluster`: a cluster-wide limit in a
 //! throwaway lab (`limiter_tests::cluster_lab`): three node namespaces,
 //! each with its own real daemon guarding its veth with XDP, and one real
 //! `redis-server` they share. One source floods at 5 times its limit,

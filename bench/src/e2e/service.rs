@@ -1,4 +1,4 @@
-//! The service scenario of the end-to-end benchmark (issue 26): a real web
+//! The service scenario of the end-to-end benchmark: a real web
 //! server (Debian's nginx) in the lab's receiving namespace, polite clients
 //! in the sending namespace, and a spoofed SYN flood from the live-frames
 //! generator at the server's port, with each filter in turn in front of
@@ -232,8 +232,7 @@ pub enum FloodTool {
     Generator,
     /// Debian's `hping3 -S --flood --rand-source`, unpaced, pinned to the
     /// generator's CPU: its SYNs leave through the sending namespace's
-    /// stack and the veth's transmit path, as the clients' do (issue 26's
-    /// set-up); its random sources cover all of IPv4.
+    /// stack and the veth's transmit path, as the clients' do; its random sources cover all of IPv4.
     Hping3,
 }
 

@@ -223,7 +223,7 @@ pub struct RuleSection {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub dry_run: Option<bool>,
     /// `node` (the default) or `cluster`. Written only when `cluster`, so
-    /// files and requests of node rules stay as they were before scopes.
+    /// files and requests of node rules carry no scope field.
     #[serde(default, skip_serializing_if = "is_node")]
     pub scope: Scope,
 }
