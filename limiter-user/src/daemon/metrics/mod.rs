@@ -1,26 +1,24 @@
-//! Prometheus metrics: the registry, its update from aggregation passes,
-//! and the HTTP endpoint (`GET /metrics`). No per-source labels: their
-//! number is unbounded; top talkers go through the control API instead.
+//! Prometheus metrics: the registry and its update from aggregation
+//! passes; the cluster sync's own metrics (`cluster`) and the HTTP
+//! endpoint (`http`, `GET /metrics`) have their own files. No per-source
+//! labels: their number is unbounded; top talkers go through the control
+//! API instead.
 
-use std::{collections::HashMap, convert::Infallible, net::SocketAddr, sync::Arc, time::Duration};
+use std::collections::HashMap;
 
-use http_body_util::Full;
-use hyper::{body::Bytes, service::service_fn, Request, Response, StatusCode};
-use hyper_util::rt::{TokioIo, TokioTimer};
 use limiter_common::{rules::MAX_RULES, Outcome};
 use prometheus::{
-    core::Collector, Encoder, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec,
-    IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+    core::Collector, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGaugeVec,
+    Opts, Registry,
 };
-use tokio::net::TcpListener;
-use tracing::debug;
 
-use crate::cluster::store::{ErrorKind, StoreError};
+use super::aggregate::Snapshot;
 
-use super::{
-    aggregate::Snapshot,
-    conns::{Backoff, Connections},
-};
+mod cluster;
+mod http;
+
+pub use cluster::ClusterMetrics;
+pub use http::{bind, render, serve, MAX_CONNECTIONS};
 
 /// Every metric the daemon exports.
 pub struct Metrics {
@@ -54,123 +52,6 @@ pub struct Metrics {
     pub cluster: ClusterMetrics,
     /// Last kernel totals per series, to turn totals into increments.
     last: HashMap<String, u64>,
-}
-
-/// The cluster sync's metrics (`daemon::cluster`), cheap handles the
-/// sync task keeps (prometheus metrics are shared, clones update the same
-/// series).
-#[derive(Clone)]
-pub struct ClusterMetrics {
-    /// Duration of each sync tick (Redis calls and map writes).
-    pub sync_duration: Histogram,
-    /// Redis failures (connect, sync, heartbeat, hot sources), at most one
-    /// per tick and one per hot listing, by kind (`ClusterMetrics::redis_error`).
-    redis_errors: IntCounterVec,
-    /// Ticks that synced only part of the hot sources.
-    pub partial_ticks: IntCounter,
-    /// 1 while degraded (3 failed ticks in a row, until a sync succeeds).
-    pub degraded: IntGauge,
-    /// Sources carried by the last sync.
-    pub synced_sources: IntGauge,
-    /// Nodes alive at the last heartbeat (the last known while failing).
-    pub nodes_alive: IntGauge,
-    /// 1 while the fallback policy is applied, by policy.
-    pub fallback: IntGaugeVec,
-    /// 1 while another daemon heartbeats under this node's name.
-    pub duplicate_node: IntGauge,
-    /// Sources tracked because other nodes listed them hot.
-    pub remote_sources: IntGauge,
-    /// Hot sources of other nodes left out by `cluster.max_remote_sources`.
-    pub remote_sources_over_limit: IntCounter,
-}
-
-impl ClusterMetrics {
-    fn new(registry: &Registry) -> Self {
-        let one = |name: &str, help: &str| {
-            registered(
-                registry,
-                IntGauge::with_opts(Opts::new(name, help)).expect("valid metric"),
-            )
-        };
-        Self {
-            sync_duration: registered(
-                registry,
-                Histogram::with_opts(
-                    HistogramOpts::new(
-                        "xdp_limiter_cluster_sync_duration_seconds",
-                        "Duration of one cluster sync tick (Redis calls and map writes).",
-                    )
-                    .buckets(vec![
-                        0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
-                    ]),
-                )
-                .expect("valid metric"),
-            ),
-            redis_errors: {
-                let errors = counter(
-                    registry,
-                    "xdp_limiter_cluster_redis_errors_total",
-                    "Cluster sync ticks with a Redis failure (connect, heartbeat or sync), whether the tick failed or synced part of its sources, plus failed hot-source listings, by kind: timeout, connection, server (an error reply) or other.",
-                    &["kind"],
-                );
-                // Every kind from the start: dashboards and rate() see
-                // zeros, not a series that appears with the first error.
-                for kind in ErrorKind::ALL {
-                    errors.with_label_values(&[kind.name()]);
-                }
-                errors
-            },
-            partial_ticks: registered(
-                registry,
-                IntCounter::with_opts(Opts::new(
-                    "xdp_limiter_cluster_partial_ticks_total",
-                    "Cluster sync ticks that synced only part of the hot sources (Redis could not serve them all within the tick; the rest go first next tick).",
-                ))
-                .expect("valid metric"),
-            ),
-            degraded: one(
-                "xdp_limiter_cluster_degraded",
-                "1 while the node is degraded (3 failed sync ticks in a row, until one succeeds).",
-            ),
-            synced_sources: one(
-                "xdp_limiter_cluster_synced_sources",
-                "Cluster-scoped sources carried by the last sync.",
-            ),
-            nodes_alive: one(
-                "xdp_limiter_cluster_nodes_alive",
-                "Nodes alive at the last heartbeat (the last known while Redis fails).",
-            ),
-            fallback: gauge(
-                registry,
-                "xdp_limiter_cluster_fallback",
-                "1 while the fallback policy (label policy: split or local) is applied: degraded past the grace period.",
-                &["policy"],
-            ),
-            duplicate_node: one(
-                "xdp_limiter_cluster_duplicate_node",
-                "1 while another daemon heartbeats into Redis under this node's name: this node does not sync and holds its cluster sources to the fallback cap until the name is free.",
-            ),
-            remote_sources: one(
-                "xdp_limiter_cluster_remote_sources",
-                "Cluster sources tracked because other nodes listed them hot (at most cluster.max_remote_sources).",
-            ),
-            remote_sources_over_limit: registered(
-                registry,
-                IntCounter::with_opts(Opts::new(
-                    "xdp_limiter_cluster_remote_sources_over_limit_total",
-                    "Sources listed hot on other nodes that this node did not take, being at cluster.max_remote_sources (counted at every listing that leaves them out).",
-                ))
-                .expect("valid metric"),
-            ),
-        }
-    }
-
-    /// Counts one Redis failure under its kind.
-    pub fn redis_error(&self, error: &StoreError) {
-        self.redis_errors
-            .with_label_values(&[error.kind().name()])
-            .inc();
-    }
 }
 
 /// `metric`, registered with `registry` (so none can be left out).
@@ -521,86 +402,4 @@ impl Default for Metrics {
     fn default() -> Self {
         Self::new()
     }
-}
-
-/// The text exposition of `registry`.
-pub fn render(registry: &Registry) -> String {
-    let mut buffer = Vec::new();
-    TextEncoder::new()
-        .encode(&registry.gather(), &mut buffer)
-        .expect("text encoding cannot fail");
-    String::from_utf8(buffer).expect("the text format is UTF-8")
-}
-
-/// Binds `addr` (failing early, with the address named, if it cannot).
-pub async fn bind(addr: SocketAddr) -> anyhow::Result<TcpListener> {
-    TcpListener::bind(addr)
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot listen for metrics on {addr}: {e}"))
-}
-
-/// Metrics connections served at once; a new one closes the oldest.
-pub const MAX_CONNECTIONS: usize = 256;
-/// A client must send its request headers within this long.
-const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
-/// No connection lives longer than this (a scraper reconnects).
-const CONNECTION_LIFETIME: Duration = Duration::from_secs(60);
-
-/// Serves `GET /metrics` from `registry` on `listener` until the task is
-/// dropped. Connections are capped ([`MAX_CONNECTIONS`], the oldest closed
-/// first), must send their headers within 5 s and live at most 60 s, and
-/// accept errors back off, so idle connections cannot starve the daemon.
-pub fn serve(listener: TcpListener, registry: Registry) -> tokio::task::JoinHandle<()> {
-    let registry = Arc::new(registry);
-    tokio::spawn(async move {
-        let mut connections = Connections::new("metrics", MAX_CONNECTIONS);
-        let mut backoff = Backoff::new("metrics");
-        loop {
-            let (stream, peer) = match listener.accept().await {
-                Ok(conn) => conn,
-                Err(e) => {
-                    backoff.failed(&e).await;
-                    continue;
-                }
-            };
-            backoff.succeeded();
-            let registry = Arc::clone(&registry);
-            connections.spawn(async move {
-                let service = service_fn(move |request: Request<hyper::body::Incoming>| {
-                    let registry = Arc::clone(&registry);
-                    async move { Ok::<_, Infallible>(respond(&request, &registry)) }
-                });
-                let connection = hyper::server::conn::http1::Builder::new()
-                    .timer(TokioTimer::new())
-                    .header_read_timeout(HEADER_TIMEOUT)
-                    .serve_connection(TokioIo::new(stream), service);
-                match tokio::time::timeout(CONNECTION_LIFETIME, connection).await {
-                    Ok(Err(e)) => debug!(%peer, error = %e, "metrics connection ended"),
-                    Err(_) => debug!(%peer, "metrics connection closed after its lifetime"),
-                    Ok(Ok(())) => {}
-                }
-            });
-        }
-    })
-}
-
-fn respond(request: &Request<hyper::body::Incoming>, registry: &Registry) -> Response<Full<Bytes>> {
-    let (status, content_type, body) = if request.uri().path() == "/metrics" {
-        (
-            StatusCode::OK,
-            "text/plain; version=0.0.4",
-            render(registry),
-        )
-    } else {
-        (
-            StatusCode::NOT_FOUND,
-            "text/plain",
-            "not found: try /metrics\n".to_string(),
-        )
-    };
-    Response::builder()
-        .status(status)
-        .header("content-type", content_type)
-        .body(Full::new(Bytes::from(body)))
-        .expect("valid response")
 }
