@@ -26,8 +26,7 @@ pub const MAP_SEMANTICS: u32 = 1;
 pub const MAP_LAYOUT_VERSION: u32 = layout_version(&PINNED, MAP_SEMANTICS);
 
 /// Pin directories `maps-v0` to `maps-v7` hold layouts this build cannot
-/// read (their versions were numbered by hand): a derived version is never
-/// below this.
+/// read: a derived version is never below this.
 const FIRST_DERIVED: u32 = 8;
 
 const FNV_OFFSET: u32 = 0x811c_9dc5;
@@ -63,7 +62,7 @@ const fn spec_hash(spec: &MapSpec) -> u32 {
 /// The layout version of the pinned maps among `specs` under hand-kept
 /// `semantics`: an FNV-1a hash of `semantics` and of the sum of each
 /// pinned map's hash (a sum, so that the rows' order does not count),
-/// never below the versions that were numbered by hand.
+/// never below `FIRST_DERIVED`.
 pub const fn layout_version(specs: &[MapSpec], semantics: u32) -> u32 {
     let mut sum: u32 = 0;
     let mut i = 0;
