@@ -1,12 +1,14 @@
-//! Every map of the XDP program, in one place.
+//! Every map of the XDP program, and the helpers that count and send
+//! through them.
 //!
-//! Each is an entry of the table in `limiter_common::maps` (`spec` here):
-//! its capacity comes from the table, and a const assertion after each
-//! static fails the build unless the literal `#[map(name = ...)]` needs,
-//! the key type and the value type match the table's name and sizes.
-//! Capacities are defaults: userspace resizes the per-source maps before
-//! loading (`EbpfLoader::map_max_entries`), so theirs comes from
-//! configuration.
+//! The statics are generated from the table of maps
+//! (`limiter_common::for_each_map!`), one per row, named as the row (the
+//! name `#[map]` gives the map in the object) and of the aya-ebpf type of
+//! its kind. Their capacities and flags come from the row's spec (`spec`
+//! here), and a const assertion after each static fails the build unless
+//! its kernel key and value types have the spec's sizes. Capacities are
+//! defaults: userspace resizes the per-source maps before loading
+//! (`EbpfLoader::map_max_entries`), so theirs comes from configuration.
 
 use aya_ebpf::{
     macros::map,
@@ -15,128 +17,77 @@ use aya_ebpf::{
     },
 };
 use limiter_common::{
-    cluster::{ClusterShare, ClusterState},
     event::{EVENTS_PER_CPU_PER_SECOND, HOT_REPORTS_PER_CPU_PER_SECOND},
-    maps as spec,
-    rules::{PrefixKeyV4, PrefixKeyV6},
-    sketch, Config, Counter, Hold, LimitEvent, Outcome, Rule, RuleRefs, SourceKey, SourceTraffic,
-    WindowState,
+    maps as spec, LimitEvent, Outcome, SourceKey,
 };
 
-/// Offered traffic per source, one slot per CPU so counting never shares a
-/// cache line. LRU: when full, the least recently seen source is evicted.
-#[map(name = "SOURCES")]
-pub static SOURCES: LruPerCpuHashMap<SourceKey, SourceTraffic> =
-    LruPerCpuHashMap::with_max_entries(spec::SOURCES.max_entries, 0);
-const _: () = spec::SOURCES.check::<SourceKey, SourceTraffic>("SOURCES");
+/// One map static of a row: its aya-ebpf type by kind, and the check of
+/// the kernel's key and value types (an array's `u32` index, an LPM
+/// trie's `Key` with its prefix length) against the row's spec.
+macro_rules! kernel_map {
+    ($(#[$doc:meta])* $name:ident: LruPerCpuHash<$key:ty, $value:ty>) => {
+        $(#[$doc])*
+        #[map]
+        pub static $name: LruPerCpuHashMap<$key, $value> =
+            LruPerCpuHashMap::with_max_entries(spec::$name.max_entries, spec::$name.flags);
+        const _: () = spec::$name.check::<$key, $value>(stringify!($name));
+    };
+    ($(#[$doc:meta])* $name:ident: LruHash<$key:ty, $value:ty>) => {
+        $(#[$doc])*
+        #[map]
+        pub static $name: LruHashMap<$key, $value> =
+            LruHashMap::with_max_entries(spec::$name.max_entries, spec::$name.flags);
+        const _: () = spec::$name.check::<$key, $value>(stringify!($name));
+    };
+    ($(#[$doc:meta])* $name:ident: Hash<$key:ty, $value:ty>) => {
+        $(#[$doc])*
+        #[map]
+        pub static $name: HashMap<$key, $value> =
+            HashMap::with_max_entries(spec::$name.max_entries, spec::$name.flags);
+        const _: () = spec::$name.check::<$key, $value>(stringify!($name));
+    };
+    ($(#[$doc:meta])* $name:ident: Array<$key:ty, $value:ty>) => {
+        $(#[$doc])*
+        #[map]
+        pub static $name: Array<$value> =
+            Array::with_max_entries(spec::$name.max_entries, spec::$name.flags);
+        const _: () = spec::$name.check::<u32, $value>(stringify!($name));
+    };
+    ($(#[$doc:meta])* $name:ident: PerCpuArray<$key:ty, $value:ty>) => {
+        $(#[$doc])*
+        #[map]
+        pub static $name: PerCpuArray<$value> =
+            PerCpuArray::with_max_entries(spec::$name.max_entries, spec::$name.flags);
+        const _: () = spec::$name.check::<u32, $value>(stringify!($name));
+    };
+    ($(#[$doc:meta])* $name:ident: LpmTrie<$key:ty, $value:ty>) => {
+        $(#[$doc])*
+        #[map]
+        pub static $name: LpmTrie<$key, $value> =
+            LpmTrie::with_max_entries(spec::$name.max_entries, spec::$name.flags);
+        const _: () = spec::$name.check::<Key<$key>, $value>(stringify!($name));
+    };
+    ($(#[$doc:meta])* $name:ident: RingBuf<$key:ty, $value:ty>) => {
+        $(#[$doc])*
+        #[map]
+        pub static $name: RingBuf =
+            RingBuf::with_byte_size(spec::$name.max_entries, spec::$name.flags);
+        const _: () = spec::$name.check::<$key, $value>(stringify!($name));
+    };
+}
 
-/// Admission window per source, shared by all CPUs (written only when a
-/// frame is admitted). Never evicted: the daemon deletes idle windows.
-#[map(name = "WINDOWS")]
-pub static WINDOWS: HashMap<SourceKey, WindowState> =
-    HashMap::with_max_entries(spec::WINDOWS.max_entries, 0);
-const _: () = spec::WINDOWS.check::<SourceKey, WindowState>("WINDOWS");
+/// Every row of the table as a map static.
+macro_rules! kernel_maps {
+    ($(
+        $(#[$doc:meta])*
+        $name:ident($field:ident): $kind:ident<$key:ty, $value:ty>,
+            $sizing:ident($max_entries:expr), $keep:ident;
+    )*) => {
+        $(kernel_map!($(#[$doc])* $name: $kind<$key, $value>);)*
+    };
+}
 
-/// Windows created while `WINDOWS` was full. LRU: other sources' windows
-/// may evict them (`HOLDS` keeps their refusals).
-#[map(name = "WINDOW_SPILL")]
-pub static WINDOW_SPILL: LruHashMap<SourceKey, WindowState> =
-    LruHashMap::with_max_entries(spec::WINDOW_SPILL.max_entries, 0);
-const _: () = spec::WINDOW_SPILL.check::<SourceKey, WindowState>("WINDOW_SPILL");
-
-/// Scratch for a new `WINDOWS` value (too large for the BPF stack): all
-/// zero between uses, seeded, inserted and zeroed again (`limit.rs`).
-#[map(name = "WINDOW_SEED")]
-pub static WINDOW_SEED: PerCpuArray<WindowState> =
-    PerCpuArray::with_max_entries(spec::WINDOW_SEED.max_entries, 0);
-const _: () = spec::WINDOW_SEED.check::<u32, WindowState>("WINDOW_SEED");
-
-/// The cold tier's counters, shared by every CPU (`limiter_common::sketch`).
-#[map(name = "SKETCH")]
-pub static SKETCH: Array<sketch::Pair> = Array::with_max_entries(spec::SKETCH.max_entries, 0);
-const _: () = spec::SKETCH.check::<u32, sketch::Pair>("SKETCH");
-
-/// Until when a source may be blocked, by mark cell
-/// (`limiter_common::sketch::mark_cell`): the cheap tier's guard for
-/// rules with a `block` (raised by the kernel when it arms a penalty).
-#[map(name = "PENALTY_MARKS")]
-pub static PENALTY_MARKS: Array<u64> = Array::with_max_entries(spec::PENALTY_MARKS.max_entries, 0);
-const _: () = spec::PENALTY_MARKS.check::<u32, u64>("PENALTY_MARKS");
-
-/// Until when a source may have a cluster share, by mark cell: the cheap
-/// tier's guard for cluster-scoped rules (written by the daemon).
-#[map(name = "SHARE_MARKS")]
-pub static SHARE_MARKS: Array<u64> = Array::with_max_entries(spec::SHARE_MARKS.max_entries, 0);
-const _: () = spec::SHARE_MARKS.check::<u32, u64>("SHARE_MARKS");
-
-/// Refusals and penalties apart from the windows, so a spilled window
-/// that is evicted comes back blocked or exhausted
-/// (`limiter_common::state::Hold`).
-#[map(name = "HOLDS")]
-pub static HOLDS: HashMap<SourceKey, Hold> = HashMap::with_max_entries(spec::HOLDS.max_entries, 0);
-const _: () = spec::HOLDS.check::<SourceKey, Hold>("HOLDS");
-
-/// Scratch for a new `SOURCES` value (too large for the BPF stack): all
-/// zero between uses, filled, inserted and zeroed again (`limit.rs`).
-#[map(name = "TRAFFIC_SEED")]
-pub static TRAFFIC_SEED: PerCpuArray<SourceTraffic> =
-    PerCpuArray::with_max_entries(spec::TRAFFIC_SEED.max_entries, 0);
-const _: () = spec::TRAFFIC_SEED.check::<u32, SourceTraffic>("TRAFFIC_SEED");
-
-/// The key of the frame being judged (`limit.rs`), off the stack.
-#[map(name = "FRAME_KEY")]
-pub static FRAME_KEY: PerCpuArray<SourceKey> =
-    PerCpuArray::with_max_entries(spec::FRAME_KEY.max_entries, 0);
-const _: () = spec::FRAME_KEY.check::<u32, SourceKey>("FRAME_KEY");
-
-/// Global per-CPU counters indexed by `Outcome`.
-#[map(name = "STATS")]
-pub static STATS: PerCpuArray<Counter> = PerCpuArray::with_max_entries(spec::STATS.max_entries, 0);
-const _: () = spec::STATS.check::<u32, Counter>("STATS");
-
-/// The global configuration (one entry).
-#[map(name = "CONFIG")]
-pub static CONFIG: Array<Config> = Array::with_max_entries(spec::CONFIG.max_entries, 0);
-const _: () = spec::CONFIG.check::<u32, Config>("CONFIG");
-
-/// Compiled rules: two halves, so a rule change writes the half no source
-/// resolves into before the generation bump makes it live.
-#[map(name = "RULES")]
-pub static RULES: Array<Rule> = Array::with_max_entries(spec::RULES.max_entries, 0);
-const _: () = spec::RULES.check::<u32, Rule>("RULES");
-
-/// IPv4 rule prefixes of both generations, keyed by the generation's half
-/// then the prefix (the live half always holds 0.0.0.0/0 once rules are
-/// loaded).
-#[map(name = "PREFIXES_V4")]
-pub static PREFIXES_V4: LpmTrie<PrefixKeyV4, RuleRefs> =
-    LpmTrie::with_max_entries(spec::PREFIXES_V4.max_entries, 0);
-const _: () = spec::PREFIXES_V4.check::<Key<PrefixKeyV4>, RuleRefs>("PREFIXES_V4");
-
-/// IPv6 rule prefixes of both generations (the live half always holds
-/// ::/0 once rules are loaded).
-#[map(name = "PREFIXES_V6")]
-pub static PREFIXES_V6: LpmTrie<PrefixKeyV6, RuleRefs> =
-    LpmTrie::with_max_entries(spec::PREFIXES_V6.max_entries, 0);
-const _: () = spec::PREFIXES_V6.check::<Key<PrefixKeyV6>, RuleRefs>("PREFIXES_V6");
-
-/// This node's allowance per cluster-scoped source (window key), written
-/// by the daemon (`limiter_common::cluster`).
-#[map(name = "CLUSTER_SHARES")]
-pub static CLUSTER_SHARES: LruHashMap<SourceKey, ClusterShare> =
-    LruHashMap::with_max_entries(spec::CLUSTER_SHARES.max_entries, 0);
-const _: () = spec::CLUSTER_SHARES.check::<SourceKey, ClusterShare>("CLUSTER_SHARES");
-
-/// The cluster state the daemon refreshes every sync (one entry).
-#[map(name = "CLUSTER")]
-pub static CLUSTER: Array<ClusterState> = Array::with_max_entries(spec::CLUSTER.max_entries, 0);
-const _: () = spec::CLUSTER.check::<u32, ClusterState>("CLUSTER");
-
-/// Frames dropped (or would-be dropped) per `RULES` index, per CPU.
-#[map(name = "RULE_DROPS")]
-pub static RULE_DROPS: PerCpuArray<u64> =
-    PerCpuArray::with_max_entries(spec::RULE_DROPS.max_entries, 0);
-const _: () = spec::RULE_DROPS.check::<u32, u64>("RULE_DROPS");
+limiter_common::for_each_map!(kernel_maps);
 
 /// Counts one refused frame against rule `index`.
 #[inline(always)]
@@ -146,19 +97,6 @@ pub fn count_rule_drop(index: u32) {
         unsafe { *drops += 1 };
     }
 }
-
-/// "Source limited" events for the daemon's log, and "cluster hot" events
-/// for its cluster sync.
-#[map(name = "EVENTS")]
-pub static EVENTS: RingBuf = RingBuf::with_byte_size(spec::EVENTS.max_entries, 0);
-const _: () = spec::EVENTS.check_name("EVENTS");
-
-/// Per CPU: `[second, "source limited" events sent in it, "cluster hot"
-/// reports sent in it]`, the events' rate limits, one per kind.
-#[map(name = "EVENT_BUDGET")]
-pub static EVENT_BUDGET: PerCpuArray<[u64; 3]> =
-    PerCpuArray::with_max_entries(spec::EVENT_BUDGET.max_entries, 0);
-const _: () = spec::EVENT_BUDGET.check::<u32, [u64; 3]>("EVENT_BUDGET");
 
 /// This CPU's event budgets for the second of `now`, restarted when a new
 /// second begins.

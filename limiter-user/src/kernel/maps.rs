@@ -2,6 +2,10 @@
 //! bpf2go does for Go programs): callers use `maps.rules`, never a map name
 //! string, and a map of the wrong kind or value size is refused at load,
 //! not at first use.
+//!
+//! `Maps` is generated from the table of maps
+//! (`limiter_common::for_each_map!`): a field per row the daemon uses,
+//! named by the row, of the aya type of its kind.
 
 use aya::{
     maps::{
@@ -9,56 +13,11 @@ use aya::{
     },
     Ebpf,
 };
-use limiter_common::{
-    names,
-    rules::{PrefixKeyV4, PrefixKeyV6},
-    sketch, ClusterShare, ClusterState, Config, Counter, Hold, Rule, RuleRefs, SourceKey,
-    SourceTraffic, WindowState,
-};
+use limiter_common::{names, Config, Rule, SourceKey, WindowState};
 
 use std::path::Path;
 
 use super::MapsError;
-
-/// Typed handles on every map userspace uses (the kernel's scratch maps
-/// stay inside the object).
-pub struct Maps {
-    /// Offered traffic per source and CPU (an LRU per-CPU hash; a plain
-    /// per-CPU hash reads the same).
-    pub sources: PerCpuHashMap<MapData, SourceKey, SourceTraffic>,
-    /// Admission window per source, shared by the CPUs: kept (never
-    /// evicted; the daemon deletes idle ones, `kernel::windows`).
-    pub windows: HashMap<MapData, SourceKey, WindowState>,
-    /// The windows created while `windows` was full (an LRU hash).
-    pub window_spill: HashMap<MapData, SourceKey, WindowState>,
-    /// Per-CPU counters by `Outcome`.
-    pub stats: PerCpuArray<MapData, Counter>,
-    /// The live configuration (one entry).
-    pub config: Array<MapData, Config>,
-    /// Compiled rules, two generations' halves.
-    pub rules: Array<MapData, Rule>,
-    /// Refused frames per `RULES` index, per CPU.
-    pub rule_drops: PerCpuArray<MapData, u64>,
-    pub prefixes_v4: LpmTrie<MapData, PrefixKeyV4, RuleRefs>,
-    pub prefixes_v6: LpmTrie<MapData, PrefixKeyV6, RuleRefs>,
-    /// "Source limited" events; `None` once taken (the daemon's event
-    /// watcher owns it).
-    pub events: Option<RingBuf<MapData>>,
-    /// The cheap tier's counters (`limiter_common::sketch`).
-    pub sketch: Array<MapData, sketch::Pair>,
-    /// The cheap tier's penalty marks (`limiter_common::sketch::mark_cell`).
-    pub penalty_marks: Array<MapData, u64>,
-    /// The cheap tier's share marks, written with the cluster shares.
-    pub share_marks: Array<MapData, u64>,
-    /// Refusals and penalties apart from the windows (what an evicted
-    /// spilled window comes back with).
-    pub holds: HashMap<MapData, SourceKey, Hold>,
-    /// This node's allowance per cluster-scoped source, by window key (an
-    /// LRU hash; written through `kernel::cluster`).
-    pub cluster_shares: HashMap<MapData, SourceKey, ClusterShare>,
-    /// The cluster state (one entry; written through `kernel::cluster`).
-    pub cluster: Array<MapData, ClusterState>,
-}
 
 /// Moves map `name` out of `ebpf` as `T`.
 fn take<T: TryFrom<Map, Error = aya::maps::MapError>>(
@@ -79,57 +38,127 @@ fn pinned<T: TryFrom<Map, Error = aya::maps::MapError>>(
     T::try_from(map).map_err(MapsError::on(name))
 }
 
+/// The aya type of a handle on a map of `$kind` (an LRU hash reads as a
+/// plain one).
+macro_rules! handle_type {
+    (LruPerCpuHash, $key:ty, $value:ty) => { PerCpuHashMap<MapData, $key, $value> };
+    (LruHash, $key:ty, $value:ty) => { HashMap<MapData, $key, $value> };
+    (Hash, $key:ty, $value:ty) => { HashMap<MapData, $key, $value> };
+    (Array, $key:ty, $value:ty) => { Array<MapData, $value> };
+    (PerCpuArray, $key:ty, $value:ty) => { PerCpuArray<MapData, $value> };
+    (LpmTrie, $key:ty, $value:ty) => { LpmTrie<MapData, $key, $value> };
+    (RingBuf, $key:ty, $value:ty) => { RingBuf<MapData> };
+}
+
+/// A field's type: a pinned map's handle, or a taken map's, which has one
+/// owner (`None` once taken, and in handles opened from pins).
+macro_rules! field_type {
+    (pinned, $kind:ident, $key:ty, $value:ty) => { handle_type!($kind, $key, $value) };
+    (taken, $kind:ident, $key:ty, $value:ty) => { Option<handle_type!($kind, $key, $value)> };
+}
+
+/// A field's value in `Maps::take`.
+macro_rules! take_field {
+    (pinned, $ebpf:ident, $name:ident) => {
+        take($ebpf, names::$name)?
+    };
+    (taken, $ebpf:ident, $name:ident) => {
+        Some(take($ebpf, names::$name)?)
+    };
+}
+
+/// A field's value in `Maps::from_pins`.
+macro_rules! pinned_field {
+    (pinned, $dir:ident, $name:ident) => {
+        pinned($dir, names::$name)?
+    };
+    (taken, $dir:ident, $name:ident) => {
+        None
+    };
+}
+
+/// `Maps` from the table's rows: the kernel-only rows are skipped one by
+/// one, the others gathered, then `Maps` and its constructors made of
+/// them.
+macro_rules! user_maps {
+    (@gather [$($gathered:tt)*]) => {
+        user_maps!(@make $($gathered)*);
+    };
+    (@gather [$($gathered:tt)*]
+        $(#[$doc:meta])*
+        $name:ident($field:ident): $kind:ident<$key:ty, $value:ty>,
+            $sizing:ident($max_entries:expr), kernel;
+        $($rest:tt)*
+    ) => {
+        user_maps!(@gather [$($gathered)*] $($rest)*);
+    };
+    (@gather [$($gathered:tt)*]
+        $(#[$doc:meta])*
+        $name:ident($field:ident): $kind:ident<$key:ty, $value:ty>,
+            $sizing:ident($max_entries:expr), taken;
+        $($rest:tt)*
+    ) => {
+        user_maps!(@gather [$($gathered)* {
+            $(#[$doc])*
+            ///
+            /// `None` once taken (its one reader owns it), and in handles
+            /// opened from pins.
+            $name $field taken $kind $key, $value
+        }] $($rest)*);
+    };
+    (@gather [$($gathered:tt)*]
+        $(#[$doc:meta])*
+        $name:ident($field:ident): $kind:ident<$key:ty, $value:ty>,
+            $sizing:ident($max_entries:expr), pinned;
+        $($rest:tt)*
+    ) => {
+        user_maps!(@gather [$($gathered)* {
+            $(#[$doc])* $name $field pinned $kind $key, $value
+        }] $($rest)*);
+    };
+    (@make $({
+        $(#[$doc:meta])* $name:ident $field:ident $keep:ident $kind:ident $key:ty, $value:ty
+    })*) => {
+        /// Typed handles on every map userspace uses (the kernel's scratch
+        /// and budget maps stay inside the object).
+        pub struct Maps {
+            $(
+                $(#[$doc])*
+                pub $field: field_type!($keep, $kind, $key, $value),
+            )*
+        }
+
+        impl Maps {
+            /// How many maps a `Maps` holds.
+            pub const COUNT: usize = [$(stringify!($field)),*].len();
+
+            /// Moves the maps out of a freshly loaded object.
+            pub(super) fn take(ebpf: &mut Ebpf) -> Result<Self, MapsError> {
+                Ok(Self {
+                    $($field: take_field!($keep, ebpf, $name),)*
+                })
+            }
+
+            /// A second set of handles on a running instance's maps, from
+            /// their pins in `maps_dir` (`pins::maps_dir`), for a task that
+            /// works beside the daemon's main loop (the cluster sync).
+            /// Without the maps that are not pinned (`EVENTS`, which has one
+            /// reader).
+            pub fn from_pins(maps_dir: &Path) -> Result<Self, MapsError> {
+                Ok(Self {
+                    $($field: pinned_field!($keep, maps_dir, $name),)*
+                })
+            }
+        }
+    };
+    ($($rows:tt)*) => {
+        user_maps!(@gather [] $($rows)*);
+    };
+}
+
+limiter_common::for_each_map!(user_maps);
+
 impl Maps {
-    /// How many maps a `Maps` holds.
-    pub const COUNT: usize = 16;
-
-    /// Moves the maps out of a freshly loaded object.
-    pub(super) fn take(ebpf: &mut Ebpf) -> Result<Self, MapsError> {
-        Ok(Self {
-            sources: take(ebpf, names::SOURCES)?,
-            windows: take(ebpf, names::WINDOWS)?,
-            window_spill: take(ebpf, names::WINDOW_SPILL)?,
-            stats: take(ebpf, names::STATS)?,
-            config: take(ebpf, names::CONFIG)?,
-            rules: take(ebpf, names::RULES)?,
-            rule_drops: take(ebpf, names::RULE_DROPS)?,
-            prefixes_v4: take(ebpf, names::PREFIXES_V4)?,
-            prefixes_v6: take(ebpf, names::PREFIXES_V6)?,
-            events: Some(take(ebpf, names::EVENTS)?),
-            sketch: take(ebpf, names::SKETCH)?,
-            penalty_marks: take(ebpf, names::PENALTY_MARKS)?,
-            share_marks: take(ebpf, names::SHARE_MARKS)?,
-            holds: take(ebpf, names::HOLDS)?,
-            cluster_shares: take(ebpf, names::CLUSTER_SHARES)?,
-            cluster: take(ebpf, names::CLUSTER)?,
-        })
-    }
-
-    /// A second set of handles on a running instance's maps, from their
-    /// pins in `maps_dir` (`pins::maps_dir`), for a task that works beside
-    /// the daemon's main loop (the cluster sync). Without `EVENTS`, which
-    /// is not pinned and has one reader.
-    pub fn from_pins(maps_dir: &Path) -> Result<Self, MapsError> {
-        Ok(Self {
-            sources: pinned(maps_dir, names::SOURCES)?,
-            windows: pinned(maps_dir, names::WINDOWS)?,
-            window_spill: pinned(maps_dir, names::WINDOW_SPILL)?,
-            stats: pinned(maps_dir, names::STATS)?,
-            config: pinned(maps_dir, names::CONFIG)?,
-            rules: pinned(maps_dir, names::RULES)?,
-            rule_drops: pinned(maps_dir, names::RULE_DROPS)?,
-            prefixes_v4: pinned(maps_dir, names::PREFIXES_V4)?,
-            prefixes_v6: pinned(maps_dir, names::PREFIXES_V6)?,
-            events: None,
-            sketch: pinned(maps_dir, names::SKETCH)?,
-            penalty_marks: pinned(maps_dir, names::PENALTY_MARKS)?,
-            share_marks: pinned(maps_dir, names::SHARE_MARKS)?,
-            holds: pinned(maps_dir, names::HOLDS)?,
-            cluster_shares: pinned(maps_dir, names::CLUSTER_SHARES)?,
-            cluster: pinned(maps_dir, names::CLUSTER)?,
-        })
-    }
-
     /// The live configuration (generation 0: nothing pushed yet).
     pub fn live_config(&self) -> Result<Config, MapsError> {
         self.config.get(&0, 0).map_err(MapsError::on(names::CONFIG))

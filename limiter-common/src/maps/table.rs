@@ -1,0 +1,171 @@
+//! The table of every map of the XDP program: one row per map, the only
+//! place a map is declared.
+//!
+//! [`for_each_map!`](crate::for_each_map) hands every row to a macro of
+//! the caller's (the "callback macro" pattern), which makes of them what
+//! its crate needs: this crate the [`MapSpec`](super::MapSpec) constants,
+//! [`ALL`](super::ALL) and [`names`](super::names); the kernel crate its
+//! map statics; the daemon its typed handles (`Maps`). Adding a map is
+//! adding a row here.
+
+/// Calls `$callback!` with every row of the map table, in table order.
+///
+/// A row is
+///
+/// ```text
+/// #[doc = ...]*
+/// NAME(field): Kind<K, V>, Sizing(default_max_entries), keep;
+/// ```
+///
+/// - `NAME`: the map's name in the object, the kernel static's name and
+///   the constant of its `MapSpec`; `field`: the name of its handle in
+///   userspace's `Maps`.
+/// - `Kind`: a [`MapKind`](crate::maps::MapKind) variant. `K` is the key
+///   as the map is declared: an array's `u32` index; the key data of an
+///   LPM trie, without the 4-byte prefix length the kernel puts before
+///   it; `()` for a ring buffer, whose value is `()` too (it carries no
+///   typed values).
+/// - `Sizing`: a [`Sizing`](crate::maps::Sizing) variant, with the
+///   capacity the object defines (bytes, for a ring buffer).
+/// - `keep`: `pinned` (the daemon pins it and opens a handle on it),
+///   `taken` (not pinned: its one reader takes its handle) or `kernel`
+///   (per-CPU scratch and budgets that only the kernel touches).
+///
+/// Types are written with `$crate::` paths so that rows expand in any
+/// crate.
+#[macro_export]
+macro_rules! for_each_map {
+    ($callback:ident) => {
+        $callback! {
+            /// Offered traffic per source, one slot per CPU so counting never
+            /// shares a cache line: `SourceKey` -> `SourceTraffic`, for the hot
+            /// sources (every source with the tiers off). LRU: when full, the
+            /// least recently seen source is evicted.
+            SOURCES(sources): LruPerCpuHash<$crate::SourceKey, $crate::SourceTraffic>,
+                HotSources($crate::maps::DEFAULT_MAX_HOT_SOURCES), pinned;
+
+            /// Admission windows per source and rule budget, shared by all CPUs
+            /// (written only when a frame is admitted): `SourceKey` ->
+            /// `WindowState`. A plain hash, which never evicts: a window is kept
+            /// until the daemon finds it idle for its longest possible length
+            /// (`WindowState::idle_at`), so no flood of other sources can take a
+            /// source's count away. Full, new windows go to `WINDOW_SPILL`.
+            WINDOWS(windows): Hash<$crate::SourceKey, $crate::WindowState>,
+                Sources($crate::maps::DEFAULT_MAX_SOURCES), pinned;
+
+            /// The windows created while `WINDOWS` was full: `SourceKey` ->
+            /// `WindowState`. LRU: a flood of other sources may evict one, which
+            /// `HOLDS` then stands in for if its source was refused.
+            WINDOW_SPILL(window_spill): LruHash<$crate::SourceKey, $crate::WindowState>,
+                Sources($crate::maps::DEFAULT_MAX_SOURCES), pinned;
+
+            /// Per-CPU scratch for a new `WINDOWS` value, too large for the BPF
+            /// stack: all zero between uses, seeded, inserted and zeroed again.
+            WINDOW_SEED(window_seed): PerCpuArray<u32, $crate::WindowState>,
+                Fixed(1), kernel;
+
+            /// Per-CPU scratch for a new `SOURCES` value, too large for the BPF
+            /// stack: all zero between uses, filled, inserted and zeroed again.
+            TRAFFIC_SEED(traffic_seed): PerCpuArray<u32, $crate::SourceTraffic>,
+                Fixed(1), kernel;
+
+            /// Per-CPU scratch holding the key of the frame being judged, off the
+            /// stack.
+            FRAME_KEY(frame_key): PerCpuArray<u32, $crate::SourceKey>,
+                Fixed(1), kernel;
+
+            /// Global per-CPU counters by `Outcome`.
+            STATS(stats): PerCpuArray<u32, $crate::Counter>,
+                Fixed($crate::Outcome::COUNT), pinned;
+
+            /// The global `Config` (an array of one).
+            CONFIG(config): Array<u32, $crate::Config>,
+                Fixed(1), pinned;
+
+            /// Compiled `Rule`s in two generations' halves, so that a rule change
+            /// writes the half no source resolves into before the generation
+            /// bump makes it live.
+            RULES(rules): Array<u32, $crate::Rule>,
+                Fixed($crate::rules::RULE_SLOTS), pinned;
+
+            /// Frames dropped (or would-be dropped) per `RULES` index, per CPU.
+            RULE_DROPS(rule_drops): PerCpuArray<u32, u64>,
+                Fixed($crate::rules::RULE_SLOTS), pinned;
+
+            /// IPv4 rule prefixes of both generations, keyed by the generation's
+            /// half then the prefix (`rules::PrefixKeyV4`) -> `RuleRefs`. The
+            /// live half always holds 0.0.0.0/0 once rules are loaded.
+            PREFIXES_V4(prefixes_v4): LpmTrie<$crate::rules::PrefixKeyV4, $crate::RuleRefs>,
+                Fixed(4096), pinned;
+
+            /// IPv6 rule prefixes of both generations (`rules::PrefixKeyV6`) ->
+            /// `RuleRefs`. The live half always holds ::/0 once rules are loaded.
+            PREFIXES_V6(prefixes_v6): LpmTrie<$crate::rules::PrefixKeyV6, $crate::RuleRefs>,
+                Fixed(4096), pinned;
+
+            /// Ring buffer of `LimitEvent`s (its capacity in bytes): "source
+            /// limited" events for the daemon's log, and "cluster hot" reports
+            /// for its cluster sync.
+            EVENTS(events): RingBuf<(), ()>,
+                Fixed(64 * 1024), taken;
+
+            /// Per CPU: `[second, "source limited" events sent in it, "cluster
+            /// hot" reports sent in it]`, the events' rate limits (one budget per
+            /// kind, so that a flood of refused sources cannot starve the
+            /// cluster's reports).
+            EVENT_BUDGET(event_budget): PerCpuArray<u32, [u64; 3]>,
+                Fixed(1), kernel;
+
+            /// The cold tier's counters (`sketch`): one row shared by every CPU,
+            /// each entry the words of the last two epochs (`sketch::Pair`).
+            SKETCH(sketch): Array<u32, $crate::sketch::Pair>,
+                Fixed($crate::sketch::WORDS), pinned;
+
+            /// The penalty marks: cell (`sketch::mark_cell` of `PENALTY_CELLS`)
+            /// -> until when a source of that cell may be blocked (ns), raised by
+            /// the kernel when it arms a penalty. The cheap tier judges no frame
+            /// of a rule with a `block` whose cell is marked, so a blocked source
+            /// that fell silent (and left the cheap tier's counters) is still
+            /// refused from its window or `HOLDS`.
+            PENALTY_MARKS(penalty_marks): Array<u32, u64>,
+                Fixed($crate::sketch::PENALTY_CELLS), pinned;
+
+            /// The share marks: cell (`sketch::mark_cell` of `SHARE_CELLS`) ->
+            /// until when a source of that cell may have a cluster share (ns),
+            /// raised by the daemon when it writes shares (the only writer: the
+            /// kernel only reads it). The cheap tier judges no frame of a
+            /// cluster-scoped rule whose cell is marked, so a source with a share
+            /// is always held to it, never to the cheap tier's cold-cap
+            /// allowance.
+            SHARE_MARKS(share_marks): Array<u32, u64>,
+                Fixed($crate::sketch::SHARE_CELLS), pinned;
+
+            /// Holds apart from the windows: `SourceKey` (the window's key) ->
+            /// `Hold`, so that a spilled window that is evicted comes back
+            /// blocked or exhausted. A plain hash, which never evicts (see
+            /// `state::Hold`). Written for every refusal, needed only for a
+            /// spilled window (a kept one is never evicted): telling them apart
+            /// in `limit()` would cost stack that 6.1 does not have. Full, a hold
+            /// is not kept (`Outcome::HoldFailed`).
+            HOLDS(holds): Hash<$crate::SourceKey, $crate::Hold>,
+                Sources($crate::maps::DEFAULT_MAX_SOURCES), pinned;
+
+            /// This node's allowance per cluster-scoped source, written by the
+            /// daemon: the window key (`SourceKey` with the rule's `budget` byte
+            /// as class) -> `ClusterShare`. LRU: the daemon's inserts evict the
+            /// least recently used share when full (that source falls back to
+            /// the cold cap). Pinned: a restarted daemon finds its sources still
+            /// held to their shares, which expire on their own (`expires_ns`),
+            /// rather than all thrown back to the cold cap at once.
+            CLUSTER_SHARES(cluster_shares): LruHash<$crate::SourceKey, $crate::ClusterShare>,
+                Fixed($crate::cluster::DEFAULT_MAX_CLUSTER_SOURCES), pinned;
+
+            /// The cluster state (an array of one `ClusterState`), refreshed by
+            /// the daemon every sync. Pinned: while a restarted daemon catches
+            /// up, the kernel keeps judging by the last refresh, and falls back
+            /// on its own once it is stale, as it would with the daemon gone.
+            CLUSTER(cluster): Array<u32, $crate::ClusterState>,
+                Fixed(1), pinned;
+        }
+    };
+}
