@@ -12,12 +12,15 @@ use limiter_tests::{
     redis::{Pki, RedisServer, Security, ACL_USER},
     wait_until,
 };
-use limiter_user::cluster::{
-    node_claim,
-    store::{
-        batches, group, ErrorKind, Mode, Report, Store, StoreConfig, StoreError, Totals,
-        WindowSpec, GROUPS, MAX_BATCH,
+use limiter_user::{
+    cluster::{
+        node_claim,
+        store::{
+            batches, group, ErrorKind, Report, Store, StoreConfig, StoreError, Totals, WindowSpec,
+            GROUPS, MAX_BATCH,
+        },
     },
+    config::ClusterMode as Mode,
 };
 
 /// A report under a cluster-wide limit of 100.
