@@ -175,9 +175,9 @@ impl Health {
 /// nodes`, a sharp drop for a node carrying most of a source) after one or
 /// two slow or failed ticks. Ten, not three: a share kept unchanged (a
 /// source not synced this tick) is rewritten only when it nears its
-/// expiry (`daemon::cluster::share_due`), so with 100,000 sources tracked
-/// a tick writes about a ninth of them, not all. While failing, three intervals,
-/// so shares outlive the failing ticks by as little as before: a node
+/// expiry (`daemon::cluster::shares::share_due`), so a tick writes about a
+/// ninth of the tracked sources' shares, not all. While failing, three
+/// intervals, so shares outlive the failing ticks by little: a node
 /// degraded with no grace period is in the fallback within 3 intervals.
 /// Once degraded, never past the end of the grace period.
 pub fn share_expiry(now_ns: u64, interval: Duration, phase: Phase, now: Instant) -> Option<u64> {

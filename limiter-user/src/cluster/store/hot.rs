@@ -23,10 +23,8 @@ impl Store {
     }
 
     /// [`Store::hot_sources`] of the groups in `groups` only, all within
-    /// `budget`: the daemon lists a slice of the groups each tick, in what
-    /// is left of the tick, so a large hot set is read over a window in
-    /// replies a tick can take, not in one reply that outlasts every tick
-    /// (100,000 hot sources did).
+    /// `budget` (the daemon lists a slice of the groups each tick, bounded:
+    /// [`Store::hot_sources_bounded`]).
     #[cfg(any(test, feature = "test-util"))]
     pub async fn hot_sources_in(
         &self,

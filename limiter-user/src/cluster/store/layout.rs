@@ -9,10 +9,9 @@ use super::{Report, Store};
 use crate::config::ClusterMode;
 
 /// Most reports in one script call: a call blocks the Redis instance while
-/// it runs (about 16 commands per report with 10 buckets, measured at about
-/// 20 us per report in all), so batches stay short enough (about 1.5 ms)
-/// that other nodes' calls queued behind a few of them still meet a 50 ms
-/// timeout.
+/// it runs (about 16 commands per report with 10 buckets), so batches stay
+/// short enough (docs/cluster.md, "Redis load") that other nodes' calls
+/// queued behind a few of them still meet a 50 ms timeout.
 pub const MAX_BATCH: usize = 64;
 /// How many hash-tag groups the sources are spread over. Part of the key
 /// layout (every node must use the same), hence a constant: enough groups
