@@ -45,16 +45,21 @@ pub struct StoreConfig {
     pub primary_password: Option<Secret>,
 }
 
+/// The prefix of every key the daemon writes.
+const PREFIX: &str = "xl";
+
 impl StoreConfig {
     /// A configuration with the documented defaults: 50 ms per call, keys
-    /// under `xl`, claims for a 100 ms sync interval.
+    /// under `xl`, claims for a 100 ms sync interval (for
+    /// [`super::Store::connect_with`]).
+    #[cfg(any(test, feature = "test-util"))]
     pub fn new(urls: Vec<String>, mode: ClusterMode) -> Self {
         Self {
             urls,
             mode,
             timeout: Duration::from_millis(50),
             bulk_timeout: Duration::from_millis(50),
-            prefix: "xl".into(),
+            prefix: PREFIX.into(),
             claim_horizon: Duration::from_millis(100),
             claim_hold: Duration::from_millis(300),
             sentinel_master: None,
@@ -63,36 +68,34 @@ impl StoreConfig {
             primary_password: None,
         }
     }
-}
 
-impl StoreConfig {
     /// How the daemon reaches Redis for the validated `config`: the sync's
     /// batches and the hot listing may take the whole tick, and a claim is
     /// spent until the next tick and holds the other nodes back as long as
     /// this node's kernel keeps the share it became (three intervals).
-    pub fn from_cluster(config: &ClusterConfig) -> Self {
-        let mut store = Self::new(
-            config.redis.iter().map(|u| u.url.clone()).collect(),
-            config.mode,
-        );
-        store.sentinel_master = config.sentinel_master.clone();
-        store.tls = config.tls.as_ref().map(|files| redis::TlsCertificates {
-            root_cert: files.ca.as_ref().map(|ca| ca.pem.clone()),
-            client_tls: files
-                .client
-                .as_ref()
-                .map(|(cert, key)| redis::ClientTlsConfig {
-                    client_cert: cert.pem.clone(),
-                    client_key: key.pem.clone(),
-                }),
-        });
-        store.primary_username = config.primary_username.clone();
-        store.primary_password = config.primary_password.clone();
-        store.timeout = config.timeout;
-        store.bulk_timeout = config.sync_interval;
-        store.claim_horizon = config.sync_interval;
-        store.claim_hold = 3 * config.sync_interval;
-        store
+    pub(super) fn from_cluster(config: &ClusterConfig) -> Self {
+        Self {
+            urls: config.redis.iter().map(|u| u.url.clone()).collect(),
+            mode: config.mode,
+            timeout: config.timeout,
+            bulk_timeout: config.sync_interval,
+            prefix: PREFIX.into(),
+            claim_horizon: config.sync_interval,
+            claim_hold: 3 * config.sync_interval,
+            sentinel_master: config.sentinel_master.clone(),
+            tls: config.tls.as_ref().map(|files| redis::TlsCertificates {
+                root_cert: files.ca.as_ref().map(|ca| ca.pem.clone()),
+                client_tls: files
+                    .client
+                    .as_ref()
+                    .map(|(cert, key)| redis::ClientTlsConfig {
+                        client_cert: cert.pem.clone(),
+                        client_key: key.pem.clone(),
+                    }),
+            }),
+            primary_username: config.primary_username.clone(),
+            primary_password: config.primary_password.clone(),
+        }
     }
 }
 

@@ -13,7 +13,7 @@ use redis::{
 use std::time::Duration;
 
 use super::{bounded, Store, StoreConfig, StoreError, HEARTBEAT_LUA, HOT_LUA, SYNC_LUA};
-use crate::config::{redact_url, ClusterMode};
+use crate::config::{redact_url, ClusterConfig, ClusterMode};
 
 /// Either kind of connection, so the script calls are written once. Both
 /// are cheap to clone (a handle on one multiplexed connection), which lets
@@ -53,18 +53,37 @@ impl ConnectionLike for Connection {
 }
 
 impl Store {
-    /// Checks the configuration, connects (within four timeouts: TCP,
-    /// handshake, and in cluster mode the topology) and loads the scripts
-    /// (each within the timeout).
-    pub async fn connect(config: &StoreConfig) -> Result<Self, StoreError> {
-        let urls = &config.urls;
+    /// Connects for the validated `[cluster]` section (within four
+    /// timeouts: TCP, handshake, and in cluster mode the topology) and
+    /// loads the scripts (each within the timeout). Validation has checked
+    /// the URLs, the mode, the Sentinel and the node name: nothing is
+    /// checked again here.
+    pub async fn connect(config: &ClusterConfig) -> Result<Self, StoreError> {
+        Self::open(&StoreConfig::from_cluster(config)).await
+    }
+
+    /// [`Store::connect`] with a configuration built by hand (tests and
+    /// benchmarks: another prefix, other timeouts), which is checked first
+    /// for what validation would have refused.
+    #[cfg(any(test, feature = "test-util"))]
+    pub async fn connect_with(config: &StoreConfig) -> Result<Self, StoreError> {
         // A brace in the prefix would become the hash tag of every key.
         if config.prefix.is_empty() || config.prefix.contains(['{', '}']) {
             return Err(StoreError::Prefix(config.prefix.clone()));
         }
-        if urls.is_empty() {
-            return Err(StoreError::NoUrl);
+        match (config.mode, config.urls.len()) {
+            (_, 0) => return Err(StoreError::NoUrl),
+            (ClusterMode::Single, n) if n > 1 => return Err(StoreError::SingleWithSeveralUrls(n)),
+            (ClusterMode::Sentinel, _) if config.sentinel_master.is_none() => {
+                return Err(StoreError::NoSentinelMaster)
+            }
+            _ => {}
         }
+        Self::open(config).await
+    }
+
+    async fn open(config: &StoreConfig) -> Result<Self, StoreError> {
+        let urls = &config.urls;
         let mut infos = Vec::with_capacity(urls.len());
         for url in urls {
             let info = redis::IntoConnectionInfo::into_connection_info(url.as_str()).map_err(
@@ -91,10 +110,8 @@ impl Store {
         };
         let con = match config.mode {
             ClusterMode::Single => {
-                if infos.len() != 1 {
-                    return Err(StoreError::SingleWithSeveralUrls(infos.len()));
-                }
-                let client = client(infos.remove(0), &config.tls).map_err(connect_err)?;
+                let info = infos.into_iter().next().ok_or(StoreError::NoUrl)?;
+                let client = client(info, &config.tls).map_err(connect_err)?;
                 Connection::Single(
                     single(client, timeout, response)
                         .await

@@ -102,16 +102,7 @@ fn crc16(bytes: &[u8]) -> u16 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cluster::store::Report;
-
-    fn report(key: &str) -> Report {
-        Report {
-            key: key.into(),
-            admitted: 1,
-            offered: 2,
-            limit: 100,
-        }
-    }
+    use crate::cluster::store::sync::tests::report;
 
     #[test]
     fn key_slots_match_redis_cluster() {

@@ -209,7 +209,7 @@ mod tests {
         sync(store);
         send(&store.sync("a", window, reports));
         send(&store.heartbeat("a", Duration::from_secs(1)));
-        send(&Store::connect(&StoreConfig::new(
+        send(&Store::connect_with(&StoreConfig::new(
             vec![],
             ClusterMode::Single,
         )));

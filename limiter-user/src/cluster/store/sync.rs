@@ -209,10 +209,11 @@ fn parse_sync_reply(reply: &[i64], reports: usize) -> Result<Vec<Totals>, StoreE
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    fn report(key: &str) -> Report {
+    /// A report of `key` under a limit of 100.
+    pub(in crate::cluster::store) fn report(key: &str) -> Report {
         Report {
             key: key.into(),
             admitted: 1,

@@ -16,7 +16,7 @@ use super::{
     tracking::{Listed, Reports},
 };
 use crate::{
-    cluster::{Report, ReportKey, Store, StoreConfig, StoreError, WindowSpec},
+    cluster::{Report, ReportKey, Store, StoreError, WindowSpec},
     config::ClusterConfig,
     daemon::metrics::ClusterMetrics,
 };
@@ -92,7 +92,7 @@ impl Link {
     ) -> Result<Claims, StoreError> {
         let store = match &mut self.store {
             Some(store) => store,
-            empty => empty.insert(Store::connect(&StoreConfig::from_cluster(config)).await?),
+            empty => empty.insert(Store::connect(config).await?),
         };
         let alive = alive_period(config.sync_interval);
         let nodes = store.heartbeat_as(&config.node, &self.token, alive).await?;

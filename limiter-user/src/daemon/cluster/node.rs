@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use tracing::{info, warn};
 
 use crate::{
-    cluster::{Store, StoreConfig, StoreError},
+    cluster::{Store, StoreError},
     config::ClusterConfig,
 };
 
@@ -60,7 +60,7 @@ pub fn instance_token() -> String {
 /// degrades as it would at any other time, and checks the name at every
 /// heartbeat).
 pub async fn claim_node_name(config: &ClusterConfig, token: &str) -> anyhow::Result<()> {
-    let store = match Store::connect(&StoreConfig::from_cluster(config)).await {
+    let store = match Store::connect(config).await {
         Ok(store) => store,
         Err(e) => {
             warn!(error = %e, node = %config.node,
