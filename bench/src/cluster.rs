@@ -226,7 +226,7 @@ pub fn median(values: &[f64]) -> f64 {
 }
 
 /// The report key a node forms for source `10.x.y.z` (the `i`-th synthetic
-/// source) under the default rule (`tick::report_key`: address, prefix,
+/// source) under the default rule (`ReportKey::wire`: address, prefix,
 /// budget class, rule name).
 pub fn synthetic_key(i: u32) -> String {
     let [_, b, c, d] = i.to_be_bytes();
@@ -298,8 +298,8 @@ mod tests {
     fn synthetic_keys_parse_back_as_the_daemon_reads_them() {
         let key = synthetic_key(70_000);
         assert_eq!(key, "10.1.17.112/32#0|default");
-        let (source, rule) = limiter_user::cluster::tick::parse_report_key(&key).expect("parses");
-        assert_eq!(rule, "default");
-        assert_eq!(limiter_user::cluster::tick::report_key(&source, &rule), key);
+        let parsed = limiter_user::cluster::ReportKey::parse(&key).expect("parses");
+        assert_eq!(parsed.rule, "default");
+        assert_eq!(parsed.wire(), key);
     }
 }

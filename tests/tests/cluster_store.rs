@@ -12,12 +12,15 @@ use limiter_tests::{
     redis::{Pki, RedisServer, Security, ACL_USER},
     wait_until,
 };
-use limiter_user::cluster::{
-    node_claim,
-    store::{
-        batches, group, ErrorKind, Mode, Report, Store, StoreConfig, StoreError, Totals,
-        WindowSpec, GROUPS, MAX_BATCH,
+use limiter_user::{
+    cluster::{
+        node_claim,
+        store::{
+            batches, group, ErrorKind, Report, Store, StoreConfig, StoreError, Totals, WindowSpec,
+            GROUPS, MAX_BATCH,
+        },
     },
+    config::ClusterMode as Mode,
 };
 
 /// A report under a cluster-wide limit of 100.
@@ -41,7 +44,7 @@ fn config(server: &RedisServer) -> StoreConfig {
 }
 
 async fn connect(config: &StoreConfig) -> Store {
-    Store::connect(config)
+    Store::connect_with(config)
         .await
         .unwrap_or_else(|e| panic!("connect {:?}: {e}", config.urls))
 }
@@ -642,7 +645,7 @@ fn connection_errors_are_clear() {
         let mut config = StoreConfig::new(vec!["redis://127.0.0.1:6390".into()], Mode::Single);
         config.timeout = Duration::from_millis(200);
         let start = Instant::now();
-        let e = Store::connect(&config)
+        let e = Store::connect_with(&config)
             .await
             .err()
             .expect("connected to nothing");
@@ -672,7 +675,7 @@ fn connection_errors_are_clear() {
         );
         cluster.timeout = Duration::from_millis(200);
         let start = Instant::now();
-        let e = Store::connect(&cluster)
+        let e = Store::connect_with(&cluster)
             .await
             .err()
             .expect("connected to nothing");
@@ -688,23 +691,23 @@ fn connection_errors_are_clear() {
 
         let bad = StoreConfig::new(vec!["http://nope".into()], Mode::Single);
         assert!(matches!(
-            Store::connect(&bad).await,
+            Store::connect_with(&bad).await,
             Err(StoreError::Url { .. })
         ));
         let none = StoreConfig::new(vec![], Mode::Single);
         assert!(matches!(
-            Store::connect(&none).await,
+            Store::connect_with(&none).await,
             Err(StoreError::NoUrl)
         ));
         let two = StoreConfig::new(vec![server.url(), server.url()], Mode::Single);
         assert!(matches!(
-            Store::connect(&two).await,
+            Store::connect_with(&two).await,
             Err(StoreError::SingleWithSeveralUrls(2))
         ));
         let mut braces = StoreConfig::new(vec![server.url()], Mode::Single);
         braces.prefix = "x{y}".into();
         assert!(matches!(
-            Store::connect(&braces).await,
+            Store::connect_with(&braces).await,
             Err(StoreError::Prefix(_))
         ));
     });
@@ -904,7 +907,7 @@ fn a_sentinel_names_the_primary_and_the_store_follows_a_failover() {
     // Without a master name, a clear error.
     let mut nameless = config.clone();
     nameless.sentinel_master = None;
-    let e = server.block_on(|| async { Store::connect(&nameless).await.err() });
+    let e = server.block_on(|| async { Store::connect_with(&nameless).await.err() });
     assert!(matches!(e, Some(StoreError::NoSentinelMaster)), "{e:?}");
     // Replication is asynchronous: wait until the replica has the counts.
     let replicated = wait_until(Duration::from_secs(10), Duration::from_millis(20), || {
@@ -927,7 +930,7 @@ fn a_sentinel_names_the_primary_and_the_store_follows_a_failover() {
     );
     let after = wait_until(Duration::from_secs(10), Duration::from_millis(50), || {
         server.block_on(|| async {
-            let store = Store::connect(&config).await.ok()?;
+            let store = Store::connect_with(&config).await.ok()?;
             store.sync("a", window, &[report(key, 1, 1)]).await.ok()
         })
     })
@@ -1076,7 +1079,7 @@ fn the_acl_user_of_the_url_is_who_the_store_logs_in_as() {
     // Without the login the server refuses the store's scripts.
     let anonymous = StoreConfig::new(vec!["redis://127.0.0.1:6379".into()], Mode::Single);
     let e = server
-        .block_on(|| async { Store::connect(&anonymous).await.err() })
+        .block_on(|| async { Store::connect_with(&anonymous).await.err() })
         .expect("connected without logging in");
     assert!(e.to_string().contains("NOAUTH"), "{e}");
 }
@@ -1242,7 +1245,7 @@ fn every_connection_failure_is_clear_and_never_shows_the_password() {
         config.bulk_timeout = Duration::from_millis(500);
         config.tls = tls;
         let e = server
-            .block_on(|| async { Store::connect(&config).await.err() })
+            .block_on(|| async { Store::connect_with(&config).await.err() })
             .unwrap_or_else(|| panic!("{what}: connected"));
         let text = everything_said(&e);
         assert_no_password(&text);
@@ -1260,7 +1263,7 @@ fn every_connection_failure_is_clear_and_never_shows_the_password() {
     // A URL the client cannot parse is shown without its password too.
     let bad = StoreConfig::new(vec![format!("redis://u:{PASSWORD}@h:99999")], Mode::Single);
     let e = server
-        .block_on(|| async { Store::connect(&bad).await.err() })
+        .block_on(|| async { Store::connect_with(&bad).await.err() })
         .expect("an invalid URL connected");
     assert!(matches!(e, StoreError::Url { .. }), "{e}");
     assert_no_password(&everything_said(&e));
@@ -1309,7 +1312,7 @@ fn a_primary_behind_an_authenticating_sentinel_is_logged_in_to_over_tls() {
         ("no primary login", no_primary_login),
     ] {
         let e = server
-            .block_on(|| async { Store::connect(&config).await.err() })
+            .block_on(|| async { Store::connect_with(&config).await.err() })
             .unwrap_or_else(|| panic!("{what}: connected"));
         let text = everything_said(&e);
         assert_no_password(&text);

@@ -1,8 +1,7 @@
 //! The pure parts of the daemon's cluster sync tick (`daemon::cluster`),
 //! with no I/O so they are tested on the host: turning the kernel's
 //! counters into per-sync deltas ([`AdmittedTracker`], [`OfferedTracker`]),
-//! naming a source for Redis ([`report_key`], [`parse_report_key`]), the
-//! degraded state machine ([`Health`]) and what the kernel is told in each
+//! the degraded state machine ([`Health`]) and what the kernel is told in each
 //! of its phases ([`share_expiry`], [`kernel_state`]).
 //!
 //! Deltas are formed against the previous reading on every tick, whether
@@ -13,14 +12,11 @@
 //! before sending anything hands its deltas to the next report, and only
 //! while the node is not degraded (`daemon::cluster`).
 
-use std::{
-    net::IpAddr,
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
 
 use limiter_common::{
     window::{RING, WEIGHT_SHIFT},
-    ClusterState, SourceKey,
+    ClusterState,
 };
 
 use super::share::Fallback;
@@ -103,39 +99,6 @@ impl OfferedTracker {
     }
 }
 
-/// The Redis name of a source under a rule: its window key (address,
-/// prefix, budget class) and the rule's name, e.g. `192.0.2.3/32#0|default`.
-/// Nodes running the same rules name a source the same way, which is
-/// what lets one node sync a source another node reported hot.
-pub fn report_key(window_key: &SourceKey, rule: &str) -> String {
-    format!(
-        "{}/{}#{}|{rule}",
-        window_key.ip(),
-        window_key.prefix_len,
-        window_key.class
-    )
-}
-
-/// The window key and rule name of a [`report_key`]; `None` for a key
-/// this build does not form (another version, another deployment).
-pub fn parse_report_key(key: &str) -> Option<(SourceKey, String)> {
-    let (source, rule) = key.split_once('|')?;
-    let (prefix, class) = source.rsplit_once('#')?;
-    let (addr, len) = prefix.rsplit_once('/')?;
-    let class: u8 = class.parse().ok()?;
-    let len: u8 = len.parse().ok()?;
-    let mut key = match addr.parse::<IpAddr>().ok()? {
-        IpAddr::V4(v4) if len <= 32 => SourceKey::v4(v4.octets()),
-        IpAddr::V6(v6) if len <= 128 => SourceKey::v6(v6.octets()),
-        _ => return None,
-    };
-    key.prefix_len = len;
-    if rule.is_empty() {
-        return None;
-    }
-    Some((key.with_class(class), rule.to_owned()))
-}
-
 /// Failed ticks in a row after which the node is degraded.
 pub const DEGRADED_AFTER: u32 = 3;
 
@@ -212,9 +175,9 @@ impl Health {
 /// nodes`, a sharp drop for a node carrying most of a source) after one or
 /// two slow or failed ticks. Ten, not three: a share kept unchanged (a
 /// source not synced this tick) is rewritten only when it nears its
-/// expiry (`daemon::cluster::share_due`), so with 100,000 sources tracked
-/// a tick writes about a ninth of them, not all. While failing, three intervals,
-/// so shares outlive the failing ticks by as little as before: a node
+/// expiry (`daemon::cluster::shares::share_due`), so a tick writes about a
+/// ninth of the tracked sources' shares, not all. While failing, three
+/// intervals, so shares outlive the failing ticks by little: a node
 /// degraded with no grace period is in the fallback within 3 intervals.
 /// Once degraded, never past the end of the grace period.
 pub fn share_expiry(now_ns: u64, interval: Duration, phase: Phase, now: Instant) -> Option<u64> {
@@ -426,28 +389,6 @@ mod tests {
         // Evicted and re-created: counted from the new entry's second.
         assert_eq!(t.advance(40, 40), 40);
         assert_eq!(t.advance(90, 90), 50);
-    }
-
-    #[test]
-    fn report_keys_round_trip_and_refuse_garbage() {
-        let key = SourceKey::v4([192, 0, 2, 3]).with_class(2);
-        let text = report_key(&key, "rules[1]");
-        assert_eq!(text, "192.0.2.3/32#2|rules[1]");
-        assert_eq!(parse_report_key(&text), Some((key, "rules[1]".into())));
-        let mut v6 = SourceKey::v6([0x20, 1, 0xd, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
-        v6.prefix_len = 64;
-        let text = report_key(&v6, "default");
-        assert_eq!(parse_report_key(&text), Some((v6, "default".into())));
-        for bad in [
-            "",
-            "192.0.2.3/32|default",
-            "192.0.2.3/33#0|default",
-            "nonsense/32#0|default",
-            "192.0.2.3/32#0|",
-            "192.0.2.3/32#300|default",
-        ] {
-            assert_eq!(parse_report_key(bad), None, "{bad}");
-        }
     }
 
     #[test]

@@ -10,7 +10,7 @@
 //! a metric and summed up in one line per [`SUMMARY_PERIOD`].
 
 use std::{
-    collections::HashMap,
+    collections::{BTreeMap, HashMap},
     sync::{Arc, Mutex, RwLock},
     time::{Duration, Instant},
 };
@@ -22,7 +22,7 @@ use tokio::io::unix::AsyncFd;
 use tracing::{info, warn};
 
 /// Rule index -> name, refreshed on every reload.
-pub type RuleNames = Arc<RwLock<Vec<(u32, String)>>>;
+pub type RuleNames = Arc<RwLock<BTreeMap<u32, String>>>;
 
 /// Logs the events of one interface until the task is dropped.
 ///
@@ -294,12 +294,7 @@ fn log(iface: &str, event: &LimitEvent, names: &RuleNames) {
     let rule = names
         .read()
         .ok()
-        .and_then(|names| {
-            names
-                .iter()
-                .find(|(i, _)| *i == event.rule)
-                .map(|(_, n)| n.clone())
-        })
+        .and_then(|names| names.get(&event.rule).cloned())
         .unwrap_or_else(|| format!("#{}", event.rule));
     info!(
         iface,

@@ -117,7 +117,7 @@ impl Daemon {
         self.metrics.rules_pushed(base);
         self.generation = generation;
         if let Ok(mut shared) = self.names.write() {
-            shared.retain(|(index, _)| !(base..base + MAX_RULES).contains(index));
+            shared.retain(|index, _| !(base..base + MAX_RULES).contains(index));
             shared.extend((0..=rules.rules.len()).map(|i| (base + i as u32, rule_name(i))));
         }
         Ok(generation)
@@ -125,7 +125,10 @@ impl Daemon {
 
     /// The names of both generations' rule indices.
     pub(super) fn names(&self) -> Vec<(u32, String)> {
-        self.names.read().map(|n| n.clone()).unwrap_or_default()
+        self.names
+            .read()
+            .map(|n| n.iter().map(|(i, name)| (*i, name.clone())).collect())
+            .unwrap_or_default()
     }
 
     /// The position of `RULES` index `index` in the live rule set (0: the

@@ -187,6 +187,7 @@ pub fn update<K: Pod, V: Pod>(
 
 /// Writes `entries` (key, one value per CPU) into a per-CPU hash map,
 /// `BATCH` per syscall.
+#[cfg(any(test, feature = "test-util"))]
 pub fn update_per_cpu<K: Pod, V: Pod>(
     fd: BorrowedFd<'_>,
     cpus: usize,

@@ -25,6 +25,7 @@ pub fn share_key(source: &SourceKey, rule: &Rule) -> SourceKey {
 /// Writes (or replaces) the share of the source whose window key is
 /// `window_key`, and its share mark. A full map evicts its least recently
 /// used share.
+#[cfg(any(test, feature = "test-util"))]
 pub fn write_share(
     maps: &mut Maps,
     window_key: &SourceKey,
@@ -98,6 +99,7 @@ fn mark_shares(maps: &mut Maps, shares: &[(SourceKey, ClusterShare)]) -> Result<
 
 /// Removes a source's share (it is then held to the cold cap); true if it
 /// had one.
+#[cfg(any(test, feature = "test-util"))]
 pub fn remove_share(maps: &mut Maps, window_key: &SourceKey) -> Result<bool, MapsError> {
     match maps.cluster_shares.remove(window_key) {
         Ok(()) => Ok(true),
