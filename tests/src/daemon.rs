@@ -356,22 +356,7 @@ impl Daemon {
 
     /// CPU time the daemon used so far (user + system), from /proc.
     pub fn cpu_time(&self) -> Duration {
-        let stat = fs::read_to_string(format!("/proc/{}/stat", self.pid())).unwrap_or_default();
-        let fields: Vec<&str> = stat
-            .rsplit_once(") ")
-            .map(|(_, rest)| rest.split_whitespace().collect())
-            .unwrap_or_default();
-        // utime and stime, fields 14 and 15 of stat (11 and 12 after the
-        // state), in clock ticks.
-        let ticks: u64 = [11, 12]
-            .iter()
-            .filter_map(|i| fields.get(*i)?.parse::<u64>().ok())
-            .sum();
-        let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
-            .ok()
-            .flatten()
-            .unwrap_or(100) as u64;
-        Duration::from_millis(ticks * 1000 / hz)
+        process_cpu(self.pid().as_raw() as u32)
     }
 
     pub fn pid(&self) -> Pid {
@@ -551,4 +536,29 @@ mod tests {
         assert_eq!(sum_metric(text, "z_total"), 0.0);
         assert_eq!(parse_metric(text, "x_total{kind=\"server\"}"), Some(3.0));
     }
+}
+
+/// CPU time (user + system) process `pid` used so far, from /proc (zero
+/// once it is gone).
+pub fn process_cpu(pid: u32) -> Duration {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let fields: Vec<&str> = stat
+        .rsplit_once(") ")
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    // utime and stime, fields 14 and 15 of stat (11 and 12 after the
+    // state), in clock ticks.
+    let ticks: u64 = [11, 12]
+        .iter()
+        .filter_map(|i| fields.get(*i)?.parse::<u64>().ok())
+        .sum();
+    Duration::from_secs_f64(ticks as f64 / clock_ticks())
+}
+
+/// Clock ticks per second (`CLK_TCK`), the unit of /proc's CPU times.
+pub fn clock_ticks() -> f64 {
+    nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .unwrap_or(100) as f64
 }

@@ -307,12 +307,11 @@ impl LoadResult {
         median(&self.slices.iter().map(f).collect::<Vec<_>>())
     }
 
-    fn line(&self) -> String {
-        format!(
-            "{:>7} hot: Redis {:>6.0} calls/s {:>9.0} cmds/s CPU {:>5.1}%  daemon {:>6.2} ms CPU/tick  \
-             tick {:>6.1} ms  {:>4.1} ticks/s  over 100 ms {:>5.1}%  partial {:>5.1}%  failed {:>5.1}%  synced {:.0}  \
-             degraded/recovered {}/{}{}",
-            self.hot,
+    /// The medians over the slices: Redis calls/s, commands/s and CPU %,
+    /// then the daemon's CPU ms per tick, tick ms, ticks/s, and the shares
+    /// of ticks over 100 ms, partial and failed (%).
+    fn medians(&self) -> [f64; 9] {
+        [
             self.med(|s| s.0.calls_per_s),
             self.med(|s| s.0.commands_per_s),
             self.med(|s| s.0.cpu_pct),
@@ -322,6 +321,16 @@ impl LoadResult {
             self.med(|s| s.1.over_100ms_pct),
             self.med(|s| s.1.partial_pct),
             self.med(|s| s.1.failed_pct),
+        ]
+    }
+
+    fn line(&self) -> String {
+        let [calls, cmds, cpu, tick_cpu, tick, ticks, over, partial, failed] = self.medians();
+        format!(
+            "{:>7} hot: Redis {calls:>6.0} calls/s {cmds:>9.0} cmds/s CPU {cpu:>5.1}%  daemon {tick_cpu:>6.2} ms CPU/tick  \
+             tick {tick:>6.1} ms  {ticks:>4.1} ticks/s  over 100 ms {over:>5.1}%  partial {partial:>5.1}%  failed {failed:>5.1}%  synced {:.0}  \
+             degraded/recovered {}/{}{}",
+            self.hot,
             self.synced_sources,
             self.degradations,
             self.recoveries,
@@ -330,19 +339,20 @@ impl LoadResult {
     }
 
     fn json(&self) -> String {
+        let [calls, cmds, cpu, tick_cpu, tick, ticks, over, partial, failed] = self.medians();
         serde_json::json!({
             "bench": "cluster", "part": "load", "interval_ms": 100, "nodes": 1,
             "timeout_ms": self.timeout_ms,
             "hot_sources": self.hot, "slices": self.slices.len(),
-            "redis_calls_per_s": self.med(|s| s.0.calls_per_s),
-            "redis_commands_per_s": self.med(|s| s.0.commands_per_s),
-            "redis_cpu_pct": self.med(|s| s.0.cpu_pct),
-            "daemon_cpu_ms_per_tick": self.med(|s| s.1.cpu_ms_per_tick),
-            "tick_ms": self.med(|s| s.1.tick_ms),
-            "ticks_per_s": self.med(|s| s.1.ticks_per_s),
-            "ticks_over_100ms_pct": self.med(|s| s.1.over_100ms_pct),
-            "partial_ticks_pct": self.med(|s| s.1.partial_pct),
-            "failed_ticks_pct": self.med(|s| s.1.failed_pct),
+            "redis_calls_per_s": calls,
+            "redis_commands_per_s": cmds,
+            "redis_cpu_pct": cpu,
+            "daemon_cpu_ms_per_tick": tick_cpu,
+            "tick_ms": tick,
+            "ticks_per_s": ticks,
+            "ticks_over_100ms_pct": over,
+            "partial_ticks_pct": partial,
+            "failed_ticks_pct": failed,
             "synced_sources_last": self.synced_sources,
             "degradations": self.degradations, "recoveries": self.recoveries,
             "degraded_at_end": self.degraded > 0.0,
@@ -566,19 +576,11 @@ fn write_docs(
          |---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     )?;
     for l in loads {
+        let [calls, cmds, cpu, tick_cpu, tick, ticks, over, partial, failed] = l.medians();
         writeln!(
             md,
-            "| {} | {:.0} | {:.0} | {:.1}% | {:.2} ms | {:.1} ms | {:.1} | {:.0}% | {:.0}% | {:.0}% | {:.0}{} | {} / {} |",
+            "| {} | {calls:.0} | {cmds:.0} | {cpu:.1}% | {tick_cpu:.2} ms | {tick:.1} ms | {ticks:.1} | {over:.0}% | {partial:.0}% | {failed:.0}% | {:.0}{} | {} / {} |",
             l.hot,
-            l.med(|s| s.0.calls_per_s),
-            l.med(|s| s.0.commands_per_s),
-            l.med(|s| s.0.cpu_pct),
-            l.med(|s| s.1.cpu_ms_per_tick),
-            l.med(|s| s.1.tick_ms),
-            l.med(|s| s.1.ticks_per_s),
-            l.med(|s| s.1.over_100ms_pct),
-            l.med(|s| s.1.partial_pct),
-            l.med(|s| s.1.failed_pct),
             l.synced_sources,
             if l.degraded > 0.0 { " (degraded)" } else { "" },
             l.degradations,

@@ -32,7 +32,7 @@ use std::{
 
 use anyhow::{bail, Context as _, Result};
 use limiter_tests::{
-    daemon::{Daemon, Files},
+    daemon::{clock_ticks, process_cpu, Daemon, Files},
     netns::{NetNs, Veth},
     redis::{RedisServer, PORT as REDIS_PORT},
     wait_until,
@@ -615,27 +615,6 @@ fn quantile(sorted: &[u64], q: f64) -> f64 {
     }
     let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
     sorted[rank - 1] as f64
-}
-
-/// CPU time (user + system) of process `pid` so far.
-fn process_cpu(pid: u32) -> Duration {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let fields: Vec<&str> = stat
-        .rsplit_once(") ")
-        .map(|(_, rest)| rest.split_whitespace().collect())
-        .unwrap_or_default();
-    let ticks: u64 = [11, 12]
-        .iter()
-        .filter_map(|i| fields.get(*i)?.parse::<u64>().ok())
-        .sum();
-    Duration::from_secs_f64(ticks as f64 / clock_ticks())
-}
-
-fn clock_ticks() -> f64 {
-    nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
-        .ok()
-        .flatten()
-        .unwrap_or(100) as f64
 }
 
 /// `/proc/stat`'s first line: (softirq, busy) clock ticks over all CPUs.

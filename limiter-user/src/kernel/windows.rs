@@ -18,7 +18,7 @@
 
 use std::io;
 
-use aya::maps::{IterableMap, MapData};
+use aya::maps::{HashMap, IterableMap, MapData};
 use limiter_common::{SourceKey, WindowState};
 
 use super::{
@@ -81,7 +81,7 @@ impl Reclaim {
         spilled_total: u64,
     ) -> io::Result<Slice> {
         match self.phase {
-            Phase::Kept => self.step_kept(maps, now_ns, budget, spilled_total),
+            Phase::Kept => self.step_kept(&mut maps.windows, now_ns, budget, spilled_total),
             Phase::Spill { spilled_at_start } => {
                 let (seen, pass_done) =
                     self.read_slice(maps.window_spill.map(), budget, |_, _| {})?;
@@ -106,13 +106,13 @@ impl Reclaim {
 
     fn step_kept(
         &mut self,
-        maps: &mut Maps,
+        windows: &mut HashMap<MapData, SourceKey, WindowState>,
         now_ns: u64,
         budget: usize,
         spilled_total: u64,
     ) -> io::Result<Slice> {
         let mut idle: Vec<SourceKey> = Vec::new();
-        let (seen, pass_done) = self.read_slice(maps.windows.map(), budget, |key, window| {
+        let (seen, pass_done) = self.read_slice(windows.map(), budget, |key, window| {
             if window.idle_at(now_ns) {
                 idle.push(*key);
             }
@@ -120,7 +120,7 @@ impl Reclaim {
         let mut deleted = 0;
         for key in &idle {
             // Gone already (another reader's delete): nothing to count.
-            if maps.windows.remove(key).is_ok() {
+            if windows.remove(key).is_ok() {
                 deleted += 1;
             }
         }
