@@ -520,24 +520,6 @@ pub fn parse_metric(text: &str, series: &str) -> Option<f64> {
         })
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_metric_sums_over_its_labels_and_not_over_longer_names() {
-        let text = "# HELP x_total x\n\
-                    x_total{kind=\"timeout\"} 2\n\
-                    x_total{kind=\"server\"} 3\n\
-                    x_total_other 100\n\
-                    y_total 7\n";
-        assert_eq!(sum_metric(text, "x_total"), 5.0);
-        assert_eq!(sum_metric(text, "y_total"), 7.0);
-        assert_eq!(sum_metric(text, "z_total"), 0.0);
-        assert_eq!(parse_metric(text, "x_total{kind=\"server\"}"), Some(3.0));
-    }
-}
-
 /// CPU time (user + system) process `pid` used so far, from /proc (zero
 /// once it is gone).
 pub fn process_cpu(pid: u32) -> Duration {
@@ -561,4 +543,22 @@ pub fn clock_ticks() -> f64 {
         .ok()
         .flatten()
         .unwrap_or(100) as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_metric_sums_over_its_labels_and_not_over_longer_names() {
+        let text = "# HELP x_total x\n\
+                    x_total{kind=\"timeout\"} 2\n\
+                    x_total{kind=\"server\"} 3\n\
+                    x_total_other 100\n\
+                    y_total 7\n";
+        assert_eq!(sum_metric(text, "x_total"), 5.0);
+        assert_eq!(sum_metric(text, "y_total"), 7.0);
+        assert_eq!(sum_metric(text, "z_total"), 0.0);
+        assert_eq!(parse_metric(text, "x_total{kind=\"server\"}"), Some(3.0));
+    }
 }
