@@ -54,7 +54,7 @@ pub(super) fn record_offered(key: &SourceKey, now: u64, len: u64) -> Option<*mut
     }
     // The new value is built in a seed, not on the stack (it would take
     // 192 of the 512 bytes).
-    let inserted = scratch::seeded::<scratch::NewSource, _>(|seed| {
+    let inserted = scratch::seeded(scratch::NewSource, |seed: &mut SourceTraffic| {
         seed.count_first(now, len);
         seed.first_frame = FIRST_CREATED;
         #[allow(clippy::needless_borrows_for_generic_args)]
@@ -105,17 +105,18 @@ pub(super) fn decide(
         traffic.lease_left = 0;
         traffic.window = WindowCache::default();
     }
-    let Some(rule) = RULES.get(traffic.rule) else {
+    let index = traffic.rule;
+    let Some(rule) = RULES.get(index) else {
         return pass(Outcome::Passed);
     };
     let dry_run = rule.is_dry_run(config.dry_run());
     match rule.action() {
         Some(Action::Allow) => pass(Outcome::Allowed),
-        Some(Action::Deny) => refuse(dry_run, Outcome::DroppedDeny),
+        Some(Action::Deny) => refuse(index, dry_run, Outcome::DroppedDeny),
         Some(Action::Limit) => {
             if now < traffic.hold_until_ns {
                 touch(key, rule, traffic, now);
-                return refuse(dry_run, Outcome::DroppedLimit);
+                return refuse(index, dry_run, Outcome::DroppedLimit);
             }
             if traffic.lease_left != 0 && traffic.window.covers(now, rule.bucket_ns) {
                 traffic.lease_left -= 1;
@@ -131,7 +132,7 @@ pub(super) fn decide(
                     note_penalty(config, key, rule, traffic.hold_until_ns, now);
                 }
                 // Refused, or no window state: fail closed.
-                refuse(dry_run, Outcome::DroppedLimit)
+                refuse(index, dry_run, Outcome::DroppedLimit)
             }
         }
         None => pass(Outcome::Passed),

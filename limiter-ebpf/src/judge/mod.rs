@@ -19,7 +19,7 @@ mod verdict;
 mod window;
 
 use aya_ebpf::helpers::bpf_ktime_get_coarse_ns;
-use limiter_common::{rules::NO_RULE, Outcome};
+use limiter_common::Outcome;
 use limiter_ebpf::parse::Packet;
 
 pub use self::verdict::Verdict;
@@ -56,26 +56,22 @@ pub fn judge(packet: &Packet, len: u64) -> Verdict {
     } else {
         match hot::record_offered(key, now, len) {
             Some(traffic) => Tiered::Hot(traffic),
-            None => Tiered::Judged(verdict::stateless(config, key), NO_RULE),
+            None => Tiered::Judged(verdict::stateless(config, key)),
         }
     };
     // One call of `decide` for both ways in: the verifier walks it once.
-    let (verdict, rule, traffic) = match found {
-        Tiered::Judged(verdict, rule) => (verdict, rule, None),
+    let (verdict, traffic) = match found {
+        Tiered::Judged(verdict) => return verdict,
         Tiered::Hot(traffic) => {
             // SAFETY: this CPU's slot of a per-CPU map value; XDP runs
             // with migration disabled, so nothing else touches it.
             let traffic = unsafe { &mut *traffic };
             let verdict = hot::decide(config, key, traffic, now, len);
-            (verdict, traffic.rule, Some(traffic))
+            (verdict, traffic)
         }
-        Tiered::Promoted(traffic, verdict) => {
-            // SAFETY: as above.
-            let traffic = unsafe { &mut *traffic };
-            (verdict, traffic.rule, Some(traffic))
-        }
+        // SAFETY: as above.
+        Tiered::Promoted(traffic, verdict) => (verdict, unsafe { &mut *traffic }),
     };
-    // Every way out meets here: a refusal is counted in one place.
-    verdict::account(&verdict, key, rule, traffic, now, len);
+    verdict::account(&verdict, key, traffic, now, len);
     verdict
 }

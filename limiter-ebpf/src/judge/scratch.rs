@@ -11,7 +11,10 @@ use core::{
 };
 
 use aya_ebpf::maps::PerCpuArray;
-use limiter_common::{window::PACKETS, SourceTraffic, WindowState};
+use limiter_common::{
+    window::{PACKETS, RING},
+    SourceTraffic, WindowState,
+};
 
 use crate::maps::{TRAFFIC_SEED, WINDOW_SEED};
 
@@ -28,13 +31,16 @@ pub(super) fn slot<T>(map: &'static PerCpuArray<T>) -> Option<&'static mut T> {
     Some(unsafe { &mut *slot })
 }
 
-/// Hands this CPU's seed for use `S` (all zero) to `fill_and_use`, then
+/// Hands this CPU's seed for `use_` (all zero) to `fill_and_use`, then
 /// zeroes what that use may have set. `None` when the slot is missing.
 #[inline(always)]
-pub(super) fn seeded<S: Seed, R>(fill_and_use: impl FnOnce(&mut S::Value) -> R) -> Option<R> {
+pub(super) fn seeded<S: Seed, R>(
+    use_: S,
+    fill_and_use: impl FnOnce(&mut S::Value) -> R,
+) -> Option<R> {
     let seed = slot(S::map())?;
     let out = fill_and_use(seed);
-    S::rezero(seed);
+    use_.rezero(seed);
     Some(out)
 }
 
@@ -47,7 +53,7 @@ pub(super) fn seeded<S: Seed, R>(fill_and_use: impl FnOnce(&mut S::Value) -> R) 
 pub(super) trait Seed {
     type Value: 'static;
     fn map() -> &'static PerCpuArray<Self::Value>;
-    fn rezero(value: &mut Self::Value);
+    fn rezero(&self, value: &mut Self::Value);
 }
 
 /// A new source's per-CPU state: `SourceTraffic::count_first` and
@@ -63,7 +69,7 @@ impl Seed for NewSource {
     }
 
     #[inline(always)]
-    fn rezero(value: &mut SourceTraffic) {
+    fn rezero(&self, value: &mut SourceTraffic) {
         // SAFETY: aligned fields of this CPU's scratch.
         unsafe {
             write_volatile(&mut value.second, 0);
@@ -89,7 +95,7 @@ impl Seed for ExactState {
     }
 
     #[inline(always)]
-    fn rezero(value: &mut SourceTraffic) {
+    fn rezero(&self, value: &mut SourceTraffic) {
         const WORDS: usize = size_of::<SourceTraffic>() / 8;
         const _: () = assert!(size_of::<SourceTraffic>() % 8 == 0);
         const _: () = assert!(align_of::<SourceTraffic>() == 8);
@@ -104,9 +110,11 @@ impl Seed for ExactState {
     }
 }
 
-/// A new window: a slot's packet word, the bucket width and a block are
-/// all it sets.
-pub(super) struct NewWindow;
+/// A new window: the packet word of slot `slot` (below `RING`), the
+/// bucket width and a block are all it sets.
+pub(super) struct NewWindow {
+    pub(super) slot: usize,
+}
 
 impl Seed for NewWindow {
     type Value = WindowState;
@@ -117,13 +125,10 @@ impl Seed for NewWindow {
     }
 
     #[inline(always)]
-    fn rezero(value: &mut WindowState) {
-        for slot in value.slots.iter_mut() {
-            // SAFETY: an aligned word of this CPU's scratch.
-            unsafe { write_volatile(&mut slot[PACKETS], 0) };
-        }
+    fn rezero(&self, value: &mut WindowState) {
         // SAFETY: aligned words of this CPU's scratch.
         unsafe {
+            write_volatile(&mut value.slots[self.slot & (RING - 1)][PACKETS], 0);
             write_volatile(&mut value.bucket_ns, 0);
             write_volatile(&mut value.blocked_until_ns, 0);
             write_volatile(&mut value.blocked_tag, 0);

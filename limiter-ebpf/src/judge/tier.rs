@@ -16,7 +16,7 @@ use super::{
     hot,
     key::resolve,
     scratch,
-    verdict::{pass, refuse, Verdict},
+    verdict::{pass, refuse, stateless, Verdict},
     window::{limit, LIMIT_ADMITTED, LIMIT_DRY_RUN, LIMIT_EXACT_TIER, LIMIT_HALF_USED},
     BPF_NOEXIST,
 };
@@ -27,9 +27,8 @@ use crate::{
 
 /// Where a tiered frame went.
 pub(super) enum Tiered {
-    /// Judged without per-CPU state (cheap or exact tier); a refusal
-    /// counts against the rule named ([`NO_RULE`]: none).
-    Judged(Verdict, u32),
+    /// Judged without per-CPU state (cheap or exact tier).
+    Judged(Verdict),
     /// The source has per-CPU state (hot): judge it there.
     Hot(*mut SourceTraffic),
     /// Judged on its window, and the source got per-CPU state just now
@@ -64,7 +63,7 @@ pub(super) fn tiered(config: &Config, key: &SourceKey, now: u64, len: u64) -> Ti
             if within_cheap(rule, count, now) {
                 if !must_be_exact(config, key, rule, place, count, now) {
                     maps::count(Outcome::Cheap, len);
-                    return Tiered::Judged(cheap(config, rule), index);
+                    return Tiered::Judged(cheap(config, rule, index));
                 }
                 marked = true;
             }
@@ -87,14 +86,14 @@ pub(super) fn tiered(config: &Config, key: &SourceKey, now: u64, len: u64) -> Ti
         index = resolve(key, config.generation);
     }
     let Some(rule) = RULES.get(index) else {
-        return Tiered::Judged(pass(Outcome::Passed), NO_RULE);
+        return Tiered::Judged(pass(Outcome::Passed));
     };
     if rule.action() != Some(Action::Limit) {
         // Allow and deny keep per-CPU state past the cheap tier: what
         // `top` shows and events name.
         return match hot::promote(config, key, index, now, len, 0) {
             Some(traffic) => Tiered::Hot(traffic),
-            None => Tiered::Judged(super::verdict::stateless(config, key), NO_RULE),
+            None => Tiered::Judged(stateless(config, key)),
         };
     }
     let past = Past {
@@ -182,12 +181,17 @@ fn hashed_budget_place(config: &Config, key: &SourceKey, rule: &Rule) -> sketch:
     )
 }
 
-/// A frame of the cheap tier: allow passes, deny drops, a limit admits.
+/// A frame of the cheap tier under rule `index`: allow passes, deny drops,
+/// a limit admits.
 #[inline(always)]
-fn cheap(config: &Config, rule: &Rule) -> Verdict {
+fn cheap(config: &Config, rule: &Rule, index: u32) -> Verdict {
     match rule.action() {
         Some(Action::Allow) => pass(Outcome::Allowed),
-        Some(Action::Deny) => refuse(rule.is_dry_run(config.dry_run()), Outcome::DroppedDeny),
+        Some(Action::Deny) => refuse(
+            index,
+            rule.is_dry_run(config.dry_run()),
+            Outcome::DroppedDeny,
+        ),
         _ => pass(Outcome::Passed),
     }
 }
@@ -256,7 +260,7 @@ fn exact(
     let count = past.seen.total();
     let dry_run = rule.is_dry_run(config.dry_run());
     let flags = (u32::from(dry_run) * LIMIT_DRY_RUN) | LIMIT_EXACT_TIER;
-    let judged = scratch::seeded::<scratch::ExactState, _>(|state| {
+    let judged = scratch::seeded(scratch::ExactState, |state: &mut SourceTraffic| {
         // This frame, counted as the source's per-CPU state would count it.
         state.count_first(now, len);
         state.rule = index;
@@ -294,20 +298,19 @@ fn exact(
     });
     let Some((admitted, promoted)) = judged else {
         // No state to judge it with: fail closed.
-        return Tiered::Judged(refuse(dry_run, Outcome::DroppedLimit), NO_RULE);
+        return Tiered::Judged(refuse(NO_RULE, dry_run, Outcome::DroppedLimit));
     };
     let verdict = if admitted {
         pass(Outcome::Passed)
     } else {
-        refuse(dry_run, Outcome::DroppedLimit)
+        refuse(index, dry_run, Outcome::DroppedLimit)
     };
     if promoted {
         if let Some(traffic) = SOURCES.get_ptr_mut(key) {
             return Tiered::Promoted(traffic, verdict);
         }
     }
-    // No per-CPU state to account it in: still one rule's drop.
-    Tiered::Judged(verdict, index)
+    Tiered::Judged(verdict)
 }
 
 /// After `limit` refused a source of `rule`: if a penalty holds it now

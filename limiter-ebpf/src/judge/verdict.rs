@@ -1,6 +1,7 @@
 //! What becomes of a frame: its verdict, the verdict of a frame whose
-//! source could get no state, and what a refusal is counted as (the
-//! source's dropped traffic, its rule's drops, a "source limited" event).
+//! source could get no state, and what a refusal is counted as: its
+//! rule's drops, and a hot source's dropped traffic and "source limited"
+//! event.
 
 use aya_ebpf::bindings::xdp_action::{XDP_DROP, XDP_PASS};
 use limiter_common::{
@@ -31,8 +32,13 @@ pub(super) const fn pass(outcome: Outcome) -> Verdict {
     }
 }
 
-/// A frame that must go: dropped, or only counted in dry-run.
-pub(super) const fn refuse(dry_run: bool, outcome: Outcome) -> Verdict {
+/// A frame that rule `rule` refuses: dropped, or only counted in dry-run,
+/// and counted against the rule either way: every per-rule drop is
+/// counted here ([`NO_RULE`](limiter_common::rules::NO_RULE): against
+/// none).
+#[inline(always)]
+pub(super) fn refuse(rule: u32, dry_run: bool, outcome: Outcome) -> Verdict {
+    maps::count_rule_drop(rule);
     if dry_run {
         pass(Outcome::DryRunWouldDrop)
     } else {
@@ -60,30 +66,23 @@ pub(super) fn stateless(config: &Config, key: &SourceKey) -> Verdict {
     }
 }
 
-/// Counts a refused frame of `len` bytes: against rule `rule` (none for
-/// [`NO_RULE`](limiter_common::rules::NO_RULE)) and, for a source with
-/// per-CPU state, in its dropped traffic, telling the daemon when a new
-/// episode of refusals starts. Every per-rule drop is counted here.
+/// Counts a hot source's refused frame of `len` bytes in its dropped
+/// traffic, and tells the daemon when a new episode of refusals starts.
 #[inline(always)]
 pub(super) fn account(
     verdict: &Verdict,
     key: &SourceKey,
-    rule: u32,
-    traffic: Option<&mut SourceTraffic>,
+    traffic: &mut SourceTraffic,
     now: u64,
     len: u64,
 ) {
     if !verdict.refused() {
         return;
     }
-    maps::count_rule_drop(rule);
-    let Some(traffic) = traffic else {
-        return;
-    };
     traffic.dropped.add(len);
     if now.wrapping_sub(traffic.last_refused_ns) > EPISODE_GAP_NS || traffic.last_refused_ns == 0 {
         let dry_run = verdict.outcome == Outcome::DryRunWouldDrop;
-        let event = LimitEvent::new(*key, rule, now, dry_run);
+        let event = LimitEvent::new(*key, traffic.rule, now, dry_run);
         maps::send_event(&event, now);
     }
     traffic.last_refused_ns = now;

@@ -12,7 +12,7 @@ use aya_ebpf::helpers::bpf_ktime_get_coarse_ns;
 use limiter_common::{
     state::{FIRST_CREATED, FIRST_HERE},
     window::{self, Admission, WindowCache, WindowParams, PACKETS, RING},
-    Hold, Outcome, Rule, Scope, SourceKey, SourceTraffic,
+    Hold, Outcome, Rule, Scope, SourceKey, SourceTraffic, WindowState,
 };
 
 use super::{cluster, scratch, BPF_NOEXIST};
@@ -260,9 +260,10 @@ fn create_window(
 ) -> Option<(SharedWindow, bool)> {
     // The value is built in a seed and passed by reference to the map: a
     // copy would take 272 of the 512 bytes of BPF stack.
-    let seeded = scratch::seeded::<scratch::NewWindow, _>(|seed| {
-        let (slot, word) = first;
-        seed.slots[slot & (RING - 1)][PACKETS] = word;
+    let (slot, word) = first;
+    let slot = slot & (RING - 1);
+    let seeded = scratch::seeded(scratch::NewWindow { slot }, |seed: &mut WindowState| {
+        seed.slots[slot][PACKETS] = word;
         seed.bucket_ns = params.bucket_ns;
         let mut exhausted = false;
         if let Some(held) = HOLDS.get_ptr(key) {
