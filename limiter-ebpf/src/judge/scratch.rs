@@ -97,7 +97,7 @@ impl Seed for ExactState {
     #[inline(always)]
     fn rezero(&self, value: &mut SourceTraffic) {
         const WORDS: usize = size_of::<SourceTraffic>() / 8;
-        const _: () = assert!(size_of::<SourceTraffic>() % 8 == 0);
+        const _: () = assert!(size_of::<SourceTraffic>().is_multiple_of(8));
         const _: () = assert!(align_of::<SourceTraffic>() == 8);
         let words = (value as *mut SourceTraffic).cast::<u64>();
         for word in 0..WORDS {
