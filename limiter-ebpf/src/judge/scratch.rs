@@ -6,7 +6,7 @@
 //! the zero back.
 
 use core::{
-    mem::{align_of, size_of},
+    mem::{align_of, offset_of, size_of},
     ptr::write_volatile,
 };
 
@@ -83,8 +83,23 @@ impl Seed for NewSource {
 }
 
 /// The exact tier's stand-in for a source's per-CPU state, which `limit`
-/// may write anywhere in: every word.
+/// may write anywhere in: every word but those of the fields neither the
+/// exact tier nor `limit` writes (`previous`, `dropped`,
+/// `last_refused_ns`: a source's history, which a stand-in has none of).
 pub(super) struct ExactState;
+
+impl ExactState {
+    /// Whether word `word` of a `SourceTraffic` is one of the fields never
+    /// written in a stand-in.
+    const fn untouched(word: usize) -> bool {
+        let previous = offset_of!(SourceTraffic, previous) / 8;
+        let dropped = offset_of!(SourceTraffic, dropped) / 8;
+        let last_refused = offset_of!(SourceTraffic, last_refused_ns) / 8;
+        (word >= previous && word < previous + 2)
+            || (word >= dropped && word < dropped + 2)
+            || word == last_refused
+    }
+}
 
 impl Seed for ExactState {
     type Value = SourceTraffic;
@@ -101,6 +116,9 @@ impl Seed for ExactState {
         const _: () = assert!(align_of::<SourceTraffic>() == 8);
         let words = (value as *mut SourceTraffic).cast::<u64>();
         for word in 0..WORDS {
+            if Self::untouched(word) {
+                continue;
+            }
             // SAFETY: `SourceTraffic` is `#[repr(C)]` integers and explicit
             // padding, 8-aligned and a whole number of words (asserted
             // above), for which all zero is a valid value: each store is
