@@ -1,7 +1,7 @@
 //! The xdp-limiter XDP program.
 //!
 //! Entry point `xdp_limiter` delegates to `try_limit`: parse the frame
-//! (`parse.rs`, the crate's library), judge it (`limit.rs`), count the
+//! (`parse.rs`, the crate's library), judge it (`judge/`), count the
 //! outcome. Non-IP and malformed frames pass untouched and are counted as
 //! such.
 #![no_std]
@@ -14,7 +14,7 @@
 #![feature(asm_experimental_arch)]
 #![allow(internal_features)]
 
-mod limit;
+mod judge;
 mod maps;
 mod shared;
 
@@ -45,7 +45,7 @@ pub fn xdp_limiter(ctx: XdpContext) -> u32 {
 #[inline(always)]
 fn try_limit(ctx: &XdpContext, len: u64) -> Result<u32, ParseError> {
     let packet = parse::parse(ctx)?;
-    let verdict = limit::judge(&packet, len);
+    let verdict = judge::judge(&packet, len);
     maps::count(verdict.outcome, len);
     Ok(verdict.action)
 }

@@ -1,0 +1,151 @@
+//! A source with per-CPU state (`SOURCES`, hot): its offered traffic, its
+//! rule cached under the generation it was resolved in, and what this CPU
+//! concluded of it: refused until `hold_until_ns` without reading anything
+//! shared, admitted from a lease, or sent to its shared window (`limit`).
+
+use limiter_common::{
+    state::{FIRST_CREATED, FIRST_HERE},
+    window::WindowCache,
+    Action, Config, Outcome, Rule, SourceKey, SourceTraffic,
+};
+
+use super::{
+    key::resolve,
+    scratch,
+    tier::note_penalty,
+    verdict::{pass, refuse, Verdict},
+    window::{find_window, limit, LIMIT_ADMITTED, LIMIT_DRY_RUN, LIMIT_UNWINDOWED_FIRST},
+    BPF_NOEXIST,
+};
+use crate::maps::{self, RULES, SOURCES};
+
+/// Gives a source per-CPU state (or finds it), with its rule resolved
+/// under the live generation and this CPU holding it until `hold` (0: not
+/// held). Its shared window, if any, already counts what it was admitted.
+#[inline(always)]
+pub(super) fn promote(
+    config: &Config,
+    key: &SourceKey,
+    index: u32,
+    now: u64,
+    len: u64,
+    hold: u64,
+) -> Option<*mut SourceTraffic> {
+    let traffic = record_offered(key, now, len)?;
+    // SAFETY: this CPU's slot of a per-CPU map value.
+    let state = unsafe { &mut *traffic };
+    state.rule = index;
+    state.generation = config.generation;
+    state.hold_until_ns = hold;
+    state.touched_ns = now;
+    // The window, if the source has one, counted this frame already.
+    state.first_frame = 0;
+    Some(traffic)
+}
+
+/// Counts the frame in this CPU's `SOURCES` slot for `key`, creating it
+/// (marked `FIRST_CREATED` in this CPU's slot) if the source is new.
+#[inline(always)]
+pub(super) fn record_offered(key: &SourceKey, now: u64, len: u64) -> Option<*mut SourceTraffic> {
+    if let Some(traffic) = SOURCES.get_ptr_mut(key) {
+        // SAFETY: this CPU's slot of a per-CPU map value.
+        unsafe { (*traffic).record_at(now, len) };
+        return Some(traffic);
+    }
+    // The new value is built in a seed, not on the stack (it would take
+    // 192 of the 512 bytes).
+    let inserted = scratch::seeded(scratch::NewSource, |seed: &mut SourceTraffic| {
+        seed.count_first(now, len);
+        seed.first_frame = FIRST_CREATED;
+        #[allow(clippy::needless_borrows_for_generic_args)]
+        SOURCES.insert(key, &*seed, BPF_NOEXIST).is_ok()
+    });
+    match inserted {
+        Some(true) => {
+            maps::count(Outcome::NewSource, len);
+            return SOURCES.get_ptr_mut(key);
+        }
+        Some(false) => {}
+        None => {
+            maps::count(Outcome::InsertFailure, len);
+            return None;
+        }
+    }
+    // Another CPU created it first: count in our slot of its entry.
+    let Some(traffic) = SOURCES.get_ptr_mut(key) else {
+        maps::count(Outcome::InsertFailure, len);
+        return None;
+    };
+    // SAFETY: as above.
+    unsafe { (*traffic).record_at(now, len) };
+    Some(traffic)
+}
+
+/// The verdict for a hot source's frame: from its cached rule (resolved
+/// again when the rule generation changed), its hold, its lease, or its
+/// shared window.
+#[inline(always)]
+pub(super) fn decide(
+    config: &Config,
+    key: &SourceKey,
+    traffic: &mut SourceTraffic,
+    now: u64,
+    len: u64,
+) -> Verdict {
+    if traffic.generation != config.generation {
+        if traffic.generation == 0 && traffic.first_frame == 0 {
+            // A zeroed slot: another CPU created the entry.
+            traffic.first_frame = FIRST_HERE;
+        }
+        // Rules changed (or first frame on this CPU): resolve once, and
+        // forget what this CPU concluded under the old rule.
+        traffic.rule = resolve(key, config.generation);
+        traffic.generation = config.generation;
+        traffic.hold_until_ns = 0;
+        traffic.lease_left = 0;
+        traffic.window = WindowCache::default();
+    }
+    let index = traffic.rule;
+    let Some(rule) = RULES.get(index) else {
+        return pass(Outcome::Passed);
+    };
+    let dry_run = rule.is_dry_run(config.dry_run());
+    match rule.action() {
+        Some(Action::Allow) => pass(Outcome::Allowed),
+        Some(Action::Deny) => refuse(index, dry_run, Outcome::DroppedDeny),
+        Some(Action::Limit) => {
+            if now < traffic.hold_until_ns {
+                touch(key, rule, traffic, now);
+                return refuse(index, dry_run, Outcome::DroppedLimit);
+            }
+            if traffic.lease_left != 0 && traffic.window.covers(now, rule.bucket_ns) {
+                traffic.lease_left -= 1;
+                return pass(Outcome::Passed);
+            }
+            let unwindowed_first = config.class_count == 0;
+            let flags = (u32::from(dry_run) * LIMIT_DRY_RUN)
+                | (u32::from(unwindowed_first) * LIMIT_UNWINDOWED_FIRST);
+            if limit(key, traffic, len, flags) & LIMIT_ADMITTED != 0 {
+                pass(Outcome::Passed)
+            } else {
+                if config.tiered() && !dry_run {
+                    note_penalty(config, key, rule, traffic.hold_until_ns, now);
+                }
+                // Refused, or no window state: fail closed.
+                refuse(index, dry_run, Outcome::DroppedLimit)
+            }
+        }
+        None => pass(Outcome::Passed),
+    }
+}
+
+/// Looks a held source's window up once a bucket (per CPU): a held source
+/// reads no window otherwise, and were its window spilled, the LRU map
+/// would evict it under a flood of other sources.
+#[inline(always)]
+fn touch(key: &SourceKey, rule: &Rule, traffic: &mut SourceTraffic, now: u64) {
+    if now.wrapping_sub(traffic.touched_ns) >= rule.bucket_ns {
+        traffic.touched_ns = now;
+        let _ = find_window(&key.with_class(rule.budget));
+    }
+}

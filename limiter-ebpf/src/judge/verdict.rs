@@ -1,0 +1,89 @@
+//! What becomes of a frame: its verdict, the verdict of a frame whose
+//! source could get no state, and what a refusal is counted as: its
+//! rule's drops, and a hot source's dropped traffic and "source limited"
+//! event.
+
+use aya_ebpf::bindings::xdp_action::{XDP_DROP, XDP_PASS};
+use limiter_common::{
+    event::EPISODE_GAP_NS, Config, LimitEvent, Outcome, SourceKey, SourceTraffic,
+};
+
+use super::key::resolve;
+use crate::maps::{self, RULES};
+
+/// What to do with a frame and what to count it as.
+pub struct Verdict {
+    pub action: u32,
+    pub outcome: Outcome,
+}
+
+impl Verdict {
+    /// Dropped, or would have been (dry-run).
+    #[inline(always)]
+    fn refused(&self) -> bool {
+        self.outcome != Outcome::Passed && self.outcome != Outcome::Allowed
+    }
+}
+
+pub(super) const fn pass(outcome: Outcome) -> Verdict {
+    Verdict {
+        action: XDP_PASS,
+        outcome,
+    }
+}
+
+/// A frame that rule `rule` refuses: dropped, or only counted in dry-run,
+/// and counted against the rule either way: every per-rule drop is
+/// counted here ([`NO_RULE`](limiter_common::rules::NO_RULE): against
+/// none).
+#[inline(always)]
+pub(super) fn refuse(rule: u32, dry_run: bool, outcome: Outcome) -> Verdict {
+    maps::count_rule_drop(rule);
+    if dry_run {
+        pass(Outcome::DryRunWouldDrop)
+    } else {
+        Verdict {
+            action: XDP_DROP,
+            outcome,
+        }
+    }
+}
+
+/// A frame whose source could get no state: allow and deny still apply; a
+/// limit fails closed (`Rule::stateless_outcome`, host-tested). Not
+/// counted against the rule.
+#[inline(always)]
+pub(super) fn stateless(config: &Config, key: &SourceKey) -> Verdict {
+    let Some(rule) = RULES.get(resolve(key, config.generation)) else {
+        return pass(Outcome::Passed);
+    };
+    match rule.stateless_outcome(config.dry_run()) {
+        outcome @ (Outcome::DroppedDeny | Outcome::DroppedLimit) => Verdict {
+            action: XDP_DROP,
+            outcome,
+        },
+        outcome => pass(outcome),
+    }
+}
+
+/// Counts a hot source's refused frame of `len` bytes in its dropped
+/// traffic, and tells the daemon when a new episode of refusals starts.
+#[inline(always)]
+pub(super) fn account(
+    verdict: &Verdict,
+    key: &SourceKey,
+    traffic: &mut SourceTraffic,
+    now: u64,
+    len: u64,
+) {
+    if !verdict.refused() {
+        return;
+    }
+    traffic.dropped.add(len);
+    if now.wrapping_sub(traffic.last_refused_ns) > EPISODE_GAP_NS || traffic.last_refused_ns == 0 {
+        let dry_run = verdict.outcome == Outcome::DryRunWouldDrop;
+        let event = LimitEvent::new(*key, traffic.rule, now, dry_run);
+        maps::send_event(&event, now);
+    }
+    traffic.last_refused_ns = now;
+}
