@@ -60,12 +60,14 @@ macro_rules! for_each_map {
                 Sources($crate::maps::DEFAULT_MAX_SOURCES), pinned;
 
             /// Per-CPU scratch for a new `WINDOWS` value, too large for the BPF
-            /// stack: all zero between uses, seeded, inserted and zeroed again.
+            /// stack: all zero between uses, seeded, inserted and zeroed again
+            /// (`limiter-ebpf/src/judge/scratch.rs`).
             WINDOW_SEED(window_seed): PerCpuArray<u32, $crate::WindowState>,
                 Fixed(1), kernel;
 
             /// Per-CPU scratch for a new `SOURCES` value, too large for the BPF
-            /// stack: all zero between uses, filled, inserted and zeroed again.
+            /// stack: all zero between uses, filled, inserted and zeroed again
+            /// (`limiter-ebpf/src/judge/scratch.rs`).
             TRAFFIC_SEED(traffic_seed): PerCpuArray<u32, $crate::SourceTraffic>,
                 Fixed(1), kernel;
 

@@ -4,7 +4,7 @@
 //! (`CLUSTER`); and what a push must make
 //! true of a cluster-scoped rule for the kernel to hold it exactly
 //! ([`kernel_ready`]). The kernel's side: `limiter_common::cluster` and
-//! `limiter-ebpf/src/limit.rs`.
+//! `limiter-ebpf/src/judge/cluster.rs`.
 
 use std::collections::HashMap;
 
