@@ -21,58 +21,35 @@ use limiter_common::{
     maps as spec, LimitEvent, Outcome, SourceKey,
 };
 
-/// One map static of a row: its aya-ebpf type by kind, and the check of
-/// the kernel's key and value types (an array's `u32` index, an LPM
-/// trie's `Key` with its prefix length) against the row's spec.
-macro_rules! kernel_map {
-    ($(#[$doc:meta])* $name:ident: LruPerCpuHash<$key:ty, $value:ty>) => {
-        $(#[$doc])*
-        #[map]
-        pub static $name: LruPerCpuHashMap<$key, $value> =
-            LruPerCpuHashMap::with_max_entries(spec::$name.max_entries, spec::$name.flags);
-        const _: () = spec::$name.check::<$key, $value>(stringify!($name));
+/// The aya-ebpf type of a row's kind.
+macro_rules! kernel_type {
+    (LruPerCpuHash, $key:ty, $value:ty) => { LruPerCpuHashMap<$key, $value> };
+    (LruHash, $key:ty, $value:ty) => { LruHashMap<$key, $value> };
+    (Hash, $key:ty, $value:ty) => { HashMap<$key, $value> };
+    (Array, $key:ty, $value:ty) => { Array<$value> };
+    (PerCpuArray, $key:ty, $value:ty) => { PerCpuArray<$value> };
+    (LpmTrie, $key:ty, $value:ty) => { LpmTrie<$key, $value> };
+    (RingBuf, $key:ty, $value:ty) => { RingBuf };
+}
+
+/// The key type as the kernel sees it, for the size check against the
+/// spec: an array's `u32` index, an LPM trie's `Key` with its prefix
+/// length, else the row's key.
+macro_rules! kernel_key {
+    (Array, $key:ty) => { u32 };
+    (PerCpuArray, $key:ty) => { u32 };
+    (LpmTrie, $key:ty) => { Key<$key> };
+    ($kind:ident, $key:ty) => { $key };
+}
+
+/// A map static's initialiser: capacity and flags from the row's spec (a
+/// ring buffer's capacity is its size in bytes).
+macro_rules! kernel_init {
+    (RingBuf, $name:ident, $type:ty) => {
+        RingBuf::with_byte_size(spec::$name.max_entries, spec::$name.flags)
     };
-    ($(#[$doc:meta])* $name:ident: LruHash<$key:ty, $value:ty>) => {
-        $(#[$doc])*
-        #[map]
-        pub static $name: LruHashMap<$key, $value> =
-            LruHashMap::with_max_entries(spec::$name.max_entries, spec::$name.flags);
-        const _: () = spec::$name.check::<$key, $value>(stringify!($name));
-    };
-    ($(#[$doc:meta])* $name:ident: Hash<$key:ty, $value:ty>) => {
-        $(#[$doc])*
-        #[map]
-        pub static $name: HashMap<$key, $value> =
-            HashMap::with_max_entries(spec::$name.max_entries, spec::$name.flags);
-        const _: () = spec::$name.check::<$key, $value>(stringify!($name));
-    };
-    ($(#[$doc:meta])* $name:ident: Array<$key:ty, $value:ty>) => {
-        $(#[$doc])*
-        #[map]
-        pub static $name: Array<$value> =
-            Array::with_max_entries(spec::$name.max_entries, spec::$name.flags);
-        const _: () = spec::$name.check::<u32, $value>(stringify!($name));
-    };
-    ($(#[$doc:meta])* $name:ident: PerCpuArray<$key:ty, $value:ty>) => {
-        $(#[$doc])*
-        #[map]
-        pub static $name: PerCpuArray<$value> =
-            PerCpuArray::with_max_entries(spec::$name.max_entries, spec::$name.flags);
-        const _: () = spec::$name.check::<u32, $value>(stringify!($name));
-    };
-    ($(#[$doc:meta])* $name:ident: LpmTrie<$key:ty, $value:ty>) => {
-        $(#[$doc])*
-        #[map]
-        pub static $name: LpmTrie<$key, $value> =
-            LpmTrie::with_max_entries(spec::$name.max_entries, spec::$name.flags);
-        const _: () = spec::$name.check::<Key<$key>, $value>(stringify!($name));
-    };
-    ($(#[$doc:meta])* $name:ident: RingBuf<$key:ty, $value:ty>) => {
-        $(#[$doc])*
-        #[map]
-        pub static $name: RingBuf =
-            RingBuf::with_byte_size(spec::$name.max_entries, spec::$name.flags);
-        const _: () = spec::$name.check::<$key, $value>(stringify!($name));
+    ($kind:ident, $name:ident, $type:ty) => {
+        <$type>::with_max_entries(spec::$name.max_entries, spec::$name.flags)
     };
 }
 
@@ -82,9 +59,14 @@ macro_rules! kernel_maps {
         $(#[$doc:meta])*
         $name:ident($field:ident): $kind:ident<$key:ty, $value:ty>,
             $sizing:ident($max_entries:expr), $keep:ident;
-    )*) => {
-        $(kernel_map!($(#[$doc])* $name: $kind<$key, $value>);)*
-    };
+    )*) => {$(
+        $(#[$doc])*
+        #[map]
+        pub static $name: kernel_type!($kind, $key, $value) =
+            kernel_init!($kind, $name, kernel_type!($kind, $key, $value));
+        const _: () =
+            spec::$name.check::<kernel_key!($kind, $key), $value>(stringify!($name));
+    )*};
 }
 
 limiter_common::for_each_map!(kernel_maps);
