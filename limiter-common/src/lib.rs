@@ -31,6 +31,6 @@ pub use cluster::{ClusterShare, ClusterState};
 pub use event::{EventKind, LimitEvent};
 pub use keys::{prefix_mask, AddressFamily, SourceKey};
 pub use maps::{names, DEFAULT_MAX_HOT_SOURCES, DEFAULT_MAX_SOURCES, MAP_LAYOUT_VERSION};
-pub use rules::{Action, Config, Rule, RuleRefs, Scope, TrafficClass};
+pub use rules::{Action, Config, Level, LevelKey, LevelKind, Rule, RuleRefs, Scope, TrafficClass};
 pub use state::{Hold, SourceTraffic, WindowState};
 pub use stats::{Counter, Outcome};

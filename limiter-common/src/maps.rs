@@ -251,7 +251,7 @@ mod tests {
 
     #[test]
     fn the_daemon_pins_the_state_and_rule_maps() {
-        let pinned: [&str; 15] = PINNED.map(|spec| spec.name);
+        let pinned: [&str; 17] = PINNED.map(|spec| spec.name);
         assert_eq!(
             pinned,
             [
@@ -262,6 +262,8 @@ mod tests {
                 "CONFIG",
                 "RULES",
                 "RULE_DROPS",
+                "LEVEL_DROPS",
+                "AGGREGATES",
                 "PREFIXES_V4",
                 "PREFIXES_V6",
                 "SKETCH",
@@ -291,12 +293,17 @@ mod tests {
             Some(DEFAULT_MAX_CLUSTER_SOURCES)
         );
         assert_eq!(CLUSTER.expected_max_entries(1000, 10), Some(1));
+        assert_eq!(AGGREGATES.expected_max_entries(1000, 10), Some(10));
+        assert_eq!(
+            LEVEL_DROPS.expected_max_entries(1000, 10),
+            Some(RULE_SLOTS * crate::rules::MAX_LEVELS as u32)
+        );
     }
 
     #[test]
     fn sizes_of_the_layout() {
         // The sizes a pinned map of this layout version has.
-        let sizes: [(&str, u32, u32); 15] = PINNED.map(|s| (s.name, s.key_size, s.value_size));
+        let sizes: [(&str, u32, u32); 17] = PINNED.map(|s| (s.name, s.key_size, s.value_size));
         assert_eq!(
             sizes,
             [
@@ -305,8 +312,10 @@ mod tests {
                 ("WINDOW_SPILL", 20, 288),
                 ("STATS", 4, 16),
                 ("CONFIG", 4, 80),
-                ("RULES", 4, 64),
+                ("RULES", 4, 328),
                 ("RULE_DROPS", 4, 8),
+                ("LEVEL_DROPS", 4, 8),
+                ("AGGREGATES", 24, 288),
                 ("PREFIXES_V4", 9, 132),
                 ("PREFIXES_V6", 21, 132),
                 ("SKETCH", 4, 16),

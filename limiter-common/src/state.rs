@@ -56,7 +56,10 @@ pub struct SourceTraffic {
     /// to the window by this CPU's next look at it (at most the rule's
     /// cheap frames of it), then 0.
     pub carried: u32,
-    pub _pad: u32,
+    /// Non-zero: at its last admission the source's window held more than
+    /// its rule's `fair_packets`: its rule's levels judge it as heavy
+    /// (`rules::level`).
+    pub heavy: u32,
 }
 
 /// `SourceTraffic::first_frame`: this CPU created the source's entry.

@@ -80,6 +80,16 @@ pub fn count_rule_drop(index: u32) {
     }
 }
 
+/// Counts one frame of rule `index` refused by its level `level`.
+#[inline(always)]
+pub fn count_level_drop(index: u32, level: u32) {
+    let at = index * limiter_common::rules::MAX_LEVELS as u32 + level;
+    if let Some(drops) = LEVEL_DROPS.get_ptr_mut(at) {
+        // SAFETY: this CPU's slot of an array element.
+        unsafe { *drops += 1 };
+    }
+}
+
 /// This CPU's event budgets for the second of `now`, restarted when a new
 /// second begins.
 #[inline(always)]

@@ -90,6 +90,7 @@ pub const GUEST_TESTS: &[(&str, &[&str])] = &[
     ("netns_counting", &[]),
     ("refusal", &[]),
     ("adversarial", &[]),
+    ("levels", &[]),
     (
         "daemon",
         &[

@@ -94,6 +94,20 @@ macro_rules! for_each_map {
             RULE_DROPS(rule_drops): PerCpuArray<u32, u64>,
                 Fixed($crate::rules::RULE_SLOTS), pinned;
 
+            /// Frames dropped (or would-be dropped) per `RULES` index and level
+            /// (`index * MAX_LEVELS + level`), per CPU: which of a rule's
+            /// levels refused them (`rules::level`).
+            LEVEL_DROPS(level_drops): PerCpuArray<u32, u64>,
+                Fixed($crate::rules::RULE_SLOTS * $crate::rules::MAX_LEVELS as u32), pinned;
+
+            /// The windows of rules' levels (`rules::level`), shared by all
+            /// CPUs: `LevelKey` -> `WindowState`. LRU, sized as the hot sources:
+            /// a flood touching more prefixes than fit evicts the least recently
+            /// used, which then starts afresh (docs/architecture.md, "Limits at
+            /// several levels").
+            AGGREGATES(aggregates): LruHash<$crate::LevelKey, $crate::WindowState>,
+                HotSources($crate::maps::DEFAULT_MAX_HOT_SOURCES), pinned;
+
             /// IPv4 rule prefixes of both generations, keyed by the generation's
             /// half then the prefix (`rules::PrefixKeyV4`) -> `RuleRefs`. The
             /// live half always holds 0.0.0.0/0 once rules are loaded.

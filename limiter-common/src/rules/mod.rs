@@ -26,9 +26,11 @@ use crate::Outcome;
 
 mod class;
 mod config;
+pub mod level;
 
 pub use class::{TrafficClass, Transport};
 pub use config::Config;
+pub use level::{Level, LevelKey, LevelKind, MAX_LEVELS};
 
 /// Distinct matches rules may use (each is one bit of a frame's class).
 pub const MAX_CLASSES: usize = 4;
@@ -195,7 +197,15 @@ pub struct Rule {
     /// A [`Scope`] value ([`Rule::scope`]); 0, node, in maps written
     /// before cluster limits.
     scope: u8,
-    _pad: [u8; 3],
+    /// Levels in use, `levels[..level_count]` ([`Rule::levels`]).
+    level_count: u8,
+    _pad: [u8; 2],
+    /// A source whose own window holds more packets than this is heavy
+    /// for the rule's aggregates (`level`); 0 without aggregates.
+    pub fair_packets: u64,
+    /// The rule's further limits, judged in order once the per-source
+    /// limit admits a frame (`level`).
+    pub levels: [Level; MAX_LEVELS],
 }
 
 impl Rule {
@@ -216,8 +226,44 @@ impl Rule {
             budget: 0,
             cheap_frames: 0,
             scope: Scope::Node as u8,
-            _pad: [0; 3],
+            level_count: 0,
+            _pad: [0; 2],
+            fair_packets: 0,
+            levels: [Level::UNUSED; MAX_LEVELS],
         }
+    }
+
+    /// The rule's levels in use.
+    #[inline(always)]
+    pub fn levels(&self) -> &[Level] {
+        &self.levels[..self.level_count()]
+    }
+
+    /// How many levels the rule uses (at most [`MAX_LEVELS`], whatever
+    /// the byte holds).
+    #[inline(always)]
+    pub const fn level_count(&self) -> usize {
+        let count = self.level_count as usize;
+        if count > MAX_LEVELS {
+            MAX_LEVELS
+        } else {
+            count
+        }
+    }
+
+    /// Sets the rule's levels (at most [`MAX_LEVELS`]; the rest are
+    /// ignored).
+    pub fn set_levels(&mut self, levels: &[Level]) {
+        let count = levels.len().min(MAX_LEVELS);
+        self.levels[..count].copy_from_slice(&levels[..count]);
+        self.level_count = count as u8;
+    }
+
+    /// What the rule's level windows are tagged with, so that no two
+    /// rules share one (`LevelKey::tag`): its fingerprint, folded.
+    #[inline(always)]
+    pub const fn level_tag(&self) -> u32 {
+        (self.fingerprint ^ (self.fingerprint >> 32)) as u32
     }
 
     /// Where the rule's budget is held; `None` for a byte no [`Scope`]

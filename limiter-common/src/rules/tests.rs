@@ -163,7 +163,10 @@ fn without_state_a_limit_fails_closed_and_allow_and_deny_still_apply() {
 #[test]
 fn abi_sizes_have_no_implicit_padding() {
     use core::mem::size_of;
-    assert_eq!(size_of::<Rule>(), 8 * 6 + 4 + 4 + 1 + 1 + 1 + 1 + 4);
+    assert_eq!(
+        size_of::<Rule>(),
+        8 * 6 + 4 + 4 + 1 + 1 + 1 + 1 + 4 + 8 + MAX_LEVELS * size_of::<Level>()
+    );
     assert_eq!(size_of::<TrafficClass>(), 8);
     assert_eq!(
         size_of::<Config>(),

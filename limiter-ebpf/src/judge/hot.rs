@@ -13,7 +13,7 @@ use super::{
     key::resolve,
     scratch,
     tier::note_penalty,
-    verdict::{pass, refuse, Verdict},
+    verdict::{pass, refuse, refused_by_level, Verdict},
     window::{find_window, limit, LIMIT_ADMITTED, LIMIT_DRY_RUN, LIMIT_UNWINDOWED_FIRST},
     BPF_NOEXIST,
 };
@@ -117,6 +117,12 @@ pub(super) fn decide(
             if now < traffic.hold_until_ns {
                 touch(key, rule, traffic, now);
                 return refuse(index, dry_run, Outcome::DroppedLimit);
+            }
+            // The rule's levels, before the source's own window (heavy as
+            // its last admission found it).
+            let heavy = traffic.heavy != 0;
+            if let Some(refused) = refused_by_level(rule, index, dry_run, heavy) {
+                return refused;
             }
             if traffic.lease_left != 0 && traffic.window.covers(now, rule.bucket_ns) {
                 traffic.lease_left -= 1;

@@ -2,7 +2,8 @@
 //! `key` (its key and rule), `tier` (the cheap tier, or the exact tier's
 //! judgement on its window alone), `hot` (a source with per-CPU state: its
 //! hold, lease and rule cache), `window` (the shared window: `limit`),
-//! `cluster` (a cluster-scoped rule's allowance and hot reports), and
+//! `cluster` (a cluster-scoped rule's allowance and hot reports),
+//! `level` (a rule's further levels: aggregates and other windows), and
 //! `verdict` (what the frame becomes and how a refusal is counted);
 //! `scratch` holds the per-CPU scratch they build large values in.
 //!
@@ -13,6 +14,7 @@
 mod cluster;
 mod hot;
 mod key;
+mod level;
 mod scratch;
 mod tier;
 mod verdict;

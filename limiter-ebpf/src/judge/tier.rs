@@ -16,7 +16,7 @@ use super::{
     hot,
     key::resolve,
     scratch,
-    verdict::{pass, refuse, stateless, Verdict},
+    verdict::{pass, refuse, refused_by_level, stateless, Verdict},
     window::{limit, LIMIT_ADMITTED, LIMIT_DRY_RUN, LIMIT_EXACT_TIER, LIMIT_HALF_USED},
     BPF_NOEXIST,
 };
@@ -182,17 +182,18 @@ fn hashed_budget_place(config: &Config, key: &SourceKey, rule: &Rule) -> sketch:
 }
 
 /// A frame of the cheap tier under rule `index`: allow passes, deny drops,
-/// a limit admits.
+/// a limit admits unless one of its levels refuses (a light source: the
+/// cheap tier admits a few frames of it).
 #[inline(always)]
 fn cheap(config: &Config, rule: &Rule, index: u32) -> Verdict {
+    let dry_run = rule.is_dry_run(config.dry_run());
     match rule.action() {
         Some(Action::Allow) => pass(Outcome::Allowed),
-        Some(Action::Deny) => refuse(
-            index,
-            rule.is_dry_run(config.dry_run()),
-            Outcome::DroppedDeny,
-        ),
-        _ => pass(Outcome::Passed),
+        Some(Action::Deny) => refuse(index, dry_run, Outcome::DroppedDeny),
+        Some(Action::Limit) => {
+            refused_by_level(rule, index, dry_run, false).unwrap_or(pass(Outcome::Passed))
+        }
+        None => pass(Outcome::Passed),
     }
 }
 
@@ -259,6 +260,10 @@ fn exact(
 ) -> Tiered {
     let count = past.seen.total();
     let dry_run = rule.is_dry_run(config.dry_run());
+    // The rule's levels first (a source without per-CPU state is light).
+    if let Some(refused) = refused_by_level(rule, index, dry_run, false) {
+        return Tiered::Judged(refused);
+    }
     let flags = (u32::from(dry_run) * LIMIT_DRY_RUN) | LIMIT_EXACT_TIER;
     let judged = scratch::seeded(scratch::ExactState, |state: &mut SourceTraffic| {
         // This frame, counted as the source's per-CPU state would count it.

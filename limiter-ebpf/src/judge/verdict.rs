@@ -5,10 +5,13 @@
 
 use aya_ebpf::bindings::xdp_action::{XDP_DROP, XDP_PASS};
 use limiter_common::{
-    event::EPISODE_GAP_NS, Config, LimitEvent, Outcome, SourceKey, SourceTraffic,
+    event::EPISODE_GAP_NS, Config, LimitEvent, Outcome, Rule, SourceKey, SourceTraffic,
 };
 
-use super::key::resolve;
+use super::{
+    key::resolve,
+    level::{levels, LEVEL_HEAVY},
+};
 use crate::maps::{self, RULES};
 
 /// What to do with a frame and what to count it as.
@@ -45,6 +48,30 @@ pub(super) fn refuse(rule: u32, dry_run: bool, outcome: Outcome) -> Verdict {
         Verdict {
             action: XDP_DROP,
             outcome,
+        }
+    }
+}
+
+/// The refusal of a frame by one of rule `index`'s levels (`heavy`: from
+/// a source over the rule's fair share), counted under that level; `None`
+/// when every level admits it, or the rule has none (one byte test).
+/// Judged before the source's own window, so that a frame a level refuses
+/// never uses up the source's own allowance.
+#[inline(always)]
+pub(super) fn refused_by_level(
+    rule: &Rule,
+    index: u32,
+    dry_run: bool,
+    heavy: bool,
+) -> Option<Verdict> {
+    if rule.level_count() == 0 {
+        return None;
+    }
+    match levels(index, u32::from(heavy) * LEVEL_HEAVY) {
+        0 => None,
+        refused_by => {
+            maps::count_level_drop(index, refused_by - 1);
+            Some(refuse(index, dry_run, Outcome::DroppedLimit))
         }
     }
 }

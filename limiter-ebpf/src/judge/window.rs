@@ -189,6 +189,11 @@ fn limit_window(
             packets,
         } => {
             traffic.lease_left = (granted - 1) as u32;
+            // Heavy for the rule's levels: its window holds more than
+            // its fair share of them; its next frames are judged so.
+            let heavy =
+                rule.fair_packets != 0 && packets > rule.fair_packets << window::WEIGHT_SHIFT;
+            traffic.heavy = u32::from(heavy);
             if let Some(state) = cluster {
                 if state.is_hot(packets, params.allowance_packets) {
                     cluster::report_hot(&window, key, rule, traffic.rule, now);

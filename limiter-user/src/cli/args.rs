@@ -10,6 +10,7 @@ use limiter_common::{Action, Scope};
 
 use super::{top::SortBy, units, Output};
 use crate::config::{AttachMode, PortsSpec, ProtocolSpec, DEFAULT_PIN_DIR, DEFAULT_SOCKET};
+use crate::rules::LevelSpec;
 
 #[derive(Parser)]
 #[command(
@@ -260,6 +261,11 @@ pub struct LimitArgs {
     /// daemon's configuration).
     #[arg(long, value_enum, default_value = "node")]
     pub scope: Scope,
+    /// A further limit, repeatable (up to 4): KIND[/V4[/V6]]:PPS[+BURST][@WINDOW],
+    /// e.g. prefix/24:2000 (every source of a /24 together), rule:50000@10s,
+    /// source:20000@1m (another window per source).
+    #[arg(long = "level", value_parser = level)]
+    pub levels: Vec<LevelSpec>,
 }
 
 impl LimitArgs {
@@ -275,8 +281,13 @@ impl LimitArgs {
             block: None,
             dry_run: false,
             scope: Scope::Node,
+            levels: Vec::new(),
         }
     }
+}
+
+fn level(text: &str) -> Result<LevelSpec, String> {
+    text.parse()
 }
 
 fn protocol(text: &str) -> Result<ProtocolSpec, String> {

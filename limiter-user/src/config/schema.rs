@@ -9,7 +9,7 @@ use limiter_common::{Action, Scope};
 use serde::{Deserialize, Serialize};
 
 use super::{ClusterSection, DEFAULT_METRICS_ADDR, DEFAULT_PIN_DIR, DEFAULT_SOCKET};
-use crate::rules::{PROTO_ICMP, PROTO_ICMPV6, PROTO_TCP, PROTO_UDP};
+use crate::rules::{LevelSpec, PROTO_ICMP, PROTO_ICMPV6, PROTO_TCP, PROTO_UDP};
 
 /// How to attach to an interface (the file's `daemon.mode`, and `run
 /// --mode`).
@@ -226,6 +226,10 @@ pub struct RuleSection {
     /// files and requests of node rules carry no scope field.
     #[serde(default, skip_serializing_if = "is_node")]
     pub scope: Scope,
+    /// Further limits (`KIND[/V4[/V6]]:PPS[+BURST][@WINDOW]`, see
+    /// `rules::level`): aggregates and other windows.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub levels: Vec<LevelSpec>,
 }
 
 fn is_node(scope: &Scope) -> bool {
@@ -248,6 +252,7 @@ impl Default for RuleSection {
             block: None,
             dry_run: None,
             scope: Scope::Node,
+            levels: Vec::new(),
         }
     }
 }
@@ -276,6 +281,7 @@ impl RuleSection {
         "block",
         "dry_run",
         "scope",
+        "levels",
     ];
 
     /// Whether `other` names the same rule: same prefix and match.

@@ -214,6 +214,7 @@ fn rule_spec(section: &RuleSection, name: &str, is_default: bool) -> Result<Rule
         },
         dry_run,
         scope: section.scope,
+        levels: section.levels.clone(),
     })
 }
 

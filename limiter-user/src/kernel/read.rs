@@ -89,6 +89,19 @@ pub fn rule_drops(maps: &Maps) -> Result<Vec<u64>, MapsError> {
         .collect()
 }
 
+/// Dropped (or would-drop) frames per `RULES` index and level (index
+/// `rule * MAX_LEVELS + level`), summed over CPUs.
+pub fn level_drops(maps: &Maps) -> Result<Vec<u64>, MapsError> {
+    maps.level_drops
+        .iter()
+        .map(|values| {
+            values
+                .map(|v| v.iter().sum())
+                .map_err(MapsError::on(names::LEVEL_DROPS))
+        })
+        .collect()
+}
+
 /// Sources evicted from the window map so far: every entry is created by
 /// the kernel (counted as `new_source`) and leaves either by LRU eviction or
 /// by a userspace delete, so `created - live - deleted` is exact.

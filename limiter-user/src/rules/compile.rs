@@ -73,6 +73,15 @@ pub fn compile(set: &RuleSet, base: u32, cpus: u32) -> Result<Compiled, RuleErro
     let mut rules = Vec::with_capacity(all.len());
     for (i, spec) in all.iter().enumerate() {
         let mut rule = compile_rule(spec, &rule_name(i), set.buckets_per_window, cpus)?;
+        let (levels, fair_packets) = level::compile_levels(
+            spec,
+            &rule_name(i),
+            set.buckets_per_window,
+            (set.v4_prefix_len, set.v6_prefix_len),
+            rule.bucket_ns * u64::from(rule.buckets),
+        )?;
+        rule.set_levels(&levels);
+        rule.fair_packets = fair_packets;
         if set.tiered {
             rule.cheap_frames = cheap_frames(spec, &rule);
         }
@@ -150,6 +159,10 @@ fn fingerprint(index: usize, spec: &RuleSpec, rule: &Rule, global_dry_run: bool)
     // source's window), while a change of scope is a changed rule.
     if spec.scope != Scope::Node {
         hash.write_u64(u64::from(spec.scope as u8));
+    }
+    // Levels likewise: a rule without any keeps its fingerprint.
+    for level in &spec.levels {
+        hash.write(level.to_string().as_bytes());
     }
     hash.finish().max(1)
 }

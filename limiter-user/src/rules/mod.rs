@@ -40,11 +40,13 @@ use limiter_common::{
 };
 
 mod compile;
+pub mod level;
 mod resolve;
 #[cfg(test)]
 mod tests;
 
 pub use compile::compile;
+pub use level::{LevelPer, LevelSpec};
 
 /// IP protocol numbers rules can match by name.
 pub const PROTO_ICMP: u8 = 1;
@@ -130,6 +132,9 @@ pub struct RuleSpec {
     /// [`RuleError::ClusterNotLimit`] and its neighbours for what a
     /// cluster-scoped rule may be).
     pub scope: Scope,
+    /// Further limits besides the per-source one (`level`): aggregates
+    /// and other windows.
+    pub levels: Vec<LevelSpec>,
 }
 
 impl RuleSpec {
@@ -145,6 +150,7 @@ impl RuleSpec {
             },
             dry_run: false,
             scope: Scope::Node,
+            levels: Vec::new(),
         }
     }
 
@@ -157,6 +163,7 @@ impl RuleSpec {
             limits: Limits::default(),
             dry_run: false,
             scope: Scope::Node,
+            levels: Vec::new(),
         }
     }
 }
@@ -277,6 +284,38 @@ pub enum RuleError {
     ClusterBytes { rule: String },
     #[error("{rule}.pps: a cluster-scoped rule needs a packet rate (pps)")]
     ClusterNoPps { rule: String },
+    #[error(
+        "{rule}.levels: only a `limit` rule has levels, not `{action}` (an allow or deny rule \
+         counts nothing); remove levels",
+        action = action.name()
+    )]
+    LevelsNotLimit { rule: String, action: Action },
+    #[error(
+        "{rule}.levels: a cluster-scoped rule cannot have levels in this version (they are \
+         held per node); remove levels, or keep the rule node-scoped"
+    )]
+    LevelsCluster { rule: String },
+    #[error("{rule}.levels: {count} levels, more than the {max} a rule may have", max = limiter_common::rules::MAX_LEVELS)]
+    TooManyLevels { rule: String, count: usize },
+    #[error(
+        "{level}: window {window:?} is outside {:?}..={:?}",
+        level::MIN_LEVEL_WINDOW,
+        level::MAX_LEVEL_WINDOW
+    )]
+    LevelWindow { level: String, window: Duration },
+    #[error(
+        "{level}: {family} prefix /{len} is longer than the /{key} sources are keyed by \
+         (limits.{}): a level aggregates sources, it cannot split one",
+        if *family == "IPv4" { "ipv4_prefix" } else { "ipv6_prefix" }
+    )]
+    LevelPrefix {
+        level: String,
+        family: &'static str,
+        len: u8,
+        key: u8,
+    },
+    #[error("{level}: keyed and windowed as {other}; merge them")]
+    LevelDuplicate { level: String, other: String },
     #[error("{rule}.block: {block:?} is longer than the maximum 24h (use action = \"deny\")")]
     BlockTooLong { rule: String, block: Duration },
     #[error("{rule}.ports: port range {min}-{max} is reversed")]

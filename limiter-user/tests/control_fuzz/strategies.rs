@@ -219,6 +219,7 @@ pub(crate) fn section(
         block,
         dry_run,
         scope,
+        levels: Vec::new(),
     }
 }
 

@@ -1,0 +1,279 @@
+//! Limits at several levels: besides its per-source limit, a `limit` rule
+//! may carry up to [`MAX_LEVELS`] more, each a packet allowance over its
+//! own window, keyed by the source itself (another window over the same
+//! traffic), by a prefix containing the source (an aggregate: every
+//! source of a /24 shares one budget), or by the rule as a whole.
+//!
+//! A frame the per-source limit admits is then admitted by each level in
+//! turn, and refused by the first that has no room; the kernel keeps one
+//! shared window per level and key ([`LevelKey`]) in `AGGREGATES`.
+//!
+//! Fairness inside an exhausted aggregate: a source whose own window
+//! holds more than the rule's [`Rule::fair_packets`](super::Rule) (a
+//! [`FAIR_SHARES`]th of its tightest aggregate) is *heavy*, and an
+//! aggregate admits heavy sources only up to its
+//! [`Level::heavy_allowance_packets`], which keeps the last
+//! [`RESERVE_SHARES`]th of it for the light ones (docs/architecture.md,
+//! "Limits at several levels").
+
+use crate::{
+    keys::{AddressFamily, SourceKey},
+    window::WindowParams,
+};
+
+/// Levels a rule may carry besides its per-source limit.
+pub const MAX_LEVELS: usize = 4;
+/// A source is heavy once its own window holds more than this share
+/// (1/`FAIR_SHARES`) of its rule's tightest aggregate.
+pub const FAIR_SHARES: u64 = 16;
+/// The last 1/`RESERVE_SHARES` of an aggregate's allowance admits only
+/// light sources.
+pub const RESERVE_SHARES: u64 = 8;
+
+/// What a level's windows are keyed by.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LevelKind {
+    /// Each source (its key as the rule counts it): another window over
+    /// the same traffic.
+    Source = 1,
+    /// The prefix of the level's length that contains the source.
+    Prefix = 2,
+    /// Every frame of the rule together.
+    Rule = 3,
+}
+
+impl LevelKind {
+    /// The kind a byte encodes (`None` for an unused slot, 0, and any
+    /// byte no kind encodes).
+    #[inline(always)]
+    pub const fn from_u8(value: u8) -> Option<LevelKind> {
+        match value {
+            1 => Some(LevelKind::Source),
+            2 => Some(LevelKind::Prefix),
+            3 => Some(LevelKind::Rule),
+            _ => None,
+        }
+    }
+
+    /// Whether this kind is an aggregate (a budget several sources share).
+    pub const fn is_aggregate(self) -> bool {
+        !matches!(self, LevelKind::Source)
+    }
+}
+
+/// One level of a compiled rule (`Rule::levels`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Level {
+    /// Packets per window (`pps * window + burst`).
+    pub allowance_packets: u64,
+    /// What a heavy source may fill the window to: the allowance less its
+    /// reserve for light sources (the allowance itself for a `Source`
+    /// level).
+    pub heavy_allowance_packets: u64,
+    /// Bucket width in ns (`window / buckets`).
+    pub bucket_ns: u64,
+    /// Buckets per window.
+    pub buckets: u32,
+    /// A [`LevelKind`] value; 0: unused.
+    kind: u8,
+    /// A `Prefix` level's length for IPv4 and IPv6 sources.
+    pub v4_len: u8,
+    pub v6_len: u8,
+    _pad: u8,
+    /// The byte masks of `v4_len` (first 4 bytes) and `v6_len`.
+    pub masks: [[u8; 16]; 2],
+}
+
+impl Level {
+    /// An unused slot.
+    pub const UNUSED: Level = Level {
+        allowance_packets: 0,
+        heavy_allowance_packets: 0,
+        bucket_ns: 0,
+        buckets: 0,
+        kind: 0,
+        v4_len: 0,
+        v6_len: 0,
+        _pad: 0,
+        masks: [[0; 16]; 2],
+    };
+
+    /// A level of `kind` keyed by prefixes of `v4_len` and `v6_len` bits
+    /// (used by a `Prefix` level only), with its window empty: the caller
+    /// sets it.
+    pub fn new(kind: LevelKind, v4_len: u8, v6_len: u8) -> Self {
+        let (v4_len, v6_len) = match kind {
+            LevelKind::Source => (32, 128),
+            LevelKind::Prefix => (v4_len.min(32), v6_len.min(128)),
+            LevelKind::Rule => (0, 0),
+        };
+        Self {
+            kind: kind as u8,
+            v4_len,
+            v6_len,
+            masks: [crate::prefix_mask(v4_len), crate::prefix_mask(v6_len)],
+            ..Self::UNUSED
+        }
+    }
+
+    #[inline(always)]
+    pub const fn kind(&self) -> Option<LevelKind> {
+        LevelKind::from_u8(self.kind)
+    }
+
+    /// The window a frame is judged against: the whole allowance for a
+    /// light source, the allowance less the reserve for a heavy one.
+    #[inline(always)]
+    pub const fn params(&self, heavy: bool) -> WindowParams {
+        WindowParams {
+            bucket_ns: self.bucket_ns,
+            buckets: self.buckets,
+            allowance_packets: if heavy {
+                self.heavy_allowance_packets
+            } else {
+                self.allowance_packets
+            },
+            allowance_bytes: crate::window::UNLIMITED,
+        }
+    }
+
+    /// The key of this level's window for a frame keyed `key` under the
+    /// rule whose budget class is `budget` and whose levels are tagged
+    /// `tag` (`Rule::level_tag`), this level being the rule's `index`th:
+    /// the source's address through the level's mask of its family (all
+    /// ones for a `Source` level, the prefix's for a `Prefix` level, none
+    /// for a `Rule` level; [`Level::new`] sets them).
+    #[inline(always)]
+    pub fn key(&self, key: &SourceKey, budget: u8, tag: u32, index: u8) -> LevelKey {
+        let v4 = key.family() == AddressFamily::V4;
+        let (mask, prefix_len) = if v4 {
+            (&self.masks[0], self.v4_len)
+        } else {
+            (&self.masks[1], self.v6_len)
+        };
+        let mut addr = key.addr;
+        let mut i = 0;
+        while i < 16 {
+            addr[i] &= mask[i];
+            i += 1;
+        }
+        LevelKey {
+            addr,
+            family: key.family() as u8,
+            // A source level keeps the key's own length.
+            prefix_len: if self.kind == LevelKind::Source as u8 {
+                key.prefix_len
+            } else {
+                prefix_len
+            },
+            class: budget,
+            level: index + 1,
+            tag,
+        }
+    }
+}
+
+/// The key of a level's window (`AGGREGATES`): the address the level
+/// keys by (the source's, cut to the level's prefix, or none), the rule's
+/// budget class, which of the rule's levels, and the rule's level tag, so
+/// that two rules' levels never share a window.
+#[repr(C, align(4))]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LevelKey {
+    pub addr: [u8; 16],
+    /// An [`AddressFamily`] value.
+    pub family: u8,
+    pub prefix_len: u8,
+    pub class: u8,
+    /// 1 + the level's index in its rule.
+    pub level: u8,
+    /// The rule's `level_tag`.
+    pub tag: u32,
+}
+
+impl LevelKey {
+    /// The key's address (its prefix's first address).
+    pub fn ip(&self) -> core::net::IpAddr {
+        if self.family == AddressFamily::V4 as u8 {
+            core::net::Ipv4Addr::new(self.addr[0], self.addr[1], self.addr[2], self.addr[3]).into()
+        } else {
+            core::net::Ipv6Addr::from(self.addr).into()
+        }
+    }
+}
+
+#[cfg(feature = "user")]
+mod user {
+    // SAFETY (both): #[repr(C)] structs of integers and byte arrays with
+    // explicit padding fields (the size test below): every bit pattern is
+    // valid and there are no uninitialised bytes.
+    unsafe impl aya::Pod for super::Level {}
+    unsafe impl aya::Pod for super::LevelKey {}
+}
+
+#[cfg(test)]
+mod tests {
+    extern crate std;
+    use std::string::ToString;
+
+    use super::*;
+
+    fn prefix(v4: u8, v6: u8) -> Level {
+        Level::new(LevelKind::Prefix, v4, v6)
+    }
+
+    #[test]
+    fn sizes_have_no_implicit_padding() {
+        assert_eq!(core::mem::size_of::<Level>(), 8 * 3 + 4 + 4 + 32);
+        assert_eq!(core::mem::size_of::<LevelKey>(), 16 + 4 + 4);
+    }
+
+    #[test]
+    fn a_prefix_level_keys_every_source_of_its_prefix_alike() {
+        let level = prefix(24, 48);
+        let a = level.key(&SourceKey::v4([10, 1, 2, 3]), 0, 7, 0);
+        let b = level.key(&SourceKey::v4([10, 1, 2, 250]), 0, 7, 0);
+        let c = level.key(&SourceKey::v4([10, 1, 3, 3]), 0, 7, 0);
+        assert_eq!(a, b);
+        assert_ne!(a, c);
+        assert_eq!(a.prefix_len, 24);
+        assert_eq!(a.ip().to_string(), "10.1.2.0");
+        let mut v6 = [0u8; 16];
+        v6[..8].copy_from_slice(&[0x20, 0x01, 0x0d, 0xb8, 0x12, 0x34, 0x56, 0x78]);
+        let k = level.key(&SourceKey::v6(v6), 0, 7, 0);
+        assert_eq!(k.prefix_len, 48);
+        assert_eq!(k.ip().to_string(), "2001:db8:1234::");
+    }
+
+    #[test]
+    fn levels_rules_and_budgets_never_share_a_window() {
+        let level = prefix(24, 48);
+        let key = SourceKey::v4([10, 1, 2, 3]);
+        let base = level.key(&key, 0, 7, 0);
+        assert_ne!(base, level.key(&key, 1, 7, 0), "budget");
+        assert_ne!(base, level.key(&key, 0, 8, 0), "rule tag");
+        assert_ne!(base, level.key(&key, 0, 7, 1), "level");
+        let whole = Level::new(LevelKind::Rule, 0, 0);
+        assert_eq!(
+            whole.key(&SourceKey::v4([1, 2, 3, 4]), 0, 7, 2),
+            whole.key(&SourceKey::v4([5, 6, 7, 8]), 0, 7, 2)
+        );
+        let own = Level::new(LevelKind::Source, 0, 0);
+        assert_ne!(
+            own.key(&SourceKey::v4([1, 2, 3, 4]), 0, 7, 2),
+            own.key(&SourceKey::v4([1, 2, 3, 5]), 0, 7, 2)
+        );
+    }
+
+    #[test]
+    fn a_heavy_source_is_judged_against_the_allowance_less_the_reserve() {
+        let mut level = prefix(24, 48);
+        level.allowance_packets = 800;
+        level.heavy_allowance_packets = 700;
+        assert_eq!(level.params(false).allowance_packets, 800);
+        assert_eq!(level.params(true).allowance_packets, 700);
+        assert_eq!(level.params(true).allowance_bytes, crate::window::UNLIMITED);
+    }
+}

@@ -1,0 +1,257 @@
+//! Kernel tests of limits at several levels (`rules::level`) through
+//! BPF_PROG_TEST_RUN, with the tiers off and on: a /24 aggregate admits
+//! exactly its allowance while each of its 256 sources stays under its own
+//! limit, on both CPUs at once; a whole-rule aggregate holds a spoofed
+//! flood of 10,000 sources; two windows over one source each hold, and a
+//! frame the short one refuses does not use up the long one; a light
+//! source inside a /24 that four heavy ones exhaust keeps its frames.
+//!
+//! Windows are long (10 s) where the test offers its frames as fast as it
+//! can, so that a slow machine (the kernel lane's software-emulated guest)
+//! still offers them all within one window.
+
+use std::{net::Ipv4Addr, thread, time::Duration};
+
+use limiter_common::{rules::MAX_LEVELS, Outcome};
+use limiter_tests::{
+    flood::udp4,
+    net,
+    testrun::{on_cpu, online_cpus, paced, Harness, Pacing, Start, XDP_DROP, XDP_PASS},
+};
+use limiter_user::{
+    kernel::read,
+    rules::{LevelSpec, RuleSet, RuleSpec},
+};
+
+/// A rule set whose default is a limit of `pps` over `window` per source
+/// with `levels`.
+fn with_levels(pps: u64, window: Duration, levels: &[&str], tiered: bool) -> RuleSet {
+    let mut default = RuleSpec::limit(net("0.0.0.0/0"), pps);
+    default.limits.window = window;
+    default.levels = levels
+        .iter()
+        .map(|text| text.parse::<LevelSpec>().expect("a level"))
+        .collect();
+    RuleSet {
+        tiered,
+        ..RuleSet::with_default(default)
+    }
+}
+
+fn harness(set: &RuleSet) -> Harness {
+    let mut harness = Harness::load();
+    assert_eq!(harness.push(set), 1, "first generation");
+    harness
+}
+
+/// Frames of the default rule (the first generation's index 0) refused by
+/// its level `level`.
+fn level_drops(harness: &Harness, level: usize) -> u64 {
+    let drops = read::level_drops(harness.maps()).expect("read LEVEL_DROPS");
+    drops[limiter_common::rules::rules_base(1) as usize * MAX_LEVELS + level]
+}
+
+fn rule_drops(harness: &Harness) -> u64 {
+    read::rule_drops(harness.maps()).expect("read RULE_DROPS")
+        [limiter_common::rules::rules_base(1) as usize]
+}
+
+/// Sends `frames` in order on `cpu`; the verdict of each.
+fn send_all(harness: &mut Harness, cpu: usize, frames: &[Vec<u8>]) -> Vec<u32> {
+    harness.run_all(cpu, frames)
+}
+
+#[test]
+fn a_24_aggregate_admits_exactly_its_allowance_while_each_of_256_sources_stays_under_its_own() {
+    assert!(online_cpus() >= 2, "this test needs two CPUs");
+    for tiered in [false, true] {
+        // Each source: 20 pps over 10 s (200 a window), offered 8; the /24:
+        // 50 pps over 10 s (500 a window), offered 256 x 8 = 2048.
+        let set = with_levels(20, Duration::from_secs(10), &["prefix/24:50"], tiered);
+        let mut harness = harness(&set);
+        let rule = harness.first_rule(0);
+        assert_eq!(rule.levels()[0].allowance_packets, 500);
+        let sources: Vec<Vec<u8>> = (0..=255u8)
+            .map(|i| udp4(Ipv4Addr::new(10, 1, 2, i)))
+            .collect();
+        let program = harness.program();
+        // Both CPUs at once, each every source four times, in turn.
+        let passed: Vec<Vec<u64>> = thread::scope(|scope| {
+            let senders: Vec<_> = [0usize, 1]
+                .into_iter()
+                .map(|cpu| {
+                    let sources = &sources;
+                    scope.spawn(move || {
+                        on_cpu(cpu, || {
+                            let mut passed = vec![0u64; sources.len()];
+                            for _ in 0..4 {
+                                for (i, frame) in sources.iter().enumerate() {
+                                    match limiter_tests::testrun::verdict(program, frame) {
+                                        XDP_PASS => passed[i] += 1,
+                                        XDP_DROP => {}
+                                        other => panic!("verdict {other}"),
+                                    }
+                                }
+                            }
+                            passed
+                        })
+                    })
+                })
+                .collect();
+            senders.into_iter().map(|s| s.join().unwrap()).collect()
+        });
+        let per_source: Vec<u64> = (0..256).map(|i| passed[0][i] + passed[1][i]).collect();
+        let admitted: u64 = per_source.iter().sum();
+        let offered = 2 * 4 * 256;
+        assert!(
+            (495..=500).contains(&admitted),
+            "tiered {tiered}: the /24 admitted {admitted} of {offered}, its allowance 500 (+-1%)"
+        );
+        assert!(
+            per_source.iter().all(|&n| n <= 8),
+            "tiered {tiered}: {per_source:?}"
+        );
+        // Every refusal is the aggregate's, counted once, under its level.
+        let refused = offered - admitted;
+        assert_eq!(level_drops(&harness, 0), refused, "tiered {tiered}");
+        assert_eq!(rule_drops(&harness), refused, "tiered {tiered}");
+        assert_eq!(
+            harness.outcome_total(Outcome::DroppedLimit).packets,
+            refused,
+            "tiered {tiered}"
+        );
+        // Another /24 has its own aggregate.
+        let other = udp4(Ipv4Addr::new(10, 1, 3, 1));
+        assert_eq!(harness.run_on_cpu(0, &other), XDP_PASS, "tiered {tiered}");
+    }
+}
+
+#[test]
+fn a_whole_rule_aggregate_holds_a_spoofed_flood_of_10000_sources_at_its_limit() {
+    for tiered in [true, false] {
+        // 10,000 sources, one frame each, each far under its own limit; the
+        // rule as a whole: 100 pps over 10 s.
+        let set = with_levels(1000, Duration::from_secs(10), &["rule:100"], tiered);
+        let mut harness = harness(&set);
+        let frames: Vec<Vec<u8>> = (0..10_000u32)
+            .map(|i| udp4(Ipv4Addr::from(0x0a00_0000 | i)))
+            .collect();
+        let verdicts = send_all(&mut harness, 0, &frames);
+        let admitted = verdicts.iter().filter(|&&v| v == XDP_PASS).count() as u64;
+        assert!(
+            (990..=1000).contains(&admitted),
+            "tiered {tiered}: {admitted} admitted, the rule's allowance 1000 (+-1%)"
+        );
+        assert_eq!(level_drops(&harness, 0), 10_000 - admitted);
+    }
+}
+
+/// Per-source: 100 pps over 2 s (200 a window); its second window: 150
+/// over 1 s. Offered at 1,000 pps for 4 s: the first second admits the
+/// short window's 150, the first two seconds the long window's 200 (the
+/// frames the short window refused did not use up the long one), and no
+/// window of either length admits more than its allowance.
+#[test]
+fn two_windows_on_one_source_each_hold() {
+    for tiered in [false, true] {
+        let set = with_levels(100, Duration::from_secs(2), &["source:150@1s"], tiered);
+        let mut harness = harness(&set);
+        let frame = udp4(Ipv4Addr::new(192, 0, 2, 77));
+        let start = Start::now();
+        let run = paced(
+            harness.program(),
+            0,
+            &frame,
+            1000,
+            start,
+            Duration::from_secs(4),
+            Pacing::CatchUp,
+        );
+        assert!(
+            run.offered >= 3000,
+            "tiered {tiered}: offered {}",
+            run.offered
+        );
+        let within = |from: Duration, len: Duration| {
+            run.passed_at
+                .iter()
+                .filter(|&&at| at >= from && at < from + len)
+                .count() as u64
+        };
+        let second = Duration::from_secs(1);
+        let first_second = within(Duration::ZERO, second);
+        let first_two = within(Duration::ZERO, 2 * second);
+        assert!(
+            (148..=151).contains(&first_second),
+            "tiered {tiered}: {first_second} in the first second (the 1 s window: 150)"
+        );
+        assert!(
+            (198..=202).contains(&first_two),
+            "tiered {tiered}: {first_two} in the first two seconds (the 2 s window: 200)"
+        );
+        // Every window of each length starting at an admitted frame.
+        for &at in &run.passed_at {
+            let short = within(at, second);
+            let long = within(at, 2 * second);
+            assert!(
+                short <= 152,
+                "tiered {tiered}: {short} in the 1 s from {at:?}"
+            );
+            assert!(
+                long <= 202,
+                "tiered {tiered}: {long} in the 2 s from {at:?}"
+            );
+        }
+    }
+}
+
+/// Four heavy sources exhaust their /24 (each offered about its own limit,
+/// 2.4 times the aggregate together) while a light source of the same /24
+/// sends 1 % of the aggregate's allowance among them: the light source
+/// keeps at least 90 % of its frames (without the fairness reserve, it
+/// would lose every frame sent after the aggregate filled: most of them).
+#[test]
+fn a_light_source_keeps_its_frames_inside_a_24_that_four_heavy_ones_exhaust() {
+    for tiered in [false, true] {
+        // Per source 100 pps over 10 s (1,000 a window); the /24 as much.
+        let set = with_levels(100, Duration::from_secs(10), &["prefix/24:100"], tiered);
+        let mut harness = harness(&set);
+        let heavy: Vec<Vec<u8>> = (1..=4u8)
+            .map(|i| udp4(Ipv4Addr::new(10, 9, 9, i)))
+            .collect();
+        let light = udp4(Ipv4Addr::new(10, 9, 9, 200));
+        // 2,400 heavy frames in turn, and a light one after every 240.
+        let mut frames = Vec::new();
+        for i in 0..2400 {
+            frames.push(heavy[i % 4].clone());
+            if i % 240 == 239 {
+                frames.push(light.clone());
+            }
+        }
+        let verdicts = send_all(&mut harness, 0, &frames);
+        let (mut light_sent, mut light_passed, mut heavy_passed) = (0, 0, 0);
+        for (frame, verdict) in frames.iter().zip(&verdicts) {
+            let passed = *verdict == XDP_PASS;
+            if *frame == light {
+                light_sent += 1;
+                light_passed += u64::from(passed);
+            } else {
+                heavy_passed += u64::from(passed);
+            }
+        }
+        assert_eq!(light_sent, 10);
+        assert!(
+            light_passed >= 9,
+            "tiered {tiered}: the light source kept {light_passed} of {light_sent}; the heavy \
+             ones {heavy_passed} of 2400"
+        );
+        assert!(
+            heavy_passed <= 1000,
+            "tiered {tiered}: the heavy sources got {heavy_passed}, over the aggregate's 1000"
+        );
+        assert!(
+            heavy_passed >= 800,
+            "tiered {tiered}: the heavy sources got only {heavy_passed}"
+        );
+    }
+}
