@@ -315,7 +315,7 @@ mod tests {
                 ("RULES", 4, 328),
                 ("RULE_DROPS", 4, 8),
                 ("LEVEL_DROPS", 4, 8),
-                ("AGGREGATES", 24, 288),
+                ("AGGREGATES", 24, 360),
                 ("PREFIXES_V4", 9, 132),
                 ("PREFIXES_V6", 21, 132),
                 ("SKETCH", 4, 16),

@@ -22,7 +22,7 @@ use limiter_common::{
     Outcome, Rule, SourceKey,
 };
 use limiter_tests::{
-    flood::{assert_same_epoch, at_epoch_start, spoofed, spray, udp4, udp6},
+    flood::{assert_same_epoch, at_epoch_start, epoch_now, spoofed, spray, udp4, udp6},
     net,
     testrun::{
         self, coarse_now, frames, on_cpu, online_cpus, paced, paced_while, per_window, verdict,
@@ -595,8 +595,21 @@ fn a_5m_source_churn_frees_neither_a_limited_nor_a_blocked_source() {
 /// Allow, deny and limit judge a source's first frames of an epoch in the
 /// cheap tier: the verdict and its counters, outcome `cheap` for each, and
 /// no per-source state; the frame after the rule's cheap frames gets state.
+/// A stalled machine (the kernel lane's emulated guest on a loaded host)
+/// may take a burst across an epoch boundary, which voids the run, not the
+/// behaviour: it runs again, up to three times, on a fresh program.
 #[test]
 fn cheap_frames_are_judged_without_state() {
+    let crossed = (0..3).take_while(|_| !cheap_frames_in_one_epoch()).count();
+    assert!(
+        crossed < 3,
+        "every run's burst crossed an epoch boundary: the machine stalled for most of a second"
+    );
+}
+
+/// One run of [`cheap_frames_are_judged_without_state`]; false when a
+/// burst crossed an epoch boundary.
+fn cheap_frames_in_one_epoch() -> bool {
     let set = tiered(
         limit("0.0.0.0/0", 1_000),
         vec![
@@ -629,7 +642,9 @@ fn cheap_frames_are_judged_without_state() {
     assert_eq!(harness.offer(0, &limited, limit_cheap), (limit_cheap, 0));
     assert_eq!(harness.offer(0, &allowed, allow_cheap), (allow_cheap, 0));
     assert_eq!(harness.offer(0, &denied, deny_cheap), (0, deny_cheap));
-    assert_same_epoch(epoch);
+    if epoch_now() != epoch {
+        return false;
+    }
     assert!(stateless(&harness), "cheap frames create no state");
     assert_eq!(deny_drops(&harness), deny_cheap, "the deny rule's drops");
     harness.assert_outcomes(&[
@@ -647,7 +662,9 @@ fn cheap_frames_are_judged_without_state() {
     assert_eq!(harness.offer(0, &limited, 1), (1, 0));
     assert_eq!(harness.offer(0, &allowed, 1), (1, 0));
     assert_eq!(harness.offer(0, &denied, 1), (0, 1));
-    assert_same_epoch(epoch);
+    if epoch_now() != epoch {
+        return false;
+    }
     assert_eq!(deny_drops(&harness), deny_cheap + 1);
     let windows = read::windows(harness.maps()).expect("read WINDOWS");
     assert_eq!(
@@ -673,6 +690,7 @@ fn cheap_frames_are_judged_without_state() {
         (Outcome::NewWindow, frames(1, len)),
         (Outcome::NewSource, frames(2, len)),
     ]);
+    true
 }
 
 /// The daemon's estimate of the active sources reads the kernel's sketch:

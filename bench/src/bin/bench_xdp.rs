@@ -167,9 +167,27 @@ fn rules(tiered: bool) -> RuleSet {
     let mut shared = RuleSpec::limit(net("13.0.0.0/8"), 100);
     shared.scope = Scope::Cluster;
     set.rules.push(shared);
+    // Two aggregate levels and a second window, on a limit no frame here
+    // reaches (admitted) and on a 1 pps limit (held).
+    for (cidr, pps) in [("14.0.0.0/8", 100_000_000), ("15.0.0.0/8", 1)] {
+        let mut levelled = RuleSpec::limit(net(cidr), pps);
+        levelled.levels = LEVELS
+            .iter()
+            .map(|text| text.parse().expect("a level"))
+            .collect();
+        set.rules.push(levelled);
+    }
     set.tiered = tiered;
     set
 }
+
+/// The levels of the levelled rules: a /24 and a /16 aggregate and a
+/// second window per source, none of which the bench's frames reach.
+const LEVELS: [&str; 3] = [
+    "prefix/24:100000000",
+    "prefix/16:100000000",
+    "source:100000000@100ms",
+];
 
 /// The limiter with the tiers on and the daemon's default capacities, or
 /// off with every source's per-CPU state in a map of the baseline's size
@@ -256,6 +274,8 @@ fn main() {
     let under_shared = udp(Ipv4Addr::new(203, 0, 113, 129));
     let over = udp(Ipv4Addr::new(198, 51, 100, 1));
     let allowed = udp(Ipv4Addr::new(192, 0, 2, 1));
+    let under_levels = udp(Ipv4Addr::new(14, 0, 0, 1));
+    let over_levels = udp(Ipv4Addr::new(15, 0, 0, 1));
     let arp = packets::arp();
     // Every single-run case has addresses of its own, which neither
     // program has seen: the baseline's map keeps what earlier cases
@@ -300,7 +320,14 @@ fn main() {
     // Warm up: create the known sources (past the cheap tier, so that they
     // have per-CPU state) and push `over` past its limit.
     for program in [lim_prog, untiered_prog, base_prog] {
-        for frame in [&under, &under_shared, &over, &allowed] {
+        for frame in [
+            &under,
+            &under_shared,
+            &over,
+            &allowed,
+            &under_levels,
+            &over_levels,
+        ] {
             test_run(program, frame, 1_000).expect("warm up");
         }
     }
@@ -329,6 +356,18 @@ fn main() {
             &under_shared,
         ),
         case("over_limit_drop", lim_prog, (&over, XDP_DROP), &over),
+        case(
+            "under_limit_levels",
+            lim_prog,
+            (&under_levels, XDP_PASS),
+            &under_levels,
+        ),
+        case(
+            "over_limit_drop_levels",
+            lim_prog,
+            (&over_levels, XDP_DROP),
+            &over_levels,
+        ),
         case("allowlisted", lim_prog, (&allowed, XDP_PASS), &allowed),
         case(
             "under_limit_tiers_off",
@@ -514,6 +553,30 @@ fn report(cases: &[Case]) {
                 "MISSED"
             }
         );
+    }
+    // Levels against the per-source-only paths of the same run.
+    let ns = |name: &str| cases.iter().find(|c| c.name == name).map(|c| c.ns);
+    for (what, levelled, plain, most) in [
+        (
+            "admitted with two aggregates and two windows <= 1.5x the per-source-only admitted path",
+            "under_limit_levels",
+            "under_limit",
+            1.5,
+        ),
+        (
+            "held with levels no more expensive than the held path without (<= 1.05x, noise)",
+            "over_limit_drop_levels",
+            "over_limit_drop",
+            1.05,
+        ),
+    ] {
+        if let (Some(levelled), Some(plain)) = (ns(levelled), ns(plain)) {
+            let ratio = levelled / plain;
+            println!(
+                "target: {what} -> {levelled:.1} ns vs {plain:.1} ns, {ratio:.2}x ({})",
+                if ratio <= most { "met" } else { "MISSED" }
+            );
+        }
     }
     for case in cases {
         let paths = case.paths.map_or(String::new(), |p| {

@@ -101,12 +101,17 @@ macro_rules! for_each_map {
                 Fixed($crate::rules::RULE_SLOTS * $crate::rules::MAX_LEVELS as u32), pinned;
 
             /// The windows of rules' levels (`rules::level`), shared by all
-            /// CPUs: `LevelKey` -> `WindowState`. LRU, sized as the hot sources:
+            /// CPUs: `LevelKey` -> `LevelWindow`. LRU, sized as the hot sources:
             /// a flood touching more prefixes than fit evicts the least recently
             /// used, which then starts afresh (docs/architecture.md, "Limits at
             /// several levels").
-            AGGREGATES(aggregates): LruHash<$crate::LevelKey, $crate::WindowState>,
+            AGGREGATES(aggregates): LruHash<$crate::LevelKey, $crate::rules::LevelWindow>,
                 HotSources($crate::maps::DEFAULT_MAX_HOT_SOURCES), pinned;
+
+            /// Per-CPU scratch for a new `AGGREGATES` value, too large for the
+            /// BPF stack: all zero between uses (`judge/scratch.rs`).
+            LEVEL_SEED(level_seed): PerCpuArray<u32, $crate::rules::LevelWindow>,
+                Fixed(1), kernel;
 
             /// IPv4 rule prefixes of both generations, keyed by the generation's
             /// half then the prefix (`rules::PrefixKeyV4`) -> `RuleRefs`. The

@@ -18,7 +18,8 @@
 
 use crate::{
     keys::{AddressFamily, SourceKey},
-    window::WindowParams,
+    state::WindowState,
+    window::{WindowCache, WindowParams},
 };
 
 /// Levels a rule may carry besides its per-source limit.
@@ -204,13 +205,29 @@ impl LevelKey {
     }
 }
 
+/// A level's shared window (an `AGGREGATES` value): the window, and a
+/// view of its older buckets for the bucket it is in, shared by every CPU
+/// (many sources, on every CPU, judge against one aggregate: a view per
+/// CPU and source would be computed again by each). The older buckets of
+/// a window no longer change once its current bucket has begun, so the
+/// first frame of a bucket computes the view and every later one reads it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LevelWindow {
+    pub window: WindowState,
+    /// `view.bucket_ns` is written last and cleared first: 0 while a CPU
+    /// writes the rest.
+    pub view: WindowCache,
+}
+
 #[cfg(feature = "user")]
 mod user {
-    // SAFETY (both): #[repr(C)] structs of integers and byte arrays with
+    // SAFETY (all three): #[repr(C)] structs of integers and byte arrays with
     // explicit padding fields (the size test below): every bit pattern is
     // valid and there are no uninitialised bytes.
     unsafe impl aya::Pod for super::Level {}
     unsafe impl aya::Pod for super::LevelKey {}
+    unsafe impl aya::Pod for super::LevelWindow {}
 }
 
 #[cfg(test)]
@@ -228,6 +245,10 @@ mod tests {
     fn sizes_have_no_implicit_padding() {
         assert_eq!(core::mem::size_of::<Level>(), 8 * 3 + 4 + 4 + 32);
         assert_eq!(core::mem::size_of::<LevelKey>(), 16 + 4 + 4);
+        assert_eq!(
+            core::mem::size_of::<LevelWindow>(),
+            core::mem::size_of::<WindowState>() + 9 * 8
+        );
     }
 
     #[test]

@@ -30,7 +30,7 @@ pub mod level;
 
 pub use class::{TrafficClass, Transport};
 pub use config::Config;
-pub use level::{Level, LevelKey, LevelKind, MAX_LEVELS};
+pub use level::{Level, LevelKey, LevelKind, LevelWindow, MAX_LEVELS};
 
 /// Distinct matches rules may use (each is one bit of a frame's class).
 pub const MAX_CLASSES: usize = 4;

@@ -5,11 +5,13 @@
 //! `Rule::level_count` first), and neither does a frame its source's
 //! limit or hold refused.
 
+use core::ptr::{addr_of, addr_of_mut, read_volatile, write_volatile};
+
 use aya_ebpf::helpers::bpf_ktime_get_coarse_ns;
 use limiter_common::{
-    rules::MAX_LEVELS,
-    window::{self, Admission, WindowCache},
-    Level, LevelKey, Rule, SourceKey, WindowState,
+    rules::{LevelWindow, MAX_LEVELS},
+    window::{self, Admission, WindowCache, WindowParams},
+    Level, LevelKey, Rule, SourceKey,
 };
 
 use super::{scratch, BPF_NOEXIST};
@@ -64,34 +66,84 @@ pub extern "C" fn levels(index: u32, flags: u32) -> u32 {
 fn admit(rule: &Rule, level: &Level, key: &SourceKey, index: u8, now: u64, heavy: bool) -> bool {
     let lkey = level.key(key, rule.budget, rule.level_tag(), index);
     let params = level.params(heavy);
-    let Some(window) = find_or_create(&lkey, level.bucket_ns) else {
+    let Some(value) = find_or_create(&lkey, level.bucket_ns) else {
         return true;
     };
+    // SAFETY: a field of a live map value.
+    let window = SharedWindow(unsafe { addr_of_mut!((*value).window) });
     if window.bucket_ns() != level.bucket_ns {
         // Tagged with another bucket width (the level changed): afresh.
         window::clear(&window);
         window.set_bucket_ns(level.bucket_ns);
     }
-    let cache = WindowCache::refresh(&window, &params, now);
+    let view = view(value, &window, &params, now);
     matches!(
-        window::try_admit_cached(&window, &cache, &params, now, 1, 1),
+        window::try_admit_cached(&window, &view, &params, now, 1, 1),
         Admission::Admitted { .. }
     )
+}
+
+/// The view of `window`'s older buckets for the bucket of `now`: the one
+/// `value` shares when it is for that bucket (read word by word, and
+/// taken only if its bucket width still reads the same after: a CPU
+/// writing a new one clears it first), else computed here and shared.
+#[inline(always)]
+fn view(
+    value: *mut LevelWindow,
+    window: &SharedWindow,
+    params: &WindowParams,
+    now: u64,
+) -> WindowCache {
+    // SAFETY (the reads and writes below): aligned words of a live map
+    // value; another CPU writes them whole, word by word, never in part.
+    unsafe {
+        let shared = addr_of_mut!((*value).view);
+        let width = read_volatile(addr_of!((*shared).bucket_ns));
+        if width == params.bucket_ns && width != 0 {
+            let view = WindowCache {
+                bucket: read_volatile(addr_of!((*shared).bucket)),
+                start_ns: read_volatile(addr_of!((*shared).start_ns)),
+                bucket_ns: width,
+                inv_bucket: read_volatile(addr_of!((*shared).inv_bucket)),
+                older_packets: read_volatile(addr_of!((*shared).older_packets)),
+                older_bytes: 0,
+                oldest_packets_per_q: read_volatile(addr_of!((*shared).oldest_packets_per_q)),
+                oldest_bytes_per_q: 0,
+                oldest_first: read_volatile(addr_of!((*shared).oldest_first)),
+            };
+            if view.covers(now, width) && read_volatile(addr_of!((*shared).bucket_ns)) == width {
+                return view;
+            }
+        }
+        let view = WindowCache::refresh(window, params, now);
+        write_volatile(addr_of_mut!((*shared).bucket_ns), 0);
+        write_volatile(addr_of_mut!((*shared).bucket), view.bucket);
+        write_volatile(addr_of_mut!((*shared).start_ns), view.start_ns);
+        write_volatile(addr_of_mut!((*shared).inv_bucket), view.inv_bucket);
+        write_volatile(addr_of_mut!((*shared).older_packets), view.older_packets);
+        write_volatile(
+            addr_of_mut!((*shared).oldest_packets_per_q),
+            view.oldest_packets_per_q,
+        );
+        write_volatile(addr_of_mut!((*shared).oldest_first), view.oldest_first);
+        write_volatile(addr_of_mut!((*shared).bucket_ns), view.bucket_ns);
+        view
+    }
 }
 
 /// The window of `lkey`, created empty (tagged with `bucket_ns`) if it is
 /// not there.
 #[inline(always)]
-fn find_or_create(lkey: &LevelKey, bucket_ns: u64) -> Option<SharedWindow> {
-    if let Some(state) = AGGREGATES.get_ptr_mut(lkey) {
-        return Some(SharedWindow(state));
+fn find_or_create(lkey: &LevelKey, bucket_ns: u64) -> Option<*mut LevelWindow> {
+    if let Some(value) = AGGREGATES.get_ptr_mut(lkey) {
+        return Some(value);
     }
-    scratch::seeded(scratch::NewWindow { slot: 0 }, |seed: &mut WindowState| {
-        seed.bucket_ns = bucket_ns;
+    scratch::seeded(scratch::NewLevelWindow, |seed: &mut LevelWindow| {
+        seed.window.bucket_ns = bucket_ns;
         // EEXIST: another CPU created it first; the LRU map makes room
         // otherwise.
         #[allow(clippy::needless_borrows_for_generic_args)]
         let _ = AGGREGATES.insert(lkey, &*seed, BPF_NOEXIST);
     })?;
-    AGGREGATES.get_ptr_mut(lkey).map(SharedWindow)
+    AGGREGATES.get_ptr_mut(lkey)
 }

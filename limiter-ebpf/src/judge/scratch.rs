@@ -12,11 +12,12 @@ use core::{
 
 use aya_ebpf::maps::PerCpuArray;
 use limiter_common::{
+    rules::LevelWindow,
     window::{PACKETS, RING},
     SourceTraffic, WindowState,
 };
 
-use crate::maps::{TRAFFIC_SEED, WINDOW_SEED};
+use crate::maps::{LEVEL_SEED, TRAFFIC_SEED, WINDOW_SEED};
 
 /// This CPU's slot of the one-entry per-CPU array `map`.
 // Mutable through a shared map reference, as `PerCpuArray::get_ptr_mut`
@@ -151,5 +152,23 @@ impl Seed for NewWindow {
             write_volatile(&mut value.blocked_until_ns, 0);
             write_volatile(&mut value.blocked_tag, 0);
         }
+    }
+}
+
+/// A new level window: its bucket width is all it sets.
+pub(super) struct NewLevelWindow;
+
+impl Seed for NewLevelWindow {
+    type Value = LevelWindow;
+
+    #[inline(always)]
+    fn map() -> &'static PerCpuArray<LevelWindow> {
+        &LEVEL_SEED
+    }
+
+    #[inline(always)]
+    fn rezero(&self, value: &mut LevelWindow) {
+        // SAFETY: an aligned word of this CPU's scratch.
+        unsafe { write_volatile(&mut value.window.bucket_ns, 0) };
     }
 }
