@@ -45,7 +45,7 @@ pub fn xdp_limiter(ctx: XdpContext) -> u32 {
 #[inline(always)]
 fn try_limit(ctx: &XdpContext, len: u64) -> Result<u32, ParseError> {
     let packet = parse::parse(ctx)?;
-    let verdict = judge::judge(&packet, len);
+    let verdict = judge::judge(ctx, &packet, len);
     maps::count(verdict.outcome, len);
     Ok(verdict.action)
 }

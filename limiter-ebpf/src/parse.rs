@@ -17,7 +17,7 @@ use core::mem::size_of;
 use aya_ebpf::programs::XdpContext;
 use limiter_common::{
     rules::{Transport, IPPROTO_TCP, IPPROTO_UDP, TCP_FLAG_ACK, TCP_FLAG_SYN},
-    SourceKey,
+    AddressFamily, SourceKey,
 };
 use network_types::{
     eth::EthHdr,
@@ -72,6 +72,10 @@ pub struct Packet {
     pub tcp_flags: u8,
     /// How much of the above could be read.
     pub transport: Transport,
+    /// Where the destination address starts in the frame (bytes from its
+    /// start; 4 bytes for IPv4, 16 for IPv6): read only when a rule keys a
+    /// level by it (`judge::key::destination`).
+    pub dst_at: u16,
 }
 
 /// The transport fields rules match on.
@@ -120,13 +124,14 @@ impl Fields {
     }
 
     #[inline(always)]
-    fn packet(self, source: SourceKey) -> Packet {
+    fn packet(self, source: SourceKey, dst_at: usize) -> Packet {
         Packet {
             source,
             protocol: self.protocol,
             dst_port: self.dst_port,
             tcp_flags: self.tcp_flags,
             transport: self.transport,
+            dst_at: dst_at as u16,
         }
     }
 }
@@ -146,6 +151,10 @@ const fn is_ipv6_extension(next: u8) -> bool {
     )
 }
 
+/// Where the destination address starts in an IPv4 and an IPv6 header.
+const IPV4_DST_AT: usize = 16;
+const IPV6_DST_AT: usize = 24;
+
 /// A bounds-checked pointer to a `T` at `offset` bytes into the frame.
 #[inline(always)]
 fn ptr_at<T>(ctx: &XdpContext, offset: usize) -> Result<*const T, ParseError> {
@@ -164,6 +173,29 @@ fn read_at<T: Copy>(ctx: &XdpContext, offset: usize) -> Result<T, ParseError> {
     // SAFETY: ptr_at checked that size_of::<T>() bytes at ptr lie inside the
     // frame; read_unaligned has no alignment requirement.
     Ok(unsafe { ptr.read_unaligned() })
+}
+
+/// Copies the destination address of `packet` (parsed from `ctx`) into
+/// `out`, IPv4 into its first 4 bytes and the rest zero; false (and `out`
+/// untouched) if the frame no longer holds it.
+#[inline(always)]
+pub fn read_destination(ctx: &XdpContext, packet: &Packet, out: &mut [u8; 16]) -> bool {
+    // Bounded for the verifier: an address in the fixed IP header, behind
+    // at most two VLAN tags, is always within the first 64 bytes.
+    let at = usize::from(packet.dst_at) & 0x3f;
+    if packet.source.family() == AddressFamily::V4 {
+        let Ok(v4) = read_at::<[u8; 4]>(ctx, at) else {
+            return false;
+        };
+        *out = [0; 16];
+        out[..4].copy_from_slice(&v4);
+    } else {
+        let Ok(v6) = read_at::<[u8; 16]>(ctx, at) else {
+            return false;
+        };
+        *out = v6;
+    }
+    true
 }
 
 /// Parses the frame in `ctx` down to the transport ports.
@@ -194,25 +226,26 @@ fn parse_ipv4(ctx: &XdpContext, offset: usize) -> Result<Packet, ParseError> {
         return Err(ParseError::Malformed);
     }
     let source = SourceKey::v4(ip.src_addr);
+    let dst_at = offset + IPV4_DST_AT;
     let header_len = usize::from(ip.vihl & 0x0f) * 4;
     let valid =
         header_len >= Ipv4Hdr::LEN && usize::from(u16::from_be_bytes(ip.tot_len)) >= header_len;
     let first_fragment = u16::from_be_bytes(ip.frags) & 0x1fff == 0;
     if !valid || !first_fragment {
         // No transport header here (or none to trust): judged by protocol.
-        return Ok(Fields::unreadable(ip.proto).packet(source));
+        return Ok(Fields::unreadable(ip.proto).packet(source, dst_at));
     }
     let mut offset = offset + header_len;
     let mut protocol = ip.proto;
     if protocol == IPPROTO_AH {
         // Next header, then the length in 4-byte units minus 2.
         let Ok(ah) = read_at::<[u8; 2]>(ctx, offset) else {
-            return Ok(Fields::protocol_unknown().packet(source));
+            return Ok(Fields::protocol_unknown().packet(source, dst_at));
         };
         protocol = ah[0];
         offset += (usize::from(ah[1]) + 2) * 4;
     }
-    Ok(transport(ctx, offset, protocol).packet(source))
+    Ok(transport(ctx, offset, protocol).packet(source, dst_at))
 }
 
 #[inline(always)]
@@ -222,6 +255,7 @@ fn parse_ipv6(ctx: &XdpContext, offset: usize) -> Result<Packet, ParseError> {
         return Err(ParseError::Malformed);
     }
     let source = SourceKey::v6(ip.src_addr);
+    let dst_at = offset + IPV6_DST_AT;
     let mut next = ip.next_hdr;
     let mut offset = offset + Ipv6Hdr::LEN;
     for _ in 0..MAX_IPV6_EXT_HEADERS {
@@ -230,7 +264,7 @@ fn parse_ipv6(ctx: &XdpContext, offset: usize) -> Result<Packet, ParseError> {
         }
         // Every extension header starts with its next header and a length.
         let Ok(ext) = read_at::<[u8; 4]>(ctx, offset) else {
-            return Ok(Fields::protocol_unknown().packet(source));
+            return Ok(Fields::protocol_unknown().packet(source, dst_at));
         };
         let header = next;
         next = ext[0];
@@ -241,14 +275,14 @@ fn parse_ipv6(ctx: &XdpContext, offset: usize) -> Result<Packet, ParseError> {
         };
         if header == IPPROTO_FRAGMENT && u16::from_be_bytes([ext[2], ext[3]]) >> 3 != 0 {
             // A non-first fragment: the rest is payload.
-            return Ok(Fields::unreadable(next).packet(source));
+            return Ok(Fields::unreadable(next).packet(source, dst_at));
         }
     }
     if is_ipv6_extension(next) {
         // A chain longer than the walk.
-        return Ok(Fields::protocol_unknown().packet(source));
+        return Ok(Fields::protocol_unknown().packet(source, dst_at));
     }
-    Ok(transport(ctx, offset, next).packet(source))
+    Ok(transport(ctx, offset, next).packet(source, dst_at))
 }
 
 /// The destination port (and TCP flags) of a TCP or UDP header at

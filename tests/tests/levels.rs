@@ -4,18 +4,24 @@
 //! limit, on both CPUs at once; a whole-rule aggregate holds a spoofed
 //! flood of 10,000 sources; two windows over one source each hold, and a
 //! frame the short one refuses does not use up the long one; a light
-//! source inside a /24 that four heavy ones exhaust keeps its frames.
+//! source inside a /24 that four heavy ones exhaust keeps its frames; a
+//! destination level holds a flood from 10,000 sources toward one
+//! address; a pair level gives each client a budget per service address.
 //!
 //! Windows are long (10 s) where the test offers its frames as fast as it
 //! can, so that a slow machine (the kernel lane's software-emulated guest)
 //! still offers them all within one window.
 
-use std::{net::Ipv4Addr, thread, time::Duration};
+use std::{
+    net::{Ipv4Addr, Ipv6Addr},
+    thread,
+    time::Duration,
+};
 
 use limiter_common::{rules::MAX_LEVELS, Outcome};
 use limiter_tests::{
     flood::udp4,
-    net,
+    net, packets,
     testrun::{on_cpu, online_cpus, paced, Harness, Pacing, Start, XDP_DROP, XDP_PASS},
 };
 use limiter_user::{
@@ -272,4 +278,74 @@ fn a_light_source_keeps_its_frames_inside_a_24_that_four_heavy_ones_exhaust() {
             "tiered {tiered}: the heavy sources got only {heavy_passed}"
         );
     }
+}
+
+/// A destination-keyed level: 10,000 sources (one frame each, far under
+/// their own limit) toward one address share its budget, held at its
+/// allowance; a frame toward another address has a budget of its own.
+#[test]
+fn a_destination_level_holds_a_flood_from_10000_sources_toward_one_address() {
+    for tiered in [true, false] {
+        let set = with_levels(1000, Duration::from_secs(10), &["destination:100"], tiered);
+        let mut harness = harness(&set);
+        let server = Ipv4Addr::new(192, 0, 2, 80);
+        let frames: Vec<Vec<u8>> = (0..10_000u32)
+            .map(|i| packets::udp_v4(Ipv4Addr::from(0x0a00_0000 | i), server, 53, 18))
+            .collect();
+        let verdicts = send_all(&mut harness, 0, &frames);
+        let admitted = verdicts.iter().filter(|&&v| v == XDP_PASS).count() as u64;
+        assert!(
+            (990..=1000).contains(&admitted),
+            "tiered {tiered}: {admitted} admitted toward {server}, its allowance 1000 (+-1%)"
+        );
+        assert_eq!(level_drops(&harness, 0), 10_000 - admitted);
+        let elsewhere = packets::udp_v4(
+            Ipv4Addr::new(10, 200, 0, 1),
+            Ipv4Addr::new(192, 0, 2, 81),
+            53,
+            18,
+        );
+        assert_eq!(
+            harness.run_on_cpu(0, &elsewhere),
+            XDP_PASS,
+            "tiered {tiered}"
+        );
+        // IPv6 toward one address too.
+        let six = |i: u16| {
+            packets::udp_v6(
+                Ipv6Addr::new(0x2001, 0xdb8, i, 0, 0, 0, 0, 1),
+                Ipv6Addr::new(0x2001, 0xdb8, 0xffff, 0, 0, 0, 0, 80),
+                53,
+                18,
+            )
+        };
+        let frames: Vec<Vec<u8>> = (0..2000u16).map(six).collect();
+        let admitted = send_all(&mut harness, 1, &frames)
+            .iter()
+            .filter(|&&v| v == XDP_PASS)
+            .count();
+        assert_eq!(admitted, 1000, "tiered {tiered}: IPv6 toward one address");
+    }
+}
+
+/// A pair level: each client's budget per service address, so one client
+/// exhausting its budget toward one server keeps its budget toward
+/// another, and another client keeps its own toward the first.
+#[test]
+fn a_pair_level_gives_each_client_a_budget_per_service_address() {
+    let set = with_levels(1000, Duration::from_secs(10), &["pair:2"], false);
+    let mut harness = harness(&set);
+    let (a, b) = (Ipv4Addr::new(10, 7, 0, 1), Ipv4Addr::new(10, 7, 0, 2));
+    let (x, y) = (Ipv4Addr::new(192, 0, 2, 1), Ipv4Addr::new(192, 0, 2, 2));
+    let to = |src, dst| vec![packets::udp_v4(src, dst, 443, 18); 30];
+    let passed = |harness: &mut Harness, frames: &[Vec<u8>]| {
+        send_all(harness, 0, frames)
+            .iter()
+            .filter(|&&v| v == XDP_PASS)
+            .count()
+    };
+    // 2 pps over 10 s: 20 per pair.
+    assert_eq!(passed(&mut harness, &to(a, x)), 20, "a toward x");
+    assert_eq!(passed(&mut harness, &to(a, y)), 20, "a toward y");
+    assert_eq!(passed(&mut harness, &to(b, x)), 20, "b toward x");
 }

@@ -76,6 +76,12 @@ macro_rules! for_each_map {
             FRAME_KEY(frame_key): PerCpuArray<u32, $crate::SourceKey>,
                 Fixed(1), kernel;
 
+            /// Per-CPU scratch holding the destination address of the frame
+            /// being judged (IPv4 in its first 4 bytes), written only while a
+            /// rule has a level keyed by it (`Config::destinations`).
+            FRAME_DST(frame_dst): PerCpuArray<u32, [u8; 16]>,
+                Fixed(1), kernel;
+
             /// Global per-CPU counters by `Outcome`.
             STATS(stats): PerCpuArray<u32, $crate::Counter>,
                 Fixed($crate::Outcome::COUNT), pinned;

@@ -35,7 +35,10 @@ pub struct Config {
     /// stateless allow/deny threshold: a frame whose cheap-tier count is
     /// above it resolves no rule before looking for state.
     pub cheap_max: u8,
-    pub(super) _pad: [u8; 2],
+    /// Non-zero: a rule has a level keyed by the destination, so the
+    /// kernel keeps each frame's destination address ([`Config::destinations`]).
+    pub(super) destinations: u8,
+    pub(super) _pad: u8,
 }
 
 impl Config {
@@ -55,8 +58,20 @@ impl Config {
             sketch_seed: 0,
             tiered: 0,
             cheap_max: 0,
-            _pad: [0; 2],
+            destinations: 0,
+            _pad: 0,
         }
+    }
+
+    /// Whether a live rule has a level keyed by the destination: only then
+    /// does a frame's destination address reach the judge (`FRAME_DST`).
+    #[inline(always)]
+    pub const fn destinations(&self) -> bool {
+        self.destinations != 0
+    }
+
+    pub fn set_destinations(&mut self, destinations: bool) {
+        self.destinations = u8::from(destinations);
     }
 
     /// Whether sources are tiered: a source gets no state until the cheap

@@ -42,6 +42,12 @@ pub enum LevelKind {
     Prefix = 2,
     /// Every frame of the rule together.
     Rule = 3,
+    /// The destination's prefix of the level's length (/32 and /128: each
+    /// destination address): every source toward it together.
+    Destination = 4,
+    /// Each source toward each destination: a client's budget per service
+    /// address (IPv6: each address folded to 64 bits, see [`Level::key`]).
+    Pair = 5,
 }
 
 impl LevelKind {
@@ -53,13 +59,20 @@ impl LevelKind {
             1 => Some(LevelKind::Source),
             2 => Some(LevelKind::Prefix),
             3 => Some(LevelKind::Rule),
+            4 => Some(LevelKind::Destination),
+            5 => Some(LevelKind::Pair),
             _ => None,
         }
     }
 
     /// Whether this kind is an aggregate (a budget several sources share).
     pub const fn is_aggregate(self) -> bool {
-        !matches!(self, LevelKind::Source)
+        !matches!(self, LevelKind::Source | LevelKind::Pair)
+    }
+
+    /// Whether this kind keys by the frame's destination.
+    pub const fn needs_destination(self) -> bool {
+        matches!(self, LevelKind::Destination | LevelKind::Pair)
     }
 }
 
@@ -106,8 +119,8 @@ impl Level {
     /// sets it.
     pub fn new(kind: LevelKind, v4_len: u8, v6_len: u8) -> Self {
         let (v4_len, v6_len) = match kind {
-            LevelKind::Source => (32, 128),
-            LevelKind::Prefix => (v4_len.min(32), v6_len.min(128)),
+            LevelKind::Source | LevelKind::Pair => (32, 128),
+            LevelKind::Prefix | LevelKind::Destination => (v4_len.min(32), v6_len.min(128)),
             LevelKind::Rule => (0, 0),
         };
         Self {
@@ -140,31 +153,61 @@ impl Level {
         }
     }
 
-    /// The key of this level's window for a frame keyed `key` under the
+    /// The key of this level's window for a frame keyed `key` toward
+    /// `destination` (the address as the frame carries it, IPv4 in its
+    /// first 4 bytes; read only by the kinds that key by it), under the
     /// rule whose budget class is `budget` and whose levels are tagged
     /// `tag` (`Rule::level_tag`), this level being the rule's `index`th:
-    /// the source's address through the level's mask of its family (all
-    /// ones for a `Source` level, the prefix's for a `Prefix` level, none
-    /// for a `Rule` level; [`Level::new`] sets them).
+    /// the source's (or the destination's) address through the level's
+    /// mask of its family (all ones for a `Source` level, the prefix's for
+    /// a `Prefix` or `Destination` level, none for a `Rule` level;
+    /// [`Level::new`] sets them). A `Pair` key holds both addresses: an
+    /// IPv4 source then its destination, or an IPv6 source's and its
+    /// destination's halves XORed into 64 bits each (a source keyed by at
+    /// most a /64 keeps its prefix whole).
     #[inline(always)]
-    pub fn key(&self, key: &SourceKey, budget: u8, tag: u32, index: u8) -> LevelKey {
+    pub fn key(
+        &self,
+        key: &SourceKey,
+        destination: &[u8; 16],
+        budget: u8,
+        tag: u32,
+        index: u8,
+    ) -> LevelKey {
         let v4 = key.family() == AddressFamily::V4;
         let (mask, prefix_len) = if v4 {
             (&self.masks[0], self.v4_len)
         } else {
             (&self.masks[1], self.v6_len)
         };
-        let mut addr = key.addr;
+        let kind = self.kind;
+        let mut addr = if kind == LevelKind::Destination as u8 {
+            *destination
+        } else {
+            key.addr
+        };
         let mut i = 0;
         while i < 16 {
             addr[i] &= mask[i];
             i += 1;
         }
+        if kind == LevelKind::Pair as u8 {
+            let mut i = 0;
+            while i < 8 {
+                if v4 {
+                    addr[4 + i] = if i < 4 { destination[i] } else { 0 };
+                } else {
+                    addr[i] = key.addr[i] ^ key.addr[8 + i];
+                    addr[8 + i] = destination[i] ^ destination[8 + i];
+                }
+                i += 1;
+            }
+        }
         LevelKey {
             addr,
             family: key.family() as u8,
             // A source level keeps the key's own length.
-            prefix_len: if self.kind == LevelKind::Source as u8 {
+            prefix_len: if kind == LevelKind::Source as u8 {
                 key.prefix_len
             } else {
                 prefix_len
@@ -237,6 +280,8 @@ mod tests {
 
     use super::*;
 
+    const NO_DST: [u8; 16] = [0; 16];
+
     fn prefix(v4: u8, v6: u8) -> Level {
         Level::new(LevelKind::Prefix, v4, v6)
     }
@@ -254,16 +299,16 @@ mod tests {
     #[test]
     fn a_prefix_level_keys_every_source_of_its_prefix_alike() {
         let level = prefix(24, 48);
-        let a = level.key(&SourceKey::v4([10, 1, 2, 3]), 0, 7, 0);
-        let b = level.key(&SourceKey::v4([10, 1, 2, 250]), 0, 7, 0);
-        let c = level.key(&SourceKey::v4([10, 1, 3, 3]), 0, 7, 0);
+        let a = level.key(&SourceKey::v4([10, 1, 2, 3]), &NO_DST, 0, 7, 0);
+        let b = level.key(&SourceKey::v4([10, 1, 2, 250]), &NO_DST, 0, 7, 0);
+        let c = level.key(&SourceKey::v4([10, 1, 3, 3]), &NO_DST, 0, 7, 0);
         assert_eq!(a, b);
         assert_ne!(a, c);
         assert_eq!(a.prefix_len, 24);
         assert_eq!(a.ip().to_string(), "10.1.2.0");
         let mut v6 = [0u8; 16];
         v6[..8].copy_from_slice(&[0x20, 0x01, 0x0d, 0xb8, 0x12, 0x34, 0x56, 0x78]);
-        let k = level.key(&SourceKey::v6(v6), 0, 7, 0);
+        let k = level.key(&SourceKey::v6(v6), &NO_DST, 0, 7, 0);
         assert_eq!(k.prefix_len, 48);
         assert_eq!(k.ip().to_string(), "2001:db8:1234::");
     }
@@ -272,20 +317,59 @@ mod tests {
     fn levels_rules_and_budgets_never_share_a_window() {
         let level = prefix(24, 48);
         let key = SourceKey::v4([10, 1, 2, 3]);
-        let base = level.key(&key, 0, 7, 0);
-        assert_ne!(base, level.key(&key, 1, 7, 0), "budget");
-        assert_ne!(base, level.key(&key, 0, 8, 0), "rule tag");
-        assert_ne!(base, level.key(&key, 0, 7, 1), "level");
+        let base = level.key(&key, &NO_DST, 0, 7, 0);
+        assert_ne!(base, level.key(&key, &NO_DST, 1, 7, 0), "budget");
+        assert_ne!(base, level.key(&key, &NO_DST, 0, 8, 0), "rule tag");
+        assert_ne!(base, level.key(&key, &NO_DST, 0, 7, 1), "level");
         let whole = Level::new(LevelKind::Rule, 0, 0);
         assert_eq!(
-            whole.key(&SourceKey::v4([1, 2, 3, 4]), 0, 7, 2),
-            whole.key(&SourceKey::v4([5, 6, 7, 8]), 0, 7, 2)
+            whole.key(&SourceKey::v4([1, 2, 3, 4]), &NO_DST, 0, 7, 2),
+            whole.key(&SourceKey::v4([5, 6, 7, 8]), &NO_DST, 0, 7, 2)
         );
         let own = Level::new(LevelKind::Source, 0, 0);
         assert_ne!(
-            own.key(&SourceKey::v4([1, 2, 3, 4]), 0, 7, 2),
-            own.key(&SourceKey::v4([1, 2, 3, 5]), 0, 7, 2)
+            own.key(&SourceKey::v4([1, 2, 3, 4]), &NO_DST, 0, 7, 2),
+            own.key(&SourceKey::v4([1, 2, 3, 5]), &NO_DST, 0, 7, 2)
         );
+    }
+
+    #[test]
+    fn destination_and_pair_levels_key_by_the_destination() {
+        let to = |octets: [u8; 4]| {
+            let mut addr = [0u8; 16];
+            addr[..4].copy_from_slice(&octets);
+            addr
+        };
+        let dst = Level::new(LevelKind::Destination, 32, 128);
+        let a = SourceKey::v4([10, 0, 0, 1]);
+        let b = SourceKey::v4([10, 0, 0, 2]);
+        let server = to([192, 0, 2, 1]);
+        let other = to([192, 0, 2, 2]);
+        assert_eq!(dst.key(&a, &server, 0, 7, 0), dst.key(&b, &server, 0, 7, 0));
+        assert_ne!(dst.key(&a, &server, 0, 7, 0), dst.key(&a, &other, 0, 7, 0));
+        assert_eq!(dst.key(&a, &server, 0, 7, 0).ip().to_string(), "192.0.2.1");
+        let pair = Level::new(LevelKind::Pair, 0, 0);
+        let ab = [
+            pair.key(&a, &server, 0, 7, 0),
+            pair.key(&a, &other, 0, 7, 0),
+            pair.key(&b, &server, 0, 7, 0),
+            pair.key(&b, &other, 0, 7, 0),
+        ];
+        for i in 0..4 {
+            for j in i + 1..4 {
+                assert_ne!(ab[i], ab[j], "pairs {i} and {j}");
+            }
+        }
+        assert_eq!(&ab[0].addr[..8], &[10, 0, 0, 1, 192, 0, 2, 1]);
+        // IPv6: a /64 source keeps its prefix whole.
+        let mut six = [0u8; 16];
+        six[..8].copy_from_slice(&[0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 9]);
+        let key = SourceKey::v6(six).masked(64, &crate::prefix_mask(64));
+        let mut d6 = [0u8; 16];
+        d6[15] = 1;
+        let k = pair.key(&key, &d6, 0, 7, 0);
+        assert_eq!(&k.addr[..8], &six[..8]);
+        assert_eq!(k.addr[15], 1);
     }
 
     #[test]

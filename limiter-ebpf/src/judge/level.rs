@@ -16,7 +16,7 @@ use limiter_common::{
 
 use super::{scratch, BPF_NOEXIST};
 use crate::{
-    maps::{AGGREGATES, FRAME_KEY, RULES},
+    maps::{AGGREGATES, FRAME_DST, FRAME_KEY, RULES},
     shared::SharedWindow,
 };
 
@@ -24,7 +24,7 @@ use crate::{
 /// its rule's `fair_packets`).
 pub(super) const LEVEL_HEAVY: u32 = 1;
 
-/// Admits the frame keyed `FRAME_KEY` against every level
+/// Admits the frame keyed `FRAME_KEY` (toward `FRAME_DST`) against every level
 /// of rule `index`, in order. Returns 0 when all admit it, else 1 + the
 /// index of the level that refused it (the levels before it counted the
 /// frame: a refused frame may use up a little of their allowance, never
@@ -39,7 +39,7 @@ pub extern "C" fn levels(index: u32, flags: u32) -> u32 {
     let Some(rule) = RULES.get(index) else {
         return 0;
     };
-    let Some(key) = FRAME_KEY.get(0) else {
+    let (Some(key), Some(destination)) = (FRAME_KEY.get(0), FRAME_DST.get(0)) else {
         return 0;
     };
     // SAFETY: a helper without arguments; it reads the monotonic clock.
@@ -51,7 +51,7 @@ pub extern "C" fn levels(index: u32, flags: u32) -> u32 {
         if i >= count {
             break;
         }
-        if !admit(rule, &rule.levels[i], key, i as u8, now, heavy) {
+        if !admit(rule, &rule.levels[i], key, destination, i as u8, now, heavy) {
             return i as u32 + 1;
         }
         i += 1;
@@ -63,8 +63,16 @@ pub extern "C" fn levels(index: u32, flags: u32) -> u32 {
 /// Without window state (the map refused it), admitted: the per-source
 /// limit already holds the source.
 #[inline(always)]
-fn admit(rule: &Rule, level: &Level, key: &SourceKey, index: u8, now: u64, heavy: bool) -> bool {
-    let lkey = level.key(key, rule.budget, rule.level_tag(), index);
+fn admit(
+    rule: &Rule,
+    level: &Level,
+    key: &SourceKey,
+    destination: &[u8; 16],
+    index: u8,
+    now: u64,
+    heavy: bool,
+) -> bool {
+    let lkey = level.key(key, destination, rule.budget, rule.level_tag(), index);
     let params = level.params(heavy);
     let Some(value) = find_or_create(&lkey, level.bucket_ns) else {
         return true;

@@ -20,20 +20,20 @@ mod tier;
 mod verdict;
 mod window;
 
-use aya_ebpf::helpers::bpf_ktime_get_coarse_ns;
+use aya_ebpf::{helpers::bpf_ktime_get_coarse_ns, programs::XdpContext};
 use limiter_common::Outcome;
-use limiter_ebpf::parse::Packet;
+use limiter_ebpf::parse::{self, Packet};
 
 pub use self::verdict::Verdict;
 use self::{tier::Tiered, verdict::pass};
-use crate::maps::{CONFIG, FRAME_KEY};
+use crate::maps::{CONFIG, FRAME_DST, FRAME_KEY};
 
 /// `bpf_map_update_elem` flag: create only.
 const BPF_NOEXIST: u64 = 1;
 
-/// Judges one frame of `len` bytes.
+/// Judges one frame of `len` bytes (`packet`, parsed from `ctx`).
 #[inline(always)]
-pub fn judge(packet: &Packet, len: u64) -> Verdict {
+pub fn judge(ctx: &XdpContext, packet: &Packet, len: u64) -> Verdict {
     // The coarse monotonic clock (tick resolution, a few ms): the precise
     // one costs a clocksource read per frame, a third of the whole frame's
     // cost here, and a tick is a small share of a bucket (see
@@ -53,6 +53,15 @@ pub fn judge(packet: &Packet, len: u64) -> Verdict {
     };
     key::source_key(config, packet, key);
     let key = &*key;
+    if config.destinations() {
+        // A rule keys a level by the destination (`level`): one byte test
+        // for every other rule set.
+        if let Some(destination) = scratch::slot(&FRAME_DST) {
+            if !parse::read_destination(ctx, packet, destination) {
+                *destination = [0; 16];
+            }
+        }
+    }
     let found = if config.tiered() {
         tier::tiered(config, key, now, len)
     } else {

@@ -94,6 +94,11 @@ pub fn compile(set: &RuleSet, base: u32, cpus: u32) -> Result<Compiled, RuleErro
     config.class_count = classes.len() as u8;
     config.set_tiered(set.tiered);
     config.cheap_max = rules.iter().map(|r| r.cheap_frames).max().unwrap_or(0);
+    config.set_destinations(rules.iter().any(|r| {
+        r.levels()
+            .iter()
+            .any(|l| l.kind().is_some_and(|k| k.needs_destination()))
+    }));
     for (slot, class) in config.classes.iter_mut().zip(&classes) {
         *slot = class.class();
     }

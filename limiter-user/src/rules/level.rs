@@ -11,10 +11,13 @@
 //! prefix/24:2000           every source of a /24 (IPv6: /48) together
 //! prefix/16/32:50000@10s   every source of a /16 (IPv6: /32) together
 //! rule:100000              every frame of the rule together
+//! destination:10000        every source toward one address together
+//! destination/24:50000     every source toward one /24 (IPv6: /128)
+//! pair:100                 each source toward each address
 //! ```
 //!
-//! The window defaults to the rule's own, and the IPv6 length of a prefix
-//! to [`DEFAULT_V6_PREFIX`].
+//! The window defaults to the rule's own, the IPv6 length of a prefix to
+//! [`DEFAULT_V6_PREFIX`], a destination's lengths to /32 and /128.
 
 use std::{fmt, str::FromStr, time::Duration};
 
@@ -42,6 +45,10 @@ pub enum LevelPer {
     Prefix { v4: u8, v6: u8 },
     /// Every frame of the rule.
     Rule,
+    /// Every source toward one destination prefix of these lengths.
+    Destination { v4: u8, v6: u8 },
+    /// Each source toward each destination address.
+    Pair,
 }
 
 /// One level of a rule: a packet rate over a window, per `per`.
@@ -72,6 +79,9 @@ impl fmt::Display for LevelPer {
             LevelPer::Source => f.write_str("source"),
             LevelPer::Rule => f.write_str("rule"),
             LevelPer::Prefix { v4, v6 } => write!(f, "prefix/{v4}/{v6}"),
+            LevelPer::Destination { v4: 32, v6: 128 } => f.write_str("destination"),
+            LevelPer::Destination { v4, v6 } => write!(f, "destination/{v4}/{v6}"),
+            LevelPer::Pair => f.write_str("pair"),
         }
     }
 }
@@ -96,7 +106,8 @@ impl FromStr for LevelSpec {
         let usage = || {
             format!(
                 "{text:?} is not a level: KIND[/V4[/V6]]:PPS[+BURST][@WINDOW], KIND one of \
-                 source, prefix, rule (e.g. prefix/24:2000, rule:50000@10s, source:20000@1m)"
+                 source, prefix, rule, destination, pair (e.g. prefix/24:2000, rule:50000@10s, \
+                 source:20000@1m, destination:10000)"
             )
         };
         let (kind, rest) = text.trim().split_once(':').ok_or_else(usage)?;
@@ -121,19 +132,25 @@ impl FromStr for LevelSpec {
         let pps = number("pps", pps)?;
         let burst_packets = burst.map(|b| number("burst", b)).transpose()?.unwrap_or(0);
         let mut parts = kind.trim().split('/');
+        let len = |what: &str, value: Option<&str>| -> Result<Option<u8>, String> {
+            value
+                .map(|v| {
+                    v.trim().parse::<u8>().map_err(|_| {
+                        format!("{text:?}: {what} prefix length {v:?} is not a number")
+                    })
+                })
+                .transpose()
+        };
         let per = match parts.next().unwrap_or_default() {
             "source" => LevelPer::Source,
             "rule" => LevelPer::Rule,
+            "pair" => LevelPer::Pair,
+            "destination" => {
+                let v4 = len("IPv4", parts.next())?.unwrap_or(32);
+                let v6 = len("IPv6", parts.next())?.unwrap_or(128);
+                LevelPer::Destination { v4, v6 }
+            }
             "prefix" => {
-                let len = |what: &str, value: Option<&str>| -> Result<Option<u8>, String> {
-                    value
-                        .map(|v| {
-                            v.trim().parse::<u8>().map_err(|_| {
-                                format!("{text:?}: {what} prefix length {v:?} is not a number")
-                            })
-                        })
-                        .transpose()
-                };
                 let v4 = len("IPv4", parts.next())?.ok_or_else(|| {
                     format!(
                         "{text:?}: a prefix level needs its length, as prefix/24 or prefix/24/48"
@@ -221,6 +238,20 @@ pub(super) fn compile_levels(
         let kind = match level.per {
             LevelPer::Source => LevelKind::Source,
             LevelPer::Rule => LevelKind::Rule,
+            LevelPer::Pair => LevelKind::Pair,
+            LevelPer::Destination { v4, v6 } => {
+                for (family, len, most) in [("IPv4", v4, 32), ("IPv6", v6, 128)] {
+                    if len > most {
+                        return Err(RuleError::LevelPrefix {
+                            level: field(i),
+                            family,
+                            len,
+                            key: most,
+                        });
+                    }
+                }
+                LevelKind::Destination
+            }
             LevelPer::Prefix { v4, v6 } => {
                 for (family, len, key) in [("IPv4", v4, v4_key), ("IPv6", v6, v6_key)] {
                     if len > key {
@@ -254,7 +285,7 @@ pub(super) fn compile_levels(
         }
         let allowance = (value as u64).max(1);
         let (v4, v6) = match level.per {
-            LevelPer::Prefix { v4, v6 } => (v4, v6),
+            LevelPer::Prefix { v4, v6 } | LevelPer::Destination { v4, v6 } => (v4, v6),
             _ => (0, 0),
         };
         let mut compiled = Level::new(kind, v4, v6);
@@ -302,6 +333,21 @@ mod tests {
                 Some(10),
             ),
             ("rule:100000", LevelPer::Rule, 100_000, 0, None),
+            (
+                "destination:10000",
+                LevelPer::Destination { v4: 32, v6: 128 },
+                10_000,
+                0,
+                None,
+            ),
+            (
+                "destination/24/64:10",
+                LevelPer::Destination { v4: 24, v6: 64 },
+                10,
+                0,
+                None,
+            ),
+            ("pair:100@10s", LevelPer::Pair, 100, 0, Some(10)),
         ] {
             let level: LevelSpec = text.parse().expect(text);
             assert_eq!(level.per, per, "{text}");
