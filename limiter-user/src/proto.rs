@@ -423,6 +423,48 @@ mod tests {
     }
 
     #[test]
+    fn rule_edits_carry_levels_in_their_grammar_and_a_malformed_one_as_written() {
+        let line = serde_json::to_string(&RequestLine {
+            version: PROTOCOL_VERSION,
+            request: Request::Rules {
+                edit: RuleEdit::Add {
+                    rule: RuleSection {
+                        cidr: Some("10.0.0.0/8".parse().unwrap()),
+                        pps: Some(10),
+                        levels: vec!["prefix/24:2000".into()],
+                        ..RuleSection::default()
+                    },
+                },
+                save: false,
+            },
+        })
+        .unwrap();
+        assert!(line.contains(r#""levels":["prefix/24/48:2000"]"#), "{line}");
+        let Ok(Request::Rules {
+            edit: RuleEdit::Add { rule },
+            ..
+        }) = parse_request(&line)
+        else {
+            panic!("{line}")
+        };
+        assert!(rule.levels[0].spec().is_ok(), "{rule:?}");
+        // A malformed level reaches the daemon's validation, which names
+        // its field (`rules[N].levels[0]`).
+        let Ok(Request::Rules {
+            edit: RuleEdit::Add { rule },
+            ..
+        }) = parse_request(
+            r#"{"version":1,"command":"rules","save":false,"edit":{"op":"add","rule":{"cidr":"10.0.0.0/8","pps":1,"levels":["nonsense"]}}}"#,
+        )
+        else {
+            panic!("a string is a level entry")
+        };
+        let err = rule.levels[0].spec().unwrap_err();
+        assert!(err.contains("\"nonsense\" is not a level"), "{err}");
+        assert_eq!(rule.levels[0].to_string(), "nonsense");
+    }
+
+    #[test]
     fn bad_requests_are_explained() {
         for (line, expect) in [
             ("not json", "malformed request"),

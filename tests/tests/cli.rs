@@ -365,6 +365,25 @@ fn invalid_rule_changes_are_rejected_and_leave_rules_unchanged() {
     ] {
         failing(&s.files, &args, 2);
     }
+    // A malformed level: the grammar, before anything is sent.
+    let stderr = failing(
+        &s.files,
+        &[
+            "rule",
+            "add",
+            "10.0.0.0/8",
+            "--pps",
+            "10",
+            "--level",
+            "nonsense",
+        ],
+        2,
+    );
+    assert!(
+        stderr.contains("invalid value 'nonsense' for '--level <LEVEL>'")
+            && stderr.contains("is not a level: KIND[/V4[/V6]]:PPS[+BURST][@WINDOW]"),
+        "{stderr}"
+    );
     // Refused by the daemon's validation: exit 1 with the reason.
     for (args, expect) in [
         (
@@ -409,10 +428,81 @@ fn invalid_rule_changes_are_rejected_and_leave_rules_unchanged() {
             vec!["rule", "set", "10.9.9.0/24", "--pps", "5"],
             "use `rule add`",
         ),
+        // Levels the daemon refuses, each naming the rule's field (the
+        // new rule is rules[1]: rules[0] allows the marker).
+        (
+            vec![
+                "rule",
+                "add",
+                "10.0.0.0/8",
+                "--pps",
+                "5",
+                "--level",
+                "rule:50",
+                "--level",
+                "prefix/33:10",
+            ],
+            "rules[1].levels[1]: IPv4 prefix /33 is longer than the /32 sources are keyed by",
+        ),
+        (
+            vec![
+                "rule",
+                "add",
+                "10.0.0.0/8",
+                "--action",
+                "deny",
+                "--level",
+                "rule:50",
+            ],
+            "rules[1].levels: only a `limit` rule has levels, not `deny`",
+        ),
+        (
+            vec![
+                "rule",
+                "add",
+                "10.0.0.0/8",
+                "--pps",
+                "5",
+                "--level",
+                "source:5@50ms",
+            ],
+            "rules[1].levels[0]: window 50ms is outside 100ms..=60s",
+        ),
+        (
+            vec![
+                "rule",
+                "add",
+                "10.0.0.0/8",
+                "--pps",
+                "5",
+                "--level",
+                "source:1@1s",
+                "--level",
+                "source:1@2s",
+                "--level",
+                "source:1@3s",
+                "--level",
+                "source:1@4s",
+                "--level",
+                "source:1@5s",
+            ],
+            "rules[1].levels: 5 levels, more than the 4",
+        ),
     ] {
         let stderr = failing(&s.files, &args, 1);
         assert!(stderr.contains(expect), "{args:?}: {stderr}");
     }
+    // A malformed level from a client that does not check it: the daemon
+    // names its field.
+    let reply = raw(
+        &s.files,
+        r#"{"version":1,"command":"rules","save":false,"edit":{"op":"add","rule":{"cidr":"10.0.0.0/8","pps":5,"levels":["rule:50","nonsense"]}}}"#,
+    );
+    let error = reply["error"].as_str().unwrap_or_else(|| panic!("{reply}"));
+    assert!(
+        error.contains(r#"rules[1].levels[1]: "nonsense" is not a level"#),
+        "{error}"
+    );
     assert_eq!(json(&s.files, &["rule", "ls"]), before, "rules unchanged");
     assert_eq!(
         json(&s.files, &["status"])["generation"],

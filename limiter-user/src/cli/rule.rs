@@ -33,7 +33,7 @@ pub fn section(cidr: Option<IpNet>, m: &MatchArgs, l: &LimitArgs) -> RuleSection
         block: l.block,
         dry_run: Some(l.dry_run),
         scope: l.scope,
-        levels: l.levels.clone(),
+        levels: l.levels.iter().copied().map(Into::into).collect(),
     }
 }
 
