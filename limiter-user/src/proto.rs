@@ -91,7 +91,8 @@ pub enum Response {
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(tag = "kind", rename_all = "kebab-case")]
 pub enum Reply {
-    Status(Status),
+    /// Boxed: the largest reply by far, and the rarest.
+    Status(Box<Status>),
     Top {
         sources: Vec<TopSource>,
     },
@@ -114,11 +115,25 @@ pub struct Status {
     pub dry_run: bool,
     /// Rules in force, the default rule included.
     pub rules: usize,
+    /// The levels of the rules in force that have any, in rule order.
+    /// Absent when none has (and from a daemon older than levels).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rule_levels: Vec<RuleLevelsStatus>,
     pub interfaces: Vec<InterfaceStatus>,
     /// The cluster this daemon runs with (`configured: false` without
     /// `[cluster]`). Absent from a daemon older than cluster scopes.
     #[serde(default)]
     pub cluster: ClusterStatus,
+}
+
+/// One rule's levels, as `status` shows them.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+pub struct RuleLevelsStatus {
+    /// `default`, `rules[N]`.
+    pub rule: String,
+    /// Each level in the grammar it is written in
+    /// (`KIND[/V4[/V6]]:PPS[+BURST][@WINDOW]`, `rules::level`).
+    pub levels: Vec<String>,
 }
 
 /// `status`'s `cluster` block: the `[cluster]` settings in force (URLs
@@ -393,7 +408,8 @@ mod tests {
             cluster: ClusterStatus::new(config.cluster.as_ref(), 1),
             ..Status::default()
         };
-        let value = serde_json::to_value(ResponseLine::ok(Reply::Status(with.clone()))).unwrap();
+        let value =
+            serde_json::to_value(ResponseLine::ok(Reply::Status(Box::new(with.clone())))).unwrap();
         let cluster = &value["ok"]["cluster"];
         assert_eq!(cluster["configured"], true);
         assert_eq!(cluster["cluster_rules"], 1);
@@ -407,7 +423,7 @@ mod tests {
         assert_eq!(cluster["grace"], "10s");
         assert!(!value.to_string().contains("pw"), "{value}");
         let back: ResponseLine = serde_json::from_value(value).unwrap();
-        assert_eq!(back.response, Response::Ok(Reply::Status(with)));
+        assert_eq!(back.response, Response::Ok(Reply::Status(Box::new(with))));
 
         let without = Status::default();
         let value = serde_json::to_value(&without).unwrap();
@@ -420,6 +436,31 @@ mod tests {
         let old = r#"{"version":"0","generation":1,"dry_run":false,"rules":1,"interfaces":[]}"#;
         let old: Status = serde_json::from_str(old).unwrap();
         assert!(!old.cluster.configured);
+    }
+
+    #[test]
+    fn status_carries_the_rules_levels_only_when_some_rule_has_them() {
+        let with = Status {
+            rule_levels: vec![RuleLevelsStatus {
+                rule: "rules[0]".into(),
+                levels: vec!["prefix/24/48:2000".into(), "source:20000@1m".into()],
+            }],
+            ..Status::default()
+        };
+        let value = serde_json::to_value(&with).unwrap();
+        assert_eq!(
+            value["rule_levels"],
+            serde_json::json!([{"rule": "rules[0]", "levels": ["prefix/24/48:2000", "source:20000@1m"]}])
+        );
+        assert_eq!(serde_json::from_value::<Status>(value).unwrap(), with);
+        let value = serde_json::to_value(Status::default()).unwrap();
+        assert!(value.get("rule_levels").is_none(), "{value}");
+        // A daemon older than levels sends none.
+        let old = r#"{"version":"0","generation":1,"dry_run":false,"rules":1,"interfaces":[]}"#;
+        assert!(serde_json::from_str::<Status>(old)
+            .unwrap()
+            .rule_levels
+            .is_empty());
     }
 
     #[test]

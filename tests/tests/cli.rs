@@ -512,6 +512,92 @@ fn invalid_rule_changes_are_rejected_and_leave_rules_unchanged() {
 }
 
 #[test]
+fn rule_levels_show_in_rule_ls_and_status_and_their_drops_are_counted() {
+    let s = setup();
+    // HEAVY and MEDIUM share 192.0.2.0/24 (the marker has its own /32):
+    // each may send 1,000 frames a window, the /24 together 10.
+    let out = s.files.cli_ok(&[
+        "rule",
+        "add",
+        "192.0.2.0/24",
+        "--pps",
+        "100",
+        "--window",
+        "10s",
+        "--level",
+        "prefix/24:1",
+        "--level",
+        "source:50@1m",
+    ]);
+    assert!(out.contains("rule generation 2"), "{out}");
+
+    let rules = json(&s.files, &["rule", "ls"]);
+    assert_eq!(rules["rules"][0]["levels"], serde_json::json!([]));
+    assert_eq!(
+        rules["rules"][1]["levels"],
+        serde_json::json!(["prefix/24/48:1", "source:50@1m"])
+    );
+    let text = s.files.cli_ok(&["rule", "ls"]);
+    assert!(
+        text.lines().any(|line| line.starts_with("rules[1]")
+            && line.ends_with("100 pps, window 10s, levels: prefix/24/48:1, source:50@1m")),
+        "{text}"
+    );
+    let status = json(&s.files, &["status"]);
+    assert_eq!(
+        status["rule_levels"],
+        serde_json::json!([{"rule": "rules[1]", "levels": ["prefix/24/48:1", "source:50@1m"]}])
+    );
+    let text = s.files.cli_ok(&["status"]);
+    assert!(
+        text.contains("\nrules[1] levels: prefix/24/48:1, source:50@1m\n"),
+        "{text}"
+    );
+
+    // 25 frames from the /24: at most its 10 pass; every refusal is the
+    // /24 level's, counted under the rule and under that level.
+    let receiver = s.lab.receiver(PORT);
+    let got = s
+        .lab
+        .exchange(&receiver, PORT, &[(HEAVY, 15), (MEDIUM, 10)], MARKER);
+    let passed: usize = got.values().sum();
+    assert!((1..=10).contains(&passed), "{got:?}");
+    let refused = (25 - passed) as f64;
+    let level = format!(
+        "xdp_limiter_level_dropped_packets_total{{interface=\"{RX_IF}\",level=\"prefix/24/48@10s\",rule=\"rules[1]\"}}"
+    );
+    assert_eq!(s.daemon.wait_metric(&level, |v| v >= refused), refused);
+    let metrics = s.daemon.metrics();
+    assert_eq!(
+        limiter_tests::daemon::parse_metric(
+            &metrics,
+            &format!(
+                "xdp_limiter_rule_dropped_packets_total{{interface=\"{RX_IF}\",rule=\"rules[1]\"}}"
+            )
+        ),
+        Some(refused)
+    );
+    assert_eq!(
+        limiter_tests::daemon::parse_metric(
+            &metrics,
+            &format!(
+                "xdp_limiter_level_dropped_packets_total{{interface=\"{RX_IF}\",level=\"source@1m\",rule=\"rules[1]\"}}"
+            )
+        ),
+        Some(0.0)
+    );
+    // Only the rule with levels has level series.
+    assert_eq!(
+        metrics
+            .lines()
+            .filter(|l| l.starts_with("xdp_limiter_level_dropped_packets_total{"))
+            .count(),
+        2,
+        "{metrics}"
+    );
+}
+
+#[test]
 fn completions_and_the_man_page_come_from_the_clap_definition() {
     let out = run_ok(Command::new(binary()).args(["completions", "bash"]));
     let script = String::from_utf8_lossy(&out.stdout);
