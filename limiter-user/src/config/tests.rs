@@ -246,6 +246,29 @@ fn the_shipped_example_is_valid() {
     assert_eq!(config.rules.rules.len(), 2);
 }
 
+#[test]
+fn the_shipped_levels_example_is_valid_once_uncommented() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../dist/config.toml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let levels = text.find("# Levels:").expect("a commented levels example");
+    let start = levels + text[levels..].find("# [[rules]]").expect("its rule");
+    let end = text
+        .find("# Cluster-wide")
+        .expect("the cluster example after it");
+    let uncommented: String = text[start..end]
+        .lines()
+        .map(|line| line.strip_prefix("# ").unwrap_or(line))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let config = Config::parse(&format!("{}{uncommented}\n", &text[..start]), "example").unwrap();
+    let web = config.rules.rules.last().unwrap();
+    let shown: Vec<String> = web.levels.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        shown,
+        ["prefix/24/48:2000", "source:20000@1m", "rule:50000"]
+    );
+}
+
 /// `ProtectSystem=full` makes /etc read-only: the unit must allow the
 /// directory of the file it runs with, or `--save` fails.
 #[test]
