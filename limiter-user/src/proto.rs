@@ -91,7 +91,8 @@ pub enum Response {
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(tag = "kind", rename_all = "kebab-case")]
 pub enum Reply {
-    Status(Status),
+    /// Boxed: the largest reply by far, and the rarest.
+    Status(Box<Status>),
     Top {
         sources: Vec<TopSource>,
     },
@@ -114,11 +115,25 @@ pub struct Status {
     pub dry_run: bool,
     /// Rules in force, the default rule included.
     pub rules: usize,
+    /// The levels of the rules in force that have any, in rule order.
+    /// Absent when none has (and from a daemon older than levels).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rule_levels: Vec<RuleLevelsStatus>,
     pub interfaces: Vec<InterfaceStatus>,
     /// The cluster this daemon runs with (`configured: false` without
     /// `[cluster]`). Absent from a daemon older than cluster scopes.
     #[serde(default)]
     pub cluster: ClusterStatus,
+}
+
+/// One rule's levels, as `status` shows them.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+pub struct RuleLevelsStatus {
+    /// `default`, `rules[N]`.
+    pub rule: String,
+    /// Each level in the grammar it is written in
+    /// (`KIND[/V4[/V6]]:PPS[+BURST][@WINDOW]`, `rules::level`).
+    pub levels: Vec<String>,
 }
 
 /// `status`'s `cluster` block: the `[cluster]` settings in force (URLs
@@ -300,197 +315,4 @@ pub fn parse_request(line: &str) -> Result<Request, String> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn requests_round_trip() {
-        for request in [
-            Request::Status,
-            Request::Top { limit: 5 },
-            Request::Mode {
-                dry_run: true,
-                save: false,
-            },
-            Request::Reload,
-        ] {
-            let line = serde_json::to_string(&RequestLine {
-                version: PROTOCOL_VERSION,
-                request: request.clone(),
-            })
-            .unwrap();
-            assert_eq!(parse_request(&line), Ok(request));
-        }
-        assert_eq!(
-            serde_json::to_string(&RequestLine {
-                version: 1,
-                request: Request::Status
-            })
-            .unwrap(),
-            r#"{"version":1,"command":"status"}"#
-        );
-    }
-
-    #[test]
-    fn a_rule_edit_carries_its_scope_and_a_node_rule_is_spelled_as_before() {
-        use limiter_common::Scope;
-        let rule = RuleSection {
-            cidr: Some("192.0.2.0/24".parse().unwrap()),
-            pps: Some(10),
-            scope: Scope::Cluster,
-            ..RuleSection::default()
-        };
-        let request = Request::Rules {
-            edit: RuleEdit::Add { rule: rule.clone() },
-            save: true,
-        };
-        let line = serde_json::to_string(&RequestLine {
-            version: PROTOCOL_VERSION,
-            request: request.clone(),
-        })
-        .unwrap();
-        assert!(line.contains(r#""scope":"cluster""#), "{line}");
-        assert_eq!(parse_request(&line), Ok(request));
-        // A node rule leaves scope out, as a client older than scopes
-        // sends it; such a request still means node.
-        let node = RuleSection {
-            scope: Scope::Node,
-            ..rule
-        };
-        let line = serde_json::to_string(&RequestLine {
-            version: PROTOCOL_VERSION,
-            request: Request::Rules {
-                edit: RuleEdit::Set { rule: node.clone() },
-                save: false,
-            },
-        })
-        .unwrap();
-        assert!(!line.contains("scope"), "{line}");
-        let Ok(Request::Rules {
-            edit: RuleEdit::Set { rule },
-            ..
-        }) = parse_request(&line)
-        else {
-            panic!("{line}")
-        };
-        assert_eq!(rule.scope, Scope::Node);
-        let err = parse_request(
-            r#"{"version":1,"command":"rules","save":false,"edit":{"op":"add","rule":{"cidr":"10.0.0.0/8","pps":1,"scope":"galaxy"}}}"#,
-        )
-        .unwrap_err();
-        assert!(err.contains("unknown variant `galaxy`"), "{err}");
-    }
-
-    #[test]
-    fn status_carries_the_cluster_block_configured_or_not() {
-        let config = crate::config::Config::parse(
-            "[cluster]\nredis = [\"redis://:pw@10.0.0.1:6380\"]\nnode = \"edge-1\"\n\n\
-             [default]\npps = 10\nscope = \"cluster\"\n",
-            "t",
-        )
-        .unwrap();
-        let with = Status {
-            cluster: ClusterStatus::new(config.cluster.as_ref(), 1),
-            ..Status::default()
-        };
-        let value = serde_json::to_value(ResponseLine::ok(Reply::Status(with.clone()))).unwrap();
-        let cluster = &value["ok"]["cluster"];
-        assert_eq!(cluster["configured"], true);
-        assert_eq!(cluster["cluster_rules"], 1);
-        assert_eq!(cluster["node"], "edge-1");
-        assert_eq!(cluster["mode"], "single");
-        assert_eq!(cluster["redis"][0], "redis://:***@10.0.0.1:6380");
-        assert_eq!(cluster["sync_interval"], "100ms");
-        assert_eq!(cluster["timeout"], "50ms");
-        assert_eq!(cluster["threshold"], 0.25);
-        assert_eq!(cluster["fallback"], "split");
-        assert_eq!(cluster["grace"], "10s");
-        assert!(!value.to_string().contains("pw"), "{value}");
-        let back: ResponseLine = serde_json::from_value(value).unwrap();
-        assert_eq!(back.response, Response::Ok(Reply::Status(with)));
-
-        let without = Status::default();
-        let value = serde_json::to_value(&without).unwrap();
-        assert_eq!(
-            value["cluster"],
-            serde_json::json!({"configured": false, "cluster_rules": 0})
-        );
-        assert_eq!(serde_json::from_value::<Status>(value).unwrap(), without);
-        // A daemon older than cluster scopes sends no block at all.
-        let old = r#"{"version":"0","generation":1,"dry_run":false,"rules":1,"interfaces":[]}"#;
-        let old: Status = serde_json::from_str(old).unwrap();
-        assert!(!old.cluster.configured);
-    }
-
-    #[test]
-    fn bad_requests_are_explained() {
-        for (line, expect) in [
-            ("not json", "malformed request"),
-            (r#"{"command":"status"}"#, "missing field `version`"),
-            (
-                r#"{"version":9,"command":"status"}"#,
-                "protocol version 9 is not supported",
-            ),
-            (
-                r#"{"version":1,"command":"format-disk"}"#,
-                "unknown variant `format-disk`",
-            ),
-            (r#"{"version":1,"command":"top"}"#, "missing field `limit`"),
-            (
-                r#"{"version":1,"command":"mode","dry_run":"yes"}"#,
-                "invalid type",
-            ),
-        ] {
-            let err = parse_request(line).expect_err(line);
-            assert!(err.contains(expect), "{line}: {err}");
-        }
-    }
-
-    #[test]
-    fn request_keys_are_the_keys_requests_have() {
-        fn keys(value: &serde_json::Value, out: &mut Vec<String>) {
-            for (key, value) in value.as_object().into_iter().flatten() {
-                out.push(key.clone());
-                if key != "rule" {
-                    keys(value, out);
-                }
-            }
-        }
-        let rule = RuleSection::default();
-        let edits = [
-            RuleEdit::Add { rule: rule.clone() },
-            RuleEdit::Set { rule: rule.clone() },
-            RuleEdit::Remove { rule: rule.clone() },
-            RuleEdit::Default { rule },
-        ];
-        let requests = [
-            Request::Status,
-            Request::Top { limit: 1 },
-            Request::Mode {
-                dry_run: true,
-                save: true,
-            },
-            Request::Reload,
-            Request::RuleList,
-            Request::Detach,
-            Request::Unblock {
-                cidr: "192.0.2.0/24".parse().unwrap(),
-            },
-        ]
-        .into_iter()
-        .chain(edits.map(|edit| Request::Rules { edit, save: true }));
-        let mut seen = Vec::new();
-        for request in requests {
-            let line = RequestLine {
-                version: PROTOCOL_VERSION,
-                request,
-            };
-            keys(&serde_json::to_value(line).unwrap(), &mut seen);
-        }
-        seen.sort_unstable();
-        seen.dedup();
-        let mut want = REQUEST_KEYS.to_vec();
-        want.sort_unstable();
-        assert_eq!(seen, want);
-    }
-}
+mod tests;

@@ -365,6 +365,25 @@ fn invalid_rule_changes_are_rejected_and_leave_rules_unchanged() {
     ] {
         failing(&s.files, &args, 2);
     }
+    // A malformed level: the grammar, before anything is sent.
+    let stderr = failing(
+        &s.files,
+        &[
+            "rule",
+            "add",
+            "10.0.0.0/8",
+            "--pps",
+            "10",
+            "--level",
+            "nonsense",
+        ],
+        2,
+    );
+    assert!(
+        stderr.contains("invalid value 'nonsense' for '--level <LEVEL>'")
+            && stderr.contains("is not a level: KIND[/V4[/V6]]:PPS[+BURST][@WINDOW]"),
+        "{stderr}"
+    );
     // Refused by the daemon's validation: exit 1 with the reason.
     for (args, expect) in [
         (
@@ -409,15 +428,172 @@ fn invalid_rule_changes_are_rejected_and_leave_rules_unchanged() {
             vec!["rule", "set", "10.9.9.0/24", "--pps", "5"],
             "use `rule add`",
         ),
+        // Levels the daemon refuses, each naming the rule's field (the
+        // new rule is rules[1]: rules[0] allows the marker).
+        (
+            vec![
+                "rule",
+                "add",
+                "10.0.0.0/8",
+                "--pps",
+                "5",
+                "--level",
+                "rule:50",
+                "--level",
+                "prefix/33:10",
+            ],
+            "rules[1].levels[1]: IPv4 prefix /33 is longer than the /32 sources are keyed by",
+        ),
+        (
+            vec![
+                "rule",
+                "add",
+                "10.0.0.0/8",
+                "--action",
+                "deny",
+                "--level",
+                "rule:50",
+            ],
+            "rules[1].levels: only a `limit` rule has levels, not `deny`",
+        ),
+        (
+            vec![
+                "rule",
+                "add",
+                "10.0.0.0/8",
+                "--pps",
+                "5",
+                "--level",
+                "source:5@50ms",
+            ],
+            "rules[1].levels[0]: window 50ms is outside 100ms..=60s",
+        ),
+        (
+            vec![
+                "rule",
+                "add",
+                "10.0.0.0/8",
+                "--pps",
+                "5",
+                "--level",
+                "source:1@1s",
+                "--level",
+                "source:1@2s",
+                "--level",
+                "source:1@3s",
+                "--level",
+                "source:1@4s",
+                "--level",
+                "source:1@5s",
+            ],
+            "rules[1].levels: 5 levels, more than the 4",
+        ),
     ] {
         let stderr = failing(&s.files, &args, 1);
         assert!(stderr.contains(expect), "{args:?}: {stderr}");
     }
+    // A malformed level from a client that does not check it: the daemon
+    // names its field.
+    let reply = raw(
+        &s.files,
+        r#"{"version":1,"command":"rules","save":false,"edit":{"op":"add","rule":{"cidr":"10.0.0.0/8","pps":5,"levels":["rule:50","nonsense"]}}}"#,
+    );
+    let error = reply["error"].as_str().unwrap_or_else(|| panic!("{reply}"));
+    assert!(
+        error.contains(r#"rules[1].levels[1]: "nonsense" is not a level"#),
+        "{error}"
+    );
     assert_eq!(json(&s.files, &["rule", "ls"]), before, "rules unchanged");
     assert_eq!(
         json(&s.files, &["status"])["generation"],
         1,
         "nothing pushed"
+    );
+}
+
+#[test]
+fn rule_levels_show_in_rule_ls_and_status_and_their_drops_are_counted() {
+    let s = setup();
+    // HEAVY and MEDIUM share 192.0.2.0/24 (the marker has its own /32):
+    // each may send 1,000 frames a window, the /24 together 10.
+    let out = s.files.cli_ok(&[
+        "rule",
+        "add",
+        "192.0.2.0/24",
+        "--pps",
+        "100",
+        "--window",
+        "10s",
+        "--level",
+        "prefix/24:1",
+        "--level",
+        "source:50@1m",
+    ]);
+    assert!(out.contains("rule generation 2"), "{out}");
+
+    let rules = json(&s.files, &["rule", "ls"]);
+    assert_eq!(rules["rules"][0]["levels"], serde_json::json!([]));
+    assert_eq!(
+        rules["rules"][1]["levels"],
+        serde_json::json!(["prefix/24/48:1", "source:50@1m"])
+    );
+    let text = s.files.cli_ok(&["rule", "ls"]);
+    assert!(
+        text.lines().any(|line| line.starts_with("rules[1]")
+            && line.ends_with("100 pps, window 10s, levels: prefix/24/48:1, source:50@1m")),
+        "{text}"
+    );
+    let status = json(&s.files, &["status"]);
+    assert_eq!(
+        status["rule_levels"],
+        serde_json::json!([{"rule": "rules[1]", "levels": ["prefix/24/48:1", "source:50@1m"]}])
+    );
+    let text = s.files.cli_ok(&["status"]);
+    assert!(
+        text.contains("\nrules[1] levels: prefix/24/48:1, source:50@1m\n"),
+        "{text}"
+    );
+
+    // 25 frames from the /24: at most its 10 pass; every refusal is the
+    // /24 level's, counted under the rule and under that level.
+    let receiver = s.lab.receiver(PORT);
+    let got = s
+        .lab
+        .exchange(&receiver, PORT, &[(HEAVY, 15), (MEDIUM, 10)], MARKER);
+    let passed: usize = got.values().sum();
+    assert!((1..=10).contains(&passed), "{got:?}");
+    let refused = (25 - passed) as f64;
+    let level = format!(
+        "xdp_limiter_level_dropped_packets_total{{interface=\"{RX_IF}\",level=\"prefix/24/48@10s\",rule=\"rules[1]\"}}"
+    );
+    assert_eq!(s.daemon.wait_metric(&level, |v| v >= refused), refused);
+    let metrics = s.daemon.metrics();
+    assert_eq!(
+        limiter_tests::daemon::parse_metric(
+            &metrics,
+            &format!(
+                "xdp_limiter_rule_dropped_packets_total{{interface=\"{RX_IF}\",rule=\"rules[1]\"}}"
+            )
+        ),
+        Some(refused)
+    );
+    assert_eq!(
+        limiter_tests::daemon::parse_metric(
+            &metrics,
+            &format!(
+                "xdp_limiter_level_dropped_packets_total{{interface=\"{RX_IF}\",level=\"source@1m\",rule=\"rules[1]\"}}"
+            )
+        ),
+        Some(0.0)
+    );
+    // Only the rule with levels has level series.
+    assert_eq!(
+        metrics
+            .lines()
+            .filter(|l| l.starts_with("xdp_limiter_level_dropped_packets_total{"))
+            .count(),
+        2,
+        "{metrics}"
     );
 }
 

@@ -264,7 +264,7 @@ pub struct LimitArgs {
     /// A further limit, repeatable (up to 4): KIND[/V4[/V6]]:PPS[+BURST][@WINDOW],
     /// e.g. prefix/24:2000 (every source of a /24 together), rule:50000@10s,
     /// source:20000@1m (another window per source).
-    #[arg(long = "level", value_parser = level)]
+    #[arg(long = "level", value_name = "LEVEL", value_parser = level)]
     pub levels: Vec<LevelSpec>,
 }
 

@@ -33,7 +33,7 @@ pub fn section(cidr: Option<IpNet>, m: &MatchArgs, l: &LimitArgs) -> RuleSection
         block: l.block,
         dry_run: Some(l.dry_run),
         scope: l.scope,
-        levels: l.levels.clone(),
+        levels: l.levels.iter().copied().map(Into::into).collect(),
     }
 }
 
@@ -104,17 +104,24 @@ pub fn list(socket: &Path, output: Output) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A rule as JSON with its scope always spelled out: the file form leaves
-/// `node` implicit, but a script reading `rule ls` should not have to know
-/// that default.
+/// A rule as JSON with its scope and levels always spelled out: the file
+/// form leaves `node` and no levels implicit, but a script reading `rule
+/// ls` should not have to know those defaults.
 fn with_scope(rule: &RuleSection) -> serde_json::Result<serde_json::Value> {
     let mut value = serde_json::to_value(rule)?;
     if let Some(object) = value.as_object_mut() {
         object.insert("scope".into(), rule.scope.name().into());
+        object.insert("levels".into(), level_strings(rule).into());
     }
     Ok(value)
 }
 
+/// The rule's levels in the grammar they are written in.
+fn level_strings(rule: &RuleSection) -> Vec<String> {
+    rule.levels.iter().map(ToString::to_string).collect()
+}
+
+/// One rule of the human form.
 fn line(name: &str, r: &RuleSection) -> String {
     let cidr = r.cidr.map_or("*".to_string(), |c| c.to_string());
     let mut matches = Vec::new();
@@ -154,6 +161,10 @@ fn line(name: &str, r: &RuleSection) -> String {
     if r.dry_run == Some(true) {
         limits.push("dry-run".into());
     }
+    // Last, so that everything after `levels:` is a level.
+    if !r.levels.is_empty() {
+        limits.push(format!("levels: {}", level_strings(r).join(", ")));
+    }
     let matches = if matches.is_empty() {
         "-".to_string()
     } else {
@@ -164,4 +175,32 @@ fn line(name: &str, r: &RuleSection) -> String {
         "{name:<10} {cidr:<20} {matches:<18} {action:<7} {scope:<7} {}",
         limits.join(", ")
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rule_ls_shows_each_rules_levels_last_and_always_in_json() {
+        let mut rule = RuleSection {
+            cidr: Some("10.0.0.0/8".parse().unwrap()),
+            pps: Some(100),
+            levels: vec!["prefix/24:2000".into(), "source:20000@1m".into()],
+            ..RuleSection::default()
+        };
+        let text = line("rules[0]", &rule);
+        assert!(
+            text.ends_with("100 pps, window 1s, levels: prefix/24/48:2000, source:20000@1m"),
+            "{text}"
+        );
+        let json = with_scope(&rule).unwrap();
+        assert_eq!(
+            json["levels"],
+            serde_json::json!(["prefix/24/48:2000", "source:20000@1m"])
+        );
+        rule.levels.clear();
+        assert!(!line("rules[0]", &rule).contains("levels"));
+        assert_eq!(with_scope(&rule).unwrap()["levels"], serde_json::json!([]));
+    }
 }

@@ -41,6 +41,13 @@ pub fn render(status: &Status) -> String {
             i.dropped_pps
         ));
     }
+    for rule in &status.rule_levels {
+        text.push_str(&format!(
+            "{} levels: {}\n",
+            rule.rule,
+            rule.levels.join(", ")
+        ));
+    }
     text.push_str(&render_cluster(&status.cluster));
     text
 }
@@ -97,6 +104,23 @@ fn render_cluster(cluster: &ClusterStatus) -> String {
 mod tests {
     use super::*;
     use crate::config::Config;
+
+    #[test]
+    fn the_human_form_lists_each_rule_with_levels() {
+        let status = Status {
+            rule_levels: vec![crate::proto::RuleLevelsStatus {
+                rule: "rules[1]".into(),
+                levels: vec!["prefix/24/48:2000".into(), "source:20000@1m".into()],
+            }],
+            ..Status::default()
+        };
+        let text = render(&status);
+        assert!(
+            text.contains("\nrules[1] levels: prefix/24/48:2000, source:20000@1m\ncluster:"),
+            "{text}"
+        );
+        assert!(!render(&Status::default()).contains("levels"));
+    }
 
     #[test]
     fn the_human_form_shows_the_cluster_or_says_there_is_none() {

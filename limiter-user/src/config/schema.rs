@@ -229,7 +229,72 @@ pub struct RuleSection {
     /// Further limits (`KIND[/V4[/V6]]:PPS[+BURST][@WINDOW]`, see
     /// `rules::level`): aggregates and other windows.
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub levels: Vec<LevelSpec>,
+    pub levels: Vec<LevelEntry>,
+}
+
+/// A level of a rule as a file or a request spells it: read as any
+/// string, so that a malformed one reaches validation, which names its
+/// field (`rules[0].levels[1]`), rather than failing the whole file with
+/// only a line number.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LevelEntry {
+    Level(LevelSpec),
+    /// As written, with why it is no level.
+    Malformed {
+        text: String,
+        error: String,
+    },
+}
+
+impl LevelEntry {
+    /// The level, or why the text is none.
+    pub fn spec(&self) -> Result<LevelSpec, &str> {
+        match self {
+            LevelEntry::Level(level) => Ok(*level),
+            LevelEntry::Malformed { error, .. } => Err(error),
+        }
+    }
+}
+
+impl From<LevelSpec> for LevelEntry {
+    fn from(level: LevelSpec) -> Self {
+        LevelEntry::Level(level)
+    }
+}
+
+impl From<&str> for LevelEntry {
+    fn from(text: &str) -> Self {
+        match text.parse() {
+            Ok(level) => LevelEntry::Level(level),
+            Err(error) => LevelEntry::Malformed {
+                text: text.to_string(),
+                error,
+            },
+        }
+    }
+}
+
+/// A level in the grammar's own form (`prefix/24/48:2000`), a malformed
+/// one as written.
+impl std::fmt::Display for LevelEntry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LevelEntry::Level(level) => write!(f, "{level}"),
+            LevelEntry::Malformed { text, .. } => f.write_str(text),
+        }
+    }
+}
+
+impl Serialize for LevelEntry {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for LevelEntry {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        Ok(String::deserialize(deserializer)?.as_str().into())
+    }
 }
 
 fn is_node(scope: &Scope) -> bool {

@@ -145,12 +145,128 @@ fn bad_files_are_rejected_with_the_field_and_value_named() {
 }
 
 #[test]
+fn levels_parse_and_are_written_back_in_the_grammars_form() {
+    let text = "[[rules]]\ncidr = \"10.0.0.0/8\"\npps = 100\n\
+                levels = [\"prefix/24:2000\", \"source:20000@1m\", \"rule:50000+10@10s\"]\n";
+    let config = Config::parse(text, "levels.toml").unwrap();
+    let shown: Vec<String> = config.rules.rules[0]
+        .levels
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(
+        shown,
+        ["prefix/24/48:2000", "source:20000@1m", "rule:50000+10@10s"]
+    );
+    let toml = config.file.to_toml();
+    for level in &shown {
+        assert!(toml.contains(&format!("{level:?}")), "{toml}");
+    }
+    let again = Config::parse(&toml, "round trip").unwrap();
+    assert_eq!(again.rules, config.rules);
+    // No levels: no key written.
+    assert!(!Config::builtin().file.to_toml().contains("levels"));
+}
+
+#[test]
+fn bad_levels_are_rejected_with_the_level_named() {
+    let rule = |extra: &str| format!("[[rules]]\ncidr = \"10.0.0.0/8\"\npps = 10\n{extra}\n");
+    for (levels, expect) in [
+        (
+            r#"levels = ["prefix/24:2000", "nonsense"]"#,
+            r#"rules[0].levels[1]: "nonsense" is not a level: KIND[/V4[/V6]]:PPS[+BURST][@WINDOW]"#,
+        ),
+        (
+            r#"levels = ["prefix:2000"]"#,
+            r#"rules[0].levels[0]: "prefix:2000": a prefix level needs its length"#,
+        ),
+        (
+            r#"levels = ["rule:lots"]"#,
+            r#"rules[0].levels[0]: "rule:lots": pps "lots" is not a whole number"#,
+        ),
+        (
+            r#"levels = ["rule:10@soon"]"#,
+            r#"rules[0].levels[0]: "rule:10@soon": window "soon""#,
+        ),
+        (
+            r#"levels = ["source:10@50ms"]"#,
+            "rules[0].levels[0]: window 50ms is outside 100ms..=60s",
+        ),
+        (
+            r#"levels = ["rule:100", "source:10@2m"]"#,
+            "rules[0].levels[1]: window 120s is outside 100ms..=60s",
+        ),
+        (
+            r#"levels = ["prefix/24:10", "prefix/24/48:20"]"#,
+            "rules[0].levels[1]: keyed and windowed as rules[0].levels[0]; merge them",
+        ),
+        (
+            r#"levels = ["prefix/24:0"]"#,
+            "rules[0].levels[0]: pps must be greater than zero",
+        ),
+        (
+            r#"levels = ["source:1@100ms", "source:1@200ms", "source:1@300ms", "source:1@400ms", "source:1@500ms"]"#,
+            "rules[0].levels: 5 levels, more than the 4 a rule may have",
+        ),
+        (r#"levels = "prefix/24:10""#, "levels"),
+    ] {
+        rejected(&rule(levels), expect);
+    }
+    for action in ["allow", "deny"] {
+        rejected(
+            &format!(
+                "[[rules]]\ncidr = \"10.0.0.0/8\"\naction = \"{action}\"\nlevels = [\"rule:10\"]\n"
+            ),
+            &format!("rules[0].levels: only a `limit` rule has levels, not `{action}`"),
+        );
+    }
+    rejected(
+        "[limits]\nipv4_prefix = 24\n\n[[rules]]\ncidr = \"10.0.0.0/8\"\npps = 10\n\
+         levels = [\"prefix/28:10\"]\n",
+        "rules[0].levels[0]: IPv4 prefix /28 is longer than the /24 sources are keyed by \
+         (limits.ipv4_prefix)",
+    );
+    rejected(
+        "[cluster]\nredis = [\"redis://a\"]\n\n[[rules]]\ncidr = \"10.0.0.0/8\"\npps = 10\n\
+         scope = \"cluster\"\nlevels = [\"prefix/24:10\"]\n",
+        "rules[0].levels: a cluster-scoped rule cannot have levels",
+    );
+    rejected(
+        "[default]\npps = 10\nlevels = [\"nonsense\"]\n",
+        "default.levels[0]: \"nonsense\" is not a level",
+    );
+}
+
+#[test]
 fn the_shipped_example_is_valid() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../dist/config.toml");
     let config = Config::load(&path).expect("dist/config.toml is valid");
     assert_eq!(config.daemon.interfaces, vec!["eth0".to_string()]);
     assert!(!config.rules.default.dry_run);
     assert_eq!(config.rules.rules.len(), 2);
+}
+
+#[test]
+fn the_shipped_levels_example_is_valid_once_uncommented() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../dist/config.toml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let levels = text.find("# Levels:").expect("a commented levels example");
+    let start = levels + text[levels..].find("# [[rules]]").expect("its rule");
+    let end = text
+        .find("# Cluster-wide")
+        .expect("the cluster example after it");
+    let uncommented: String = text[start..end]
+        .lines()
+        .map(|line| line.strip_prefix("# ").unwrap_or(line))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let config = Config::parse(&format!("{}{uncommented}\n", &text[..start]), "example").unwrap();
+    let web = config.rules.rules.last().unwrap();
+    let shown: Vec<String> = web.levels.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        shown,
+        ["prefix/24/48:2000", "source:20000@1m", "rule:50000"]
+    );
 }
 
 /// `ProtectSystem=full` makes /etc read-only: the unit must allow the
@@ -212,6 +328,7 @@ pub(crate) fn rule_with_every_key() -> RuleSection {
         block: Some(Duration::from_secs(30)),
         dry_run: Some(true),
         scope: limiter_common::Scope::Cluster,
+        levels: vec!["prefix/24:100".into()],
         ..RuleSection::default()
     }
 }

@@ -187,6 +187,16 @@ fn rule_spec(section: &RuleSection, name: &str, is_default: bool) -> Result<Rule
             ));
         }
     }
+    let levels = section
+        .levels
+        .iter()
+        .enumerate()
+        .map(|(i, level)| {
+            level
+                .spec()
+                .map_err(|e| field(format!("{name}.levels[{i}]"), e))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     let dry_run = section.dry_run.unwrap_or(is_default);
     let mut pps = section.pps;
     if is_default
@@ -214,7 +224,7 @@ fn rule_spec(section: &RuleSection, name: &str, is_default: bool) -> Result<Rule
         },
         dry_run,
         scope: section.scope,
-        levels: section.levels.clone(),
+        levels,
     })
 }
 

@@ -11,7 +11,8 @@ use crate::{
     config,
     kernel::{self, penalty},
     proto::{
-        ClusterStatus, InterfaceStatus, Reply, Request, ResponseLine, RuleEdit, Status, TopSource,
+        ClusterStatus, InterfaceStatus, Reply, Request, ResponseLine, RuleEdit, RuleLevelsStatus,
+        Status, TopSource,
     },
     rules::rule_name,
 };
@@ -36,7 +37,7 @@ impl Daemon {
     pub(super) fn handle(&mut self, request: Request) -> Handled {
         let answer = match request {
             Request::Detach => return Handled::Detach,
-            Request::Status => Ok(Reply::Status(self.status())),
+            Request::Status => Ok(Reply::Status(Box::new(self.status()))),
             Request::Top { limit } => Ok(Reply::Top {
                 sources: self.top(limit),
             }),
@@ -67,6 +68,15 @@ impl Daemon {
             generation: self.generation,
             dry_run: self.config.rules.dry_run,
             rules: self.config.rules.rules.len() + 1,
+            rule_levels: std::iter::once(&self.config.rules.default)
+                .chain(&self.config.rules.rules)
+                .enumerate()
+                .filter(|(_, spec)| !spec.levels.is_empty())
+                .map(|(i, spec)| RuleLevelsStatus {
+                    rule: rule_name(i),
+                    levels: spec.levels.iter().map(ToString::to_string).collect(),
+                })
+                .collect(),
             interfaces: self
                 .ifaces
                 .iter()

@@ -3,7 +3,10 @@
 //! its rules, and the metrics. Every change of rules goes through
 //! [`Daemon::push`]; every tick through [`Daemon::tick`].
 
-use std::{collections::BTreeSet, time::Instant};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    time::Instant,
+};
 
 use limiter_common::{
     rules::{rules_base, MAX_RULES},
@@ -14,7 +17,7 @@ use tracing::{debug, error, info, warn};
 use super::{
     aggregate::{self, Snapshot, Sweep},
     events::RuleNames,
-    metrics::Metrics,
+    metrics::{Metrics, RuleLevels},
     startup::{apply_overrides, RunOptions},
 };
 use crate::{
@@ -45,6 +48,9 @@ pub struct Daemon {
     /// before it (each in its own half), shared with the event watchers:
     /// counters and events of either resolve to a name.
     pub(super) names: RuleNames,
+    /// `RULES` index -> its rule's levels, for the rules of both
+    /// generations that have any (the `level` labels of the metrics).
+    pub(super) levels: BTreeMap<u32, RuleLevels>,
     pub(super) metrics: Metrics,
     /// The cluster sync's live state, for `status` (`None` without
     /// `[cluster]`).
@@ -85,6 +91,7 @@ impl Daemon {
             ifaces: instances.into_iter().map(Iface::new).collect(),
             generation: 0,
             names: RuleNames::default(),
+            levels: BTreeMap::new(),
             metrics: Metrics::new(),
             cluster_live: None,
         }
@@ -106,6 +113,7 @@ impl Daemon {
                 self.metrics
                     .record_rule_drops(&instance.iface, &drops, &names);
             }
+            record_level_drops(&mut self.metrics, instance, &self.levels);
         }
         let mut maps: Vec<_> = self
             .ifaces
@@ -120,6 +128,10 @@ impl Daemon {
             shared.retain(|index, _| !(base..base + MAX_RULES).contains(index));
             shared.extend((0..=rules.rules.len()).map(|i| (base + i as u32, rule_name(i))));
         }
+        self.levels
+            .retain(|index, _| !(base..base + MAX_RULES).contains(index));
+        self.levels
+            .extend(rule_levels(rules, base).map(|r| (r.index, r)));
         Ok(generation)
     }
 
@@ -196,6 +208,7 @@ impl Daemon {
                 &names,
                 instance.program.run_stats(),
             );
+            record_level_drops(&mut self.metrics, instance, &self.levels);
             self.metrics.record_link(
                 &instance.iface,
                 instance.reattachments,
@@ -268,6 +281,43 @@ impl Daemon {
         self.config.file = fresh.file;
         self.config.text = fresh.text;
         Some(generation)
+    }
+}
+
+/// The rules of `rules` pushed at `base` that have levels: each one's
+/// `RULES` index, name, and levels' labels (their windows defaulting to
+/// the rule's).
+fn rule_levels(rules: &RuleSet, base: u32) -> impl Iterator<Item = RuleLevels> + '_ {
+    std::iter::once(&rules.default)
+        .chain(&rules.rules)
+        .enumerate()
+        .filter(|(_, spec)| !spec.levels.is_empty())
+        .map(move |(i, spec)| RuleLevels {
+            index: base + i as u32,
+            rule: rule_name(i),
+            labels: spec
+                .levels
+                .iter()
+                .map(|level| level.label(spec.limits.window))
+                .collect(),
+        })
+}
+
+/// Reads the level counters of the rules in `levels` on `instance` (only
+/// those: most rules have none) and exports them.
+fn record_level_drops(
+    metrics: &mut Metrics,
+    instance: &Instance,
+    levels: &BTreeMap<u32, RuleLevels>,
+) {
+    for rule in levels.values() {
+        match read::rule_level_drops(&instance.program.maps, rule.index) {
+            Ok(drops) => metrics.record_level_drops(&instance.iface, rule, &drops),
+            Err(e) => {
+                error!(iface = %instance.iface, error = %e, "reading the level drops failed");
+                return;
+            }
+        }
     }
 }
 

@@ -5,8 +5,8 @@
 //! Order: validate and compile once (nothing touched if that fails); on
 //! every instance write the next generation's half: its `RULES` entries
 //! (unused slots zeroed), its prefix-trie entries (the tries are keyed by
-//! the generation's half, like `RULES`), its `RULE_DROPS` counters zeroed;
-//! then publish the new `Config` on every instance. Until that last step
+//! the generation's half, like `RULES`), its `RULE_DROPS` and
+//! `LEVEL_DROPS` counters zeroed; then publish the new `Config` on every instance. Until that last step
 //! nothing live has changed, so a failure leaves every instance as it was;
 //! a failure while publishing puts the instances already published back.
 //! Every instance gets the same generation. Every source re-resolves its
@@ -23,8 +23,8 @@ use aya::{
 use limiter_common::{
     names,
     rules::{
-        half, prefix_key_v4, prefix_key_v6, rules_base, PrefixKeyV4, PrefixKeyV6, MAX_RULES,
-        PREFIX_HALF_BITS,
+        half, prefix_key_v4, prefix_key_v6, rules_base, PrefixKeyV4, PrefixKeyV6, MAX_LEVELS,
+        MAX_RULES, PREFIX_HALF_BITS,
     },
     Config, RuleRefs,
 };
@@ -132,6 +132,14 @@ fn prepare(
         maps.rule_drops
             .set(base + i, zeros, 0)
             .map_err(MapsError::on(names::RULE_DROPS))?;
+        // Its levels' counters too: a rule of the new generation must not
+        // inherit the drops of the one that had its index two pushes ago.
+        for level in 0..MAX_LEVELS as u32 {
+            let zeros = PerCpuValues::try_from(vec![0u64; cpus]).map_err(MapsError::Cpus)?;
+            maps.level_drops
+                .set((base + i) * MAX_LEVELS as u32 + level, zeros, 0)
+                .map_err(MapsError::on(names::LEVEL_DROPS))?;
+        }
     }
     let v4: Vec<(u8, PrefixKeyV4, RuleRefs)> = compiled
         .v4

@@ -1,10 +1,12 @@
 //! Reading the kernel's counters: offered traffic per source and CPU, the
-//! shared admission windows, the per-outcome stats and the per-rule drops,
-//! and the active sources estimated from the cheap tier's sketch.
+//! shared admission windows, the per-outcome stats, the per-rule and
+//! per-level drops, and the active sources estimated from the cheap tier's sketch.
 
 use std::collections::BTreeMap;
 
-use limiter_common::{names, sketch, Counter, Outcome, SourceKey, SourceTraffic, WindowState};
+use limiter_common::{
+    names, rules::MAX_LEVELS, sketch, Counter, Outcome, SourceKey, SourceTraffic, WindowState,
+};
 
 use super::{batch, Maps, MapsError};
 
@@ -100,6 +102,21 @@ pub fn level_drops(maps: &Maps) -> Result<Vec<u64>, MapsError> {
                 .map_err(MapsError::on(names::LEVEL_DROPS))
         })
         .collect()
+}
+
+/// Dropped (or would-drop) frames per level of the `RULES` index `rule`,
+/// summed over CPUs: its [`MAX_LEVELS`] entries of `LEVEL_DROPS` only (the
+/// daemon reads the rules that have levels, not the whole map, each tick).
+pub fn rule_level_drops(maps: &Maps, rule: u32) -> Result<[u64; MAX_LEVELS], MapsError> {
+    let mut drops = [0; MAX_LEVELS];
+    for (level, total) in drops.iter_mut().enumerate() {
+        let values = maps
+            .level_drops
+            .get(&(rule * MAX_LEVELS as u32 + level as u32), 0)
+            .map_err(MapsError::on(names::LEVEL_DROPS))?;
+        *total = values.iter().sum();
+    }
+    Ok(drops)
 }
 
 /// Sources evicted from the window map so far: every entry is created by

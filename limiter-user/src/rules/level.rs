@@ -219,9 +219,12 @@ pub(super) fn compile_levels(
     let mut levels = Vec::with_capacity(spec.levels.len());
     let mut fair = u64::MAX;
     for (i, level) in spec.levels.iter().enumerate() {
+        // Windows compared as they apply: `prefix/24:10@1s` on a rule of
+        // 1 s is `prefix/24:10` (and would share its metric label).
+        let window_of = |level: &LevelSpec| level.window.unwrap_or(spec.limits.window);
         if let Some(j) = spec.levels[..i]
             .iter()
-            .position(|other| other.per == level.per && other.window == level.window)
+            .position(|other| other.per == level.per && window_of(other) == window_of(level))
         {
             return Err(RuleError::LevelDuplicate {
                 level: field(i),
@@ -311,73 +314,4 @@ pub(super) fn compile_levels(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_grammar_reads_and_writes_every_kind() {
-        for (text, per, pps, burst, window) in [
-            ("source:20000@1m", LevelPer::Source, 20_000, 0, Some(60)),
-            (
-                "prefix/24:2000",
-                LevelPer::Prefix { v4: 24, v6: 48 },
-                2000,
-                0,
-                None,
-            ),
-            (
-                "prefix/16/32:50000+100@10s",
-                LevelPer::Prefix { v4: 16, v6: 32 },
-                50_000,
-                100,
-                Some(10),
-            ),
-            ("rule:100000", LevelPer::Rule, 100_000, 0, None),
-            (
-                "destination:10000",
-                LevelPer::Destination { v4: 32, v6: 128 },
-                10_000,
-                0,
-                None,
-            ),
-            (
-                "destination/24/64:10",
-                LevelPer::Destination { v4: 24, v6: 64 },
-                10,
-                0,
-                None,
-            ),
-            ("pair:100@10s", LevelPer::Pair, 100, 0, Some(10)),
-        ] {
-            let level: LevelSpec = text.parse().expect(text);
-            assert_eq!(level.per, per, "{text}");
-            assert_eq!(level.pps, pps, "{text}");
-            assert_eq!(level.burst_packets, burst, "{text}");
-            assert_eq!(level.window, window.map(Duration::from_secs), "{text}");
-            assert_eq!(level.to_string().parse::<LevelSpec>(), Ok(level), "{text}");
-        }
-        assert_eq!(
-            "prefix/24:1@100ms"
-                .parse::<LevelSpec>()
-                .unwrap()
-                .label(Duration::from_secs(1)),
-            "prefix/24/48@100ms"
-        );
-    }
-
-    #[test]
-    fn malformed_levels_say_what_is_wrong() {
-        for (text, says) in [
-            ("prefix:2000", "needs its length"),
-            ("subnet/24:2000", "is not a level"),
-            ("prefix/24", "is not a level"),
-            ("rule:many", "is not a whole number"),
-            ("rule:10@soon", "window"),
-            ("prefix/x:10", "prefix length"),
-            ("prefix/24/48/1:10", "is not a level"),
-        ] {
-            let error = text.parse::<LevelSpec>().unwrap_err();
-            assert!(error.contains(says), "{text}: {error}");
-        }
-    }
-}
+mod tests;

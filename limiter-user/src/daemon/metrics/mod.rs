@@ -6,7 +6,10 @@
 
 use std::collections::HashMap;
 
-use limiter_common::{rules::MAX_RULES, Outcome};
+use limiter_common::{
+    rules::{MAX_LEVELS, MAX_RULES},
+    Outcome,
+};
 use prometheus::{
     core::Collector, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGaugeVec,
     Opts, Registry,
@@ -20,12 +23,22 @@ mod http;
 pub use cluster::ClusterMetrics;
 pub use http::{bind, render, serve, MAX_CONNECTIONS};
 
+/// A `RULES` index whose rule has levels: the rule's name and its
+/// levels' `level` labels (`LevelSpec::label`), in the rule's order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RuleLevels {
+    pub index: u32,
+    pub rule: String,
+    pub labels: Vec<String>,
+}
+
 /// Every metric the daemon exports.
 pub struct Metrics {
     pub registry: Registry,
     packets: IntCounterVec,
     bytes: IntCounterVec,
     rule_drops: IntCounterVec,
+    level_drops: IntCounterVec,
     evictions: IntCounterVec,
     tracked: IntGaugeVec,
     active: IntGaugeVec,
@@ -93,6 +106,12 @@ impl Metrics {
                 "xdp_limiter_rule_dropped_packets_total",
                 "Frames dropped (or would-be dropped in dry-run) per rule.",
                 &["interface", "rule"],
+            ),
+            level_drops: counter(
+                &registry,
+                "xdp_limiter_level_dropped_packets_total",
+                "Frames dropped (or would-be dropped in dry-run) per rule by the level that refused them (a part of the rule's drops).",
+                &["interface", "rule", "level"],
             ),
             evictions: counter(
                 &registry,
@@ -276,12 +295,29 @@ impl Metrics {
         }
     }
 
+    /// Counts the drops per level of the `RULES` index `rule.index` of
+    /// `iface` (`drops[level]`, the kernel's totals of that index's
+    /// levels) under the rule's name and each level's label: what a level
+    /// gained since the last reading goes to it.
+    pub fn record_level_drops(&mut self, iface: &str, rule: &RuleLevels, drops: &[u64]) {
+        for (level, label) in rule.labels.iter().enumerate().take(MAX_LEVELS) {
+            let total = drops.get(level).copied().unwrap_or(0);
+            // The index last, as `rules_pushed` reads it.
+            let key = format!("level_drops{level}:{iface}[{}]", rule.index);
+            let last = self.last.insert(key, total).unwrap_or(0);
+            self.level_drops
+                .with_label_values(&[iface, &rule.rule, label])
+                .inc_by(total.saturating_sub(last));
+        }
+    }
+
     /// A push zeroed the `RULES` half starting at `base` for its new
     /// generation: its counts start again from nothing.
     pub fn rules_pushed(&mut self, base: u32) {
         self.last.retain(|key, _| {
             let index = key
                 .strip_prefix("rule_drops")
+                .or_else(|| key.strip_prefix("level_drops"))
                 .and_then(|rest| rest.rsplit_once('['))
                 .and_then(|(_, index)| index.strip_suffix(']')?.parse::<u32>().ok());
             !index.is_some_and(|i| (base..base + MAX_RULES).contains(&i))
@@ -401,5 +437,60 @@ impl Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The value of eth0's level series of `rule` and `level`, if any.
+    fn level_drops(metrics: &Metrics, rule: &str, level: &str) -> Option<u64> {
+        let series = format!(
+            "xdp_limiter_level_dropped_packets_total{{interface=\"eth0\",level=\"{level}\",rule=\"{rule}\"}} "
+        );
+        render(&metrics.registry)
+            .lines()
+            .find_map(|line| line.strip_prefix(&series)?.parse().ok())
+    }
+
+    #[test]
+    fn level_drops_count_per_rule_and_level_and_start_again_after_a_push() {
+        let mut metrics = Metrics::new();
+        let rule = RuleLevels {
+            index: 3,
+            rule: "rules[2]".into(),
+            labels: vec!["prefix/24/48@1s".into(), "source@1m".into()],
+        };
+        metrics.record_level_drops("eth0", &rule, &[5, 2, 0, 0]);
+        metrics.record_level_drops("eth0", &rule, &[7, 2, 0, 0]);
+        assert_eq!(
+            level_drops(&metrics, "rules[2]", "prefix/24/48@1s"),
+            Some(7)
+        );
+        assert_eq!(level_drops(&metrics, "rules[2]", "source@1m"), Some(2));
+        // One series per level the rule has, no more.
+        let text = render(&metrics.registry);
+        assert_eq!(
+            text.matches("xdp_limiter_level_dropped_packets_total{")
+                .count(),
+            2,
+            "{text}"
+        );
+        // A push of the other half leaves the counts as they are...
+        metrics.rules_pushed(MAX_RULES);
+        metrics.record_level_drops("eth0", &rule, &[8, 2, 0, 0]);
+        assert_eq!(
+            level_drops(&metrics, "rules[2]", "prefix/24/48@1s"),
+            Some(8)
+        );
+        // ...one of index 3's half zeroed it: its counts start from nothing.
+        metrics.rules_pushed(0);
+        metrics.record_level_drops("eth0", &rule, &[1, 0, 0, 0]);
+        assert_eq!(
+            level_drops(&metrics, "rules[2]", "prefix/24/48@1s"),
+            Some(9)
+        );
+        assert_eq!(level_drops(&metrics, "rules[2]", "source@1m"), Some(2));
     }
 }
