@@ -48,7 +48,10 @@ pub struct LimitEvent {
     /// An [`EventKind`] value; 0, limited, in events of daemons before
     /// cluster limits.
     kind: u8,
-    _pad0: u16,
+    /// Which limit refused the source: 0 its own, else 1 + the index of
+    /// its rule's level ([`LimitEvent::level`]).
+    level: u8,
+    _pad0: u8,
     _pad1: u32,
 }
 
@@ -63,6 +66,7 @@ impl LimitEvent {
             at_ns,
             dry_run: dry_run as u8,
             kind: EventKind::Limited as u8,
+            level: 0,
             _pad0: 0,
             _pad1: 0,
         }
@@ -78,6 +82,7 @@ impl LimitEvent {
             at_ns,
             dry_run: 0,
             kind: EventKind::ClusterHot as u8,
+            level: 0,
             _pad0: 0,
             _pad1: 0,
         }
@@ -100,8 +105,27 @@ impl LimitEvent {
             core::ptr::addr_of_mut!((*dst).at_ns).write(at_ns);
             core::ptr::addr_of_mut!((*dst).dry_run).write(0);
             core::ptr::addr_of_mut!((*dst).kind).write(EventKind::ClusterHot as u8);
+            core::ptr::addr_of_mut!((*dst).level).write(0);
             core::ptr::addr_of_mut!((*dst)._pad0).write(0);
             core::ptr::addr_of_mut!((*dst)._pad1).write(0);
+        }
+    }
+
+    /// The same event, refused by its rule's level `level` (1 + its
+    /// index; 0: the source's own limit).
+    #[inline(always)]
+    pub const fn with_level(mut self, level: u8) -> Self {
+        self.level = level;
+        self
+    }
+
+    /// The index of the rule's level that refused the source; `None` when
+    /// its own limit did.
+    #[inline(always)]
+    pub const fn level(&self) -> Option<usize> {
+        match self.level {
+            0 => None,
+            level => Some(level as usize - 1),
         }
     }
 

@@ -152,17 +152,28 @@ fn a_whole_rule_aggregate_holds_a_spoofed_flood_of_10000_sources_at_its_limit() 
     }
 }
 
-/// Per-source: 100 pps over 2 s (200 a window); its second window: 150
-/// over 1 s. Offered at 1,000 pps for 4 s: the first second admits the
-/// short window's 150, the first two seconds the long window's 200 (the
-/// frames the short window refused did not use up the long one), and no
+/// Per-source: 100 pps over 2 s (200 a window) and a second window of 150
+/// over 1 s, or the other way round. Offered at 1,000 pps for 4 s: the
+/// first second admits the short window's 150, the first two seconds the
+/// long window's 200 (the frames one window refused did not use up the
+/// other), and no
 /// window of either length admits more than the sliding window's
 /// documented bound: its allowance plus the most it admitted in one of
 /// its buckets (docs/architecture.md, "Sliding window").
 #[test]
 fn two_windows_on_one_source_each_hold() {
-    for tiered in [false, true] {
-        let set = with_levels(100, Duration::from_secs(2), &["source:150@1s"], tiered);
+    // The rule's own window the long one, then the short one (a frame the
+    // own window refuses after the level admitted it is given back).
+    let configurations = [
+        (100, Duration::from_secs(2), "source:150@1s"),
+        (150, Duration::from_secs(1), "source:100@2s"),
+    ];
+    for (tiered, (pps, window, level)) in [false, true]
+        .into_iter()
+        .flat_map(|tiered| configurations.map(|c| (tiered, c)))
+    {
+        let set = with_levels(pps, window, &[level], tiered);
+        let tiered = format!("{tiered} ({pps} pps over {window:?}, {level})");
         let mut harness = harness(&set);
         let frame = udp4(Ipv4Addr::new(192, 0, 2, 77));
         let start = Start::now();

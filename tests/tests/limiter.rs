@@ -823,8 +823,21 @@ fn at_bucket_start(bucket: Duration) {
     }
 }
 
+/// A stalled machine (the kernel lane's emulated guest on a loaded host)
+/// may take the frames past their bucket, which voids the run, not the
+/// behaviour: it runs again, up to three times, on a fresh program.
 #[test]
 fn leases_admit_the_rest_of_a_bucket_without_touching_the_window() {
+    let moved_on = (0..3).take_while(|_| !leases_in_one_bucket()).count();
+    assert!(
+        moved_on < 3,
+        "every run's frames crossed a bucket boundary: the machine stalled"
+    );
+}
+
+/// One run of [`leases_admit_the_rest_of_a_bucket_without_touching_the_window`];
+/// false when its frames crossed a bucket boundary.
+fn leases_in_one_bucket() -> bool {
     let mut harness = harness_with(&default_limit(1_000_000));
     let rule = harness
         .maps()
@@ -835,12 +848,17 @@ fn leases_admit_the_rest_of_a_bucket_without_touching_the_window() {
     let frame = udp([192, 0, 2, 120]);
     let key = SourceKey::v4([192, 0, 2, 120]);
     at_bucket_start(Duration::from_nanos(rule.bucket_ns));
+    let bucket = || testrun::coarse_now().as_nanos() as u64 / rule.bucket_ns;
+    let first = bucket();
     assert_eq!(
         harness.offer(0, &frame, 1),
         (1, 0),
         "the first frame, without a window"
     );
     assert_eq!(harness.offer(0, &frame, 1), (1, 0));
+    if bucket() != first {
+        return false;
+    }
     assert_eq!(
         current_bucket_packets(&harness, &key),
         1 + lease,
@@ -848,6 +866,9 @@ fn leases_admit_the_rest_of_a_bucket_without_touching_the_window() {
     );
     let (verdict, _) = harness.run_repeated_on_cpu(0, &frame, (lease - 1) as u32);
     assert_eq!(verdict, testrun::XDP_PASS);
+    if bucket() != first {
+        return false;
+    }
     assert_eq!(
         current_bucket_packets(&harness, &key),
         1 + lease,
@@ -864,6 +885,7 @@ fn leases_admit_the_rest_of_a_bucket_without_touching_the_window() {
         2 + lease,
         "every frame offered is counted"
     );
+    true
 }
 
 #[test]

@@ -59,7 +59,8 @@ pub use reference::{estimate, older, oldest_weight, try_admit};
 #[cfg(target_has_atomic = "64")]
 pub use ring::AtomicRing;
 pub use ring::{
-    carried_word, charge, clear, mark_exhausted, owed_word, OlderBuckets, SlotRead, SlotWrite,
+    carried_word, charge, clear, give_back_packet, mark_exhausted, owed_word, OlderBuckets,
+    SlotRead, SlotWrite,
 };
 pub use slots::{
     bytes_bumped, bytes_in, first_offset, pack_bytes, pack_packets, packets_bumped,

@@ -8,7 +8,7 @@ use super::{
     position,
     slots::{
         bytes_bumped, bytes_in, equal_mask, first_offset, less_mask, pack_bytes, pack_packets,
-        packets_bumped_by, slot_of, tag_mask,
+        packets_bumped_by, packets_in, slot_of, tag_mask,
     },
     WindowParams, BYTES, CAS_ATTEMPTS, MAX_BYTES, MAX_PACKETS, PACKETS, RING, UNLIMITED,
 };
@@ -124,6 +124,29 @@ pub(super) fn give_back_bytes<S: SlotWrite + ?Sized>(
             return;
         }
         if slots.compare_exchange(slot, BYTES, word, pack_bytes(bucket, count - len)) {
+            return;
+        }
+        attempt += 1;
+    }
+}
+
+/// Takes back one frame counted in `bucket` (its slot) for a frame that a
+/// later judgement refused (a rule's levels count a frame before the
+/// source's own window judges it), unless the slot moved on to another
+/// bucket or the word keeps changing (it then stays counted: the safe
+/// side).
+#[inline(always)]
+pub fn give_back_packet<S: SlotWrite + ?Sized>(slots: &S, bucket: u64) {
+    let slot = slot_of(bucket);
+    let mut attempt = 0;
+    while attempt < CAS_ATTEMPTS {
+        let word = slots.load(slot, PACKETS);
+        let count = packets_in(word, bucket);
+        if count == 0 {
+            return;
+        }
+        let fewer = pack_packets(bucket, first_offset(word), count - 1);
+        if slots.compare_exchange(slot, PACKETS, word, fewer) {
             return;
         }
         attempt += 1;

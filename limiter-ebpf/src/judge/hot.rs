@@ -13,7 +13,7 @@ use super::{
     key::resolve,
     scratch,
     tier::note_penalty,
-    verdict::{pass, refuse, refused_by_level, Verdict},
+    verdict::{give_back_to_levels, pass, refuse, refused_by_level, Verdict},
     window::{find_window, limit, LIMIT_ADMITTED, LIMIT_DRY_RUN, LIMIT_UNWINDOWED_FIRST},
     BPF_NOEXIST,
 };
@@ -134,6 +134,7 @@ pub(super) fn decide(
             if limit(key, traffic, len, flags) & LIMIT_ADMITTED != 0 {
                 pass(Outcome::Passed)
             } else {
+                give_back_to_levels(rule, index);
                 if config.tiered() && !dry_run {
                     note_penalty(config, key, rule, traffic.hold_until_ns, now);
                 }

@@ -23,40 +23,71 @@ use crate::{
 /// `levels`' flags: the source is heavy (its own window holds more than
 /// its rule's `fair_packets`).
 pub(super) const LEVEL_HEAVY: u32 = 1;
+/// `levels`' flags: the source's own window refused the frame every level
+/// admitted: each level gives it back (`window::give_back_packet`), so
+/// that a frame one limit refuses never uses up another's allowance.
+pub(super) const LEVEL_GIVE_BACK: u32 = 2;
 
-/// Admits the frame keyed `FRAME_KEY` (toward `FRAME_DST`) against every level
-/// of rule `index`, in order. Returns 0 when all admit it, else 1 + the
-/// index of the level that refused it (the levels before it counted the
-/// frame: a refused frame may use up a little of their allowance, never
-/// more than they allow).
+/// With [`LEVEL_GIVE_BACK`], gives the frame back to every level instead
+/// (returns 0). Otherwise admits the frame keyed `FRAME_KEY` (toward
+/// `FRAME_DST`) against every level of rule `index`, in order. Returns 0
+/// when all admit it, else 1 + the index of the level that refused it
+/// (the levels before it counted the frame: a refused frame may use up a
+/// little of their allowance, never more than they allow).
 ///
 /// A global BPF function, as `limit` is: the verifier checks it once,
-/// whichever tier calls it, and its keys and window cache live in its own
-/// frame. It calls no other BPF function.
+/// whichever tier calls it. Each level is judged by another, [`level`],
+/// so that the verifier checks one level's judgement once, not once per
+/// level and per way the levels before it went.
 #[no_mangle]
 #[inline(never)]
 pub extern "C" fn levels(index: u32, flags: u32) -> u32 {
     let Some(rule) = RULES.get(index) else {
         return 0;
     };
-    let (Some(key), Some(destination)) = (FRAME_KEY.get(0), FRAME_DST.get(0)) else {
-        return 0;
-    };
+    let count = rule.level_count() as u32;
     // SAFETY: a helper without arguments; it reads the monotonic clock.
     let now = unsafe { bpf_ktime_get_coarse_ns() };
-    let heavy = flags & LEVEL_HEAVY != 0;
-    let count = rule.level_count();
     let mut i = 0;
-    while i < MAX_LEVELS {
+    while i < MAX_LEVELS as u32 {
         if i >= count {
             break;
         }
-        if !admit(rule, &rule.levels[i], key, destination, i as u8, now, heavy) {
-            return i as u32 + 1;
+        if level(index, i, flags, now) == 0 {
+            return i + 1;
         }
         i += 1;
     }
     0
+}
+
+/// Level `at` of rule `index` judges the frame keyed `FRAME_KEY` (toward
+/// `FRAME_DST`) at `now`, as `levels` asks (`flags`): 1 admitted (or
+/// given back), 0 refused. A global BPF function; it calls none.
+#[no_mangle]
+#[inline(never)]
+pub extern "C" fn level(index: u32, at: u32, flags: u32, now: u64) -> u32 {
+    let Some(rule) = RULES.get(index) else {
+        return 1;
+    };
+    let (Some(key), Some(destination)) = (FRAME_KEY.get(0), FRAME_DST.get(0)) else {
+        return 1;
+    };
+    let Some(level) = rule.levels.get(at as usize) else {
+        return 1;
+    };
+    let at = at as u8;
+    if flags & LEVEL_GIVE_BACK != 0 {
+        let lkey = level.key(key, destination, rule.budget, rule.level_tag(), at);
+        if let (Some(value), true) = (AGGREGATES.get_ptr_mut(&lkey), level.bucket_ns != 0) {
+            // SAFETY: a field of a live map value.
+            let window = SharedWindow(unsafe { addr_of_mut!((*value).window) });
+            window::give_back_packet(&window, now / level.bucket_ns);
+        }
+        return 1;
+    }
+    let heavy = flags & LEVEL_HEAVY != 0;
+    u32::from(admit(rule, level, key, destination, at, now, heavy))
 }
 
 /// One level's judgement of the frame: admitted (and counted) or not.

@@ -16,7 +16,7 @@ use super::{
     hot,
     key::resolve,
     scratch,
-    verdict::{pass, refuse, refused_by_level, stateless, Verdict},
+    verdict::{give_back_to_levels, pass, refuse, refused_by_level, stateless, Verdict},
     window::{limit, LIMIT_ADMITTED, LIMIT_DRY_RUN, LIMIT_EXACT_TIER, LIMIT_HALF_USED},
     BPF_NOEXIST,
 };
@@ -308,6 +308,7 @@ fn exact(
     let verdict = if admitted {
         pass(Outcome::Passed)
     } else {
+        give_back_to_levels(rule, index);
         refuse(index, dry_run, Outcome::DroppedLimit)
     };
     if promoted {

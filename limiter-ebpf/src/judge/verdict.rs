@@ -10,7 +10,7 @@ use limiter_common::{
 
 use super::{
     key::resolve,
-    level::{levels, LEVEL_HEAVY},
+    level::{levels, LEVEL_GIVE_BACK, LEVEL_HEAVY},
 };
 use crate::maps::{self, RULES};
 
@@ -18,6 +18,9 @@ use crate::maps::{self, RULES};
 pub struct Verdict {
     pub action: u32,
     pub outcome: Outcome,
+    /// Which limit refused the frame: 0 its source's own, else 1 + the
+    /// index of its rule's level (`LimitEvent::level`).
+    pub level: u8,
 }
 
 impl Verdict {
@@ -32,6 +35,7 @@ pub(super) const fn pass(outcome: Outcome) -> Verdict {
     Verdict {
         action: XDP_PASS,
         outcome,
+        level: 0,
     }
 }
 
@@ -48,6 +52,7 @@ pub(super) fn refuse(rule: u32, dry_run: bool, outcome: Outcome) -> Verdict {
         Verdict {
             action: XDP_DROP,
             outcome,
+            level: 0,
         }
     }
 }
@@ -71,8 +76,20 @@ pub(super) fn refused_by_level(
         0 => None,
         refused_by => {
             maps::count_level_drop(index, refused_by - 1);
-            Some(refuse(index, dry_run, Outcome::DroppedLimit))
+            let mut refused = refuse(index, dry_run, Outcome::DroppedLimit);
+            refused.level = refused_by as u8;
+            Some(refused)
         }
+    }
+}
+
+/// After the source's own window refused a frame every level of rule
+/// `index` admitted: the levels give it back. Only on that refusal, never
+/// on the held path (a held source's frames reach no level).
+#[inline(always)]
+pub(super) fn give_back_to_levels(rule: &Rule, index: u32) {
+    if rule.level_count() != 0 {
+        levels(index, LEVEL_GIVE_BACK);
     }
 }
 
@@ -88,6 +105,7 @@ pub(super) fn stateless(config: &Config, key: &SourceKey) -> Verdict {
         outcome @ (Outcome::DroppedDeny | Outcome::DroppedLimit) => Verdict {
             action: XDP_DROP,
             outcome,
+            level: 0,
         },
         outcome => pass(outcome),
     }
@@ -109,7 +127,7 @@ pub(super) fn account(
     traffic.dropped.add(len);
     if now.wrapping_sub(traffic.last_refused_ns) > EPISODE_GAP_NS || traffic.last_refused_ns == 0 {
         let dry_run = verdict.outcome == Outcome::DryRunWouldDrop;
-        let event = LimitEvent::new(*key, traffic.rule, now, dry_run);
+        let event = LimitEvent::new(*key, traffic.rule, now, dry_run).with_level(verdict.level);
         maps::send_event(&event, now);
     }
     traffic.last_refused_ns = now;

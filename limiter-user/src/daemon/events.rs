@@ -23,6 +23,9 @@ use tracing::{info, warn};
 
 /// Rule index -> name, refreshed on every reload.
 pub type RuleNames = Arc<RwLock<BTreeMap<u32, String>>>;
+/// Rule index -> its levels' labels (`LevelSpec::label`), for the rules
+/// with levels, refreshed on every reload.
+pub type LevelLabels = Arc<RwLock<BTreeMap<u32, Vec<String>>>>;
 
 /// Logs the events of one interface until the task is dropped.
 ///
@@ -32,7 +35,7 @@ pub type RuleNames = Arc<RwLock<BTreeMap<u32, String>>>;
 pub fn watch(
     iface: String,
     ring: RingBuf<MapData>,
-    names: RuleNames,
+    (names, levels): (RuleNames, LevelLabels),
     cluster: Option<tokio::sync::mpsc::Sender<LimitEvent>>,
     cap: SharedLogCap,
 ) -> tokio::task::JoinHandle<()> {
@@ -41,7 +44,7 @@ pub fn watch(
         // always returns that same fd; the AsyncFd owns the ring buffer.
         let registered =
             unsafe { AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE) };
-        let mut handler = Handler::new(iface.clone(), names, cap);
+        let mut handler = Handler::new(iface.clone(), names, cap).with_levels(levels);
         let mut ring = match registered {
             Ok(ring) => ring,
             Err(e) => {
@@ -78,6 +81,7 @@ pub fn watch(
 pub struct Handler {
     iface: String,
     names: RuleNames,
+    levels: LevelLabels,
     episodes: Episodes,
     cap: SharedLogCap,
 }
@@ -87,9 +91,17 @@ impl Handler {
         Self {
             iface,
             names,
+            levels: LevelLabels::default(),
             episodes: Episodes::default(),
             cap,
         }
+    }
+
+    /// The same handler, naming the level that refused a source from
+    /// `levels`.
+    pub fn with_levels(mut self, levels: LevelLabels) -> Self {
+        self.levels = levels;
+        self
     }
 
     /// Logs `event`, arrived at `now`, if it starts an episode and the cap
@@ -100,7 +112,7 @@ impl Handler {
             return;
         }
         if self.cap.admit(now) {
-            log(&self.iface, event, &self.names);
+            log(&self.iface, event, &self.names, &self.levels);
         }
     }
 }
@@ -290,7 +302,7 @@ pub fn parse(bytes: &[u8]) -> Option<LimitEvent> {
     Some(unsafe { bytes.as_ptr().cast::<LimitEvent>().read_unaligned() })
 }
 
-fn log(iface: &str, event: &LimitEvent, names: &RuleNames) {
+fn log(iface: &str, event: &LimitEvent, names: &RuleNames, levels: &LevelLabels) {
     let rule = names
         .read()
         .ok()
@@ -300,14 +312,43 @@ fn log(iface: &str, event: &LimitEvent, names: &RuleNames) {
         iface,
         source = %event.key,
         rule,
+        level = level_label(event, levels),
         dry_run = event.dry_run(),
         "source limited"
     );
 }
 
+/// Which limit refused the event's source, as the metrics label it:
+/// `source` for its own limit, else its rule's level (`#N` if unknown).
+fn level_label(event: &LimitEvent, levels: &LevelLabels) -> String {
+    let Some(level) = event.level() else {
+        return "source".into();
+    };
+    levels
+        .read()
+        .ok()
+        .and_then(|levels| levels.get(&event.rule)?.get(level).cloned())
+        .unwrap_or_else(|| format!("#{level}"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_refusal_is_named_after_the_limit_that_made_it() {
+        let levels = LevelLabels::default();
+        levels
+            .write()
+            .expect("labels")
+            .insert(3, vec!["prefix/24/48@1s".into(), "rule@1m".into()]);
+        let event = LimitEvent::new(SourceKey::v4([192, 0, 2, 1]), 3, 1_000, false);
+        assert_eq!(level_label(&event, &levels), "source");
+        assert_eq!(level_label(&event.with_level(2), &levels), "rule@1m");
+        assert_eq!(level_label(&event.with_level(1), &levels), "prefix/24/48@1s");
+        // A rule the labels do not know (pushed meanwhile): its index.
+        assert_eq!(level_label(&event.with_level(4), &levels), "#3");
+    }
 
     fn event(last_octet: u8, rule: u32, at_ns: u64) -> LimitEvent {
         LimitEvent::new(SourceKey::v4([192, 0, 2, last_octet]), rule, at_ns, false)

@@ -126,7 +126,7 @@ pub async fn run(options: RunOptions) -> anyhow::Result<()> {
             Some(ring) => watchers.push(events::watch(
                 instance.iface.clone(),
                 ring,
-                daemon.names.clone(),
+                (daemon.names.clone(), daemon.level_labels.clone()),
                 cluster_events.clone(),
                 log_cap.clone(),
             )),

@@ -16,7 +16,7 @@ use tracing::{debug, error, info, warn};
 
 use super::{
     aggregate::{self, Snapshot, Sweep},
-    events::RuleNames,
+    events::{LevelLabels, RuleNames},
     metrics::{Metrics, RuleLevels},
     startup::{apply_overrides, RunOptions},
 };
@@ -48,6 +48,8 @@ pub struct Daemon {
     /// before it (each in its own half), shared with the event watchers:
     /// counters and events of either resolve to a name.
     pub(super) names: RuleNames,
+    /// As `names`, each rule's levels' labels, for the event log.
+    pub(super) level_labels: LevelLabels,
     /// `RULES` index -> its rule's levels, for the rules of both
     /// generations that have any (the `level` labels of the metrics).
     pub(super) levels: BTreeMap<u32, RuleLevels>,
@@ -91,6 +93,7 @@ impl Daemon {
             ifaces: instances.into_iter().map(Iface::new).collect(),
             generation: 0,
             names: RuleNames::default(),
+            level_labels: LevelLabels::default(),
             levels: BTreeMap::new(),
             metrics: Metrics::new(),
             cluster_live: None,
@@ -132,6 +135,10 @@ impl Daemon {
             .retain(|index, _| !(base..base + MAX_RULES).contains(index));
         self.levels
             .extend(rule_levels(rules, base).map(|r| (r.index, r)));
+        if let Ok(mut shared) = self.level_labels.write() {
+            shared.retain(|index, _| !(base..base + MAX_RULES).contains(index));
+            shared.extend(rule_levels(rules, base).map(|r| (r.index, r.labels)));
+        }
         Ok(generation)
     }
 
