@@ -20,8 +20,10 @@ pub enum Which {
     /// of xdp-limiter against no filter, nftables (input and ingress),
     /// iptables hashlimit and an XDP drop-all floor; rewrites the results
     /// in docs/benchmarks.md. About 10 minutes. `-- --modes service`: a
-    /// web server (nginx) and 50 clients under a spoofed SYN flood, with
-    /// each filter in front, about 12 minutes.
+    /// web server (nginx) and 200 clients under a spoofed SYN flood, with
+    /// each filter in front, about 12 minutes. `-- --modes random16`: the
+    /// random flood from one /16, against a /16 aggregate
+    /// (`xdp-limiter-agg16`) beside the other scenarios; printed only.
     E2e {
         /// Arguments for the benchmark (see `-- --help`).
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]

@@ -14,6 +14,10 @@
 //! With [`GenConfig::tcp_syn`] set the generator sends TCP SYNs instead
 //! (IPv4 only, no stamp): the spoofed SYN flood of the end-to-end
 //! benchmark's service scenario, aimed at a real server's listening port.
+//! With [`GenConfig::random_prefix16`] set the random sources all come
+//! from one IPv4 /16, [`RANDOM_PREFIX16`]: a spoofed flood that a per-source
+//! limit cannot hold (each address sends little) but a limit on the
+//! prefix as a whole can.
 
 /// Length of every generated frame (Ethernet header included): the same for
 /// IPv4 and IPv6, so both cost the same to move.
@@ -34,6 +38,11 @@ pub const CLASSES: usize = 3;
 pub const MAX_LIGHT: u32 = 1 << 16;
 /// At most this many heavy sources (each has its own sink counter).
 pub const MAX_HEAVY: u32 = 1024;
+
+/// The one /16 of the random sources under [`GenConfig::random_prefix16`]
+/// (the first /16 of their usual 10.128.0.0/9; light and heavy sources
+/// are outside it).
+pub const RANDOM_PREFIX16: [u8; 2] = [10, 128];
 
 /// Shares are fractions in units of 1/65536.
 pub const SHARE_ONE: u32 = 1 << 16;
@@ -96,8 +105,12 @@ pub struct GenConfig {
     /// Nonzero: every frame is an IPv4 TCP SYN to `dst_v4:dst_port` (a
     /// SYN flood; `ipv6_share` is ignored), not a stamped UDP datagram.
     pub tcp_syn: u8,
+    /// Nonzero: random sources are IPv4 only and drawn from one /16,
+    /// [`RANDOM_PREFIX16`] (`ipv6_share` still applies to the light and
+    /// heavy sources).
+    pub random_prefix16: u8,
     /// Explicit padding, so no byte of the struct is uninitialised.
-    pub reserved: [u8; 7],
+    pub reserved: [u8; 6],
 }
 
 /// The generator's per-CPU state and counters.
@@ -192,10 +205,19 @@ pub fn pick(config: &GenConfig, state: &mut GenState) -> Pick {
             ipv6: source_is_ipv6(CLASS_HEAVY, index, config.ipv6_share),
         }
     } else if share < config.heavy_share + config.random_share || config.light_sources == 0 {
-        Pick {
-            class: CLASS_RANDOM,
-            index: (r >> 16) as u32,
-            ipv6: ((r >> 48) as u32) < config.ipv6_share,
+        if config.random_prefix16 != 0 {
+            // 16 random bits: `source_v4` puts them under 10.128.0.0/16.
+            Pick {
+                class: CLASS_RANDOM,
+                index: (r >> 16) as u32 & 0xffff,
+                ipv6: false,
+            }
+        } else {
+            Pick {
+                class: CLASS_RANDOM,
+                index: (r >> 16) as u32,
+                ipv6: ((r >> 48) as u32) < config.ipv6_share,
+            }
         }
     } else {
         let index = state.next_light;
@@ -216,7 +238,8 @@ pub fn pick(config: &GenConfig, state: &mut GenState) -> Pick {
 }
 
 /// The IPv4 source of a pick: light 10.1.0.0/16, heavy 10.2.0.0/16,
-/// random 10.128.0.0/9.
+/// random 10.128.0.0/9 (an index under 65,536, as
+/// [`GenConfig::random_prefix16`] draws: 10.128.0.0/16).
 #[inline(always)]
 pub fn source_v4(pick: &Pick) -> [u8; 4] {
     let i = pick.index;
@@ -567,5 +590,40 @@ mod tests {
         sources.sort();
         let distinct = 1 + sources.windows(2).filter(|w| w[0] != w[1]).count();
         assert!(distinct >= 60, "{distinct} distinct sources of 64");
+    }
+
+    #[test]
+    fn prefix16_random_sources_are_ipv4_from_one_slash16() {
+        let config = GenConfig {
+            random_prefix16: 1,
+            ..config()
+        };
+        let mut state = GenState::default();
+        let mut seen = [false; 1 << 16];
+        let mut random = 0;
+        for _ in 0..65_536 {
+            let pick = pick(&config, &mut state);
+            let mut frame = [0xaa; FRAME_LEN];
+            write_frame(&mut frame, &config, &pick);
+            let v4 = frame[12..14] == [0x08, 0x00];
+            let source = &frame[26..30];
+            match pick.class {
+                CLASS_RANDOM => {
+                    random += 1;
+                    assert!(v4 && !pick.ipv6, "random sources are IPv4 only");
+                    assert_eq!(source[..2], RANDOM_PREFIX16, "{source:?}");
+                    seen[u16::from_be_bytes([source[2], source[3]]) as usize] = true;
+                }
+                // Light and heavy sources keep their prefixes (and their
+                // IPv6 share), outside the flooded /16.
+                _ if v4 => assert_ne!(source[..2], RANDOM_PREFIX16),
+                _ => {}
+            }
+        }
+        assert!(random > 15_000, "{random} random frames");
+        let distinct = seen.iter().filter(|&&s| s).count();
+        // About 1 - 1/e of the /16 for as many draws as it has addresses,
+        // here a quarter as many draws.
+        assert!(distinct > 12_000, "{distinct} distinct sources");
     }
 }

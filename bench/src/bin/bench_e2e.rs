@@ -6,13 +6,21 @@
 //! run several times; it prints a line and a JSON line per cell, and
 //! regenerates the results section and plots of docs/benchmarks.md.
 //!
+//! The `random16` mode (`--modes random16`, not part of the default run)
+//! is the random flood from one /16, against which the extra scenario
+//! `xdp-limiter-agg16` (a /16 aggregate on the default rule) is run
+//! beside the default ones; its figures are printed, not written to the
+//! docs.
+//!
 //! The `service` mode (`--modes service`, not part of the default run) is
-//! a web service under attack: nginx in the receiving namespace, 50 polite
-//! clients, a spoofed SYN flood, and each filter in turn (no filter, a
-//! native XDP_PASS program, an nftables meter, iptables hashlimit, and
-//! xdp-limiter native and generic at several limits, with and without a
-//! penalty, node and cluster scope); the clients' success and latency per
-//! filter, and its own section of docs/benchmarks.md
+//! a web service under attack: nginx in the receiving namespace, 200
+//! polite clients, a spoofed SYN flood (from random addresses, or from one
+//! /16 with `--flood-source prefix16`), and each filter in turn (no
+//! filter, a native XDP_PASS program, an nftables meter, iptables
+//! hashlimit, and xdp-limiter native and generic at several limits, with
+//! and without a penalty, node and cluster scope, or with a /16
+//! aggregate); the clients' success and latency per filter, and its own
+//! section of docs/benchmarks.md
 //! (`limiter_bench::e2e::service`).
 //!
 //! SIGINT/SIGTERM stop it between steps; every namespace, rule, daemon and
@@ -31,7 +39,7 @@ use limiter_bench::e2e::{
     measure::{run_once, Timing},
     report::{self, Cell, Load, Mode, Setup},
     scenario::{Limit, Scenario},
-    service::{self, Filter, FloodTool, Plan, Variant},
+    service::{self, Filter, FloodSource, FloodTool, Plan, Variant},
     traffic::{Mix, Programs, Rate},
 };
 
@@ -60,10 +68,13 @@ struct Args {
     #[arg(long, default_value_t = 100_000)]
     below_random_pps: u64,
     /// Only these scenarios (comma separated); docs are then not written.
+    /// Besides the default ones: xdp-limiter-agg16 (run in the random16
+    /// mode only).
     #[arg(long, value_delimiter = ',')]
     scenarios: Vec<String>,
-    /// Only these traffic modes (mixed, random, service; by default mixed
-    /// and random); docs are then written for the complete ones.
+    /// Only these traffic modes (mixed, random, random16, service; by
+    /// default mixed and random); docs are then written for the complete
+    /// ones (random16's figures are printed only).
     #[arg(long, value_delimiter = ',')]
     modes: Vec<String>,
     /// Do not rewrite docs/benchmarks.md and its plots.
@@ -91,12 +102,12 @@ struct Args {
     /// Service mode: xdp-limiter's limits (pps).
     #[arg(long, value_delimiter = ',', default_values_t = [10, 100, 1000])]
     service_limits: Vec<u64>,
-    /// Service mode: xdp-limiter's rules (node, block, cluster).
+    /// Service mode: xdp-limiter's rules (node, block, cluster, agg16).
     #[arg(long, value_delimiter = ',', default_values_t = ["node".to_string(), "block".to_string(), "cluster".to_string()])]
     service_variants: Vec<String>,
-    /// Service mode: polite clients (one address each) and requests per
-    /// second each.
-    #[arg(long, default_value_t = 50)]
+    /// Service mode: polite clients (one address each, at most 200) and
+    /// requests per second each.
+    #[arg(long, default_value_t = 200)]
     clients: usize,
     #[arg(long, default_value_t = 5.0)]
     client_rate: f64,
@@ -105,6 +116,10 @@ struct Args {
     /// sending namespace's stack, as the clients' frames).
     #[arg(long, default_value = "generator")]
     flood_tool: String,
+    /// Service mode: where the generator's spoofed sources come from:
+    /// random (10.128.0.0/9) or prefix16 (10.128.0.0/16).
+    #[arg(long, default_value = "random")]
+    flood_source: String,
     /// Service mode: nftables' and hashlimit's per-source limit.
     #[arg(long, default_value_t = 100)]
     reference_pps: u64,
@@ -128,6 +143,7 @@ const MIXED: Mix = Mix {
     heavy_share: 0.99,
     random_share: 0.0,
     ipv6_share: 0.25,
+    random_prefix16: false,
 };
 const RANDOM: Mix = Mix {
     light_sources: 20_000,
@@ -135,6 +151,14 @@ const RANDOM: Mix = Mix {
     heavy_share: 0.04,
     random_share: 0.91,
     ipv6_share: 0.25,
+    random_prefix16: false,
+};
+/// The random flood from one /16: as [`RANDOM`], the random addresses all
+/// IPv4 and in 10.128.0.0/16 (the light sources are in 10.1.0.0/16 and,
+/// IPv6, one /48; the heavy source in 10.2.0.0/16).
+const RANDOM16: Mix = Mix {
+    random_prefix16: true,
+    ..RANDOM
 };
 const LIMIT: Limit = Limit {
     pps: 1000,
@@ -143,14 +167,31 @@ const LIMIT: Limit = Limit {
 
 fn main() {
     let args = Args::parse();
+    for mode in &args.modes {
+        if !["mixed", "random", "random16", "service"].contains(&mode.as_str()) {
+            eprintln!("unknown mode {mode:?}; known: mixed, random, random16, service");
+            std::process::exit(2)
+        }
+    }
+    let wants = |mode: &str| {
+        if args.modes.is_empty() {
+            mode == "mixed" || mode == "random"
+        } else {
+            args.modes.iter().any(|m| m == mode)
+        }
+    };
     let scenarios: Vec<Scenario> = if args.scenarios.is_empty() {
-        Scenario::ALL.to_vec()
+        if wants("random16") {
+            Scenario::known().collect()
+        } else {
+            Scenario::ALL.to_vec()
+        }
     } else {
         args.scenarios
             .iter()
             .map(|name| {
                 Scenario::from_name(name).unwrap_or_else(|| {
-                    let known: Vec<_> = Scenario::ALL.iter().map(|s| s.name()).collect();
+                    let known: Vec<_> = Scenario::known().map(|s| s.name()).collect();
                     eprintln!("unknown scenario {name:?}; known: {}", known.join(", "));
                     std::process::exit(2)
                 })
@@ -170,44 +211,42 @@ fn main() {
         burst: args.pps,
     };
     let started = Instant::now();
-    for mode in &args.modes {
-        if !["mixed", "random", "service"].contains(&mode.as_str()) {
-            eprintln!("unknown mode {mode:?}; known: mixed, random, service");
-            std::process::exit(2)
-        }
-    }
-    let wants = |mode: &str| {
-        if args.modes.is_empty() {
-            mode != "service"
-        } else {
-            args.modes.iter().any(|m| m == mode)
-        }
-    };
     if wants("service") {
         if let Err(e) = service(&args, &interrupted) {
             eprintln!("service mode: {e:#}");
             std::process::exit(1)
         }
     }
-    if !wants("mixed") && !wants("random") {
+    if !wants("mixed") && !wants("random") && !wants("random16") {
         return;
     }
+    // The extra scenarios' expectations are modelled on the random16
+    // traffic only.
+    let runs_in = |scenario: &Scenario, mode: Mode| {
+        wants(mode.name()) && (mode == Mode::Random16 || !Scenario::EXTRA.contains(scenario))
+    };
     let mut cells = Vec::new();
     'scenarios: for scenario in &scenarios {
+        let modes: Vec<Mode> = [Mode::Mixed, Mode::Random, Mode::Random16]
+            .into_iter()
+            .filter(|&mode| runs_in(scenario, mode))
+            .collect();
+        if modes.is_empty() {
+            eprintln!("{scenario}: only in the random16 mode; skipped");
+            continue;
+        }
         let lab = Lab::new();
         let mut programs = Programs::load(&lab, &MIXED);
         let _installed = scenario.install(&lab, &mut programs, limit);
-        for mode in [Mode::Mixed, Mode::Random] {
-            if !wants(mode.name()) {
-                continue;
-            }
+        for mode in modes {
             let mix = match mode {
                 Mode::Mixed => MIXED,
                 Mode::Random => RANDOM,
+                Mode::Random16 => RANDOM16,
             };
             let below = match mode {
                 Mode::Mixed => args.below_pps,
-                Mode::Random => args.below_random_pps,
+                Mode::Random | Mode::Random16 => args.below_random_pps,
             };
             programs.set_mix(&lab, &mix);
             let mut saturation = None;
@@ -252,13 +291,23 @@ fn main() {
             }
         }
     }
-    let complete = cells.len() == Scenario::ALL.len() * 2 * 3;
+    let complete = !wants("random16") && cells.len() == Scenario::ALL.len() * 2 * 3;
     eprintln!(
         "{} cells in {:.0} s",
         cells.len(),
         started.elapsed().as_secs_f64()
     );
-    for target in report::targets(&cells) {
+    let targets = if wants("mixed") || wants("random") {
+        report::targets(&cells)
+    } else {
+        Vec::new()
+    };
+    let targets_random16 = if wants("random16") {
+        report::targets_random16(&cells)
+    } else {
+        Vec::new()
+    };
+    for target in targets.into_iter().chain(targets_random16) {
         eprintln!(
             "target: {} -> {} ({})",
             target.what,
@@ -316,7 +365,9 @@ fn service(args: &Args, interrupted: &AtomicBool) -> anyhow::Result<()> {
             Variant::ALL
                 .into_iter()
                 .find(|v| v.name() == name)
-                .ok_or_else(|| anyhow::anyhow!("unknown variant {name:?}: node, block, cluster"))
+                .ok_or_else(|| {
+                    anyhow::anyhow!("unknown variant {name:?}: node, block, cluster, agg16")
+                })
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
     for kind in &args.service_filters {
@@ -340,7 +391,15 @@ fn service(args: &Args, interrupted: &AtomicBool) -> anyhow::Result<()> {
             other => anyhow::bail!("unknown flood tool {other:?}: generator, hping3"),
         },
         reference_pps: args.reference_pps,
+        flood_source: match args.flood_source.as_str() {
+            "random" => FloodSource::Random,
+            "prefix16" => FloodSource::Prefix16,
+            other => anyhow::bail!("unknown flood source {other:?}: random, prefix16"),
+        },
     };
+    if plan.flood_source == FloodSource::Prefix16 && plan.flood_tool != FloodTool::Generator {
+        anyhow::bail!("--flood-source prefix16 needs the generator (--flood-tool generator)");
+    }
     let started = Instant::now();
     eprintln!("{}", service::TABLE_HEADER);
     let mut cells = Vec::new();
@@ -360,6 +419,7 @@ fn service(args: &Args, interrupted: &AtomicBool) -> anyhow::Result<()> {
     );
     let defaults = Args::parse_from(["bench-e2e"]);
     let complete = args.service_filters.is_empty()
+        && args.flood_source == defaults.flood_source
         && args.service_limits == defaults.service_limits
         && args.service_variants == defaults.service_variants
         && (

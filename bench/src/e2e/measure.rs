@@ -11,10 +11,12 @@ use std::{
 
 use serde::Serialize;
 
+use limiter_bench_common::traffic::{source_is_ipv6, CLASS_LIGHT};
+
 use super::{
     lab::Lab,
-    scenario::{Expectation, Limit},
-    traffic::{Mix, Programs, SinkCounts},
+    scenario::{Expectation, Limit, AGG16_FACTOR},
+    traffic::{share, Mix, Programs, SinkCounts},
 };
 
 /// Counters at one instant.
@@ -186,10 +188,29 @@ fn derive(
     let heavy_expected_each = match expectation {
         Expectation::Everything => heavy_each,
         Expectation::Nothing => 0.0,
-        Expectation::PerSourceLimit => heavy_each.min(limit.pps as f64 * dt),
+        Expectation::PerSourceLimit | Expectation::PerSourceAndPrefix16 => {
+            heavy_each.min(limit.pps as f64 * dt)
+        }
     };
     let rest_expected = match expectation {
         Expectation::Nothing => 0.0,
+        // The light sources' IPv4 frames share one /16 and their IPv6
+        // ones one /48 (round robin: each source sends alike); the random
+        // ones, from one /16, share it. Each prefix passes at most its
+        // aggregate's allowance.
+        Expectation::PerSourceAndPrefix16 => {
+            let allowance = (limit.pps * AGG16_FACTOR) as f64 * dt;
+            let v6 = light_ipv6_fraction(mix);
+            let light = sent_light * arrived;
+            let random = sent_random * arrived;
+            (light * (1.0 - v6)).min(allowance)
+                + (light * v6).min(allowance)
+                + if mix.random_prefix16 {
+                    random.min(allowance)
+                } else {
+                    random
+                }
+        }
         // Light sources are under the limit, and a random source sends
         // about one frame: both pass a per-source limit.
         _ => (sent_light + sent_random) * arrived,
@@ -238,6 +259,19 @@ fn derive(
         idle_wait_s: 0.0,
         idle_timeout: false,
     }
+}
+
+/// The share of the light sources that are IPv6 (and so of their frames:
+/// they send round robin), as the generator decides it.
+fn light_ipv6_fraction(mix: &Mix) -> f64 {
+    if mix.light_sources == 0 {
+        return 0.0;
+    }
+    let ipv6_share = share(mix.ipv6_share);
+    let ipv6 = (0..mix.light_sources)
+        .filter(|&i| source_is_ipv6(CLASS_LIGHT, i, ipv6_share))
+        .count();
+    ipv6 as f64 / mix.light_sources as f64
 }
 
 /// Busy share of all CPUs over a short sample.

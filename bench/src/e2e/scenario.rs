@@ -1,6 +1,8 @@
 //! The filters compared by the end-to-end benchmark, each installed in the
 //! lab's receiving namespace with the same per-source limit, and what each
-//! is expected to let through.
+//! is expected to let through. One more, `xdp-limiter-agg16`, adds a limit
+//! on every /16 as a whole (the `random16` traffic's flood comes from one
+//! /16); it is not part of the default matrix ([`Scenario::ALL`]).
 
 use std::fmt;
 
@@ -28,6 +30,12 @@ pub struct Limit {
 /// only a random-source flood fills it.
 pub const TABLE_SIZE: u32 = 262_144;
 
+/// `xdp-limiter-agg16`'s /16 aggregate, as a multiple of the per-source
+/// limit: ten sources at their limit fill it, so a flood spread over one
+/// /16 is held to ten sources' worth, while the light sources' own /16
+/// (and their IPv6 /48) stays under it below saturation.
+pub const AGG16_FACTOR: u64 = 10;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Scenario {
     /// Nothing installed: the cost of the stack and the socket alone.
@@ -46,6 +54,10 @@ pub enum Scenario {
     /// An XDP program that parses like xdp-limiter, counts per source and
     /// drops everything: the floor of any per-source state at XDP.
     XdpCountDrop,
+    /// The `xdp-limiter` daemon as [`Scenario::XdpLimiter`], its default
+    /// rule with a level: every /16 (IPv6 /48) together at
+    /// [`AGG16_FACTOR`] times the per-source limit.
+    XdpLimiterAgg16,
 }
 
 impl Scenario {
@@ -59,6 +71,10 @@ impl Scenario {
         Scenario::XdpCountDrop,
     ];
 
+    /// Scenarios run only when named (`--scenarios`): their traffic is
+    /// the `random16` mode's, outside the default matrix.
+    pub const EXTRA: [Scenario; 1] = [Scenario::XdpLimiterAgg16];
+
     pub fn name(self) -> &'static str {
         match self {
             Scenario::NoFilter => "no-filter",
@@ -68,11 +84,17 @@ impl Scenario {
             Scenario::IptablesHashlimit => "iptables-hashlimit",
             Scenario::XdpDropAll => "xdp-drop-all",
             Scenario::XdpCountDrop => "xdp-count-drop",
+            Scenario::XdpLimiterAgg16 => "xdp-limiter-agg16",
         }
     }
 
+    /// Every scenario, the default matrix's then the extra ones.
+    pub fn known() -> impl Iterator<Item = Scenario> {
+        Self::ALL.into_iter().chain(Self::EXTRA)
+    }
+
     pub fn from_name(name: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|s| s.name() == name)
+        Self::known().find(|s| s.name() == name)
     }
 
     /// What the scenario lets through.
@@ -80,6 +102,7 @@ impl Scenario {
         match self {
             Scenario::NoFilter => Expectation::Everything,
             Scenario::XdpDropAll | Scenario::XdpCountDrop => Expectation::Nothing,
+            Scenario::XdpLimiterAgg16 => Expectation::PerSourceAndPrefix16,
             _ => Expectation::PerSourceLimit,
         }
     }
@@ -120,6 +143,14 @@ impl Scenario {
             Scenario::XdpLimiter => {
                 Installed::Daemon(Box::new(start_limiter(lab, &limiter_config(limit))))
             }
+            Scenario::XdpLimiterAgg16 => {
+                let config = format!(
+                    "{}levels = [\"prefix/16:{}\"]\n",
+                    limiter_config(limit),
+                    limit.pps * AGG16_FACTOR
+                );
+                Installed::Daemon(Box::new(start_limiter(lab, &config)))
+            }
         }
     }
 }
@@ -137,6 +168,11 @@ pub enum Expectation {
     Nothing,
     /// Each source up to the limit.
     PerSourceLimit,
+    /// Each source up to the limit, and every /16 (IPv6 /48) together up
+    /// to [`AGG16_FACTOR`] times it. Modelled for the `random16` traffic:
+    /// the random sources in one /16, the light sources in another (and
+    /// their IPv6 ones in one /48), the heavy source alone in a third.
+    PerSourceAndPrefix16,
 }
 
 /// Keeps a scenario installed.

@@ -64,8 +64,10 @@ pub const HTTP_PORT: u16 = 80;
 pub const TX_V4: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 2);
 /// The first client address; client `i` is this plus `i`.
 const FIRST_CLIENT: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 10);
-/// The generator's random sources (`limiter_bench_common::traffic::source_v4`).
+/// The generator's random sources (`limiter_bench_common::traffic::source_v4`),
+/// spread or from one /16 ([`FloodSource`]).
 const SPOOFED: &str = "10.128.0.0/9";
+const SPOOFED_16: &str = "10.128.0.0/16";
 /// The Redis link of the cluster cells: the receiver's end and Redis's.
 const REDIS_LINK_RX: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 1);
 const REDIS_LINK_DB: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 2);
@@ -90,30 +92,43 @@ impl Attach {
     }
 }
 
-/// xdp-limiter's rule: node scope, node scope with a penalty, or
-/// cluster scope (which allows no penalty).
+/// xdp-limiter's rule: node scope, node scope with a penalty, cluster
+/// scope (which allows no penalty), or node scope with a /16 aggregate.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Variant {
     Node,
     Block,
     Cluster,
+    Agg16,
 }
 
 impl Variant {
-    pub const ALL: [Variant; 3] = [Variant::Node, Variant::Block, Variant::Cluster];
+    pub const ALL: [Variant; 4] = [
+        Variant::Node,
+        Variant::Block,
+        Variant::Cluster,
+        Variant::Agg16,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             Variant::Node => "node",
             Variant::Block => "block",
             Variant::Cluster => "cluster",
+            Variant::Agg16 => "agg16",
         }
     }
 }
 
 /// The penalty of the `block` variant.
 pub const BLOCK: &str = "10s";
+/// The `agg16` variant's level: every /16 (IPv6 /48) together at this
+/// many frames a second, whatever the per-source limit. The clients share
+/// one /16 and send about 27 frames a second each (SYN, ACK, request,
+/// ACKs, FIN at 5 requests a second): 200 of them about 5,400, so the
+/// aggregate holds the flood's /16 and leaves theirs alone.
+pub const AGG16_PPS: u64 = 10_000;
 
 /// What stands in front of the server.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -220,6 +235,20 @@ pub struct Plan {
     pub flood_tool: FloodTool,
     /// The per-source limit of nftables and iptables (burst the same).
     pub reference_pps: u64,
+    /// Where the generator's spoofed sources come from.
+    pub flood_source: FloodSource,
+}
+
+/// The addresses of the generator's spoofed SYNs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FloodSource {
+    /// Random addresses in 10.128.0.0/9: no prefix shorter than /9 holds
+    /// many of them.
+    Random,
+    /// Random addresses in 10.128.0.0/16: a limit on the /16 as a whole
+    /// holds the flood; one per source does not.
+    Prefix16,
 }
 
 /// What sends the spoofed SYN flood.
@@ -984,6 +1013,7 @@ pub fn limiter_config(attach: Attach, pps: u64, variant: Variant, redis: Option<
         Variant::Node => {}
         Variant::Block => config.push_str(&format!("block = \"{BLOCK}\"\n")),
         Variant::Cluster => config.push_str("scope = \"cluster\"\n"),
+        Variant::Agg16 => config.push_str(&format!("levels = [\"prefix/16:{AGG16_PPS}\"]\n")),
     }
     if let Some(url) = redis {
         config.push_str(&format!(
@@ -1195,9 +1225,10 @@ pub fn run_cell(
             heavy_share: 0.0,
             random_share: 1.0,
             ipv6_share: 0.0,
+            random_prefix16: false,
         },
     );
-    programs.set_syn_flood(&lab, HTTP_PORT);
+    programs.set_syn_flood(&lab, HTTP_PORT, plan.flood_source == FloodSource::Prefix16);
     programs.set_rate(Rate::Fixed(plan.flood_pps.max(1)));
     let nginx = Nginx::start(&lab)?;
     let installed = install(&lab, &mut programs, filter, plan)?;
@@ -1239,9 +1270,13 @@ pub fn run_cell(
 pub fn describe(plan: &Plan, runs: usize) -> String {
     let flood = match plan.flood_tool {
         FloodTool::Generator => format!(
-            "a spoofed SYN flood paced at {} frames a second from random addresses in {SPOOFED} \
+            "a spoofed SYN flood paced at {} frames a second from random addresses in {} \
              (the live-frames generator, nice 19 on CPU {}: its frames enter the receiving veth's ring directly)",
             rate(plan.flood_pps as f64),
+            match plan.flood_source {
+                FloodSource::Random => SPOOFED,
+                FloodSource::Prefix16 => SPOOFED_16,
+            },
             lab::GEN_CPU
         ),
         FloodTool::Hping3 => format!(
@@ -1258,7 +1293,8 @@ pub fn describe(plan: &Plan, runs: usize) -> String {
          are routed back to the sending namespace and dropped there; clients and flood together for {:.0} s, \
          {runs} runs per cell after 1.2 s of quiet and an idle machine, medians shown; nftables and hashlimit at {} pps \
          per source (burst the same), xdp-limiter with the product's defaults (65,536 windows, 16,384 hot sources) and \
-         its default rule at the limit shown, enforced (`block` = {BLOCK}; cluster: one Redis in the lab); the \
+         its default rule at the limit shown, enforced (`block` = {BLOCK}; cluster: one Redis in the lab; `agg16`: \
+         `levels = [\"prefix/16:{AGG16_PPS}\"]`); the \
          daemon's outcomes are per second of flood",
         PAGE.len(),
         plan.clients,
@@ -1331,7 +1367,7 @@ mod tests {
     #[test]
     fn the_matrix_selects_kinds_limits_and_variants() {
         let all = Filter::matrix(&[], &[10, 100, 1000], &Variant::ALL);
-        assert_eq!(all.len(), 4 + 2 * 3 * 3);
+        assert_eq!(all.len(), 4 + 2 * 3 * 4);
         let some = Filter::matrix(
             &["xdp-limiter-generic".into(), "no-filter".into()],
             &[100],
@@ -1362,5 +1398,7 @@ mod tests {
         assert!(!c.contains("block"));
         let b = limiter_config(Attach::Generic, 10, Variant::Block, None);
         assert!(b.contains("mode = \"generic\"") && b.contains("block = \"10s\""));
+        let a = limiter_config(Attach::Native, 100, Variant::Agg16, None);
+        assert!(a.contains("levels = [\"prefix/16:10000\"]") && !a.contains("block"));
     }
 }

@@ -40,6 +40,10 @@ pub struct Mix {
     pub random_share: f64,
     /// Share of sources (0..1) that are IPv6.
     pub ipv6_share: f64,
+    /// The random sources are IPv4 only and all in one /16
+    /// (`limiter_bench_common::traffic::RANDOM_PREFIX16`), not spread
+    /// over 10.128.0.0/9 and IPv6.
+    pub random_prefix16: bool,
 }
 
 /// Offered load.
@@ -65,7 +69,8 @@ pub const GENERATOR_THREADS: usize = 2;
 /// veth ring (256).
 const BATCH: u32 = 64;
 
-fn share(value: f64) -> u32 {
+/// A share (0..1) in the generator's 1/65536 units.
+pub fn share(value: f64) -> u32 {
     assert!((0.0..=1.0).contains(&value), "share {value} outside 0..1");
     (value * SHARE_ONE as f64).round() as u32
 }
@@ -199,15 +204,16 @@ impl Programs {
             src_mac: lab.tx_mac,
             dst_mac: lab.rx_mac,
             tcp_syn: 0,
-            reserved: [0; 7],
+            random_prefix16: u8::from(mix.random_prefix16),
+            reserved: [0; 6],
         };
         self.write_config(config);
     }
 
     /// Makes the generator send a spoofed SYN flood instead: every frame
-    /// an IPv4 TCP SYN from a random address in 10.128.0.0/9 to
-    /// [`RX_V4`]`:port` (the rate stays).
-    pub fn set_syn_flood(&mut self, lab: &Lab, port: u16) {
+    /// an IPv4 TCP SYN from a random address in 10.128.0.0/9 (with
+    /// `prefix16`, in 10.128.0.0/16) to [`RX_V4`]`:port` (the rate stays).
+    pub fn set_syn_flood(&mut self, lab: &Lab, port: u16, prefix16: bool) {
         self.set_mix(
             lab,
             &Mix {
@@ -216,6 +222,7 @@ impl Programs {
                 heavy_share: 0.0,
                 random_share: 1.0,
                 ipv6_share: 0.0,
+                random_prefix16: prefix16,
             },
         );
         let mut config = self.config();
