@@ -197,3 +197,58 @@ pub fn render_aggregates(aggregates: &[TopAggregate]) -> String {
     }
     text
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_aggregate_is_one_line_of_its_fields() {
+        let row = |key: &str, packets: u64| TopAggregate {
+            interface: "veth-rx".into(),
+            rule: "rules[1]".into(),
+            level: "prefix/24/48@1m".into(),
+            key: key.into(),
+            packets,
+            allowance: 600,
+            used: packets as f64 / 600.0,
+        };
+        let text = render_aggregates(&[row("192.0.2.0/24", 25), row("192.0.3.0/24", 7)]);
+        let lines: Vec<Vec<&str>> = text
+            .lines()
+            .map(|l| l.split_whitespace().collect())
+            .collect();
+        assert_eq!(
+            lines,
+            [
+                vec![
+                    "rule",
+                    "level",
+                    "aggregate",
+                    "packets",
+                    "allowance",
+                    "used",
+                    "interface"
+                ],
+                vec![
+                    "rules[1]",
+                    "prefix/24/48@1m",
+                    "192.0.2.0/24",
+                    "25",
+                    "600",
+                    "4.2%",
+                    "veth-rx"
+                ],
+                vec![
+                    "rules[1]",
+                    "prefix/24/48@1m",
+                    "192.0.3.0/24",
+                    "7",
+                    "600",
+                    "1.2%",
+                    "veth-rx"
+                ],
+            ]
+        );
+    }
+}
