@@ -24,13 +24,22 @@ fn main() -> ExitCode {
     let result = match command {
         Command::Run(args) => cli::run::run(args),
         Command::Status(args) => cli::status::run(&args.socket.path, args.output),
-        Command::Top(args) => cli::top::run(
-            &args.read.socket.path,
-            args.read.output,
-            args.limit,
-            args.once,
-            args.sort,
-        ),
+        Command::Top(args) => match &args.level {
+            Some(level) => cli::top::run_levels(
+                &args.read.socket.path,
+                args.read.output,
+                args.limit,
+                args.once,
+                level,
+            ),
+            None => cli::top::run(
+                &args.read.socket.path,
+                args.read.output,
+                args.limit,
+                args.once,
+                args.sort,
+            ),
+        },
         Command::Mode(args) => cli::mode::run(&args),
         Command::Unblock(args) => cli::unblock::run(&args),
         Command::Reload(args) => cli::reload::run(&args),

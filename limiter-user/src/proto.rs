@@ -20,7 +20,7 @@ pub const MAX_REQUEST_BYTES: usize = 64 * 1024;
 /// Every key of a request line outside its `rule` (whose keys are
 /// [`RuleSection::KEYS`]): what tests and fuzzers build requests from.
 pub const REQUEST_KEYS: &[&str] = &[
-    "version", "command", "limit", "dry_run", "save", "edit", "op", "rule", "cidr",
+    "version", "command", "limit", "level", "dry_run", "save", "edit", "op", "rule", "cidr",
 ];
 
 /// A request, as sent: `{"version":1,"command":"status"}`.
@@ -36,10 +36,15 @@ pub struct RequestLine {
 pub enum Request {
     /// Interfaces, program, rules, map fill, current rates.
     Status,
-    /// The heaviest sources of the last aggregation pass.
+    /// The heaviest sources of the last aggregation pass; with `level`,
+    /// the fullest aggregates of the levels it selects instead
+    /// (`rules::level::select`), answered with [`Reply::Aggregates`].
     Top {
-        /// At most this many (the daemon keeps `daemon.top_k`).
+        /// At most this many (the daemon keeps `daemon.top_k` sources).
         limit: usize,
+        /// A level selector (`/24`, `prefix/24`, `rule`, `source@1m`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        level: Option<String>,
     },
     /// Global dry-run on or off; with `save`, written to the file too.
     Mode {
@@ -95,6 +100,10 @@ pub enum Reply {
     Status(Box<Status>),
     Top {
         sources: Vec<TopSource>,
+    },
+    /// `top --level`: the aggregates, fullest first.
+    Aggregates {
+        aggregates: Vec<TopAggregate>,
     },
     Rules {
         default: RuleSection,
@@ -261,6 +270,28 @@ pub struct TopSource {
     /// `ok`, `limited`, `blocked` (penalty), `would-drop` (dry-run),
     /// `allowed` or `denied`.
     pub state: String,
+}
+
+/// One aggregate of a level (an `AGGREGATES` window), as `top --level`
+/// shows it.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+pub struct TopAggregate {
+    pub interface: String,
+    /// The rule whose level it is (`default`, `rules[N]`).
+    pub rule: String,
+    /// The level's label (`prefix/24/48@1s`).
+    pub level: String,
+    /// What the aggregate is keyed by (`10.1.2.0/24`, `rule`,
+    /// `-> 192.0.2.1`, `10.0.0.1 -> 192.0.2.1`;
+    /// `rules::level::select::aggregate_key`).
+    pub key: String,
+    /// Packets admitted in the level's window now (the sliding window's
+    /// estimate, as the kernel judges the next frame against it).
+    pub packets: u64,
+    /// Packets the level admits per window.
+    pub allowance: u64,
+    /// `packets / allowance`.
+    pub used: f64,
 }
 
 impl ResponseLine {

@@ -4,6 +4,7 @@
 
 use std::{
     io::{BufRead, BufReader, Write},
+    net::Ipv4Addr,
     os::unix::net::UnixStream,
     process::Command,
     time::{Duration, Instant},
@@ -11,7 +12,7 @@ use std::{
 
 use limiter_tests::{
     daemon::{binary, Daemon, Files},
-    lab::{limit_config, Lab, HEAVY, MARKER, MEDIUM, RX_IF},
+    lab::{limit_config, Lab, HEAVY, MARKER, MEDIUM, RX_IF, TX_IF},
     netns::run_ok,
 };
 use serde_json::Value;
@@ -595,6 +596,130 @@ fn rule_levels_show_in_rule_ls_and_status_and_their_drops_are_counted() {
         2,
         "{metrics}"
     );
+}
+
+/// The rows of `top --level SELECTOR` (JSON), by aggregate.
+fn aggregates(files: &Files, selector: &str) -> Vec<Value> {
+    json(files, &["top", "--once", "--level", selector])
+        .as_array()
+        .expect("an array of aggregates")
+        .clone()
+}
+
+#[test]
+fn top_level_shows_the_aggregates_of_the_levels_it_selects() {
+    let s = setup();
+    let stderr = failing(&s.files, &["top", "--once", "--level", "/24"], 1);
+    assert!(stderr.contains("no rule in force has levels"), "{stderr}");
+
+    // A sender in a second /24; one rule over both, with a /24 level and
+    // a whole-rule level, their windows long enough to hold the counts
+    // while the test reads them.
+    let other = Ipv4Addr::new(192, 0, 3, 5);
+    s.lab
+        .tx
+        .ip(&["addr", "add", &format!("{other}/24"), "dev", TX_IF]);
+    s.files.cli_ok(&[
+        "rule",
+        "add",
+        "192.0.0.0/16",
+        "--pps",
+        "100",
+        "--window",
+        "10s",
+        "--level",
+        "prefix/24:10@1m",
+        "--level",
+        "rule:1000@1m",
+    ]);
+    let receiver = s.lab.receiver(PORT);
+    let got = s.lab.exchange(
+        &receiver,
+        PORT,
+        &[(HEAVY, 15), (MEDIUM, 10), (other, 7)],
+        MARKER,
+    );
+    assert_eq!(got.get(&HEAVY), Some(&15), "{got:?}");
+
+    // Both /24s, the fuller first, each with its count (+-1: the window's
+    // estimate), its allowance (10 pps over 1 min) and the share used.
+    let near = |row: &Value, want: u64| {
+        let packets = row["packets"].as_u64().expect("packets");
+        assert!(packets.abs_diff(want) <= 1, "{want}: {row}");
+        let used = row["used"].as_f64().expect("used");
+        assert!((used - packets as f64 / 600.0).abs() < 1e-9, "{row}");
+    };
+    for selector in ["/24", "prefix/24", "prefix/24/48@1m", "prefix"] {
+        let rows = aggregates(&s.files, selector);
+        assert_eq!(rows.len(), 2, "{selector}: {rows:?}");
+        for (row, key, packets) in [
+            (&rows[0], "192.0.2.0/24", 25),
+            (&rows[1], "192.0.3.0/24", 7),
+        ] {
+            assert_eq!(row["key"], key, "{selector}: {rows:?}");
+            assert_eq!(row["rule"], "rules[1]");
+            assert_eq!(row["level"], "prefix/24/48@1m");
+            assert_eq!(row["allowance"], 600);
+            assert_eq!(row["interface"], RX_IF);
+            near(row, packets);
+        }
+    }
+    let text = s.files.cli_ok(&["top", "--once", "--level", "/24"]);
+    let lines: Vec<Vec<&str>> = text
+        .lines()
+        .skip(1)
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    for (fields, key, packets) in [
+        (&lines[0], "192.0.2.0/24", 25u64),
+        (&lines[1], "192.0.3.0/24", 7),
+    ] {
+        assert_eq!(fields[..3], ["rules[1]", "prefix/24/48@1m", key], "{text}");
+        let counted: u64 = fields[3].parse().expect("packets");
+        assert!(counted.abs_diff(packets) <= 1, "{text}");
+        assert_eq!(fields[4], "600", "{text}");
+        assert!(fields[5].ends_with('%') && fields[6] == RX_IF, "{text}");
+    }
+    assert!(text.starts_with("rule "), "a header: {text}");
+
+    // The whole rule: one aggregate of every frame; --limit cuts the list.
+    let rows = aggregates(&s.files, "rule");
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0]["key"], "rule");
+    assert_eq!(rows[0]["level"], "rule@1m");
+    assert!(
+        rows[0]["packets"].as_u64().expect("packets").abs_diff(32) <= 1,
+        "{rows:?}"
+    );
+    let one = json(
+        &s.files,
+        &["top", "--once", "--level", "/24", "--limit", "1"],
+    );
+    assert_eq!(one.as_array().map(Vec::len), Some(1), "{one}");
+    assert_eq!(one[0]["key"], "192.0.2.0/24");
+
+    // A selector that chooses nothing, or is no selector: refused, naming
+    // the levels in force.
+    for (selector, why) in [
+        ("/16", "no level in force matches `/16`"),
+        ("source", "no level in force matches `source`"),
+        ("aggregate", "\"aggregate\" is not a level selector"),
+    ] {
+        let stderr = failing(&s.files, &["top", "--once", "--level", selector], 1);
+        assert!(
+            stderr.contains(why)
+                && stderr.contains("the levels in force: rules[1]: prefix/24/48@1m, rule@1m"),
+            "{selector}: {stderr}"
+        );
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    }
+    let stderr = failing(
+        &s.files,
+        &["top", "--once", "--level", "/24", "--sort", "dropped"],
+        2,
+    );
+    assert!(stderr.contains("cannot be used with"), "{stderr}");
 }
 
 #[test]

@@ -31,7 +31,7 @@ use limiter_tests::{
 };
 use limiter_user::{
     config::{Config, FileConfig, PortsSpec, ProtocolSpec, RuleSection},
-    daemon::apply_rule_edit,
+    daemon::{apply_rule_edit, NO_LEVELS},
     proto::{
         parse_request, Reply, Request, RequestLine, Response, ResponseLine, RuleEdit,
         MAX_REQUEST_BYTES, PROTOCOL_VERSION, REQUEST_KEYS,
@@ -194,7 +194,9 @@ fn predict(line: &str, file: &FileConfig) -> Option<Expect> {
     match parse_request(line.trim_end()) {
         Err(message) => Some(Expect::Refused(message)),
         Ok(Request::Status) => Some(Expect::Status),
-        Ok(Request::Top { .. }) => Some(Expect::Top),
+        Ok(Request::Top { level: None, .. }) => Some(Expect::Top),
+        // The lab's rules have no levels.
+        Ok(Request::Top { level: Some(_), .. }) => Some(Expect::Refused(NO_LEVELS.to_string())),
         Ok(Request::RuleList) => Some(Expect::RuleList),
         Ok(Request::Rules { edit, .. }) => match apply_rule_edit(file, edit) {
             Err(message) => Some(Expect::Refused(message)),
@@ -462,6 +464,7 @@ impl Lines {
             0 => Request::Status,
             1 => Request::Top {
                 limit: self.rng.usize(..),
+                level: self.rng.bool().then(|| "/24".to_string()),
             },
             2 => Request::RuleList,
             3 => Request::Mode {

@@ -127,12 +127,18 @@ pub struct TopArgs {
     /// Print one frame and exit (for scripts).
     #[arg(long)]
     pub once: bool,
-    /// Sources shown.
+    /// Sources (or aggregates) shown.
     #[arg(long, default_value_t = 20)]
     pub limit: usize,
     /// Sort by.
     #[arg(long, value_enum, default_value_t)]
     pub sort: SortBy,
+    /// Show the aggregates of the rules' levels this selects instead, the
+    /// fullest first: the start of a level's label, as `/24`,
+    /// `prefix/24`, `rule`, `destination`, `source@1m` or
+    /// `prefix/24/48@1s`.
+    #[arg(long, value_name = "SELECTOR", conflicts_with = "sort")]
+    pub level: Option<String>,
 }
 
 /// The global mode.

@@ -1,7 +1,8 @@
-//! `xdp-limiter top`: the heaviest sources of the daemon's last pass.
+//! `xdp-limiter top`: the heaviest sources of the daemon's last pass, or
+//! with `--level` the fullest aggregates of the levels it selects.
 //! `--once` prints one frame (for scripts); otherwise the view refreshes
-//! every second: `q` quits, `p`, `b` and `d` sort by packets, bits or
-//! drops.
+//! every second: `q` quits, `p`, `b` and `d` sort the sources by packets,
+//! bits or drops.
 
 use std::{
     io::{IsTerminal, Read, Write},
@@ -16,7 +17,7 @@ use nix::{
 };
 
 use super::{client, Output};
-use crate::proto::{Reply, Request, TopSource};
+use crate::proto::{Reply, Request, TopAggregate, TopSource};
 
 /// What `top` sorts by.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
@@ -41,7 +42,8 @@ pub fn run(
         None
     };
     loop {
-        let Reply::Top { mut sources } = client::request(socket, Request::Top { limit })? else {
+        let request = Request::Top { limit, level: None };
+        let Reply::Top { mut sources } = client::request(socket, request)? else {
             anyhow::bail!("the daemon answered `top` with something else");
         };
         sort_sources(&mut sources, sort);
@@ -66,6 +68,46 @@ pub fn run(
             Some(b'b') => sort = SortBy::Bps,
             Some(b'd') => sort = SortBy::Dropped,
             _ => {}
+        }
+    }
+}
+
+/// `top --level SELECTOR`: the aggregates, fullest first (the daemon
+/// sorts them); `q` quits the refreshing view.
+pub fn run_levels(
+    socket: &Path,
+    output: Output,
+    limit: usize,
+    once: bool,
+    level: &str,
+) -> anyhow::Result<()> {
+    let interactive = !once && output == Output::Text && std::io::stdin().is_terminal();
+    let _raw = if interactive {
+        RawInput::enable()
+    } else {
+        None
+    };
+    loop {
+        let request = Request::Top {
+            limit,
+            level: Some(level.to_string()),
+        };
+        let Reply::Aggregates { aggregates } = client::request(socket, request)? else {
+            anyhow::bail!("the daemon answered `top --level` with something else");
+        };
+        match output {
+            Output::Json => println!("{}", serde_json::to_string_pretty(&aggregates)?),
+            Output::Text => {
+                if !once {
+                    print!("\x1b[2J\x1b[H");
+                    println!("xdp-limiter top: levels {level}, fullest first (q quits)\n");
+                }
+                print!("{}", render_aggregates(&aggregates));
+                std::io::stdout().flush()?;
+            }
+        }
+        if once || wait_key(interactive) == Some(b'q') {
+            return Ok(());
         }
     }
 }
@@ -133,4 +175,80 @@ pub fn render(sources: &[TopSource]) -> String {
         ));
     }
     text
+}
+
+/// The human form of `top --level`: one line per aggregate.
+pub fn render_aggregates(aggregates: &[TopAggregate]) -> String {
+    let mut text = format!(
+        "{:<10} {:<22} {:<32} {:>10} {:>10} {:>7}  interface\n",
+        "rule", "level", "aggregate", "packets", "allowance", "used"
+    );
+    for a in aggregates {
+        text.push_str(&format!(
+            "{:<10} {:<22} {:<32} {:>10} {:>10} {:>6.1}%  {}\n",
+            a.rule,
+            a.level,
+            a.key,
+            a.packets,
+            a.allowance,
+            a.used * 100.0,
+            a.interface
+        ));
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_aggregate_is_one_line_of_its_fields() {
+        let row = |key: &str, packets: u64| TopAggregate {
+            interface: "veth-rx".into(),
+            rule: "rules[1]".into(),
+            level: "prefix/24/48@1m".into(),
+            key: key.into(),
+            packets,
+            allowance: 600,
+            used: packets as f64 / 600.0,
+        };
+        let text = render_aggregates(&[row("192.0.2.0/24", 25), row("192.0.3.0/24", 7)]);
+        let lines: Vec<Vec<&str>> = text
+            .lines()
+            .map(|l| l.split_whitespace().collect())
+            .collect();
+        assert_eq!(
+            lines,
+            [
+                vec![
+                    "rule",
+                    "level",
+                    "aggregate",
+                    "packets",
+                    "allowance",
+                    "used",
+                    "interface"
+                ],
+                vec![
+                    "rules[1]",
+                    "prefix/24/48@1m",
+                    "192.0.2.0/24",
+                    "25",
+                    "600",
+                    "4.2%",
+                    "veth-rx"
+                ],
+                vec![
+                    "rules[1]",
+                    "prefix/24/48@1m",
+                    "192.0.3.0/24",
+                    "7",
+                    "600",
+                    "1.2%",
+                    "veth-rx"
+                ],
+            ]
+        );
+    }
 }

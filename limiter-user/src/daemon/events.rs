@@ -345,7 +345,10 @@ mod tests {
         let event = LimitEvent::new(SourceKey::v4([192, 0, 2, 1]), 3, 1_000, false);
         assert_eq!(level_label(&event, &levels), "source");
         assert_eq!(level_label(&event.with_level(2), &levels), "rule@1m");
-        assert_eq!(level_label(&event.with_level(1), &levels), "prefix/24/48@1s");
+        assert_eq!(
+            level_label(&event.with_level(1), &levels),
+            "prefix/24/48@1s"
+        );
         // A rule the labels do not know (pushed meanwhile): its index.
         assert_eq!(level_label(&event.with_level(4), &levels), "#3");
     }

@@ -1,6 +1,7 @@
 //! Answering control requests: the read-only views (`status`, `top`, the
-//! rules) and the changes (mode, reload, unblock, rule edits), each either
-//! applied to every interface or refused with nothing changed.
+//! rules; `top --level` in `top_levels.rs`) and the changes (mode, reload,
+//! unblock, rule edits), each either applied to every interface or refused
+//! with nothing changed.
 
 use ipnet::IpNet;
 use limiter_common::{Action, Scope};
@@ -38,9 +39,15 @@ impl Daemon {
         let answer = match request {
             Request::Detach => return Handled::Detach,
             Request::Status => Ok(Reply::Status(Box::new(self.status()))),
-            Request::Top { limit } => Ok(Reply::Top {
+            Request::Top { limit, level: None } => Ok(Reply::Top {
                 sources: self.top(limit),
             }),
+            Request::Top {
+                limit,
+                level: Some(level),
+            } => self
+                .top_levels(&level, limit)
+                .map(|aggregates| Reply::Aggregates { aggregates }),
             Request::RuleList => Ok(Reply::Rules {
                 default: self.config.file.default.clone(),
                 rules: self.config.file.rules.clone(),

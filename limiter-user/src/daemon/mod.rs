@@ -18,6 +18,7 @@ pub mod handle;
 pub mod metrics;
 pub mod startup;
 pub mod state;
+pub mod top_levels;
 
 use tokio::signal::unix::{signal, SignalKind};
 use tracing::{info, warn};
@@ -27,6 +28,7 @@ pub use self::{
     edit::apply_rule_edit,
     startup::{effective_config, RunOptions},
     state::Daemon,
+    top_levels::NO_LEVELS,
 };
 use crate::{
     kernel::attach::AttachError,

@@ -61,7 +61,7 @@ pub fn walk<K: Pod, V: Pod>(
 /// The cap of one walk of `map`: its capacity. A walk of a stable map
 /// visits no more; under churn, one that visited as many entries as the
 /// map holds has done its share.
-fn cap_of(map: &MapData, name: &'static str) -> Result<usize, MapsError> {
+pub(crate) fn cap_of(map: &MapData, name: &'static str) -> Result<usize, MapsError> {
     map.info()
         .map(|info| info.max_entries() as usize)
         .map_err(MapsError::on(name))

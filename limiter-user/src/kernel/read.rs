@@ -4,11 +4,18 @@
 
 use std::collections::BTreeMap;
 
+use aya::maps::IterableMap;
 use limiter_common::{
-    names, rules::MAX_LEVELS, sketch, Counter, Outcome, SourceKey, SourceTraffic, WindowState,
+    names,
+    rules::{LevelWindow, MAX_LEVELS},
+    sketch, Counter, LevelKey, Outcome, SourceKey, SourceTraffic, WindowState,
 };
 
-use super::{batch, Maps, MapsError};
+use super::{
+    batch,
+    penalty::{self, Walk},
+    Maps, MapsError,
+};
 
 /// The sum over CPUs.
 pub fn total(per_cpu: &[Counter]) -> Counter {
@@ -117,6 +124,19 @@ pub fn rule_level_drops(maps: &Maps, rule: u32) -> Result<[u64; MAX_LEVELS], Map
         *total = values.iter().sum();
     }
     Ok(drops)
+}
+
+/// Calls `each(key, window)` for every window of the rules' levels
+/// (`AGGREGATES`), read in batches, without changing any. A walk stops
+/// at the map's capacity (`penalty::walk`): one that a flood churns
+/// meanwhile is bounded all the same.
+pub fn aggregates(
+    maps: &Maps,
+    each: impl FnMut(&LevelKey, &LevelWindow),
+) -> Result<Walk, MapsError> {
+    let map = maps.aggregates.map();
+    let cap = penalty::cap_of(map, names::AGGREGATES)?;
+    penalty::walk(map, names::AGGREGATES, cap, batch::BATCH, each)
 }
 
 /// Sources evicted from the window map so far: every entry is created by

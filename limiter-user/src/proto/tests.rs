@@ -7,7 +7,14 @@ use super::*;
 fn requests_round_trip() {
     for request in [
         Request::Status,
-        Request::Top { limit: 5 },
+        Request::Top {
+            limit: 5,
+            level: None,
+        },
+        Request::Top {
+            limit: 5,
+            level: Some("/24".into()),
+        },
         Request::Mode {
             dry_run: true,
             save: false,
@@ -28,6 +35,19 @@ fn requests_round_trip() {
         })
         .unwrap(),
         r#"{"version":1,"command":"status"}"#
+    );
+    // `top` without a level is spelled as before levels, so an older
+    // daemon still answers it.
+    assert_eq!(
+        serde_json::to_string(&RequestLine {
+            version: 1,
+            request: Request::Top {
+                limit: 5,
+                level: None
+            }
+        })
+        .unwrap(),
+        r#"{"version":1,"command":"top","limit":5}"#
     );
 }
 
@@ -233,7 +253,10 @@ fn request_keys_are_the_keys_requests_have() {
     ];
     let requests = [
         Request::Status,
-        Request::Top { limit: 1 },
+        Request::Top {
+            limit: 1,
+            level: Some("prefix/24".into()),
+        },
         Request::Mode {
             dry_run: true,
             save: true,

@@ -29,6 +29,8 @@ use limiter_common::{
 
 use super::{RuleError, RuleSpec};
 
+pub mod select;
+
 /// The IPv6 prefix length of a `prefix` level given without one.
 pub const DEFAULT_V6_PREFIX: u8 = 48;
 /// Shortest and longest window of a level: short burst guards to

@@ -248,7 +248,8 @@ pub(crate) fn rule_edit() -> BoxedStrategy<RuleEdit> {
 pub(crate) fn request() -> BoxedStrategy<Request> {
     prop_oneof![
         Just(Request::Status),
-        any::<usize>().prop_map(|limit| Request::Top { limit }),
+        (any::<usize>(), proptest::option::of(".{0,12}"))
+            .prop_map(|(limit, level)| Request::Top { limit, level }),
         (any::<bool>(), any::<bool>()).prop_map(|(dry_run, save)| Request::Mode { dry_run, save }),
         Just(Request::Reload),
         Just(Request::RuleList),
