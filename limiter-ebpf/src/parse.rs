@@ -176,26 +176,28 @@ fn read_at<T: Copy>(ctx: &XdpContext, offset: usize) -> Result<T, ParseError> {
 }
 
 /// Copies the destination address of `packet` (parsed from `ctx`) into
-/// `out`, IPv4 into its first 4 bytes and the rest zero; false (and `out`
-/// untouched) if the frame no longer holds it.
+/// `out`, IPv4 into its first 4 bytes and the rest zero, word by word (an
+/// array store would be a `memset` call, a function the verifier walks
+/// again at every call); `out` is left as it was if the frame no longer
+/// holds the address.
 #[inline(always)]
-pub fn read_destination(ctx: &XdpContext, packet: &Packet, out: &mut [u8; 16]) -> bool {
+pub fn read_destination(ctx: &XdpContext, packet: &Packet, out: &mut [u32; 4]) {
     // Bounded for the verifier: an address in the fixed IP header, behind
     // at most two VLAN tags, is always within the first 64 bytes.
     let at = usize::from(packet.dst_at) & 0x3f;
     if packet.source.family() == AddressFamily::V4 {
-        let Ok(v4) = read_at::<[u8; 4]>(ctx, at) else {
-            return false;
-        };
-        *out = [0; 16];
-        out[..4].copy_from_slice(&v4);
-    } else {
-        let Ok(v6) = read_at::<[u8; 16]>(ctx, at) else {
-            return false;
-        };
-        *out = v6;
+        if let Ok(v4) = read_at::<[u8; 4]>(ctx, at) {
+            out[0] = u32::from_ne_bytes(v4);
+            out[1] = 0;
+            out[2] = 0;
+            out[3] = 0;
+        }
+    } else if let Ok(v6) = read_at::<[[u8; 4]; 4]>(ctx, at) {
+        out[0] = u32::from_ne_bytes(v6[0]);
+        out[1] = u32::from_ne_bytes(v6[1]);
+        out[2] = u32::from_ne_bytes(v6[2]);
+        out[3] = u32::from_ne_bytes(v6[3]);
     }
-    true
 }
 
 /// Parses the frame in `ctx` down to the transport ports.

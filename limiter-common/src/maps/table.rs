@@ -77,9 +77,10 @@ macro_rules! for_each_map {
                 Fixed(1), kernel;
 
             /// Per-CPU scratch holding the destination address of the frame
-            /// being judged (IPv4 in its first 4 bytes), written only while a
-            /// rule has a level keyed by it (`Config::destinations`).
-            FRAME_DST(frame_dst): PerCpuArray<u32, [u8; 16]>,
+            /// being judged (its bytes in order, as four words; IPv4 in the
+            /// first), written only while a rule has a level keyed by it
+            /// (`Config::destinations`).
+            FRAME_DST(frame_dst): PerCpuArray<u32, [u32; 4]>,
                 Fixed(1), kernel;
 
             /// Global per-CPU counters by `Outcome`.

@@ -70,9 +70,13 @@ pub extern "C" fn level(index: u32, at: u32, flags: u32, now: u64) -> u32 {
     let Some(rule) = RULES.get(index) else {
         return 1;
     };
-    let (Some(key), Some(destination)) = (FRAME_KEY.get(0), FRAME_DST.get(0)) else {
+    let (Some(key), Some(words)) = (FRAME_KEY.get(0), FRAME_DST.get(0)) else {
         return 1;
     };
+    // SAFETY: `[u32; 4]` and `[u8; 16]` have the same size, every bit
+    // pattern is valid for both, and bytes need no alignment: the words'
+    // bytes, in the order the frame carried them.
+    let destination = unsafe { &*(words as *const [u32; 4]).cast::<[u8; 16]>() };
     let Some(level) = rule.levels.get(at as usize) else {
         return 1;
     };

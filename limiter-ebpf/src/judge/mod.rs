@@ -57,9 +57,7 @@ pub fn judge(ctx: &XdpContext, packet: &Packet, len: u64) -> Verdict {
         // A rule keys a level by the destination (`level`): one byte test
         // for every other rule set.
         if let Some(destination) = scratch::slot(&FRAME_DST) {
-            if !parse::read_destination(ctx, packet, destination) {
-                *destination = [0; 16];
-            }
+            parse::read_destination(ctx, packet, destination);
         }
     }
     let found = if config.tiered() {
