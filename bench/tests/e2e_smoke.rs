@@ -13,8 +13,8 @@ use std::{
 
 use limiter_bench::e2e::{
     lab::{Lab, RX_CPU, RX_IF},
-    measure::{run_once, Timing},
-    scenario::{self, Installed, Limit, Scenario},
+    measure::{run_once, Run, Timing},
+    scenario::{self, Expectation, Installed, Limit, Scenario},
     service::{self, Attach, Filter, FloodSource, FloodTool, Plan, Variant},
     traffic::{Mix, Programs, Rate},
 };
@@ -65,29 +65,13 @@ fn limiter_caps_heavy_sources_and_passes_light_ones_end_to_end() {
         idle_max: Duration::from_secs(3),
         quiet: Duration::ZERO,
     };
-    // A measurement is valid only if this shared machine let the
-    // generator pace and the receiver keep up (checked below); one taken
-    // while other work starved either says nothing about the limiter, so
-    // it is taken again, at most three times in all.
-    let mut attempts = 0;
-    let run = loop {
-        attempts += 1;
-        let run = run_once(
-            &lab,
-            &programs,
-            &MIX,
-            Scenario::XdpLimiter.expectation(),
-            LIMIT,
-            timing,
-            &AtomicBool::new(false),
-        )
-        .expect("not interrupted");
-        eprintln!("attempt {attempts}: {run:#?}");
-        let valid = run.generator_stalled < 0.3 && run.ring_loss < 0.02;
-        if valid || attempts == 3 {
-            break run;
-        }
-    };
+    let (run, attempts) = valid_run(
+        &lab,
+        &programs,
+        &MIX,
+        Scenario::XdpLimiter.expectation(),
+        timing,
+    );
 
     // The generator paces (unpaced it sends 5-7 Mpps): within 3% of the
     // rate over the time it was not stalled (a stall of its CPU, which this
@@ -223,24 +207,7 @@ fn a_slash16_flood_is_held_to_its_aggregate() {
         idle_max: Duration::from_secs(3),
         quiet: Duration::ZERO,
     };
-    let mut attempts = 0;
-    let run = loop {
-        attempts += 1;
-        let run = run_once(
-            &lab,
-            &programs,
-            &RANDOM16,
-            scenario.expectation(),
-            LIMIT,
-            timing,
-            &AtomicBool::new(false),
-        )
-        .expect("not interrupted");
-        eprintln!("attempt {attempts}: {run:#?}");
-        if (run.generator_stalled < 0.3 && run.ring_loss < 0.02) || attempts == 3 {
-            break run;
-        }
-    };
+    let (run, _) = valid_run(&lab, &programs, &RANDOM16, scenario.expectation(), timing);
     let aggregate = (LIMIT.pps * scenario::AGG16_FACTOR) as f64;
     // The flood offers about 45k frames a second from 65,536 addresses.
     assert!(
@@ -322,4 +289,36 @@ fn service_clients_are_answered_under_a_paced_syn_flood() {
         outcomes.get("new_window").copied().unwrap_or(0.0) < 0.01 * plan.flood_pps as f64,
         "{outcomes:?}"
     );
+}
+
+/// A measurement of `mix` at `LIMIT`, and the attempts it took. It is
+/// valid only if this shared machine let the generator pace and the
+/// receiver keep up (the callers assert it); one taken while other work
+/// starved either says nothing about the limiter, so it is taken again,
+/// at most three times in all.
+fn valid_run(
+    lab: &Lab,
+    programs: &Programs,
+    mix: &Mix,
+    expectation: Expectation,
+    timing: Timing,
+) -> (Run, u32) {
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        let run = run_once(
+            lab,
+            programs,
+            mix,
+            expectation,
+            LIMIT,
+            timing,
+            &AtomicBool::new(false),
+        )
+        .expect("not interrupted");
+        eprintln!("attempt {attempts}: {run:#?}");
+        if (run.generator_stalled < 0.3 && run.ring_loss < 0.02) || attempts == 3 {
+            return (run, attempts);
+        }
+    }
 }
