@@ -83,7 +83,10 @@ pub extern "C" fn level(index: u32, at: u32, flags: u32, now: u64) -> u32 {
     let at = at as u8;
     if flags & LEVEL_GIVE_BACK != 0 {
         let lkey = level.key(key, destination, rule.budget, rule.level_tag(), at);
-        if let (Some(value), true) = (AGGREGATES.get_ptr_mut(&lkey), level.bucket_ns != 0) {
+        // By reference: a copy of the key would take stack.
+        #[allow(clippy::needless_borrows_for_generic_args)]
+        let found = AGGREGATES.get_ptr_mut(&lkey);
+        if let (Some(value), true) = (found, level.bucket_ns != 0) {
             // SAFETY: a field of a live map value.
             let window = SharedWindow(unsafe { addr_of_mut!((*value).window) });
             window::give_back_packet(&window, now / level.bucket_ns);
