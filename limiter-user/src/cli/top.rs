@@ -35,30 +35,15 @@ pub fn run(
     once: bool,
     mut sort: SortBy,
 ) -> anyhow::Result<()> {
-    let interactive = !once && output == Output::Text && std::io::stdin().is_terminal();
-    let _raw = if interactive {
-        RawInput::enable()
-    } else {
-        None
-    };
+    let (interactive, _raw) = keys(output, once);
     loop {
         let request = Request::Top { limit, level: None };
         let Reply::Top { mut sources } = client::request(socket, request)? else {
             anyhow::bail!("the daemon answered `top` with something else");
         };
         sort_sources(&mut sources, sort);
-        match output {
-            Output::Json => println!("{}", serde_json::to_string_pretty(&sources)?),
-            Output::Text => {
-                if !once {
-                    // Clear the screen and home the cursor between frames.
-                    print!("\x1b[2J\x1b[H");
-                    println!("xdp-limiter top: sorted by {sort:?} (q quits; p, b, d sort)\n");
-                }
-                print!("{}", render(&sources));
-                std::io::stdout().flush()?;
-            }
-        }
+        let header = format!("sorted by {sort:?} (q quits; p, b, d sort)");
+        show(output, once, &header, &sources, || render(&sources))?;
         if once {
             return Ok(());
         }
@@ -81,12 +66,7 @@ pub fn run_levels(
     once: bool,
     level: &str,
 ) -> anyhow::Result<()> {
-    let interactive = !once && output == Output::Text && std::io::stdin().is_terminal();
-    let _raw = if interactive {
-        RawInput::enable()
-    } else {
-        None
-    };
+    let (interactive, _raw) = keys(output, once);
     loop {
         let request = Request::Top {
             limit,
@@ -95,21 +75,50 @@ pub fn run_levels(
         let Reply::Aggregates { aggregates } = client::request(socket, request)? else {
             anyhow::bail!("the daemon answered `top --level` with something else");
         };
-        match output {
-            Output::Json => println!("{}", serde_json::to_string_pretty(&aggregates)?),
-            Output::Text => {
-                if !once {
-                    print!("\x1b[2J\x1b[H");
-                    println!("xdp-limiter top: levels {level}, fullest first (q quits)\n");
-                }
-                print!("{}", render_aggregates(&aggregates));
-                std::io::stdout().flush()?;
-            }
-        }
+        let header = format!("levels {level}, fullest first (q quits)");
+        show(output, once, &header, &aggregates, || {
+            render_aggregates(&aggregates)
+        })?;
         if once || wait_key(interactive) == Some(b'q') {
             return Ok(());
         }
     }
+}
+
+/// Whether the view reads keys (a refreshing text view on a terminal),
+/// and the raw terminal mode that lets it, restored when dropped.
+fn keys(output: Output, once: bool) -> (bool, Option<RawInput>) {
+    let interactive = !once && output == Output::Text && std::io::stdin().is_terminal();
+    let raw = if interactive {
+        RawInput::enable()
+    } else {
+        None
+    };
+    (interactive, raw)
+}
+
+/// Prints one frame of a view: `value` as JSON, or `text()` under a
+/// header when the view refreshes (the screen cleared and the cursor
+/// homed between frames).
+fn show<T: serde::Serialize>(
+    output: Output,
+    once: bool,
+    header: &str,
+    value: &T,
+    text: impl FnOnce() -> String,
+) -> anyhow::Result<()> {
+    match output {
+        Output::Json => println!("{}", serde_json::to_string_pretty(value)?),
+        Output::Text => {
+            if !once {
+                print!("\x1b[2J\x1b[H");
+                println!("xdp-limiter top: {header}\n");
+            }
+            print!("{}", text());
+            std::io::stdout().flush()?;
+        }
+    }
+    Ok(())
 }
 
 /// Waits up to a second for a key (or just a second when not interactive).
