@@ -7,9 +7,10 @@
 //!    libfaketime), and the kernel lane's qemu, busybox and the Debian
 //!    kernel packages it boots (`kernel::KERNELS`; installing one only
 //!    puts its files in /boot and /lib/modules).
-//!    Debian starts and enables redis-server and nginx as services on
-//!    install; the tests and benchmarks start their own servers in
-//!    namespaces, so setup stops and disables those services.
+//!    Debian starts and enables redis-server, nginx and prometheus as
+//!    services on install; the tests and benchmarks start their own
+//!    servers (in namespaces, or on a free port), so setup stops and
+//!    disables those services.
 //! 2. A rustup toolchain `debian` linked to /usr.
 //! 3. A one-symlink LLVM prefix for the LLVM major that rustc uses.
 //! 4. bpf-linker, at a pinned version, built against that LLVM.
@@ -52,6 +53,10 @@ const DEBIAN_PACKAGES: &[&str] = &[
     // The cluster scenario with one node's wall clock 2 s off
     // (tests/tests/cluster_scenarios.rs preloads libfaketime).
     "faketime",
+    // The real-Prometheus test (tests/tests/prometheus.rs): its own
+    // `prometheus` scraping a daemon in a lab, and `promtool` checking and
+    // unit-testing dist/prometheus/alerts.yml.
+    "prometheus",
 ];
 /// The rustup toolchain name the eBPF build uses (defined with the rest of
 /// that build in `limiter-ebpf-build`).
@@ -63,6 +68,7 @@ pub fn run() -> anyhow::Result<()> {
     install_debian_packages()?;
     quiet_service("redis-server")?;
     quiet_service("nginx")?;
+    quiet_service("prometheus")?;
     link_toolchain()?;
     let llvm_major = llvm_major()?;
     let prefix = llvm_shim(llvm_major)?;
@@ -96,9 +102,10 @@ fn install_debian_packages() -> anyhow::Result<()> {
     )
 }
 
-/// Stops and disables the system's `name` service (redis-server, nginx)
+/// Stops and disables the system's `name` service (redis-server, nginx,
+/// prometheus)
 /// if the package's install started or enabled it: nothing of the tests
-/// needs it, and a server on 6379 or 80 left running would take memory
+/// needs it, and a server on 6379, 80 or 9090 left running would take memory
 /// and confuse a reader of `ss -ltn` (the tests' and benchmarks' servers
 /// live in namespaces of their own).
 fn quiet_service(name: &str) -> anyhow::Result<()> {
