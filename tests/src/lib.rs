@@ -9,6 +9,8 @@
 //! - [`cluster_lab`]: several node namespaces with their own daemons, one
 //!   traffic namespace and a real Redis on a separate network.
 //! - [`daemon`]: the real `xdp-limiter` binary run, scraped and signalled.
+//! - [`prometheus`]: a real Prometheus scraping a lab's daemons, queried
+//!   through its HTTP API; `promtool` on rule files.
 //! - [`model`]: a reference model of the documented parse and rule
 //!   semantics; [`fuzz`]: random and mutated frames checked against it
 //!   through the kernel.
@@ -27,6 +29,7 @@ pub mod lab;
 pub mod model;
 pub mod netns;
 pub mod packets;
+pub mod prometheus;
 pub mod redis;
 pub mod testrun;
 

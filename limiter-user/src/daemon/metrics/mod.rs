@@ -344,6 +344,10 @@ impl Metrics {
         }
         self.record_rule_drops(iface, &snapshot.rule_drops, rule_names);
         let counter = self.evictions.clone();
+        // Exported from the first pass, at 0, as the window counters: a
+        // dashboard's or alert's rate() needs the series before the
+        // first eviction.
+        counter.with_label_values(&[iface]);
         self.advance_monotonic(&counter, &[iface], snapshot.evictions);
         self.tracked
             .with_label_values(&[iface])
@@ -452,6 +456,21 @@ mod tests {
         render(&metrics.registry)
             .lines()
             .find_map(|line| line.strip_prefix(&series)?.parse().ok())
+    }
+
+    #[test]
+    fn source_evictions_are_exported_at_zero_from_the_first_pass() {
+        let mut metrics = Metrics::new();
+        let series = "xdp_limiter_source_evictions_total{interface=\"eth0\"} ";
+        assert!(!render(&metrics.registry).contains(series));
+        metrics.record("eth0", &Snapshot::default(), 1024, 1, &[], None);
+        assert!(render(&metrics.registry).contains(&format!("{series}0\n")));
+        let snapshot = Snapshot {
+            evictions: 5,
+            ..Snapshot::default()
+        };
+        metrics.record("eth0", &snapshot, 1024, 1, &[], None);
+        assert!(render(&metrics.registry).contains(&format!("{series}5\n")));
     }
 
     #[test]
