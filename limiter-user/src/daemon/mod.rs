@@ -15,6 +15,7 @@ pub mod control;
 pub mod edit;
 pub mod events;
 pub mod handle;
+pub mod history;
 pub mod metrics;
 pub mod startup;
 pub mod state;
