@@ -19,6 +19,7 @@ pub mod history;
 pub mod metrics;
 pub mod startup;
 pub mod state;
+pub mod suggest;
 pub mod top_levels;
 
 use tokio::signal::unix::{signal, SignalKind};
