@@ -60,7 +60,7 @@ fn quantiles_of_10000_known_samples_land_within_the_bucket_error() {
     let dist = history.distribution(&key, Duration::from_secs(3600), now);
     assert_eq!(dist.samples(), 10_000);
     assert_eq!(dist.packets(), samples.iter().sum::<u64>());
-    for q in [0.1, 0.5, 0.9, 0.99, 0.999, 1.0] {
+    for q in [0.1f64, 0.5, 0.9, 0.99, 0.999, 1.0] {
         let rank = (q * 10_000.0).ceil() as usize;
         let truth = samples[rank - 1];
         let got = dist.quantile(q).unwrap();
