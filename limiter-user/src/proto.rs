@@ -148,6 +148,11 @@ pub struct Suggestions {
     pub quantile: f64,
     pub headroom: f64,
     pub rules: Vec<RuleSuggestion>,
+    /// The tiers are on (`[limits] tiers`): only sources with per-CPU
+    /// state (busy, refused or near their limit) were observed, so the
+    /// distribution leans to the heavier sources.
+    #[serde(default)]
+    pub hot_sources_only: bool,
     /// With `--apply`: what the daemon did (the proposed limits set live
     /// as dry-run rules); `None` otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]

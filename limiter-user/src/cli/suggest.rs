@@ -77,6 +77,11 @@ pub fn render(s: &Suggestions) -> String {
     text.push_str(
         "* share of source-seconds / share of packets over the limit (rates in packets per second)\n",
     );
+    if s.hot_sources_only {
+        text.push_str(
+            "note: the tiers are on ([limits] tiers): only sources with per-CPU state (busy, refused or near their limit) are observed, so the distribution leans to the heavier sources; light sources below the cheap tier's threshold are not in it\n",
+        );
+    }
     if let Some(applied) = &s.applied {
         text.push_str(applied);
         text.push('\n');

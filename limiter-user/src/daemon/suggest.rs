@@ -129,6 +129,7 @@ impl Daemon {
             quantile: ask.quantile,
             headroom: ask.headroom,
             rules: suggestions,
+            hot_sources_only: self.config.rules.tiered,
             applied,
         })
     }

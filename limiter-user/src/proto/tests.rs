@@ -328,6 +328,7 @@ fn a_suggest_request_and_its_answer_round_trip() {
                 limited_traffic_share: 0.01,
             }),
         }],
+        hot_sources_only: true,
         applied: None,
     }));
     let text = serde_json::to_string(&ResponseLine::ok(reply.clone())).unwrap();
