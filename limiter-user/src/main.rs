@@ -43,6 +43,7 @@ fn main() -> ExitCode {
         Command::Mode(args) => cli::mode::run(&args),
         Command::Unblock(args) => cli::unblock::run(&args),
         Command::Reload(args) => cli::reload::run(&args),
+        Command::Suggest(args) => cli::suggest::run(&args),
         Command::Rule { action } => cli::rule::run(action),
         Command::Default { action } => cli::rule::default(action),
         Command::Completions { shell } => cli::completions::completions(shell),

@@ -21,6 +21,7 @@ pub const MAX_REQUEST_BYTES: usize = 64 * 1024;
 /// [`RuleSection::KEYS`]): what tests and fuzzers build requests from.
 pub const REQUEST_KEYS: &[&str] = &[
     "version", "command", "limit", "level", "dry_run", "save", "edit", "op", "rule", "cidr",
+    "since", "quantile", "headroom", "apply",
 ];
 
 /// A request, as sent: `{"version":1,"command":"status"}`.
@@ -62,6 +63,26 @@ pub enum Request {
     Rules { edit: RuleEdit, save: bool },
     /// Lift the penalties of every source inside `cidr`.
     Unblock { cidr: ipnet::IpNet },
+    /// A limit per `limit` rule (or the one named) from the distribution
+    /// of per-source rates over `since`: the `quantile`'s rate times
+    /// `headroom`; with `apply`, set live as a dry-run rule. Answered with
+    /// [`Reply::Suggestions`].
+    Suggest {
+        /// `default`, `rules[N]`; `None`: every `limit` rule.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        rule: Option<String>,
+        /// How far back; `None`: the whole history.
+        #[serde(
+            default,
+            with = "humantime_serde",
+            skip_serializing_if = "Option::is_none"
+        )]
+        since: Option<Duration>,
+        quantile: f64,
+        headroom: f64,
+        #[serde(default)]
+        apply: bool,
+    },
 }
 
 /// One change to the rules.
@@ -112,6 +133,60 @@ pub enum Reply {
     Done {
         message: String,
     },
+    /// `suggest`: a proposal per rule.
+    Suggestions(Box<Suggestions>),
+}
+
+/// `suggest`'s answer: what was asked, and a proposal per rule.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+pub struct Suggestions {
+    /// The daemon's `[daemon] history`.
+    #[serde(with = "humantime_serde")]
+    pub horizon: Duration,
+    #[serde(with = "humantime_serde")]
+    pub since: Duration,
+    pub quantile: f64,
+    pub headroom: f64,
+    pub rules: Vec<RuleSuggestion>,
+    /// The tiers are on (`[limits] tiers`): only sources with per-CPU
+    /// state (busy, refused or near their limit) were observed, so the
+    /// distribution leans to the heavier sources.
+    #[serde(default)]
+    pub hot_sources_only: bool,
+    /// With `--apply`: what the daemon did (the proposed limits set live
+    /// as dry-run rules); `None` otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub applied: Option<String>,
+}
+
+/// One rule's proposal.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+pub struct RuleSuggestion {
+    /// `default`, `rules[N]`.
+    pub rule: String,
+    /// Its per-source packet limit in force (`None`: it limits by bytes
+    /// only).
+    pub current_pps: Option<u64>,
+    /// Observations (source-seconds) over `since`.
+    pub samples: u64,
+    /// The quantile's per-source rate (the upper edge of its bucket: at
+    /// most 6.25 % above); `None` without samples.
+    pub quantile_pps: Option<u64>,
+    /// `quantile_pps x headroom`, rounded up to two significant digits.
+    pub proposed_pps: Option<u64>,
+    /// What the proposed limit would have done over `since`.
+    pub proposed: Option<LimitEffect>,
+    /// What the limit in force would have done over `since`.
+    pub current: Option<LimitEffect>,
+}
+
+/// What a per-source limit would have done to the observed rates.
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq)]
+pub struct LimitEffect {
+    /// Source-seconds above the limit / all source-seconds.
+    pub limited_sources_share: f64,
+    /// Packets above the limit / all packets.
+    pub limited_traffic_share: f64,
 }
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]

@@ -37,6 +37,10 @@ pub enum Command {
     Unblock(UnblockArgs),
     /// Make the daemon re-read its configuration file.
     Reload(SocketArg),
+    /// Propose a per-source limit per rule from the distribution of
+    /// per-source rates the daemon has seen, with what it (and the limit
+    /// in force) would have done.
+    Suggest(SuggestArgs),
     /// Change the rules live: add, set, rm, ls.
     Rule {
         #[command(subcommand)]
@@ -139,6 +143,54 @@ pub struct TopArgs {
     /// `prefix/24/48@1s`.
     #[arg(long, value_name = "SELECTOR", conflicts_with = "sort")]
     pub level: Option<String>,
+}
+
+/// `suggest`.
+#[derive(Args)]
+pub struct SuggestArgs {
+    #[command(flatten)]
+    pub read: ReadArgs,
+    /// Only this rule (`default`, `rules[N]` as `rule ls` numbers them);
+    /// default: every `limit` rule with a packet limit.
+    #[arg(long)]
+    pub rule: Option<String>,
+    /// How far back to look, at most the daemon's `[daemon] history`
+    /// (default: all of it).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub since: Option<Duration>,
+    /// The share of source-seconds the proposed limit must leave alone
+    /// (before headroom), in (0, 1].
+    #[arg(long, default_value_t = 0.999, value_parser = quantile)]
+    pub quantile: f64,
+    /// The proposal is the quantile's rate times this (at least 1).
+    #[arg(long, default_value_t = 2.0, value_parser = headroom)]
+    pub headroom: f64,
+    /// Set each proposed limit live as a dry-run rule (as `rule set
+    /// --dry-run`; the rule keeps its window and match).
+    #[arg(long)]
+    pub apply: bool,
+}
+
+fn quantile(text: &str) -> Result<f64, String> {
+    let q: f64 = text
+        .parse()
+        .map_err(|_| format!("{text:?} is not a number"))?;
+    if q > 0.0 && q <= 1.0 {
+        Ok(q)
+    } else {
+        Err(format!("{q} is outside (0, 1]"))
+    }
+}
+
+fn headroom(text: &str) -> Result<f64, String> {
+    let h: f64 = text
+        .parse()
+        .map_err(|_| format!("{text:?} is not a number"))?;
+    if h >= 1.0 && h.is_finite() {
+        Ok(h)
+    } else {
+        Err(format!("{h} is below 1"))
+    }
 }
 
 /// The global mode.

@@ -13,6 +13,7 @@ pub mod reload;
 pub mod rule;
 pub mod run;
 pub mod status;
+pub mod suggest;
 pub mod top;
 pub mod unblock;
 pub mod units;

@@ -74,6 +74,10 @@ pub struct DaemonSection {
     pub limited_log_per_second: u32,
     /// Such lines written at once at most, after a quiet spell.
     pub limited_log_burst: u32,
+    /// How far back the daemon keeps the distribution of per-source rates
+    /// (`xdp-limiter suggest`), 1 min to 24 h.
+    #[serde(with = "humantime_serde")]
+    pub history: Duration,
 }
 
 impl Default for DaemonSection {
@@ -92,6 +96,7 @@ impl Default for DaemonSection {
             control_socket: PathBuf::from(DEFAULT_SOCKET),
             limited_log_per_second: crate::daemon::events::DEFAULT_LIMITED_LOG_PER_SECOND,
             limited_log_burst: crate::daemon::events::DEFAULT_LIMITED_LOG_BURST,
+            history: Duration::from_secs(3600),
         }
     }
 }

@@ -113,6 +113,15 @@ fn bad_files_are_rejected_with_the_field_and_value_named() {
     );
     rejected("[default]\ncidr = \"10.0.0.0/8\"", "default.cidr");
     rejected("[daemon]\ntick = \"1ms\"", "daemon.tick");
+    rejected(
+        "[daemon]\nhistory = \"30s\"",
+        "daemon.history: 30s is outside 1m..=24h",
+    );
+    rejected(
+        "[daemon]\nhistory = \"25h\"",
+        "daemon.history: 1day 1h is outside 1m..=24h",
+    );
+    rejected("[daemon]\nhistory = \"soon\"", "history");
     rejected("[daemon]\nmetrics_addr = \"nowhere\"", "metrics_addr");
     rejected("[daemon]\ninterfaces = [\"a/b\"]", "daemon.interfaces[0]");
     rejected("[limits]\nipv4_prefix = 40", "IPv4 key prefix length 40");

@@ -65,6 +65,18 @@ impl FileConfig {
                 format!("{} is outside 1..={MAX_LOG_LINES}", d.limited_log_burst),
             ));
         }
+        {
+            use crate::daemon::history::{MAX_HORIZON, MIN_HORIZON};
+            if d.history < MIN_HORIZON || d.history > MAX_HORIZON {
+                return Err(field(
+                    "daemon.history",
+                    format!(
+                        "{} is outside 1m..=24h (the horizon of the per-source rate history)",
+                        humantime::format_duration(d.history)
+                    ),
+                ));
+            }
+        }
         if !d.control_socket.is_absolute() {
             return Err(field(
                 "daemon.control_socket",

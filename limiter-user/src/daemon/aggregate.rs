@@ -57,6 +57,9 @@ pub struct Snapshot {
     /// from its sketch; `None` with the tiers off and until an epoch has
     /// ended since the daemon started.
     pub active_sources: Option<ActiveSources>,
+    /// The sources read this tick that offered traffic in their last
+    /// complete second: (`RULES` index, packets), one each per sweep.
+    pub samples: Vec<(u32, u64)>,
 }
 
 /// The running totals of a sweep over the per-source map.
@@ -71,7 +74,15 @@ struct Acc {
 }
 
 impl Acc {
-    fn add(&mut self, key: &SourceKey, per_cpu: &[SourceTraffic], now: Duration, top_k: usize) {
+    /// Adds a source to the sweep; its rule index and offered packets
+    /// over the last complete second (one observation for the history).
+    fn add(
+        &mut self,
+        key: &SourceKey,
+        per_cpu: &[SourceTraffic],
+        now: Duration,
+        top_k: usize,
+    ) -> (u32, u64) {
         let now_ns = now.as_nanos() as u64;
         let now_second = now.as_secs();
         self.tracked += 1;
@@ -101,8 +112,9 @@ impl Acc {
         if rate.limited || refused_lately {
             self.refusing.insert(*key);
         }
+        let observed = (rate.rule, rate.offered.packets);
         if top_k == 0 {
-            return;
+            return observed;
         }
         let weight = rate.offered.packets;
         if self.heaviest.len() < top_k {
@@ -119,6 +131,7 @@ impl Acc {
             self.heaviest.push(Reverse((weight, *key)));
             self.rates.insert(*key, rate);
         }
+        observed
     }
 }
 
@@ -134,6 +147,10 @@ pub struct Sweep {
     complete: Option<Acc>,
     /// Ticks the last complete sweep took.
     pub last_sweep_ticks: u32,
+    /// This tick's observations (rule index, offered packets over the
+    /// last complete second) of the sources with traffic, handed to the
+    /// history with the snapshot: at most the tick's budget of sources.
+    samples: Vec<(u32, u64)>,
     ticks: u32,
     /// Sources created (`new_source`) when the current sweep began.
     created_at_start: u64,
@@ -161,12 +178,19 @@ pub fn pass(
     }
     let cpus = possible_cpus()?;
     let current = &mut sweep.current;
+    let samples = &mut sweep.samples;
+    samples.clear();
     let (_, next) = batch::read_per_cpu::<SourceKey, SourceTraffic>(
         batch::fd(maps.sources_data()),
         cpus,
         sweep.resume,
         budget,
-        |key, per_cpu| current.add(key, per_cpu, now, top_k),
+        |key, per_cpu| {
+            let (rule, packets) = current.add(key, per_cpu, now, top_k);
+            if packets > 0 {
+                samples.push((rule, packets));
+            }
+        },
     )
     .map_err(|source| MapsError::Batch {
         map: names::SOURCES,
@@ -214,6 +238,7 @@ pub fn pass(
         rule_drops: read::rule_drops(maps)?,
         evictions: sweep.evictions,
         active_sources: sweep.active_sources,
+        samples: std::mem::take(&mut sweep.samples),
     })
 }
 

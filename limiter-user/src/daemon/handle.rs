@@ -62,6 +62,21 @@ impl Daemon {
             Request::Unblock { cidr } => self.unblock(&cidr).map(done),
             Request::Rules { edit, save } => self.edit_rules(edit, save).map(done),
             Request::Mode { dry_run, save } => self.set_mode(dry_run, save).map(done),
+            Request::Suggest {
+                rule,
+                since,
+                quantile,
+                headroom,
+                apply,
+            } => self
+                .suggest(super::suggest::Ask {
+                    rule,
+                    since,
+                    quantile,
+                    headroom,
+                    apply,
+                })
+                .map(|s| Reply::Suggestions(Box::new(s))),
         };
         Handled::Answer(match answer {
             Ok(reply) => ResponseLine::ok(reply),
@@ -225,7 +240,7 @@ impl Daemon {
     /// Applies one rule edit: validated as a whole file would be, pushed to
     /// every interface, and with `save` written to the configuration file.
     /// A rejected edit changes nothing.
-    fn edit_rules(&mut self, edit: RuleEdit, save: bool) -> Result<String, String> {
+    pub(super) fn edit_rules(&mut self, edit: RuleEdit, save: bool) -> Result<String, String> {
         let (file, mut fresh, what) = edit::apply_rule_edit(&self.config.file, edit)?;
         super::startup::apply_overrides(&mut fresh, &self.options);
         config::check_frame_sizes(&fresh.rules, &fresh.daemon.interfaces)

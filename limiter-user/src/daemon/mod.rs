@@ -15,9 +15,11 @@ pub mod control;
 pub mod edit;
 pub mod events;
 pub mod handle;
+pub mod history;
 pub mod metrics;
 pub mod startup;
 pub mod state;
+pub mod suggest;
 pub mod top_levels;
 
 use tokio::signal::unix::{signal, SignalKind};

@@ -17,6 +17,7 @@ use tracing::{debug, error, info, warn};
 use super::{
     aggregate::{self, Snapshot, Sweep},
     events::{LevelLabels, RuleNames},
+    history::{History, SeriesKey},
     metrics::{Metrics, RuleLevels},
     startup::{apply_overrides, RunOptions},
 };
@@ -54,6 +55,9 @@ pub struct Daemon {
     /// generations that have any (the `level` labels of the metrics).
     pub(super) levels: BTreeMap<u32, RuleLevels>,
     pub(super) metrics: Metrics,
+    /// The distribution of per-source rates over `[daemon] history`
+    /// (`suggest`).
+    pub(super) history: History,
     /// The cluster sync's live state, for `status` (`None` without
     /// `[cluster]`).
     pub(super) cluster_live: Option<super::cluster::SharedLive>,
@@ -87,6 +91,7 @@ impl Iface {
 
 impl Daemon {
     pub(super) fn new(options: RunOptions, config: Config, instances: Vec<Instance>) -> Self {
+        let horizon = config.daemon.history;
         Self {
             options,
             config,
@@ -96,6 +101,7 @@ impl Daemon {
             level_labels: LevelLabels::default(),
             levels: BTreeMap::new(),
             metrics: Metrics::new(),
+            history: History::new(horizon),
             cluster_live: None,
         }
     }
@@ -126,6 +132,7 @@ impl Daemon {
         let generation = push_all(&mut maps, rules)?;
         let base = rules_base(generation);
         self.metrics.rules_pushed(base);
+        self.metrics.record_rule_limits(&rule_limits(rules));
         self.generation = generation;
         if let Ok(mut shared) = self.names.write() {
             shared.retain(|index, _| !(base..base + MAX_RULES).contains(index));
@@ -163,6 +170,12 @@ impl Daemon {
     pub(super) fn tick(&mut self) {
         let started = Instant::now();
         let names = self.names();
+        // One series key per rule index, built once a tick (not once a
+        // source).
+        let series: std::collections::HashMap<u32, SeriesKey> = names
+            .iter()
+            .map(|(index, name)| (*index, SeriesKey::rule(name)))
+            .collect();
         let daemon = &self.config.daemon;
         for iface in &mut self.ifaces {
             check_link(&mut iface.instance, daemon.mode);
@@ -205,6 +218,18 @@ impl Daemon {
                 error!(iface = %iface.instance.iface, error = %e, "reading the window maps failed");
             }
             let instance = &iface.instance;
+            let mut snapshot = snapshot;
+            let history_now = kernel::now();
+            for (rule, pps) in std::mem::take(&mut snapshot.samples) {
+                // A source whose state predates every rule generation the
+                // daemon knows has no rule to count under.
+                let Some(key) = series.get(&rule) else {
+                    continue;
+                };
+                self.history.observe(key, pps, history_now);
+                self.metrics
+                    .observe_source_rate(&instance.iface, &key.rule, pps);
+            }
             log_released(&instance.iface, &iface.refusing, &snapshot.refusing);
             iface.refusing.clone_from(&snapshot.refusing);
             self.metrics.record(
@@ -289,6 +314,21 @@ impl Daemon {
         self.config.text = fresh.text;
         Some(generation)
     }
+}
+
+/// Each rule's name and its per-source packet limit (`None` for a rule
+/// that does not limit by packets), for the limit gauge.
+fn rule_limits(rules: &RuleSet) -> Vec<(String, Option<u64>)> {
+    std::iter::once(&rules.default)
+        .chain(&rules.rules)
+        .enumerate()
+        .map(|(i, spec)| {
+            let pps = (spec.action == limiter_common::Action::Limit)
+                .then_some(spec.limits.pps)
+                .flatten();
+            (rule_name(i), pps)
+        })
+        .collect()
 }
 
 /// The rules of `rules` pushed at `base` that have levels: each one's

@@ -267,6 +267,13 @@ fn request_keys_are_the_keys_requests_have() {
         Request::Unblock {
             cidr: "192.0.2.0/24".parse().unwrap(),
         },
+        Request::Suggest {
+            rule: Some("default".into()),
+            since: Some(Duration::from_secs(3600)),
+            quantile: 0.999,
+            headroom: 2.0,
+            apply: true,
+        },
     ]
     .into_iter()
     .chain(edits.map(|edit| Request::Rules { edit, save: true }));
@@ -283,4 +290,48 @@ fn request_keys_are_the_keys_requests_have() {
     let mut want = REQUEST_KEYS.to_vec();
     want.sort_unstable();
     assert_eq!(seen, want);
+}
+
+#[test]
+fn a_suggest_request_and_its_answer_round_trip() {
+    let request = Request::Suggest {
+        rule: None,
+        since: Some(Duration::from_secs(600)),
+        quantile: 0.99,
+        headroom: 2.0,
+        apply: false,
+    };
+    let line = serde_json::to_string(&RequestLine {
+        version: PROTOCOL_VERSION,
+        request: request.clone(),
+    })
+    .unwrap();
+    assert_eq!(
+        line,
+        r#"{"version":1,"command":"suggest","since":"10m","quantile":0.99,"headroom":2.0,"apply":false}"#
+    );
+    assert_eq!(parse_request(&line), Ok(request));
+    let reply = Reply::Suggestions(Box::new(Suggestions {
+        horizon: Duration::from_secs(3600),
+        since: Duration::from_secs(600),
+        quantile: 0.99,
+        headroom: 2.0,
+        rules: vec![RuleSuggestion {
+            rule: "default".into(),
+            current_pps: Some(100),
+            samples: 10,
+            quantile_pps: Some(103),
+            proposed_pps: Some(210),
+            proposed: Some(LimitEffect::default()),
+            current: Some(LimitEffect {
+                limited_sources_share: 0.1,
+                limited_traffic_share: 0.01,
+            }),
+        }],
+        hot_sources_only: true,
+        applied: None,
+    }));
+    let text = serde_json::to_string(&ResponseLine::ok(reply.clone())).unwrap();
+    let back: ResponseLine = serde_json::from_str(&text).unwrap();
+    assert_eq!(back.response, Response::Ok(reply));
 }

@@ -11,8 +11,8 @@ use limiter_common::{
     Outcome,
 };
 use prometheus::{
-    core::Collector, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGaugeVec,
-    Opts, Registry,
+    core::Collector, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
+    IntGaugeVec, Opts, Registry,
 };
 
 use super::aggregate::Snapshot;
@@ -58,6 +58,12 @@ pub struct Metrics {
     runs: IntCounterVec,
     ns_per_run: GaugeVec,
     pub aggregation: Histogram,
+    /// Each source's packets over its last complete second, once a sweep.
+    source_rate: HistogramVec,
+    /// Each aggregate level key's rate, once a tick.
+    level_rate: HistogramVec,
+    /// Each `limit` rule's per-source packet limit.
+    rule_limit: IntGaugeVec,
     /// "source limited" lines the log cap held back.
     pub limited_log_suppressed: IntCounter,
     /// The cluster sync's metrics (registered whether or not `[cluster]`
@@ -78,6 +84,18 @@ fn registered<M: Collector + Clone + 'static>(registry: &Registry, metric: M) ->
 fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
     let metric = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
     registered(registry, metric)
+}
+
+/// The buckets (packets per second) of the rate histograms: 1-2-5 steps
+/// from 1 pps to 1 Mpps.
+pub const RATE_BUCKETS: [f64; 19] = [
+    1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1e3, 2e3, 5e3, 1e4, 2e4, 5e4, 1e5, 2e5,
+    5e5, 1e6,
+];
+
+fn rate_histogram(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> HistogramVec {
+    let opts = HistogramOpts::new(name, help).buckets(RATE_BUCKETS.to_vec());
+    registered(registry, HistogramVec::new(opts, labels).expect("valid metric"))
 }
 
 fn gauge(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
@@ -245,6 +263,24 @@ impl Metrics {
                 ))
                 .expect("valid metric"),
             ),
+            source_rate: rate_histogram(
+                &registry,
+                "xdp_limiter_source_rate_pps",
+                "Per-source packets over the source's last complete second, one observation per source with traffic per sweep of the source map (the distribution of per-source rates; no per-source labels).",
+                &["interface", "rule"],
+            ),
+            level_rate: rate_histogram(
+                &registry,
+                "xdp_limiter_level_rate_pps",
+                "Per aggregate of a rule's level, its packets per second (its window's count normalised to a second), one observation per live aggregate per tick.",
+                &["interface", "rule", "level"],
+            ),
+            rule_limit: gauge(
+                &registry,
+                "xdp_limiter_rule_limit_pps",
+                "Each limit rule's per-source packet limit, in packets per second.",
+                &["rule"],
+            ),
             cluster: ClusterMetrics::new(&registry),
             last: HashMap::new(),
             registry,
@@ -385,6 +421,35 @@ impl Metrics {
 }
 
 impl Metrics {
+    /// Observes one source rate (packets over its last complete second)
+    /// of `rule` on `iface`.
+    pub fn observe_source_rate(&self, iface: &str, rule: &str, pps: u64) {
+        self.source_rate
+            .with_label_values(&[iface, rule])
+            .observe(pps as f64);
+    }
+
+    /// Observes one aggregate's rate of `rule`'s `level` on `iface`.
+    pub fn observe_level_rate(&self, iface: &str, rule: &str, level: &str, pps: f64) {
+        self.level_rate
+            .with_label_values(&[iface, rule, level])
+            .observe(pps);
+    }
+
+    /// Sets the limit gauge to the `limit` rules in force (`rules`: each
+    /// rule's name and its packet limit, `None` when it has none): the
+    /// series of rules gone or no longer limiting by packets go away.
+    pub fn record_rule_limits(&self, rules: &[(String, Option<u64>)]) {
+        self.rule_limit.reset();
+        for (rule, pps) in rules {
+            if let Some(pps) = pps {
+                self.rule_limit
+                    .with_label_values(&[rule])
+                    .set(i64::try_from(*pps).unwrap_or(i64::MAX));
+            }
+        }
+    }
+
     /// Updates the number of penalties running on `iface`.
     pub fn record_penalties(&mut self, iface: &str, running: usize) {
         self.penalties
@@ -511,5 +576,40 @@ mod tests {
             Some(9)
         );
         assert_eq!(level_drops(&metrics, "rules[2]", "source@1m"), Some(2));
+    }
+
+    #[test]
+    fn rate_histograms_and_limits_are_exported_with_their_buckets_and_labels() {
+        let metrics = Metrics::new();
+        for pps in [3, 10, 10, 150] {
+            metrics.observe_source_rate("eth0", "default", pps);
+        }
+        metrics.observe_level_rate("eth0", "rules[0]", "prefix/24/48@1s", 40.0);
+        metrics.record_rule_limits(&[
+            ("default".into(), Some(100)),
+            ("rules[0]".into(), None),
+            ("rules[1]".into(), Some(2_000)),
+        ]);
+        let text = render(&metrics.registry);
+        let has = |line: &str| text.lines().any(|l| l == line);
+        let source = |le: &str, n: u32| {
+            format!("xdp_limiter_source_rate_pps_bucket{{interface=\"eth0\",rule=\"default\",le=\"{le}\"}} {n}")
+        };
+        for (le, n) in [("1", 0), ("5", 1), ("10", 3), ("100", 3), ("200", 4), ("1000000", 4), ("+Inf", 4)] {
+            assert!(has(&source(le, n)), "no {} in\n{text}", source(le, n));
+        }
+        assert!(has("xdp_limiter_source_rate_pps_sum{interface=\"eth0\",rule=\"default\"} 173"), "{text}");
+        assert!(has("xdp_limiter_source_rate_pps_count{interface=\"eth0\",rule=\"default\"} 4"), "{text}");
+        // 19 buckets and +Inf.
+        assert_eq!(text.matches("xdp_limiter_source_rate_pps_bucket{").count(), 20);
+        assert!(has("xdp_limiter_level_rate_pps_bucket{interface=\"eth0\",level=\"prefix/24/48@1s\",rule=\"rules[0]\",le=\"50\"} 1"), "{text}");
+        assert!(has("xdp_limiter_rule_limit_pps{rule=\"default\"} 100"), "{text}");
+        assert!(has("xdp_limiter_rule_limit_pps{rule=\"rules[1]\"} 2000"), "{text}");
+        assert!(!text.contains("xdp_limiter_rule_limit_pps{rule=\"rules[0]\"}"), "{text}");
+        // A rule gone takes its series with it.
+        metrics.record_rule_limits(&[("default".into(), Some(50))]);
+        let text = render(&metrics.registry);
+        assert!(text.contains("xdp_limiter_rule_limit_pps{rule=\"default\"} 50"), "{text}");
+        assert!(!text.contains("rule_limit_pps{rule=\"rules[1]\"}"), "{text}");
     }
 }

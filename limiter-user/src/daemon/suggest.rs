@@ -1,0 +1,177 @@
+//! `suggest`: a per-source limit per `limit` rule from the history of
+//! per-source rates (`history`), with what it and the limit in force would
+//! have done; with `apply`, each proposal set live as a dry-run rule
+//! through the same path as `rule set` (the rule keeps its window, match
+//! and everything else). Bad input is refused before anything changes.
+
+use std::time::Duration;
+
+use limiter_common::Action;
+use tracing::info;
+
+use super::{
+    history::{propose, Distribution, SeriesKey},
+    state::Daemon,
+};
+use crate::{
+    kernel,
+    proto::{LimitEffect, RuleEdit, RuleSuggestion, Suggestions},
+    rules::{rule_name, RuleSpec},
+};
+
+/// What `suggest` asks for.
+pub struct Ask {
+    pub rule: Option<String>,
+    /// `None`: the whole history.
+    pub since: Option<Duration>,
+    pub quantile: f64,
+    pub headroom: f64,
+    pub apply: bool,
+}
+
+fn effect(dist: &Distribution, limit: u64) -> LimitEffect {
+    let e = dist.effect(limit);
+    LimitEffect {
+        limited_sources_share: e.limited_share,
+        limited_traffic_share: e.traffic_share,
+    }
+}
+
+impl Daemon {
+    /// Answers `suggest`, or says what is wrong with the request.
+    pub(super) fn suggest(&mut self, ask: Ask) -> Result<Suggestions, String> {
+        let horizon = self.history.horizon();
+        let since = ask.since.unwrap_or(horizon);
+        if since.is_zero() || since > horizon {
+            return Err(format!(
+                "--since {} is outside the history the daemon keeps: above zero and at most {} (`[daemon] history`)",
+                humantime::format_duration(since),
+                humantime::format_duration(horizon)
+            ));
+        }
+        if !(ask.quantile > 0.0 && ask.quantile <= 1.0) {
+            return Err(format!(
+                "--quantile {} is outside (0, 1] (0.999: the rate 99.9 % of source-seconds stay at or below)",
+                ask.quantile
+            ));
+        }
+        if !(ask.headroom >= 1.0 && ask.headroom.is_finite()) {
+            return Err(format!(
+                "--headroom {} is below 1 (the proposal is the quantile's rate times it)",
+                ask.headroom
+            ));
+        }
+        let rules = &self.config.rules;
+        let all: Vec<(String, &RuleSpec)> = std::iter::once(&rules.default)
+            .chain(&rules.rules)
+            .enumerate()
+            .map(|(i, spec)| (rule_name(i), spec))
+            .collect();
+        let is_limit = |spec: &RuleSpec| spec.action == Action::Limit && spec.limits.pps.is_some();
+        let chosen: Vec<&(String, &RuleSpec)> = match &ask.rule {
+            Some(name) => {
+                let Some(found) = all.iter().find(|(n, _)| n == name) else {
+                    let names: Vec<&str> = all.iter().map(|(n, _)| n.as_str()).collect();
+                    return Err(format!(
+                        "no rule {name}: the rules in force are {}",
+                        names.join(", ")
+                    ));
+                };
+                if !is_limit(found.1) {
+                    return Err(format!(
+                        "{name} is not a `limit` rule with a packet limit (action {}): suggest proposes packet limits",
+                        found.1.action.name()
+                    ));
+                }
+                vec![found]
+            }
+            None => all.iter().filter(|(_, spec)| is_limit(spec)).collect(),
+        };
+        if chosen.is_empty() {
+            return Err(
+                "no rule in force is a `limit` rule with a packet limit: nothing to suggest".into(),
+            );
+        }
+        let now = kernel::now();
+        let mut suggestions = Vec::with_capacity(chosen.len());
+        for (name, spec) in &chosen {
+            let dist = self
+                .history
+                .distribution(&SeriesKey::rule(name), since, now);
+            let quantile_pps = dist.quantile(ask.quantile);
+            let proposed_pps = quantile_pps.map(|q| propose(q, ask.headroom));
+            let has = dist.samples() > 0;
+            suggestions.push(RuleSuggestion {
+                rule: name.clone(),
+                current_pps: spec.limits.pps,
+                samples: dist.samples(),
+                quantile_pps,
+                proposed_pps,
+                proposed: proposed_pps.map(|p| effect(&dist, p)),
+                current: spec.limits.pps.filter(|_| has).map(|p| effect(&dist, p)),
+            });
+        }
+        if suggestions.iter().all(|s| s.samples == 0) {
+            let which = ask.rule.as_deref().unwrap_or("any `limit` rule");
+            return Err(format!(
+                "no history yet: no source with traffic was seen under {which} in the last {}; wait for traffic (a sweep of the sources each tick adds to it) and ask again",
+                humantime::format_duration(since)
+            ));
+        }
+        let applied = if ask.apply {
+            Some(self.apply_suggestions(&suggestions)?)
+        } else {
+            None
+        };
+        Ok(Suggestions {
+            horizon,
+            since,
+            quantile: ask.quantile,
+            headroom: ask.headroom,
+            rules: suggestions,
+            hot_sources_only: self.config.rules.tiered,
+            applied,
+        })
+    }
+
+    /// Sets each proposal live as a dry-run rule, as `rule set` (or
+    /// `default set`) would: the rule in file form with only its `pps`
+    /// and `dry_run` changed. Rules without a proposal are left alone.
+    fn apply_suggestions(&mut self, suggestions: &[RuleSuggestion]) -> Result<String, String> {
+        let mut done = Vec::new();
+        for s in suggestions {
+            let Some(pps) = s.proposed_pps else {
+                continue;
+            };
+            let file = &self.config.file;
+            let edit = if s.rule == "default" {
+                let mut rule = file.default.clone();
+                rule.pps = Some(pps);
+                rule.dry_run = Some(true);
+                RuleEdit::Default { rule }
+            } else {
+                let index: usize = s
+                    .rule
+                    .strip_prefix("rules[")
+                    .and_then(|r| r.strip_suffix(']'))
+                    .and_then(|r| r.parse().ok())
+                    .ok_or_else(|| format!("{}: not a rule name", s.rule))?;
+                let mut rule = file
+                    .rules
+                    .get(index)
+                    .cloned()
+                    .ok_or_else(|| format!("{} is no longer in force", s.rule))?;
+                rule.pps = Some(pps);
+                rule.dry_run = Some(true);
+                RuleEdit::Set { rule }
+            };
+            let what = self.edit_rules(edit, false)?;
+            info!(rule = %s.rule, pps, "suggested limit applied as a dry-run rule");
+            done.push(format!("{}: {pps} pps ({what})", s.rule));
+        }
+        Ok(format!(
+            "applied as DRY-RUN rules (counted as would-drop, nothing dropped; `rule set` without --dry-run to enforce): {}",
+            done.join("; ")
+        ))
+    }
+}

@@ -1,0 +1,254 @@
+//! `xdp-limiter suggest` against a real daemon on real traffic: 40
+//! sources at 10 pps and 2 at 100 pps for a few seconds, paced, through a
+//! veth in a lab; then the suggestion at the 0.9 quantile lands on the
+//! light sources' rate and at the 0.99 quantile on the heavy ones' (times
+//! the headroom), the shares of what the limits would have done agree
+//! with what was sent, `--apply` leaves a dry-run rule with the proposed
+//! limit, the rate histogram and the limit gauge appear in a real scrape
+//! of /metrics, and every bad input is refused with nothing changed.
+//!
+//! Tolerances: a light source sends 10 a second on a 10 ms pacing loop,
+//! so one complete second holds 9 to 11 of its frames (exact buckets below
+//! 16 pps); a heavy one 99 to 101, read back as its bucket's upper edge
+//! (at most 6.25 % above: 103 for 100). A stalled sender (the machine is
+//! shared) may put a few more in one second, hence some slack above.
+
+use std::{
+    io::{BufRead, BufReader, Write},
+    net::{Ipv4Addr, SocketAddrV4, UdpSocket},
+    os::unix::net::UnixStream,
+    time::{Duration, Instant},
+};
+
+use limiter_tests::{
+    daemon::{Daemon, Files},
+    lab::{Lab, RX_ADDR, RX_IF},
+};
+use serde_json::Value;
+
+const PORT: u16 = 7300;
+const LIGHT: usize = 40;
+const LIGHT_PPS: u64 = 10;
+const HEAVY: usize = 2;
+const HEAVY_PPS: u64 = 100;
+const SENDING: Duration = Duration::from_secs(5);
+
+fn light(i: usize) -> Ipv4Addr {
+    Ipv4Addr::new(192, 0, 2, 10 + i as u8)
+}
+
+fn heavy(i: usize) -> Ipv4Addr {
+    Ipv4Addr::new(192, 0, 2, 200 + i as u8)
+}
+
+const CONFIG: &str = "[daemon]\ntick = \"250ms\"\nhistory = \"10m\"\n\n\
+    [limits]\ntiers = false\n\n[default]\npps = 1000\nwindow = \"2s\"\ndry_run = false\n\n\
+    [[rules]]\ncidr = \"198.18.0.0/15\"\naction = \"allow\"\n";
+
+/// Every flow `(source, rate)` sends at its rate for `duration`, paced on
+/// a 10 ms loop (a datagram is sent once it is due).
+fn send_paced(lab: &Lab, flows: &[(Ipv4Addr, u64)], duration: Duration) -> Vec<u64> {
+    lab.tx.enter(|| {
+        let sockets: Vec<UdpSocket> = flows
+            .iter()
+            .map(|(source, _)| {
+                UdpSocket::bind(SocketAddrV4::new(*source, 0))
+                    .unwrap_or_else(|e| panic!("bind {source}: {e}"))
+            })
+            .collect();
+        let start = Instant::now();
+        let mut sent = vec![0u64; flows.len()];
+        while start.elapsed() < duration {
+            let elapsed = start.elapsed().as_secs_f64();
+            for (k, (_, rate)) in flows.iter().enumerate() {
+                let due = (*rate as f64 * elapsed) as u64;
+                while sent[k] < due {
+                    let _ = sockets[k].send_to(&[1u8; 32], SocketAddrV4::new(RX_ADDR, PORT));
+                    sent[k] += 1;
+                }
+            }
+            // Pacing, not synchronization.
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        sent
+    })
+}
+
+/// `suggest <args> --output json`, which must succeed.
+fn suggest(files: &Files, args: &[&str]) -> Value {
+    let mut all = vec!["suggest"];
+    all.extend(args);
+    all.extend(["--output", "json"]);
+    serde_json::from_str(&files.cli_ok(&all)).expect("JSON output")
+}
+
+/// `suggest <args>`, which must fail with exit status `code`: its
+/// standard error.
+#[track_caller]
+fn refused(files: &Files, args: &[&str], code: i32) -> String {
+    let mut all = vec!["suggest"];
+    all.extend(args);
+    let out = files.cli(&all);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(code), "{args:?}: {stderr}");
+    stderr
+}
+
+/// One raw request line on the control socket: the daemon's answer.
+fn raw(files: &Files, line: &str) -> Value {
+    let mut stream = UnixStream::connect(files.socket()).expect("connect");
+    stream.write_all(format!("{line}\n").as_bytes()).expect("write");
+    let mut answer = String::new();
+    BufReader::new(stream).read_line(&mut answer).expect("read");
+    serde_json::from_str(&answer).expect("a JSON reply")
+}
+
+fn share(effect: &Value, key: &str) -> f64 {
+    effect[key]
+        .as_f64()
+        .unwrap_or_else(|| panic!("{key} in {effect}"))
+}
+
+/// The one rule of a suggestion answer (only `default` limits packets).
+fn only_rule(answer: &Value) -> &Value {
+    let rules = answer["rules"].as_array().expect("rules");
+    assert_eq!(rules.len(), 1, "only the default limits packets: {answer:#}");
+    assert_eq!(rules[0]["rule"], "default");
+    &rules[0]
+}
+
+fn in_range(value: &Value, range: std::ops::RangeInclusive<u64>, what: &str, answer: &Value) {
+    let v = value
+        .as_u64()
+        .unwrap_or_else(|| panic!("{what}: {answer:#}"));
+    assert!(range.contains(&v), "{what} {v} not in {range:?}: {answer:#}");
+}
+
+#[test]
+fn suggest_lands_where_the_distribution_of_per_source_rates_says() {
+    let sources: Vec<Ipv4Addr> = (0..LIGHT).map(light).chain((0..HEAVY).map(heavy)).collect();
+    let lab = Lab::new(&sources);
+    let files = Files::new();
+    files.write_config(CONFIG);
+    let config = files.config();
+    let daemon = Daemon::start(&lab.rx, &files, &["-i", RX_IF, "-c", config.to_str().unwrap()]);
+    let rules_before = files.cli_ok(&["rule", "ls", "--output", "json"]);
+
+    // Before any traffic: nothing to suggest from.
+    let err = refused(&files, &[], 1);
+    assert!(err.contains("no history yet") && err.contains("wait"), "{err}");
+
+    // Bad input, each refused with a message naming what is wrong.
+    for (args, code, expect) in [
+        (&["--since", "1h"][..], 1, "--since 1h is outside the history"),
+        (&["--since", "0s"][..], 1, "--since 0s is outside the history"),
+        (&["--quantile", "0"][..], 2, "0 is outside (0, 1]"),
+        (&["--quantile", "1.5"][..], 2, "1.5 is outside (0, 1]"),
+        (&["--headroom", "0.5"][..], 2, "0.5 is below 1"),
+        (&["--rule", "rules[7]"][..], 1, "no rule rules[7]"),
+        (&["--rule", "rules[0]"][..], 1, "rules[0] is not a `limit` rule"),
+    ] {
+        let err = refused(&files, args, code);
+        assert!(err.contains(expect), "{args:?}: {err}");
+    }
+    // The daemon checks what the CLI checks, for other clients.
+    for (line, expect) in [
+        (
+            r#"{"version":1,"command":"suggest","quantile":1.5,"headroom":2}"#,
+            "--quantile 1.5 is outside (0, 1]",
+        ),
+        (
+            r#"{"version":1,"command":"suggest","quantile":0.5,"headroom":0.5}"#,
+            "--headroom 0.5 is below 1",
+        ),
+    ] {
+        let reply = raw(&files, line);
+        let error = reply["error"].as_str().unwrap_or_else(|| panic!("{reply}"));
+        assert!(error.contains(expect), "{line}: {error}");
+    }
+
+    let flows: Vec<(Ipv4Addr, u64)> = (0..LIGHT)
+        .map(|i| (light(i), LIGHT_PPS))
+        .chain((0..HEAVY).map(|i| (heavy(i), HEAVY_PPS)))
+        .collect();
+    let sent = send_paced(&lab, &flows, SENDING);
+    assert!(sent.iter().all(|s| *s > 0), "{sent:?}");
+    daemon.next_pass();
+
+    // 40 of 42 sources at 10 pps: the 0.9 quantile is a light one's rate.
+    let answer = suggest(&files, &["--quantile", "0.9"]);
+    assert_eq!(answer["since"], "10m", "the whole history by default");
+    assert_eq!(answer["horizon"], "10m");
+    assert_eq!(answer["hot_sources_only"], false, "tiers off: every source");
+    let rule = only_rule(&answer);
+    assert_eq!(rule["current_pps"], 1000);
+    in_range(&rule["samples"], 100..=u64::MAX, "samples", &answer);
+    in_range(&rule["quantile_pps"], 9..=12, "the 0.9 quantile", &answer);
+    in_range(&rule["proposed_pps"], 18..=24, "the 0.9 proposal", &answer);
+    // The proposal is above the quantile: at most 10 % of source-seconds
+    // over it, the heavy ones' (2 of 42, about 5 %, fewer counting their
+    // partial first and last seconds).
+    let proposed = &rule["proposed"];
+    let limited = share(proposed, "limited_sources_share");
+    assert!(limited > 0.0 && limited <= 0.1, "{answer:#}");
+    // Traffic over it: 2 x (100 - ~20) of 40 x 10 + 2 x 100 a second,
+    // about 27 %.
+    let traffic = share(proposed, "limited_traffic_share");
+    assert!((0.15..=0.4).contains(&traffic), "{answer:#}");
+    // The limit in force (1000) is above every source.
+    assert_eq!(share(&rule["current"], "limited_sources_share"), 0.0);
+    assert_eq!(share(&rule["current"], "limited_traffic_share"), 0.0);
+
+    // The top 1 % are the heavy ones' full seconds.
+    let answer = suggest(&files, &["--quantile", "0.99", "--headroom", "2"]);
+    let rule = only_rule(&answer);
+    in_range(&rule["quantile_pps"], 90..=115, "the 0.99 quantile", &answer);
+    in_range(&rule["proposed_pps"], 180..=230, "the 0.99 proposal", &answer);
+    assert_eq!(share(&rule["proposed"], "limited_sources_share"), 0.0);
+    assert_eq!(share(&rule["proposed"], "limited_traffic_share"), 0.0);
+    assert!(answer.get("applied").is_none(), "nothing applied without --apply");
+
+    // The text form says the same.
+    let text = files.cli_ok(&["suggest", "--quantile", "0.99"]);
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("default"))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(line.contains(&rule["proposed_pps"].to_string()), "{text}");
+
+    // Nothing above changed the rules.
+    assert_eq!(files.cli_ok(&["rule", "ls", "--output", "json"]), rules_before);
+
+    // The histogram, as Prometheus scrapes it: light sources under 20,
+    // heavy ones between 50 and 200.
+    let series = |le: &str| {
+        format!("xdp_limiter_source_rate_pps_bucket{{interface=\"{RX_IF}\",rule=\"default\",le=\"{le}\"}}")
+    };
+    let metrics = daemon.metrics();
+    let bucket = |le: &str| {
+        limiter_tests::daemon::parse_metric(&metrics, &series(le))
+            .unwrap_or_else(|| panic!("no {} in\n{metrics}", series(le)))
+    };
+    assert!(bucket("20") > 0.0, "{metrics}");
+    assert!(bucket("200") > bucket("50"), "{metrics}");
+    assert_eq!(bucket("+Inf"), bucket("1000000"));
+    assert_eq!(
+        limiter_tests::daemon::parse_metric(&metrics, "xdp_limiter_rule_limit_pps{rule=\"default\"}"),
+        Some(1000.0)
+    );
+
+    // --apply: the proposal set live as a dry-run rule, the window kept.
+    let answer = suggest(&files, &["--quantile", "0.99", "--apply"]);
+    let proposed = only_rule(&answer)["proposed_pps"].as_u64().expect("a proposal");
+    let applied = answer["applied"].as_str().expect("applied");
+    assert!(applied.contains("DRY-RUN") && applied.contains(&format!("default: {proposed} pps")), "{applied}");
+    let rules = files.cli_ok(&["rule", "ls", "--output", "json"]);
+    let rules: Value = serde_json::from_str(&rules).expect("JSON");
+    assert_eq!(rules["default"]["pps"], proposed, "{rules:#}");
+    assert_eq!(rules["default"]["dry_run"], true, "{rules:#}");
+    assert_eq!(rules["default"]["window"], "2s", "{rules:#}");
+    assert_eq!(rules["rules"][0]["action"], "allow", "the other rule untouched");
+    daemon.wait_metric("xdp_limiter_rule_limit_pps{rule=\"default\"}", |v| {
+        v == proposed as f64
+    });
+}
