@@ -155,11 +155,26 @@ pub enum Mode {
 pub struct ModeArgs {
     #[arg(value_enum)]
     pub mode: Mode,
-    /// Also write the mode to the daemon's configuration file.
+    /// Also write the mode to the daemon's configuration file (with
+    /// `--guard`, the guards too; a rollback then writes dry-run).
     #[arg(long)]
     pub save: bool,
+    /// With `enforce`: a guard (`METRIC OP VALUE`, e.g.
+    /// "dropped_share <= 5%"; metrics limited_sources, dropped_share,
+    /// dropped_pps) checked every tick of the guard period; a breach
+    /// returns to dry-run on its own. Repeatable.
+    #[arg(long = "guard", value_name = "EXPR", value_parser = parse_guard)]
+    pub guards: Vec<crate::guard::Guard>,
+    /// The guard period (5s..24h; default 10m), with `--guard`.
+    #[arg(long = "for", value_name = "DURATION", value_parser = humantime::parse_duration)]
+    pub guard_for: Option<Duration>,
     #[command(flatten)]
     pub socket: SocketArg,
+}
+
+fn parse_guard(text: &str) -> Result<crate::guard::Guard, String> {
+    text.parse()
+        .map_err(|e: crate::guard::GuardError| e.to_string())
 }
 
 /// `unblock`.

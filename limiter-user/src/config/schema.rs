@@ -113,6 +113,18 @@ pub struct LimitsSection {
     /// window (the exact tier), and per-CPU state only once it is busy or
     /// refused. Off: every source gets per-CPU state on its first frame.
     pub tiers: bool,
+    /// Guards (`METRIC OP VALUE`, `crate::guard`) watched for `guard_for`
+    /// after the daemon starts or reloads into enforce (`dry_run =
+    /// false`): a breach returns it to dry-run on its own.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub guards: Vec<String>,
+    /// The guard period (5s..=24h); unset: 10 min.
+    #[serde(
+        default,
+        with = "humantime_serde",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub guard_for: Option<Duration>,
 }
 
 impl Default for LimitsSection {
@@ -123,6 +135,8 @@ impl Default for LimitsSection {
             ipv6_prefix: 64,
             buckets_per_window: limiter_common::window::DEFAULT_BUCKETS_PER_WINDOW,
             tiers: true,
+            guards: Vec::new(),
+            guard_for: None,
         }
     }
 }

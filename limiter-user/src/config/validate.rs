@@ -10,6 +10,7 @@ use super::{
 };
 use limiter_common::{Action, AddressFamily, Scope};
 
+use crate::guard::{self, Guard, GuardError};
 use crate::rules::{compile, rule_name, Limits, Match, RuleError, RuleSet, RuleSpec};
 
 /// The most "source limited" lines a second (or at once) the daemon may
@@ -85,6 +86,7 @@ impl FileConfig {
                 ));
             }
         }
+        self.limits.guard_plan()?;
         let cluster = self.cluster.as_ref().map(|c| c.validate()).transpose()?;
         let default = rule_spec(&self.default, &rule_name(0), true)?;
         let rules = self
@@ -292,4 +294,34 @@ pub fn check_frame_sizes(rules: &RuleSet, interfaces: &[String]) -> Result<(), C
         }
     }
     Ok(())
+}
+
+impl super::LimitsSection {
+    /// The guard period `[limits]` asks for: its guards and how long
+    /// (`None`: no guards, or `dry_run = true`: guards watch enforcement
+    /// and wait in the file until it enforces, which is also what a
+    /// saved rollback writes), each error naming its field.
+    pub fn guard_plan(&self) -> Result<Option<(Vec<Guard>, Duration)>, ConfigError> {
+        let guards = self
+            .guards
+            .iter()
+            .enumerate()
+            .map(|(i, text)| {
+                text.parse::<Guard>()
+                    .map_err(|e| field(format!("limits.guards[{i}]"), e.to_string()))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let period = guard::check_plan(false, &guards, self.guard_for).map_err(|e| {
+            let name = match e {
+                GuardError::PeriodOutOfRange(_) | GuardError::PeriodWithoutGuard => {
+                    "limits.guard_for"
+                }
+                _ => "limits.guards",
+            };
+            field(name, e.to_string())
+        })?;
+        Ok(period
+            .filter(|_| !self.dry_run)
+            .map(|period| (guards, period)))
+    }
 }

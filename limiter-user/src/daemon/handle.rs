@@ -3,13 +3,15 @@
 //! unblock, rule edits), each either applied to every interface or refused
 //! with nothing changed.
 
+use std::time::Duration;
+
 use ipnet::IpNet;
 use limiter_common::{Action, Scope};
 use tracing::{info, warn};
 
 use super::{edit, state::Daemon};
 use crate::{
-    config,
+    config, guard,
     kernel::{self, penalty},
     proto::{
         ClusterStatus, InterfaceStatus, Reply, Request, ResponseLine, RuleEdit, RuleLevelsStatus,
@@ -61,7 +63,12 @@ impl Daemon {
                 }),
             Request::Unblock { cidr } => self.unblock(&cidr).map(done),
             Request::Rules { edit, save } => self.edit_rules(edit, save).map(done),
-            Request::Mode { dry_run, save } => self.set_mode(dry_run, save).map(done),
+            Request::Mode {
+                dry_run,
+                save,
+                guards,
+                guard_for,
+            } => self.set_mode(dry_run, save, &guards, guard_for).map(done),
         };
         Handled::Answer(match answer {
             Ok(reply) => ResponseLine::ok(reply),
@@ -114,6 +121,7 @@ impl Daemon {
                         .count(),
                 )
             },
+            guard: self.guard_status(),
         }
     }
 
@@ -204,18 +212,41 @@ impl Daemon {
     }
 
     /// Global dry-run on or off, on every interface; with `save` written to
-    /// the file too.
-    fn set_mode(&mut self, dry_run: bool, save: bool) -> Result<String, String> {
+    /// the file too. Enforce with `guards` starts a guard period of
+    /// `guard_for`; any mode change ends the running one. Bad guards are
+    /// refused with nothing changed.
+    fn set_mode(
+        &mut self,
+        dry_run: bool,
+        save: bool,
+        guards: &[String],
+        guard_for: Option<Duration>,
+    ) -> Result<String, String> {
+        let parsed = guard::parse_all(guards).map_err(|e| e.to_string())?;
+        let period = guard::check_plan(dry_run, &parsed, guard_for).map_err(|e| e.to_string())?;
         let mut rules = self.config.rules.clone();
         rules.dry_run = dry_run;
         let generation = self
             .push(&rules)
             .map_err(|e| format!("mode change failed: {e}"))?;
         self.config.rules = rules;
-        self.config.file.limits.dry_run = dry_run;
+        // The file form mirrors the mode and its guards as given, so that
+        // `--save` (now or with a later edit) writes what is in force.
+        let limits = &mut self.config.file.limits;
+        limits.dry_run = dry_run;
+        limits.guards = parsed.iter().map(ToString::to_string).collect();
+        limits.guard_for = period.filter(|_| guard_for.is_some());
         let mode = if dry_run { "dry-run" } else { "enforce" };
         info!(mode, "mode changed through the control socket");
-        let done = format!("mode {mode}; rule generation {generation}");
+        let mut done = format!("mode {mode}; rule generation {generation}");
+        if let Some(period) = period {
+            done.push_str(&format!(
+                "; guarded for {} by {}",
+                humantime::format_duration(period),
+                limits.guards.join(", ")
+            ));
+        }
+        self.start_guard(period.map(|p| (parsed, p)), save);
         if save {
             return self.save(&done);
         }

@@ -57,6 +57,8 @@ pub struct Daemon {
     /// The cluster sync's live state, for `status` (`None` without
     /// `[cluster]`).
     pub(super) cluster_live: Option<super::cluster::SharedLive>,
+    /// The global guard period, running or the last one (`guarded`).
+    pub(super) guard: Option<super::guarded::GuardRun>,
 }
 
 /// One protected interface and what the daemon has seen of it.
@@ -97,6 +99,7 @@ impl Daemon {
             levels: BTreeMap::new(),
             metrics: Metrics::new(),
             cluster_live: None,
+            guard: None,
         }
     }
 
@@ -235,6 +238,7 @@ impl Daemon {
             );
             iface.observed.update(snapshot);
         }
+        self.check_guard();
         self.metrics
             .aggregation
             .observe(started.elapsed().as_secs_f64());
@@ -264,6 +268,14 @@ impl Daemon {
             error!(error = %e, "SIGHUP: configuration rejected; the running one stays in force");
             return None;
         }
+        // Checked by validation; read again for the period to start.
+        let guard_plan = match fresh.file.limits.guard_plan() {
+            Ok(plan) => plan,
+            Err(e) => {
+                error!(error = %e, "SIGHUP: configuration rejected; the running one stays in force");
+                return None;
+            }
+        };
         if fresh.daemon != self.config.daemon {
             warn!("SIGHUP: [daemon] settings changed; they take effect on restart");
         }
@@ -287,6 +299,9 @@ impl Daemon {
         self.config.rules = fresh.rules;
         self.config.file = fresh.file;
         self.config.text = fresh.text;
+        // A reload ends any guard period; one into enforce with guards
+        // starts a new one.
+        self.start_guard(guard_plan, false);
         Some(generation)
     }
 }
