@@ -390,6 +390,13 @@ impl<T: Clock> GuardPeriod<T> {
         }
     }
 
+    /// Forgets the window's samples: the counters they came from were
+    /// reset (a rule's drop counters, by a push of new rules), so the
+    /// next samples start a new window.
+    pub fn restart_window(&mut self) {
+        self.samples.clear();
+    }
+
     /// Time left in the period at `now` (zero once over).
     pub fn remaining(&self, now: T) -> Duration {
         if self.state != GuardState::Watching {

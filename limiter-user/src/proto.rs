@@ -160,6 +160,10 @@ pub struct Status {
     /// none was started (and from a daemon older than guards).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub guard: Option<GuardStatus>,
+    /// The rules' guard periods (`scope`: the rule's name when it
+    /// started), running or the last ones.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rule_guards: Vec<GuardStatus>,
 }
 
 /// `status`'s `guard` block: a guard period (`crate::guard`).

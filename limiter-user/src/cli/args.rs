@@ -287,6 +287,15 @@ pub struct LimitArgs {
     /// source:20000@1m (another window per source).
     #[arg(long = "level", value_name = "LEVEL", value_parser = level)]
     pub levels: Vec<LevelSpec>,
+    /// Enforce this rule under a guard (`METRIC OP VALUE`, e.g.
+    /// "dropped_share <= 5%") judged on this rule's figures every tick of
+    /// the guard period; a breach returns this rule alone to dry-run.
+    /// Repeatable.
+    #[arg(long = "guard", value_name = "EXPR", value_parser = parse_guard)]
+    pub guards: Vec<crate::guard::Guard>,
+    /// The rule's guard period (5s..24h; default 10m), with `--guard`.
+    #[arg(long = "for", value_name = "DURATION", value_parser = humantime::parse_duration)]
+    pub guard_for: Option<Duration>,
 }
 
 impl LimitArgs {
@@ -303,6 +312,8 @@ impl LimitArgs {
             dry_run: false,
             scope: Scope::Node,
             levels: Vec::new(),
+            guards: Vec::new(),
+            guard_for: None,
         }
     }
 }

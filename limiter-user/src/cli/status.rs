@@ -49,7 +49,7 @@ pub fn render(status: &Status) -> String {
         ));
     }
     text.push_str(&render_cluster(&status.cluster));
-    if let Some(guard) = &status.guard {
+    for guard in status.guard.iter().chain(&status.rule_guards) {
         text.push_str(&render_guard(guard));
     }
     text

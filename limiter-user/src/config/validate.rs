@@ -136,6 +136,9 @@ impl FileConfig {
 }
 
 fn rule_spec(section: &RuleSection, name: &str, is_default: bool) -> Result<RuleSpec, ConfigError> {
+    section
+        .guard_plan(name, is_default)
+        .map_err(|(name, message)| field(name, message))?;
     let cidr = match (is_default, section.cidr) {
         (true, Some(_)) => {
             return Err(field(

@@ -77,6 +77,7 @@ impl Daemon {
     }
 
     fn status(&self) -> Status {
+        let (guard, rule_guards) = self.guard_status();
         Status {
             version: env!("CARGO_PKG_VERSION").to_string(),
             generation: self.generation,
@@ -121,7 +122,8 @@ impl Daemon {
                         .count(),
                 )
             },
-            guard: self.guard_status(),
+            guard,
+            rule_guards,
         }
     }
 
@@ -255,8 +257,40 @@ impl Daemon {
 
     /// Applies one rule edit: validated as a whole file would be, pushed to
     /// every interface, and with `save` written to the configuration file.
-    /// A rejected edit changes nothing.
+    /// A rejected edit changes nothing. The edited rule's guard period
+    /// ends, and the edit starts the one its `guards` ask for.
     fn edit_rules(&mut self, edit: RuleEdit, save: bool) -> Result<String, String> {
+        let edited = match &edit {
+            RuleEdit::Remove { rule } => Err(rule.clone()),
+            RuleEdit::Add { rule } | RuleEdit::Set { rule } | RuleEdit::Default { rule } => {
+                Ok(rule.clone())
+            }
+        };
+        let mut done = self.apply_edit(edit)?;
+        match edited {
+            Err(removed) => self.end_rule_guard(&removed),
+            Ok(rule) => {
+                if let Some(position) = self.position(&rule) {
+                    let section = match position {
+                        0 => self.config.file.default.clone(),
+                        p => self.config.file.rules[p - 1].clone(),
+                    };
+                    if let Some(guarded) = self.start_rule_guard(position, section, save) {
+                        done.push_str(&format!("; {guarded}"));
+                    }
+                }
+            }
+        }
+        if save {
+            return self.save(&done);
+        }
+        Ok(done)
+    }
+
+    /// The kernel part of a rule edit (no guards, no saving): validated,
+    /// pushed, made the configuration in force; what changed, with the
+    /// generation.
+    pub(super) fn apply_edit(&mut self, edit: RuleEdit) -> Result<String, String> {
         let (file, mut fresh, what) = edit::apply_rule_edit(&self.config.file, edit)?;
         super::startup::apply_overrides(&mut fresh, &self.options);
         config::check_frame_sizes(&fresh.rules, &fresh.daemon.interfaces)
@@ -271,11 +305,7 @@ impl Daemon {
         self.config.rules = fresh.rules;
         self.config.file = file;
         info!(change = %what, generation, "rules changed through the control socket");
-        let done = format!("{what}; rule generation {generation}");
-        if save {
-            return self.save(&done);
-        }
-        Ok(done)
+        Ok(format!("{what}; rule generation {generation}"))
     }
 
     /// Writes the configuration in force to the file the daemon was started

@@ -89,6 +89,7 @@ pub async fn run(options: RunOptions) -> anyhow::Result<()> {
         Ok(plan) => daemon.start_guard(plan, false),
         Err(e) => warn!(error = %e, "the configuration's guards do not read; no guard period"),
     }
+    daemon.start_rule_guards();
 
     // The cluster sync, with [cluster]: cluster-hot events reach it from
     // every interface's watcher.

@@ -59,6 +59,8 @@ pub struct Daemon {
     pub(super) cluster_live: Option<super::cluster::SharedLive>,
     /// The global guard period, running or the last one (`guarded`).
     pub(super) guard: Option<super::guarded::GuardRun>,
+    /// The rules' guard periods, running or the last ones.
+    pub(super) rule_guards: Vec<super::guarded::GuardRun>,
 }
 
 /// One protected interface and what the daemon has seen of it.
@@ -100,6 +102,7 @@ impl Daemon {
             metrics: Metrics::new(),
             cluster_live: None,
             guard: None,
+            rule_guards: Vec::new(),
         }
     }
 
@@ -238,7 +241,7 @@ impl Daemon {
             );
             iface.observed.update(snapshot);
         }
-        self.check_guard();
+        self.check_guards();
         self.metrics
             .aggregation
             .observe(started.elapsed().as_secs_f64());
@@ -302,6 +305,7 @@ impl Daemon {
         // A reload ends any guard period; one into enforce with guards
         // starts a new one.
         self.start_guard(guard_plan, false);
+        self.start_rule_guards();
         Some(generation)
     }
 }

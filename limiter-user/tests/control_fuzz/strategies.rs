@@ -220,6 +220,8 @@ pub(crate) fn section(
         dry_run,
         scope,
         levels: Vec::new(),
+        guards: Vec::new(),
+        guard_for: None,
     }
 }
 

@@ -231,13 +231,13 @@ impl Metrics {
             guard_state: gauge(
                 &registry,
                 "xdp_limiter_guard_state",
-                "Guarded enforcement, by scope (global): 0 no guard, 1 watching, 2 passed (period over, enforcing), 3 rolled back to dry-run.",
+                "Guarded enforcement, by scope (global, or the rule's name): 0 no guard, 1 watching, 2 passed (period over, enforcing), 3 rolled back to dry-run.",
                 &["scope"],
             ),
             guard_rollbacks: counter(
                 &registry,
                 "xdp_limiter_guard_rollbacks_total",
-                "Returns to dry-run because a guard was breached, by scope (global).",
+                "Returns to dry-run because a guard was breached, by scope (global, or the rule's name).",
                 &["scope"],
             ),
             aggregation: registered(
