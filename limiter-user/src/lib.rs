@@ -15,6 +15,7 @@ pub mod cluster;
 pub mod config;
 pub mod daemon;
 pub mod fault;
+pub mod guard;
 pub mod kernel;
 pub mod lock;
 pub mod proto;

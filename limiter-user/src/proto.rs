@@ -20,8 +20,22 @@ pub const MAX_REQUEST_BYTES: usize = 64 * 1024;
 /// Every key of a request line outside its `rule` (whose keys are
 /// [`RuleSection::KEYS`]): what tests and fuzzers build requests from.
 pub const REQUEST_KEYS: &[&str] = &[
-    "version", "command", "limit", "level", "dry_run", "save", "edit", "op", "rule", "cidr",
-    "since", "quantile", "headroom", "apply",
+    "version",
+    "command",
+    "limit",
+    "level",
+    "dry_run",
+    "save",
+    "guards",
+    "guard_for",
+    "edit",
+    "op",
+    "rule",
+    "cidr",
+    "since",
+    "quantile",
+    "headroom",
+    "apply",
 ];
 
 /// A request, as sent: `{"version":1,"command":"status"}`.
@@ -48,10 +62,22 @@ pub enum Request {
         level: Option<String>,
     },
     /// Global dry-run on or off; with `save`, written to the file too.
+    /// Enforce with `guards` starts a guard period of `guard_for`
+    /// (`crate::guard`); any mode change ends a running one.
     Mode {
         dry_run: bool,
         #[serde(default)]
         save: bool,
+        /// Guard expressions (`dropped_share <= 5%`), parsed by the daemon.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        guards: Vec<String>,
+        /// The guard period (default 10 min with guards).
+        #[serde(
+            default,
+            with = "humantime_serde",
+            skip_serializing_if = "Option::is_none"
+        )]
+        guard_for: Option<Duration>,
     },
     /// Re-read the configuration file (as SIGHUP does).
     Reload,
@@ -208,6 +234,58 @@ pub struct Status {
     /// `[cluster]`). Absent from a daemon older than cluster scopes.
     #[serde(default)]
     pub cluster: ClusterStatus,
+    /// The global guard period, the running or the last one; absent when
+    /// none was started (and from a daemon older than guards).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guard: Option<GuardStatus>,
+    /// The rules' guard periods (`scope`: the rule's name when it
+    /// started), running or the last ones.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rule_guards: Vec<GuardStatus>,
+}
+
+/// `status`'s `guard` block: a guard period (`crate::guard`).
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+pub struct GuardStatus {
+    /// `global` (or a rule's name).
+    pub scope: String,
+    /// `watching`, `passed` or `rolled-back`.
+    pub state: String,
+    /// The guard period.
+    #[serde(with = "humantime_serde")]
+    pub period: Duration,
+    /// Time left while watching (zero once over), in whole seconds.
+    pub remaining_s: u64,
+    /// Each guard with its last measured value.
+    pub guards: Vec<GuardValue>,
+    /// After a rollback: which guard, what was measured, when.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollback: Option<GuardRollback>,
+}
+
+/// One guard of a period and its last measured value.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+pub struct GuardValue {
+    /// As it can be written (`dropped_share <= 5%`).
+    pub guard: String,
+    /// The last value in the guard's unit (`2.5%`, `3`, `1200`); `None`:
+    /// not enough traffic yet to judge.
+    pub last: Option<String>,
+    /// The same as a number (a share as a fraction).
+    pub last_value: Option<f64>,
+}
+
+/// The breach that rolled a guard period back.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+pub struct GuardRollback {
+    pub guard: String,
+    /// The measured value in the guard's unit (`20.5%`).
+    pub measured: String,
+    pub measured_value: f64,
+    /// When, in seconds since the Unix epoch.
+    pub at_unix_s: u64,
+    /// How long ago, in whole seconds.
+    pub ago_s: u64,
 }
 
 /// One rule's levels, as `status` shows them.

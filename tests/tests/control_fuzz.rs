@@ -470,6 +470,8 @@ impl Lines {
             3 => Request::Mode {
                 dry_run: self.rng.bool(),
                 save: self.rng.bool(),
+                guards: Vec::new(),
+                guard_for: None,
             },
             4 => Request::Reload,
             5 => Request::Detach,

@@ -207,11 +207,26 @@ pub enum Mode {
 pub struct ModeArgs {
     #[arg(value_enum)]
     pub mode: Mode,
-    /// Also write the mode to the daemon's configuration file.
+    /// Also write the mode to the daemon's configuration file (with
+    /// `--guard`, the guards too; a rollback then writes dry-run).
     #[arg(long)]
     pub save: bool,
+    /// With `enforce`: a guard (`METRIC OP VALUE`, e.g.
+    /// "dropped_share <= 5%"; metrics limited_sources, dropped_share,
+    /// dropped_pps) checked every tick of the guard period; a breach
+    /// returns to dry-run on its own. Repeatable.
+    #[arg(long = "guard", value_name = "EXPR", value_parser = parse_guard)]
+    pub guards: Vec<crate::guard::Guard>,
+    /// The guard period (5s..24h; default 10m), with `--guard`.
+    #[arg(long = "for", value_name = "DURATION", value_parser = humantime::parse_duration)]
+    pub guard_for: Option<Duration>,
     #[command(flatten)]
     pub socket: SocketArg,
+}
+
+fn parse_guard(text: &str) -> Result<crate::guard::Guard, String> {
+    text.parse()
+        .map_err(|e: crate::guard::GuardError| e.to_string())
 }
 
 /// `unblock`.
@@ -324,6 +339,15 @@ pub struct LimitArgs {
     /// source:20000@1m (another window per source).
     #[arg(long = "level", value_name = "LEVEL", value_parser = level)]
     pub levels: Vec<LevelSpec>,
+    /// Enforce this rule under a guard (`METRIC OP VALUE`, e.g.
+    /// "dropped_share <= 5%") judged on this rule's figures every tick of
+    /// the guard period; a breach returns this rule alone to dry-run.
+    /// Repeatable.
+    #[arg(long = "guard", value_name = "EXPR", value_parser = parse_guard)]
+    pub guards: Vec<crate::guard::Guard>,
+    /// The rule's guard period (5s..24h; default 10m), with `--guard`.
+    #[arg(long = "for", value_name = "DURATION", value_parser = humantime::parse_duration)]
+    pub guard_for: Option<Duration>,
 }
 
 impl LimitArgs {
@@ -340,6 +364,8 @@ impl LimitArgs {
             dry_run: false,
             scope: Scope::Node,
             levels: Vec::new(),
+            guards: Vec::new(),
+            guard_for: None,
         }
     }
 }

@@ -34,6 +34,8 @@ pub fn section(cidr: Option<IpNet>, m: &MatchArgs, l: &LimitArgs) -> RuleSection
         dry_run: Some(l.dry_run),
         scope: l.scope,
         levels: l.levels.iter().copied().map(Into::into).collect(),
+        guards: l.guards.iter().map(ToString::to_string).collect(),
+        guard_for: l.guard_for,
     }
 }
 

@@ -3,7 +3,7 @@
 use std::path::Path;
 
 use super::{client, Output};
-use crate::proto::{ClusterStatus, Reply, Request, Status};
+use crate::proto::{ClusterStatus, GuardStatus, Reply, Request, Status};
 
 pub fn run(socket: &Path, output: Output) -> anyhow::Result<()> {
     let Reply::Status(status) = client::request(socket, Request::Status)? else {
@@ -49,6 +49,40 @@ pub fn render(status: &Status) -> String {
         ));
     }
     text.push_str(&render_cluster(&status.cluster));
+    for guard in status.guard.iter().chain(&status.rule_guards) {
+        text.push_str(&render_guard(guard));
+    }
+    text
+}
+
+/// The `guard:` lines of the human form: the state, time left, each
+/// guard's last value, and after a rollback which guard and when.
+fn render_guard(guard: &GuardStatus) -> String {
+    let mut text = format!(
+        "guard ({}): {}, period {}",
+        guard.scope,
+        guard.state,
+        humantime::format_duration(guard.period)
+    );
+    if guard.state == "watching" {
+        text.push_str(&format!(", {}s left", guard.remaining_s));
+    }
+    text.push('\n');
+    for g in &guard.guards {
+        text.push_str(&format!(
+            "  {:<32} last {}\n",
+            g.guard,
+            g.last
+                .as_deref()
+                .unwrap_or("- (too little traffic to judge)")
+        ));
+    }
+    if let Some(r) = &guard.rollback {
+        text.push_str(&format!(
+            "  rolled back to dry-run {}s ago: {} measured {}\n",
+            r.ago_s, r.guard, r.measured
+        ));
+    }
     text
 }
 

@@ -118,6 +118,18 @@ pub struct LimitsSection {
     /// window (the exact tier), and per-CPU state only once it is busy or
     /// refused. Off: every source gets per-CPU state on its first frame.
     pub tiers: bool,
+    /// Guards (`METRIC OP VALUE`, `crate::guard`) watched for `guard_for`
+    /// after the daemon starts or reloads into enforce (`dry_run =
+    /// false`): a breach returns it to dry-run on its own.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub guards: Vec<String>,
+    /// The guard period (5s..=24h); unset: 10 min.
+    #[serde(
+        default,
+        with = "humantime_serde",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub guard_for: Option<Duration>,
 }
 
 impl Default for LimitsSection {
@@ -128,6 +140,8 @@ impl Default for LimitsSection {
             ipv6_prefix: 64,
             buckets_per_window: limiter_common::window::DEFAULT_BUCKETS_PER_WINDOW,
             tiers: true,
+            guards: Vec::new(),
+            guard_for: None,
         }
     }
 }
@@ -235,6 +249,19 @@ pub struct RuleSection {
     /// `rules::level`): aggregates and other windows.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub levels: Vec<LevelEntry>,
+    /// Guards (`METRIC OP VALUE`, `crate::guard`) judged on this rule's
+    /// figures for `guard_for` once it enforces (started by the edit that
+    /// sets it, or by the daemon's start or a reload): a breach returns
+    /// this rule alone to dry-run.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub guards: Vec<String>,
+    /// The rule's guard period (5s..=24h); unset: 10 min.
+    #[serde(
+        default,
+        with = "humantime_serde",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub guard_for: Option<Duration>,
 }
 
 /// A level of a rule as a file or a request spells it: read as any
@@ -323,6 +350,8 @@ impl Default for RuleSection {
             dry_run: None,
             scope: Scope::Node,
             levels: Vec::new(),
+            guards: Vec::new(),
+            guard_for: None,
         }
     }
 }
@@ -352,6 +381,8 @@ impl RuleSection {
         "dry_run",
         "scope",
         "levels",
+        "guards",
+        "guard_for",
     ];
 
     /// Whether `other` names the same rule: same prefix and match.
@@ -362,6 +393,42 @@ impl RuleSection {
             && protocol(self) == protocol(other)
             && self.ports_range() == other.ports_range()
             && self.tcp_syn == other.tcp_syn
+    }
+
+    /// Whether this rule enforces by itself (its own `dry_run`, unset
+    /// meaning dry-run for the default rule and enforce for the others).
+    pub fn enforces(&self, is_default: bool) -> bool {
+        !self.dry_run.unwrap_or(is_default)
+    }
+
+    /// The guard period this rule asks for (`None`: no guards, or the
+    /// rule does not enforce), or why its guards are refused (each
+    /// error naming its field under `name`).
+    pub fn guard_plan(
+        &self,
+        name: &str,
+        is_default: bool,
+    ) -> Result<Option<(Vec<crate::guard::Guard>, Duration)>, (String, String)> {
+        let guards = self
+            .guards
+            .iter()
+            .enumerate()
+            .map(|(i, text)| {
+                text.parse::<crate::guard::Guard>()
+                    .map_err(|e| (format!("{name}.guards[{i}]"), e.to_string()))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        if !guards.is_empty() && self.action != Action::Limit {
+            return Err((
+                format!("{name}.guards"),
+                "guards watch a limit: this rule's action is not `limit`".into(),
+            ));
+        }
+        let period = crate::guard::check_plan(false, &guards, self.guard_for)
+            .map_err(|e| (format!("{name}.guard_for"), e.to_string()))?;
+        Ok(period
+            .filter(|_| self.enforces(is_default))
+            .map(|period| (guards, period)))
     }
 
     fn ports_range(&self) -> Option<(u16, u16)> {

@@ -338,6 +338,8 @@ pub(crate) fn rule_with_every_key() -> RuleSection {
         dry_run: Some(true),
         scope: limiter_common::Scope::Cluster,
         levels: vec!["prefix/24:100".into()],
+        guards: vec!["dropped_share <= 5%".into()],
+        guard_for: Some(Duration::from_secs(60)),
         ..RuleSection::default()
     }
 }

@@ -10,6 +10,7 @@ use super::{
 };
 use limiter_common::{Action, AddressFamily, Scope};
 
+use crate::guard::{self, Guard, GuardError};
 use crate::rules::{compile, rule_name, Limits, Match, RuleError, RuleSet, RuleSpec};
 
 /// The most "source limited" lines a second (or at once) the daemon may
@@ -97,6 +98,7 @@ impl FileConfig {
                 ));
             }
         }
+        self.limits.guard_plan()?;
         let cluster = self.cluster.as_ref().map(|c| c.validate()).transpose()?;
         let default = rule_spec(&self.default, &rule_name(0), true)?;
         let rules = self
@@ -146,6 +148,9 @@ impl FileConfig {
 }
 
 fn rule_spec(section: &RuleSection, name: &str, is_default: bool) -> Result<RuleSpec, ConfigError> {
+    section
+        .guard_plan(name, is_default)
+        .map_err(|(name, message)| field(name, message))?;
     let cidr = match (is_default, section.cidr) {
         (true, Some(_)) => {
             return Err(field(
@@ -304,4 +309,34 @@ pub fn check_frame_sizes(rules: &RuleSet, interfaces: &[String]) -> Result<(), C
         }
     }
     Ok(())
+}
+
+impl super::LimitsSection {
+    /// The guard period `[limits]` asks for: its guards and how long
+    /// (`None`: no guards, or `dry_run = true`: guards watch enforcement
+    /// and wait in the file until it enforces, which is also what a
+    /// saved rollback writes), each error naming its field.
+    pub fn guard_plan(&self) -> Result<Option<(Vec<Guard>, Duration)>, ConfigError> {
+        let guards = self
+            .guards
+            .iter()
+            .enumerate()
+            .map(|(i, text)| {
+                text.parse::<Guard>()
+                    .map_err(|e| field(format!("limits.guards[{i}]"), e.to_string()))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let period = guard::check_plan(false, &guards, self.guard_for).map_err(|e| {
+            let name = match e {
+                GuardError::PeriodOutOfRange(_) | GuardError::PeriodWithoutGuard => {
+                    "limits.guard_for"
+                }
+                _ => "limits.guards",
+            };
+            field(name, e.to_string())
+        })?;
+        Ok(period
+            .filter(|_| !self.dry_run)
+            .map(|period| (guards, period)))
+    }
 }

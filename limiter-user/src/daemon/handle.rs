@@ -3,13 +3,15 @@
 //! unblock, rule edits), each either applied to every interface or refused
 //! with nothing changed.
 
+use std::time::Duration;
+
 use ipnet::IpNet;
 use limiter_common::{Action, Scope};
 use tracing::{info, warn};
 
 use super::{edit, state::Daemon};
 use crate::{
-    config,
+    config, guard,
     kernel::{self, penalty},
     proto::{
         ClusterStatus, InterfaceStatus, Reply, Request, ResponseLine, RuleEdit, RuleLevelsStatus,
@@ -61,7 +63,12 @@ impl Daemon {
                 }),
             Request::Unblock { cidr } => self.unblock(&cidr).map(done),
             Request::Rules { edit, save } => self.edit_rules(edit, save).map(done),
-            Request::Mode { dry_run, save } => self.set_mode(dry_run, save).map(done),
+            Request::Mode {
+                dry_run,
+                save,
+                guards,
+                guard_for,
+            } => self.set_mode(dry_run, save, &guards, guard_for).map(done),
             Request::Suggest {
                 rule,
                 since,
@@ -85,6 +92,7 @@ impl Daemon {
     }
 
     fn status(&self) -> Status {
+        let (guard, rule_guards) = self.guard_status();
         Status {
             version: env!("CARGO_PKG_VERSION").to_string(),
             generation: self.generation,
@@ -129,6 +137,8 @@ impl Daemon {
                         .count(),
                 )
             },
+            guard,
+            rule_guards,
         }
     }
 
@@ -219,18 +229,41 @@ impl Daemon {
     }
 
     /// Global dry-run on or off, on every interface; with `save` written to
-    /// the file too.
-    fn set_mode(&mut self, dry_run: bool, save: bool) -> Result<String, String> {
+    /// the file too. Enforce with `guards` starts a guard period of
+    /// `guard_for`; any mode change ends the running one. Bad guards are
+    /// refused with nothing changed.
+    fn set_mode(
+        &mut self,
+        dry_run: bool,
+        save: bool,
+        guards: &[String],
+        guard_for: Option<Duration>,
+    ) -> Result<String, String> {
+        let parsed = guard::parse_all(guards).map_err(|e| e.to_string())?;
+        let period = guard::check_plan(dry_run, &parsed, guard_for).map_err(|e| e.to_string())?;
         let mut rules = self.config.rules.clone();
         rules.dry_run = dry_run;
         let generation = self
             .push(&rules)
             .map_err(|e| format!("mode change failed: {e}"))?;
         self.config.rules = rules;
-        self.config.file.limits.dry_run = dry_run;
+        // The file form mirrors the mode and its guards as given, so that
+        // `--save` (now or with a later edit) writes what is in force.
+        let limits = &mut self.config.file.limits;
+        limits.dry_run = dry_run;
+        limits.guards = parsed.iter().map(ToString::to_string).collect();
+        limits.guard_for = period.filter(|_| guard_for.is_some());
         let mode = if dry_run { "dry-run" } else { "enforce" };
         info!(mode, "mode changed through the control socket");
-        let done = format!("mode {mode}; rule generation {generation}");
+        let mut done = format!("mode {mode}; rule generation {generation}");
+        if let Some(period) = period {
+            done.push_str(&format!(
+                "; guarded for {} by {}",
+                humantime::format_duration(period),
+                limits.guards.join(", ")
+            ));
+        }
+        self.start_guard(period.map(|p| (parsed, p)), save);
         if save {
             return self.save(&done);
         }
@@ -239,8 +272,40 @@ impl Daemon {
 
     /// Applies one rule edit: validated as a whole file would be, pushed to
     /// every interface, and with `save` written to the configuration file.
-    /// A rejected edit changes nothing.
+    /// A rejected edit changes nothing. The edited rule's guard period
+    /// ends, and the edit starts the one its `guards` ask for.
     pub(super) fn edit_rules(&mut self, edit: RuleEdit, save: bool) -> Result<String, String> {
+        let edited = match &edit {
+            RuleEdit::Remove { rule } => Err(rule.clone()),
+            RuleEdit::Add { rule } | RuleEdit::Set { rule } | RuleEdit::Default { rule } => {
+                Ok(rule.clone())
+            }
+        };
+        let mut done = self.apply_edit(edit)?;
+        match edited {
+            Err(removed) => self.end_rule_guard(&removed),
+            Ok(rule) => {
+                if let Some(position) = self.position(&rule) {
+                    let section = match position {
+                        0 => self.config.file.default.clone(),
+                        p => self.config.file.rules[p - 1].clone(),
+                    };
+                    if let Some(guarded) = self.start_rule_guard(position, section, save) {
+                        done.push_str(&format!("; {guarded}"));
+                    }
+                }
+            }
+        }
+        if save {
+            return self.save(&done);
+        }
+        Ok(done)
+    }
+
+    /// The kernel part of a rule edit (no guards, no saving): validated,
+    /// pushed, made the configuration in force; what changed, with the
+    /// generation.
+    pub(super) fn apply_edit(&mut self, edit: RuleEdit) -> Result<String, String> {
         let (file, mut fresh, what) = edit::apply_rule_edit(&self.config.file, edit)?;
         super::startup::apply_overrides(&mut fresh, &self.options);
         config::check_frame_sizes(&fresh.rules, &fresh.daemon.interfaces)
@@ -255,11 +320,7 @@ impl Daemon {
         self.config.rules = fresh.rules;
         self.config.file = file;
         info!(change = %what, generation, "rules changed through the control socket");
-        let done = format!("{what}; rule generation {generation}");
-        if save {
-            return self.save(&done);
-        }
-        Ok(done)
+        Ok(format!("{what}; rule generation {generation}"))
     }
 
     /// Writes the configuration in force to the file the daemon was started

@@ -14,6 +14,7 @@ pub mod conns;
 pub mod control;
 pub mod edit;
 pub mod events;
+pub mod guarded;
 pub mod handle;
 pub mod history;
 pub mod metrics;
@@ -84,6 +85,13 @@ pub async fn run(options: RunOptions) -> anyhow::Result<()> {
     for iface in &daemon.ifaces {
         info!(iface = %iface.instance.iface, mode = iface.instance.attachment.as_str(), generation = daemon.generation, "protecting");
     }
+    // `[limits] guards` with enforce: a guard period from start-up (the
+    // file was validated, so the plan reads).
+    match daemon.config.file.limits.guard_plan() {
+        Ok(plan) => daemon.start_guard(plan, false),
+        Err(e) => warn!(error = %e, "the configuration's guards do not read; no guard period"),
+    }
+    daemon.start_rule_guards();
 
     // The cluster sync, with [cluster]: cluster-hot events reach it from
     // every interface's watcher.

@@ -61,6 +61,10 @@ pub struct Daemon {
     /// The cluster sync's live state, for `status` (`None` without
     /// `[cluster]`).
     pub(super) cluster_live: Option<super::cluster::SharedLive>,
+    /// The global guard period, running or the last one (`guarded`).
+    pub(super) guard: Option<super::guarded::GuardRun>,
+    /// The rules' guard periods, running or the last ones.
+    pub(super) rule_guards: Vec<super::guarded::GuardRun>,
 }
 
 /// One protected interface and what the daemon has seen of it.
@@ -103,6 +107,8 @@ impl Daemon {
             metrics: Metrics::new(),
             history: History::new(horizon),
             cluster_live: None,
+            guard: None,
+            rule_guards: Vec::new(),
         }
     }
 
@@ -260,6 +266,7 @@ impl Daemon {
             );
             iface.observed.update(snapshot);
         }
+        self.check_guards();
         self.metrics
             .aggregation
             .observe(started.elapsed().as_secs_f64());
@@ -289,6 +296,14 @@ impl Daemon {
             error!(error = %e, "SIGHUP: configuration rejected; the running one stays in force");
             return None;
         }
+        // Checked by validation; read again for the period to start.
+        let guard_plan = match fresh.file.limits.guard_plan() {
+            Ok(plan) => plan,
+            Err(e) => {
+                error!(error = %e, "SIGHUP: configuration rejected; the running one stays in force");
+                return None;
+            }
+        };
         if fresh.daemon != self.config.daemon {
             warn!("SIGHUP: [daemon] settings changed; they take effect on restart");
         }
@@ -312,6 +327,10 @@ impl Daemon {
         self.config.rules = fresh.rules;
         self.config.file = fresh.file;
         self.config.text = fresh.text;
+        // A reload ends any guard period; one into enforce with guards
+        // starts a new one.
+        self.start_guard(guard_plan, false);
+        self.start_rule_guards();
         Some(generation)
     }
 }

@@ -18,6 +18,14 @@ fn requests_round_trip() {
         Request::Mode {
             dry_run: true,
             save: false,
+            guards: Vec::new(),
+            guard_for: None,
+        },
+        Request::Mode {
+            dry_run: false,
+            save: false,
+            guards: vec!["dropped_share <= 5%".into()],
+            guard_for: Some(Duration::from_secs(600)),
         },
         Request::Reload,
     ] {
@@ -258,8 +266,10 @@ fn request_keys_are_the_keys_requests_have() {
             level: Some("prefix/24".into()),
         },
         Request::Mode {
-            dry_run: true,
+            dry_run: false,
             save: true,
+            guards: vec!["limited_sources <= 1%".into()],
+            guard_for: Some(Duration::from_secs(60)),
         },
         Request::Reload,
         Request::RuleList,

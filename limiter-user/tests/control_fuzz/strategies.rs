@@ -220,6 +220,8 @@ pub(crate) fn section(
         dry_run,
         scope,
         levels: Vec::new(),
+        guards: Vec::new(),
+        guard_for: None,
     }
 }
 
@@ -250,7 +252,12 @@ pub(crate) fn request() -> BoxedStrategy<Request> {
         Just(Request::Status),
         (any::<usize>(), proptest::option::of(".{0,12}"))
             .prop_map(|(limit, level)| Request::Top { limit, level }),
-        (any::<bool>(), any::<bool>()).prop_map(|(dry_run, save)| Request::Mode { dry_run, save }),
+        (any::<bool>(), any::<bool>()).prop_map(|(dry_run, save)| Request::Mode {
+            dry_run,
+            save,
+            guards: Vec::new(),
+            guard_for: None,
+        }),
         Just(Request::Reload),
         Just(Request::RuleList),
         Just(Request::Detach),

@@ -57,6 +57,8 @@ pub struct Metrics {
     run_seconds: IntCounterVec,
     runs: IntCounterVec,
     ns_per_run: GaugeVec,
+    guard_state: IntGaugeVec,
+    guard_rollbacks: IntCounterVec,
     pub aggregation: Histogram,
     /// Each source's packets over its last complete second, once a sweep.
     source_rate: HistogramVec,
@@ -244,6 +246,18 @@ impl Metrics {
                 )
                 .expect("valid metric"),
             ),
+            guard_state: gauge(
+                &registry,
+                "xdp_limiter_guard_state",
+                "Guarded enforcement, by scope (global, or the rule's name): 0 no guard, 1 watching, 2 passed (period over, enforcing), 3 rolled back to dry-run.",
+                &["scope"],
+            ),
+            guard_rollbacks: counter(
+                &registry,
+                "xdp_limiter_guard_rollbacks_total",
+                "Returns to dry-run because a guard was breached, by scope (global, or the rule's name).",
+                &["scope"],
+            ),
             aggregation: registered(
                 &registry,
                 Histogram::with_opts(
@@ -293,7 +307,26 @@ impl Metrics {
         )
         .with_label_values(&[env!("CARGO_PKG_VERSION")])
         .set(1);
+        // The global series exist from start-up, so dashboards and alerts
+        // see 0 rather than nothing.
+        m.set_guard_state(super::guarded::GLOBAL, crate::guard::GuardState::None);
+        m.guard_rollbacks
+            .with_label_values(&[super::guarded::GLOBAL])
+            .inc_by(0);
         m
+    }
+
+    /// `xdp_limiter_guard_state{scope}`.
+    pub fn set_guard_state(&self, scope: &str, state: crate::guard::GuardState) {
+        self.guard_state
+            .with_label_values(&[scope])
+            .set(state as i64);
+    }
+
+    /// A rollback of `scope`'s guard: counted, and the state says so.
+    pub fn guard_rolled_back(&self, scope: &str) {
+        self.guard_rollbacks.with_label_values(&[scope]).inc();
+        self.set_guard_state(scope, crate::guard::GuardState::RolledBack);
     }
 
     /// Advances a counter to the kernel's total (kernel totals only grow
