@@ -4,8 +4,8 @@
 //! light sources' rate and at the 0.99 quantile on the heavy ones' (times
 //! the headroom), the shares of what the limits would have done agree
 //! with what was sent, `--apply` leaves a dry-run rule with the proposed
-//! limit, the rate histogram and the limit gauge appear in a real scrape
-//! of /metrics, and every bad input is refused with nothing changed.
+//! limit, the rate histograms (sources, and the /24 level's aggregate) and
+//! the limit gauge appear in a real scrape of /metrics, and every bad input is refused with nothing changed.
 //!
 //! Tolerances: a light source sends 10 a second on a 10 ms pacing loop,
 //! so one complete second holds 9 to 11 of its frames (exact buckets below
@@ -42,7 +42,8 @@ fn heavy(i: usize) -> Ipv4Addr {
 }
 
 const CONFIG: &str = "[daemon]\ntick = \"250ms\"\nhistory = \"10m\"\n\n\
-    [limits]\ntiers = false\n\n[default]\npps = 1000\nwindow = \"2s\"\ndry_run = false\n\n\
+    [limits]\ntiers = false\n\n[default]\npps = 1000\nwindow = \"2s\"\ndry_run = false\n\
+    levels = [\"prefix/24:100000\"]\n\n\
     [[rules]]\ncidr = \"198.18.0.0/15\"\naction = \"allow\"\n";
 
 /// Every flow `(source, rate)` sends at its rate for `duration`, paced on
@@ -236,6 +237,19 @@ fn suggest_lands_where_the_distribution_of_per_source_rates_says() {
         limiter_tests::daemon::parse_metric(&metrics, "xdp_limiter_rule_limit_pps{rule=\"default\"}"),
         Some(1000.0)
     );
+
+    // The /24 level's aggregate (every source here: about 600 pps) in its
+    // own histogram.
+    let level = metrics
+        .lines()
+        .find(|l| {
+            l.starts_with(&format!(
+                "xdp_limiter_level_rate_pps_bucket{{interface=\"{RX_IF}\",level=\"prefix/24"
+            )) && l.contains("rule=\"default\",le=\"1000\"}")
+        })
+        .unwrap_or_else(|| panic!("no level histogram in\n{metrics}"));
+    let at_most_1000: f64 = level.rsplit(' ').next().unwrap().parse().unwrap();
+    assert!(at_most_1000 > 0.0, "{level}");
 
     // --apply: the proposal set live as a dry-run rule, the window kept.
     let answer = suggest(&files, &["--quantile", "0.99", "--apply"]);

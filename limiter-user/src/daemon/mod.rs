@@ -16,6 +16,7 @@ pub mod edit;
 pub mod events;
 pub mod handle;
 pub mod history;
+pub mod level_rates;
 pub mod metrics;
 pub mod startup;
 pub mod state;
