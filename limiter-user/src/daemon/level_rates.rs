@@ -27,6 +27,10 @@ pub struct LiveLevel<'a> {
     level: Level,
 }
 
+/// The live levels read, and `(index into them, packets per second)` per
+/// aggregate with packets in its window.
+pub type LevelRates<'a> = (Vec<LiveLevel<'a>>, Vec<(usize, f64)>);
+
 /// The aggregates' rates of `instance`'s live levels (the rules of
 /// `levels` in the generation `generation`): `(index into the first
 /// vector, packets per second)` for each aggregate with packets in its
@@ -37,7 +41,7 @@ pub fn read<'a>(
     generation: u32,
     budget: usize,
     now_ns: u64,
-) -> Result<(Vec<LiveLevel<'a>>, Vec<(usize, f64)>), MapsError> {
+) -> Result<LevelRates<'a>, MapsError> {
     let maps = &instance.program.maps;
     let base = rules_base(generation);
     let mut live = Vec::new();

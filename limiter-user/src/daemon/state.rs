@@ -259,7 +259,8 @@ impl Daemon {
                             })
                             .collect();
                         for (at, pps) in rates {
-                            self.history.observe(&keys[at], pps.ceil() as u64, history_now);
+                            self.history
+                                .observe(&keys[at], pps.ceil() as u64, history_now);
                             self.metrics.observe_level_rate(
                                 &instance.iface,
                                 live[at].rule,
