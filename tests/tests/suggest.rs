@@ -4,8 +4,8 @@
 //! light sources' rate and at the 0.99 quantile on the heavy ones' (times
 //! the headroom), the shares of what the limits would have done agree
 //! with what was sent, `--apply` leaves a dry-run rule with the proposed
-//! limit, the rate histogram and the limit gauge appear in a real scrape
-//! of /metrics, and every bad input is refused with nothing changed.
+//! limit, the rate histograms (sources, and the /24 level's aggregate) and
+//! the limit gauge appear in a real scrape of /metrics, and every bad input is refused with nothing changed.
 //!
 //! Tolerances: a light source sends 10 a second on a 10 ms pacing loop,
 //! so one complete second holds 9 to 11 of its frames (exact buckets below
@@ -42,7 +42,8 @@ fn heavy(i: usize) -> Ipv4Addr {
 }
 
 const CONFIG: &str = "[daemon]\ntick = \"250ms\"\nhistory = \"10m\"\n\n\
-    [limits]\ntiers = false\n\n[default]\npps = 1000\nwindow = \"2s\"\ndry_run = false\n\n\
+    [limits]\ntiers = false\n\n[default]\npps = 1000\nwindow = \"2s\"\ndry_run = false\n\
+    levels = [\"prefix/24:100000\"]\n\n\
     [[rules]]\ncidr = \"198.18.0.0/15\"\naction = \"allow\"\n";
 
 /// Every flow `(source, rate)` sends at its rate for `duration`, paced on
@@ -97,7 +98,9 @@ fn refused(files: &Files, args: &[&str], code: i32) -> String {
 /// One raw request line on the control socket: the daemon's answer.
 fn raw(files: &Files, line: &str) -> Value {
     let mut stream = UnixStream::connect(files.socket()).expect("connect");
-    stream.write_all(format!("{line}\n").as_bytes()).expect("write");
+    stream
+        .write_all(format!("{line}\n").as_bytes())
+        .expect("write");
     let mut answer = String::new();
     BufReader::new(stream).read_line(&mut answer).expect("read");
     serde_json::from_str(&answer).expect("a JSON reply")
@@ -112,7 +115,11 @@ fn share(effect: &Value, key: &str) -> f64 {
 /// The one rule of a suggestion answer (only `default` limits packets).
 fn only_rule(answer: &Value) -> &Value {
     let rules = answer["rules"].as_array().expect("rules");
-    assert_eq!(rules.len(), 1, "only the default limits packets: {answer:#}");
+    assert_eq!(
+        rules.len(),
+        1,
+        "only the default limits packets: {answer:#}"
+    );
     assert_eq!(rules[0]["rule"], "default");
     &rules[0]
 }
@@ -121,7 +128,10 @@ fn in_range(value: &Value, range: std::ops::RangeInclusive<u64>, what: &str, ans
     let v = value
         .as_u64()
         .unwrap_or_else(|| panic!("{what}: {answer:#}"));
-    assert!(range.contains(&v), "{what} {v} not in {range:?}: {answer:#}");
+    assert!(
+        range.contains(&v),
+        "{what} {v} not in {range:?}: {answer:#}"
+    );
 }
 
 #[test]
@@ -131,22 +141,41 @@ fn suggest_lands_where_the_distribution_of_per_source_rates_says() {
     let files = Files::new();
     files.write_config(CONFIG);
     let config = files.config();
-    let daemon = Daemon::start(&lab.rx, &files, &["-i", RX_IF, "-c", config.to_str().unwrap()]);
+    let daemon = Daemon::start(
+        &lab.rx,
+        &files,
+        &["-i", RX_IF, "-c", config.to_str().unwrap()],
+    );
     let rules_before = files.cli_ok(&["rule", "ls", "--output", "json"]);
 
     // Before any traffic: nothing to suggest from.
     let err = refused(&files, &[], 1);
-    assert!(err.contains("no history yet") && err.contains("wait"), "{err}");
+    assert!(
+        err.contains("no history yet") && err.contains("wait"),
+        "{err}"
+    );
 
     // Bad input, each refused with a message naming what is wrong.
     for (args, code, expect) in [
-        (&["--since", "1h"][..], 1, "--since 1h is outside the history"),
-        (&["--since", "0s"][..], 1, "--since 0s is outside the history"),
+        (
+            &["--since", "1h"][..],
+            1,
+            "--since 1h is outside the history",
+        ),
+        (
+            &["--since", "0s"][..],
+            1,
+            "--since 0s is outside the history",
+        ),
         (&["--quantile", "0"][..], 2, "0 is outside (0, 1]"),
         (&["--quantile", "1.5"][..], 2, "1.5 is outside (0, 1]"),
         (&["--headroom", "0.5"][..], 2, "0.5 is below 1"),
         (&["--rule", "rules[7]"][..], 1, "no rule rules[7]"),
-        (&["--rule", "rules[0]"][..], 1, "rules[0] is not a `limit` rule"),
+        (
+            &["--rule", "rules[0]"][..],
+            1,
+            "rules[0] is not a `limit` rule",
+        ),
     ] {
         let err = refused(&files, args, code);
         assert!(err.contains(expect), "{args:?}: {err}");
@@ -202,11 +231,24 @@ fn suggest_lands_where_the_distribution_of_per_source_rates_says() {
     // The top 1 % are the heavy ones' full seconds.
     let answer = suggest(&files, &["--quantile", "0.99", "--headroom", "2"]);
     let rule = only_rule(&answer);
-    in_range(&rule["quantile_pps"], 90..=115, "the 0.99 quantile", &answer);
-    in_range(&rule["proposed_pps"], 180..=230, "the 0.99 proposal", &answer);
+    in_range(
+        &rule["quantile_pps"],
+        90..=115,
+        "the 0.99 quantile",
+        &answer,
+    );
+    in_range(
+        &rule["proposed_pps"],
+        180..=230,
+        "the 0.99 proposal",
+        &answer,
+    );
     assert_eq!(share(&rule["proposed"], "limited_sources_share"), 0.0);
     assert_eq!(share(&rule["proposed"], "limited_traffic_share"), 0.0);
-    assert!(answer.get("applied").is_none(), "nothing applied without --apply");
+    assert!(
+        answer.get("applied").is_none(),
+        "nothing applied without --apply"
+    );
 
     // The text form says the same.
     let text = files.cli_ok(&["suggest", "--quantile", "0.99"]);
@@ -217,7 +259,10 @@ fn suggest_lands_where_the_distribution_of_per_source_rates_says() {
     assert!(line.contains(&rule["proposed_pps"].to_string()), "{text}");
 
     // Nothing above changed the rules.
-    assert_eq!(files.cli_ok(&["rule", "ls", "--output", "json"]), rules_before);
+    assert_eq!(
+        files.cli_ok(&["rule", "ls", "--output", "json"]),
+        rules_before
+    );
 
     // The histogram, as Prometheus scrapes it: light sources under 20,
     // heavy ones between 50 and 200.
@@ -233,21 +278,45 @@ fn suggest_lands_where_the_distribution_of_per_source_rates_says() {
     assert!(bucket("200") > bucket("50"), "{metrics}");
     assert_eq!(bucket("+Inf"), bucket("1000000"));
     assert_eq!(
-        limiter_tests::daemon::parse_metric(&metrics, "xdp_limiter_rule_limit_pps{rule=\"default\"}"),
+        limiter_tests::daemon::parse_metric(
+            &metrics,
+            "xdp_limiter_rule_limit_pps{rule=\"default\"}"
+        ),
         Some(1000.0)
     );
 
+    // The /24 level's aggregate (every source here: about 600 pps) in its
+    // own histogram.
+    let level = metrics
+        .lines()
+        .find(|l| {
+            l.starts_with(&format!(
+                "xdp_limiter_level_rate_pps_bucket{{interface=\"{RX_IF}\",level=\"prefix/24"
+            )) && l.contains("rule=\"default\",le=\"1000\"}")
+        })
+        .unwrap_or_else(|| panic!("no level histogram in\n{metrics}"));
+    let at_most_1000: f64 = level.rsplit(' ').next().unwrap().parse().unwrap();
+    assert!(at_most_1000 > 0.0, "{level}");
+
     // --apply: the proposal set live as a dry-run rule, the window kept.
     let answer = suggest(&files, &["--quantile", "0.99", "--apply"]);
-    let proposed = only_rule(&answer)["proposed_pps"].as_u64().expect("a proposal");
+    let proposed = only_rule(&answer)["proposed_pps"]
+        .as_u64()
+        .expect("a proposal");
     let applied = answer["applied"].as_str().expect("applied");
-    assert!(applied.contains("DRY-RUN") && applied.contains(&format!("default: {proposed} pps")), "{applied}");
+    assert!(
+        applied.contains("DRY-RUN") && applied.contains(&format!("default: {proposed} pps")),
+        "{applied}"
+    );
     let rules = files.cli_ok(&["rule", "ls", "--output", "json"]);
     let rules: Value = serde_json::from_str(&rules).expect("JSON");
     assert_eq!(rules["default"]["pps"], proposed, "{rules:#}");
     assert_eq!(rules["default"]["dry_run"], true, "{rules:#}");
     assert_eq!(rules["default"]["window"], "2s", "{rules:#}");
-    assert_eq!(rules["rules"][0]["action"], "allow", "the other rule untouched");
+    assert_eq!(
+        rules["rules"][0]["action"], "allow",
+        "the other rule untouched"
+    );
     daemon.wait_metric("xdp_limiter_rule_limit_pps{rule=\"default\"}", |v| {
         v == proposed as f64
     });

@@ -54,13 +54,7 @@ pub fn render(s: &Suggestions) -> String {
     );
     text.push_str(&format!(
         "{:<10} {:>10} {:>9} {:>12} {:>10} {:>21} {:>21}\n",
-        "rule",
-        "limit",
-        "samples",
-        "quantile",
-        "proposed",
-        "proposed limits*",
-        "current limits*"
+        "rule", "limit", "samples", "quantile", "proposed", "proposed limits*", "current limits*"
     ));
     for r in &s.rules {
         text.push_str(&format!(
@@ -87,4 +81,81 @@ pub fn render(s: &Suggestions) -> String {
         text.push('\n');
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::proto::RuleSuggestion;
+
+    #[test]
+    fn the_text_form_has_a_line_per_rule_and_says_when_applied_as_dry_run() {
+        let mut s = Suggestions {
+            horizon: Duration::from_secs(3600),
+            since: Duration::from_secs(3600),
+            quantile: 0.999,
+            headroom: 2.0,
+            rules: vec![
+                RuleSuggestion {
+                    rule: "default".into(),
+                    current_pps: Some(1000),
+                    samples: 212_400,
+                    quantile_pps: Some(103),
+                    proposed_pps: Some(210),
+                    proposed: Some(LimitEffect {
+                        limited_sources_share: 0.0002,
+                        limited_traffic_share: 0.0001,
+                    }),
+                    current: Some(LimitEffect::default()),
+                },
+                RuleSuggestion {
+                    rule: "rules[1]".into(),
+                    current_pps: Some(500),
+                    samples: 0,
+                    quantile_pps: None,
+                    proposed_pps: None,
+                    proposed: None,
+                    current: None,
+                },
+            ],
+            hot_sources_only: false,
+            applied: None,
+        };
+        let text = render(&s);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines[0],
+            "over the last 1h (history kept: 1h), quantile 0.999 x headroom 2"
+        );
+        let words = |line: &str| {
+            line.split_whitespace()
+                .map(String::from)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            words(lines[2]),
+            [
+                "default", "1000", "212400", "103", "210", "0.02%", "/", "0.01%", "0.00%", "/",
+                "0.00%"
+            ]
+        );
+        assert_eq!(
+            words(lines[3]),
+            ["rules[1]", "500", "0", "-", "-", "-", "-"]
+        );
+        assert!(
+            !text.contains("note:") && !text.contains("DRY-RUN"),
+            "{text}"
+        );
+        s.hot_sources_only = true;
+        s.applied = Some("applied as DRY-RUN rules: default: 210 pps".into());
+        let text = render(&s);
+        assert!(text.contains("note: the tiers are on"), "{text}");
+        assert!(
+            text.ends_with("applied as DRY-RUN rules: default: 210 pps\n"),
+            "{text}"
+        );
+    }
 }

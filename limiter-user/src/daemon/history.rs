@@ -235,7 +235,9 @@ impl Distribution {
         let (mut limited, mut excess) = (0u64, 0u64);
         for (bucket, cell) in &self.cells {
             let (lower, upper) = bounds(*bucket as usize);
-            let over = cell.packets.saturating_sub(cell.count.saturating_mul(limit));
+            let over = cell
+                .packets
+                .saturating_sub(cell.count.saturating_mul(limit));
             if lower > limit {
                 limited += cell.count;
                 excess += over;

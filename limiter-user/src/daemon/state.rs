@@ -18,6 +18,7 @@ use super::{
     aggregate::{self, Snapshot, Sweep},
     events::{LevelLabels, RuleNames},
     history::{History, SeriesKey},
+    level_rates,
     metrics::{Metrics, RuleLevels},
     startup::{apply_overrides, RunOptions},
 };
@@ -247,6 +248,38 @@ impl Daemon {
                 instance.program.run_stats(),
             );
             record_level_drops(&mut self.metrics, instance, &self.levels);
+            if !self.levels.is_empty() {
+                match level_rates::read(
+                    instance,
+                    self.levels.values(),
+                    self.generation,
+                    daemon.sources_per_tick,
+                    history_now.as_nanos() as u64,
+                ) {
+                    Ok((live, rates)) => {
+                        let keys: Vec<SeriesKey> = live
+                            .iter()
+                            .map(|l| SeriesKey {
+                                rule: l.rule.to_string(),
+                                level: Some(l.label.to_string()),
+                            })
+                            .collect();
+                        for (at, pps) in rates {
+                            self.history
+                                .observe(&keys[at], pps.ceil() as u64, history_now);
+                            self.metrics.observe_level_rate(
+                                &instance.iface,
+                                live[at].rule,
+                                live[at].label,
+                                pps,
+                            );
+                        }
+                    }
+                    Err(e) => {
+                        error!(iface = %instance.iface, error = %e, "reading the aggregates' rates failed")
+                    }
+                }
+            }
             self.metrics.record_link(
                 &instance.iface,
                 instance.reattachments,

@@ -139,6 +139,18 @@ pub fn aggregates(
     penalty::walk(map, names::AGGREGATES, cap, batch::BATCH, each)
 }
 
+/// As [`aggregates`], visiting at most `cap` entries (a per-tick budget);
+/// whether it reached the end.
+pub fn aggregates_capped(
+    maps: &Maps,
+    cap: usize,
+    each: impl FnMut(&LevelKey, &LevelWindow),
+) -> Result<Walk, MapsError> {
+    let map = maps.aggregates.map();
+    let cap = cap.min(penalty::cap_of(map, names::AGGREGATES)?);
+    penalty::walk(map, names::AGGREGATES, cap, batch::BATCH, each)
+}
+
 /// Sources evicted from the window map so far: every entry is created by
 /// the kernel (counted as `new_source`) and leaves either by LRU eviction or
 /// by a userspace delete, so `created - live - deleted` is exact.

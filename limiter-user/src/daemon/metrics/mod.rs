@@ -97,7 +97,10 @@ pub const RATE_BUCKETS: [f64; 19] = [
 
 fn rate_histogram(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> HistogramVec {
     let opts = HistogramOpts::new(name, help).buckets(RATE_BUCKETS.to_vec());
-    registered(registry, HistogramVec::new(opts, labels).expect("valid metric"))
+    registered(
+        registry,
+        HistogramVec::new(opts, labels).expect("valid metric"),
+    )
 }
 
 fn gauge(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
@@ -628,21 +631,53 @@ mod tests {
         let source = |le: &str, n: u32| {
             format!("xdp_limiter_source_rate_pps_bucket{{interface=\"eth0\",rule=\"default\",le=\"{le}\"}} {n}")
         };
-        for (le, n) in [("1", 0), ("5", 1), ("10", 3), ("100", 3), ("200", 4), ("1000000", 4), ("+Inf", 4)] {
+        for (le, n) in [
+            ("1", 0),
+            ("5", 1),
+            ("10", 3),
+            ("100", 3),
+            ("200", 4),
+            ("1000000", 4),
+            ("+Inf", 4),
+        ] {
             assert!(has(&source(le, n)), "no {} in\n{text}", source(le, n));
         }
-        assert!(has("xdp_limiter_source_rate_pps_sum{interface=\"eth0\",rule=\"default\"} 173"), "{text}");
-        assert!(has("xdp_limiter_source_rate_pps_count{interface=\"eth0\",rule=\"default\"} 4"), "{text}");
+        assert!(
+            has("xdp_limiter_source_rate_pps_sum{interface=\"eth0\",rule=\"default\"} 173"),
+            "{text}"
+        );
+        assert!(
+            has("xdp_limiter_source_rate_pps_count{interface=\"eth0\",rule=\"default\"} 4"),
+            "{text}"
+        );
         // 19 buckets and +Inf.
-        assert_eq!(text.matches("xdp_limiter_source_rate_pps_bucket{").count(), 20);
+        assert_eq!(
+            text.matches("xdp_limiter_source_rate_pps_bucket{").count(),
+            20
+        );
         assert!(has("xdp_limiter_level_rate_pps_bucket{interface=\"eth0\",level=\"prefix/24/48@1s\",rule=\"rules[0]\",le=\"50\"} 1"), "{text}");
-        assert!(has("xdp_limiter_rule_limit_pps{rule=\"default\"} 100"), "{text}");
-        assert!(has("xdp_limiter_rule_limit_pps{rule=\"rules[1]\"} 2000"), "{text}");
-        assert!(!text.contains("xdp_limiter_rule_limit_pps{rule=\"rules[0]\"}"), "{text}");
+        assert!(
+            has("xdp_limiter_rule_limit_pps{rule=\"default\"} 100"),
+            "{text}"
+        );
+        assert!(
+            has("xdp_limiter_rule_limit_pps{rule=\"rules[1]\"} 2000"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("xdp_limiter_rule_limit_pps{rule=\"rules[0]\"}"),
+            "{text}"
+        );
         // A rule gone takes its series with it.
         metrics.record_rule_limits(&[("default".into(), Some(50))]);
         let text = render(&metrics.registry);
-        assert!(text.contains("xdp_limiter_rule_limit_pps{rule=\"default\"} 50"), "{text}");
-        assert!(!text.contains("rule_limit_pps{rule=\"rules[1]\"}"), "{text}");
+        assert!(
+            text.contains("xdp_limiter_rule_limit_pps{rule=\"default\"} 50"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("rule_limit_pps{rule=\"rules[1]\"}"),
+            "{text}"
+        );
     }
 }
