@@ -6,13 +6,15 @@
 //!   they bite: a broken expression is refused, a wrong threshold or a
 //!   lost `for:` fails the unit tests;
 //! - a real daemon under real traffic in a one-node cluster lab (a real
-//!   `redis-server`, a `limit` rule with a level, a flood over the default
-//!   limit), scraped every second by a real Prometheus in the daemon's
+//!   `redis-server`, a `limit` rule with a level and a guard that rolls it
+//!   back, guarded enforcement of the whole daemon, a flood over the
+//!   default limit), scraped every second by a real Prometheus in the daemon's
 //!   namespace, which evaluates every PromQL expression of
 //!   `dist/grafana/xdp-limiter.json` (each panel's targets and each
 //!   template variable's query) and every alert rule: each query returns
 //!   data with the labels its legend names, each rule evaluates without
-//!   error.
+//!   error, and the alerts the lab's state calls for (the rollback firing,
+//!   the drop share pending) and no others are active.
 
 use std::{
     collections::BTreeSet,
@@ -334,18 +336,20 @@ impl Drop for BpfStats {
 /// flood's source goes over it), and a node rule for the light sources'
 /// prefix at 50 pps per source with a level of 200 pps per /24 (ten
 /// sources at 40 pps fill it; one source at 80 pps goes over its own
-/// limit).
+/// limit), guarded by `limited_sources <= 0`: the first source it limits
+/// rolls it back to dry-run (a real rollback for the dashboard's guard
+/// panels and the rollback alert).
 fn config() -> String {
     format!(
         "{}\n[[rules]]\ncidr = \"10.100.0.0/16\"\npps = 50\nwindow = \"1s\"\n\
-         levels = [\"prefix/24:200\"]\n",
+         levels = [\"prefix/24:200\"]\nguards = [\"limited_sources <= 0\"]\nguard_for = \"10m\"\n",
         node_config(0, 100, "1s", "100ms", "")
     )
 }
 
 /// Flows of the lab: `(source, datagrams per second)`.
 fn flows() -> Vec<(std::net::Ipv4Addr, u64)> {
-    let mut flows = vec![(SOURCE, 300), (std::net::Ipv4Addr::new(10, 100, 1, 1), 80)];
+    let mut flows = vec![(SOURCE, 500), (std::net::Ipv4Addr::new(10, 100, 1, 1), 80)];
     flows.extend((1..=10).map(|k| (std::net::Ipv4Addr::new(10, 100, 0, k), 40)));
     flows
 }
@@ -386,6 +390,16 @@ fn every_dashboard_query_and_alert_rule_evaluates_on_a_real_prometheus_scraping_
     lab.start_daemons(|_| config());
     lab.daemon(0)
         .wait_metric("xdp_limiter_cluster_nodes_alive", |v| v == 1.0);
+    // Guarded enforcement of the whole daemon, by a guard the lab's
+    // traffic keeps (a handful of sources limited): watching throughout.
+    lab.nodes[0].files.cli_ok(&[
+        "mode",
+        "enforce",
+        "--guard",
+        "limited_sources <= 1000",
+        "--for",
+        "10m",
+    ]);
     eprintln!("lab and daemon up after {:?}", started.elapsed());
     let rules = rules_dir().join("alerts.yml");
     // The Prometheus part (the issue's "under 60 s") from here: a lab
@@ -407,18 +421,33 @@ fn every_dashboard_query_and_alert_rule_evaluates_on_a_real_prometheus_scraping_
         failures.join("\n"),
         prometheus.log()
     );
-    // On this healthy daemon nothing fires; the drop share (the flood's
-    // source loses 2/3 of its frames, the /24 a third) is over 25%, so
-    // that alert is pending its 15 minutes: its expression matched the
+    // The light rule's guard rolled it back: that alert fires, for that
+    // scope only. Nothing else fires; the drop share (the flood's source
+    // loses 4/5 of its frames, about 40% of all) is over 25%, so that
+    // alert is pending its 15 minutes: its expression matched the
     // daemon's real series.
     for (name, state) in &alert_states {
-        assert_ne!(state, "firing", "{name} fires on a healthy daemon");
+        let expected = match name.as_str() {
+            "XdpLimiterGuardRolledBack" => "firing",
+            "XdpLimiterHighDropShare" => "pending",
+            _ => "inactive",
+        };
+        assert_eq!(state, expected, "{name}: {alert_states:?}");
     }
-    assert!(
-        alert_states
-            .iter()
-            .any(|(n, s)| n == "XdpLimiterHighDropShare" && s == "pending"),
-        "{alert_states:?}"
+    let firing = prometheus
+        .vector("ALERTS{alertstate=\"firing\"}")
+        .expect("ALERTS");
+    let scopes: Vec<_> = firing
+        .iter()
+        .map(|(labels, _)| (labels["alertname"].clone(), labels["scope"].clone()))
+        .collect();
+    assert_eq!(
+        scopes,
+        [(
+            Value::from("XdpLimiterGuardRolledBack"),
+            Value::from("rules[0]")
+        )],
+        "{firing:?}"
     );
     drop(prometheus);
     assert!(
@@ -442,6 +471,9 @@ fn evaluate(prometheus: &Prometheus) -> (Vec<String>, Vec<(String, String)>) {
         "xdp_limiter_limited_sources > 0".to_string(),
         "xdp_limiter_windows_kept".to_string(),
         format!("xdp_limiter_cluster_nodes_alive{{job=\"{JOB}\"}} == 1"),
+        "xdp_limiter_guard_state{scope=\"global\"} == 1".to_string(),
+        "xdp_limiter_guard_state{scope=\"rules[0]\"} == 3".to_string(),
+        "xdp_limiter_guard_rollbacks_total{scope=\"rules[0]\"} == 1".to_string(),
     ];
     let t0 = Instant::now();
     let waited = wait_until(Duration::from_secs(30), Duration::from_millis(250), || {
