@@ -107,7 +107,7 @@ pub enum GuardError {
     UnknownMetric { text: String, metric: String },
     #[error("guard {text:?}: {reason}")]
     OutOfRange { text: String, reason: String },
-    #[error("guard period {0:?} is outside 5s..=24h")]
+    #[error("guard period {} is outside 5s..=24h", humantime::format_duration(*.0))]
     PeriodOutOfRange(Duration),
     #[error("a guard period (--for, guard_for) needs at least one guard (--guard, guards)")]
     PeriodWithoutGuard,
@@ -247,6 +247,9 @@ impl Guard {
 fn round(value: f64) -> f64 {
     (value * 100.0).round() / 100.0
 }
+
+/// A guard period to run: its guards and how long.
+pub type Plan = (Vec<Guard>, Duration);
 
 /// Parses every guard of `texts`.
 pub fn parse_all<S: AsRef<str>>(texts: &[S]) -> Result<Vec<Guard>, GuardError> {

@@ -153,7 +153,8 @@ pub enum Reply {
         aggregates: Vec<TopAggregate>,
     },
     Rules {
-        default: RuleSection,
+        /// Boxed: a rule is large, and this reply rare.
+        default: Box<RuleSection>,
         rules: Vec<RuleSection>,
     },
     Done {

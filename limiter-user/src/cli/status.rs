@@ -220,4 +220,61 @@ mod tests {
             "{text}"
         );
     }
+
+    #[test]
+    fn the_human_form_shows_each_guard_period() {
+        use crate::proto::{GuardRollback, GuardStatus, GuardValue};
+        assert!(!render(&Status::default()).contains("guard"));
+        let watching = GuardStatus {
+            scope: "global".into(),
+            state: "watching".into(),
+            period: std::time::Duration::from_secs(600),
+            remaining_s: 420,
+            guards: vec![
+                GuardValue {
+                    guard: "dropped_share <= 5%".into(),
+                    last: Some("0.5%".into()),
+                    last_value: Some(0.005),
+                },
+                GuardValue {
+                    guard: "limited_sources <= 1%".into(),
+                    last: None,
+                    last_value: None,
+                },
+            ],
+            rollback: None,
+        };
+        let rolled = GuardStatus {
+            scope: "rules[0]".into(),
+            state: "rolled-back".into(),
+            remaining_s: 0,
+            rollback: Some(GuardRollback {
+                guard: "dropped_share <= 5%".into(),
+                measured: "20.5%".into(),
+                measured_value: 0.205,
+                at_unix_s: 1_800_000_000,
+                ago_s: 12,
+            }),
+            ..watching.clone()
+        };
+        let text = render(&Status {
+            guard: Some(watching),
+            rule_guards: vec![rolled],
+            ..Status::default()
+        });
+        assert!(
+            text.contains(
+                "guard (global): watching, period 10m, 420s left\n  dropped_share <= 5%              last 0.5%\n  \
+                 limited_sources <= 1%            last - (too little traffic to judge)\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("guard (rules[0]): rolled-back, period 10m\n")
+                && text.ends_with(
+                    "  rolled back to dry-run 12s ago: dropped_share <= 5% measured 20.5%\n"
+                ),
+            "{text}"
+        );
+    }
 }

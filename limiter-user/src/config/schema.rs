@@ -146,6 +146,9 @@ impl Default for LimitsSection {
     }
 }
 
+/// A field's name and what is wrong with it.
+pub type FieldError = (String, String);
+
 /// A protocol by name or number.
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(untagged)]
@@ -408,7 +411,7 @@ impl RuleSection {
         &self,
         name: &str,
         is_default: bool,
-    ) -> Result<Option<(Vec<crate::guard::Guard>, Duration)>, (String, String)> {
+    ) -> Result<Option<crate::guard::Plan>, FieldError> {
         let guards = self
             .guards
             .iter()

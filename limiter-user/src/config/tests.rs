@@ -1056,3 +1056,73 @@ mod cluster_fuzz {
         }
     }
 }
+
+#[test]
+fn guards_parse_in_limits_and_rules_and_start_only_when_enforcing() {
+    let config = Config::parse(
+        "[limits]\ndry_run = false\nguards = [\"dropped_share <= 5%\", \"limited_sources <= 1%\"]\n\
+         guard_for = \"2m\"\n\n[[rules]]\ncidr = \"10.0.0.0/8\"\npps = 10\n\
+         guards = [\"dropped_pps < 100\"]\n",
+        "test",
+    )
+    .unwrap();
+    let (guards, period) = config.file.limits.guard_plan().unwrap().expect("a plan");
+    assert_eq!(period, Duration::from_secs(120));
+    assert_eq!(guards.len(), 2);
+    let (rule_guards, rule_period) = config.file.rules[0]
+        .guard_plan("rules[0]", false)
+        .unwrap()
+        .expect("the rule enforces");
+    assert_eq!(rule_guards[0].to_string(), "dropped_pps < 100");
+    assert_eq!(rule_period, crate::guard::DEFAULT_GUARD_FOR);
+    // Written back as read.
+    let again = Config::parse(&config.file.to_toml(), "again").unwrap();
+    assert_eq!(again.file, config.file);
+
+    // Guards wait in a dry-run file (what a saved rollback writes): valid,
+    // no period.
+    let waiting = Config::parse(
+        "[limits]\ndry_run = true\nguards = [\"dropped_share <= 5%\"]\n\n\
+         [default]\npps = 10\nguards = [\"dropped_share <= 5%\"]\n",
+        "test",
+    )
+    .unwrap();
+    assert_eq!(waiting.file.limits.guard_plan().unwrap(), None);
+    // The default rule is dry-run unless it says otherwise.
+    assert_eq!(
+        waiting.file.default.guard_plan("default", true).unwrap(),
+        None
+    );
+}
+
+#[test]
+fn bad_guards_are_rejected_with_the_field_named() {
+    rejected(
+        "[limits]\nguards = [\"dropped_share <= 5%\", \"nope <= 1\"]",
+        "limits.guards[1]: unknown guard metric \"nope\"",
+    );
+    rejected(
+        "[limits]\nguards = [\"dropped_share <= 500%\"]",
+        "limits.guards[0]: guard \"dropped_share <= 500%\": 500% is above 100%",
+    );
+    rejected(
+        "[limits]\nguards = [\"dropped_share <= 5%\"]\nguard_for = \"1s\"",
+        "limits.guard_for: guard period 1s is outside 5s..=24h",
+    );
+    rejected(
+        "[limits]\nguard_for = \"1m\"",
+        "limits.guard_for: a guard period (--for, guard_for) needs at least one guard",
+    );
+    rejected(
+        "[[rules]]\ncidr = \"10.0.0.0/8\"\npps = 1\nguards = [\"dropped_share 5%\"]",
+        "rules[0].guards[0]: malformed guard",
+    );
+    rejected(
+        "[[rules]]\ncidr = \"10.0.0.0/8\"\naction = \"allow\"\nguards = [\"dropped_share <= 5%\"]",
+        "rules[0].guards: guards watch a limit",
+    );
+    rejected(
+        "[default]\npps = 1\nguard_for = \"25h\"\nguards = [\"dropped_pps <= 1\"]",
+        "default.guard_for: guard period 1day 1h is outside 5s..=24h",
+    );
+}

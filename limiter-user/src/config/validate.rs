@@ -316,7 +316,7 @@ impl super::LimitsSection {
     /// (`None`: no guards, or `dry_run = true`: guards watch enforcement
     /// and wait in the file until it enforces, which is also what a
     /// saved rollback writes), each error naming its field.
-    pub fn guard_plan(&self) -> Result<Option<(Vec<Guard>, Duration)>, ConfigError> {
+    pub fn guard_plan(&self) -> Result<Option<guard::Plan>, ConfigError> {
         let guards = self
             .guards
             .iter()

@@ -331,6 +331,30 @@ fn level_label(event: &LimitEvent, levels: &LevelLabels) -> String {
         .unwrap_or_else(|| format!("#{level}"))
 }
 
+/// The guard event of a rollback (`crate::guard`): which guard of
+/// `scope` was breached, by what measured value, against what threshold.
+/// A warning: enforcement was lifted on its own.
+pub fn guard_rolled_back(scope: &str, breach: &crate::guard::Breach) {
+    let guard = &breach.guard;
+    warn!(
+        scope,
+        guard = %guard,
+        measured = %guard.show(breach.measured),
+        threshold = %guard.show(guard.value),
+        "guard breached: rolled back to dry-run ({guard}: measured {})",
+        guard.show(breach.measured)
+    );
+}
+
+/// The guard event of a period that ended with every guard kept.
+pub fn guard_passed(scope: &str, period: Duration) {
+    info!(
+        scope,
+        period = %humantime::format_duration(period),
+        "guard period passed: enforcement stays"
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -495,28 +519,4 @@ mod tests {
         assert!(episodes.starts(&event(3, 0, later)));
         assert_eq!(episodes.last.len(), 1, "only the live episode is kept");
     }
-}
-
-/// The guard event of a rollback (`crate::guard`): which guard of
-/// `scope` was breached, by what measured value, against what threshold.
-/// A warning: enforcement was lifted on its own.
-pub fn guard_rolled_back(scope: &str, breach: &crate::guard::Breach) {
-    let guard = &breach.guard;
-    warn!(
-        scope,
-        guard = %guard,
-        measured = %guard.show(breach.measured),
-        threshold = %guard.show(guard.value),
-        "guard breached: rolled back to dry-run ({guard}: measured {})",
-        guard.show(breach.measured)
-    );
-}
-
-/// The guard event of a period that ended with every guard kept.
-pub fn guard_passed(scope: &str, period: Duration) {
-    info!(
-        scope,
-        period = %humantime::format_duration(period),
-        "guard period passed: enforcement stays"
-    );
 }

@@ -9,7 +9,7 @@
 //! figures (its sources, its drop counter, against every judged frame)
 //! and rolls that rule alone back to dry-run.
 
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use limiter_common::{rules::rules_base, Outcome};
 use tracing::{error, info};
@@ -17,7 +17,7 @@ use tracing::{error, info};
 use super::{events, state::Daemon};
 use crate::{
     config::RuleSection,
-    guard::{Breach, Guard, GuardPeriod, GuardState, Sample, Step},
+    guard::{Breach, GuardPeriod, GuardState, Plan, Sample, Step},
     proto::{GuardRollback, GuardStatus, GuardValue, RuleEdit},
     rules::rule_name,
 };
@@ -31,7 +31,7 @@ pub enum Target {
     Global,
     /// The rule with this prefix and match (`RuleSection::same_rule`;
     /// no cidr: the default rule), wherever it is in the rules now.
-    Rule(RuleSection),
+    Rule(Box<RuleSection>),
 }
 
 /// A guard period of the daemon, with what it needs beyond the pure
@@ -66,7 +66,7 @@ impl Daemon {
         &self,
         scope: String,
         target: Target,
-        (guards, period): (Vec<Guard>, Duration),
+        (guards, period): Plan,
         save: bool,
     ) -> GuardRun {
         let shown: Vec<String> = guards.iter().map(ToString::to_string).collect();
@@ -84,7 +84,7 @@ impl Daemon {
 
     /// Replaces the global guard period: `plan` starts a new one (its
     /// guards and length), `None` ends any running one.
-    pub(super) fn start_guard(&mut self, plan: Option<(Vec<Guard>, Duration)>, save: bool) {
+    pub(super) fn start_guard(&mut self, plan: Option<Plan>, save: bool) {
         self.guard = plan.map(|plan| self.new_run(GLOBAL.into(), Target::Global, plan, save));
         if self.guard.is_none() {
             self.metrics.set_guard_state(GLOBAL, GuardState::None);
@@ -126,7 +126,7 @@ impl Daemon {
             humantime::format_duration(plan.1),
             section.guards.join(", ")
         );
-        let run = self.new_run(name, Target::Rule(section), plan, save);
+        let run = self.new_run(name, Target::Rule(Box::new(section)), plan, save);
         self.rule_guards.push(run);
         Some(said)
     }

@@ -51,7 +51,7 @@ impl Daemon {
                 .top_levels(&level, limit)
                 .map(|aggregates| Reply::Aggregates { aggregates }),
             Request::RuleList => Ok(Reply::Rules {
-                default: self.config.file.default.clone(),
+                default: Box::new(self.config.file.default.clone()),
                 rules: self.config.file.rules.clone(),
             }),
             Request::Reload => self
