@@ -73,6 +73,25 @@ fn a_full_file_parses() {
     assert!(config.rules.rules[2].matches.tcp_syn);
 }
 
+#[test]
+fn the_history_horizon_defaults_to_an_hour_and_takes_1m_to_24h() {
+    let history = |text: &str| Config::parse(text, "test.toml").map(|c| c.daemon.history);
+    assert_eq!(history("").unwrap(), Duration::from_secs(3600));
+    for (text, want) in [("1m", 60), ("90m", 5400), ("24h", 86_400)] {
+        let got = history(&format!("[daemon]\nhistory = \"{text}\"")).unwrap();
+        assert_eq!(got, Duration::from_secs(want), "{text}");
+    }
+    for text in ["59s", "0s", "24h 1s"] {
+        let err = history(&format!("[daemon]\nhistory = \"{text}\""))
+            .expect_err(text)
+            .to_string();
+        assert!(
+            err.contains("daemon.history") && err.contains("1m..=24h"),
+            "{err}"
+        );
+    }
+}
+
 #[track_caller]
 fn rejected(text: &str, expect: &str) {
     let err = Config::parse(text, "bad.toml")
