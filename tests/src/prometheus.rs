@@ -184,13 +184,6 @@ impl Prometheus {
         }
     }
 
-    /// An instant query (`/api/v1/query`) evaluated now: its result
-    /// (for a vector, the series as `{"metric": {...}, "value": [t, "v"]}`).
-    pub fn query(&self, expr: &str) -> Result<Value, String> {
-        let data = self.api("query", &[("query", expr)])?;
-        Ok(data["result"].clone())
-    }
-
     /// The instant vector `expr` evaluates to now: each series' labels and
     /// value; an error if the query fails or is not a vector.
     pub fn vector(&self, expr: &str) -> Result<Vec<Sample>, String> {
