@@ -240,7 +240,7 @@ impl Daemon {
     /// Applies one rule edit: validated as a whole file would be, pushed to
     /// every interface, and with `save` written to the configuration file.
     /// A rejected edit changes nothing.
-    pub(super) fn edit_rules(&mut self, edit: RuleEdit, save: bool) -> Result<String, String> {
+    fn edit_rules(&mut self, edit: RuleEdit, save: bool) -> Result<String, String> {
         let (file, mut fresh, what) = edit::apply_rule_edit(&self.config.file, edit)?;
         super::startup::apply_overrides(&mut fresh, &self.options);
         config::check_frame_sizes(&fresh.rules, &fresh.daemon.interfaces)
