@@ -41,7 +41,11 @@ fn heavy(i: usize) -> Ipv4Addr {
     Ipv4Addr::new(192, 0, 2, 200 + i as u8)
 }
 
-const CONFIG: &str = "[daemon]\ntick = \"250ms\"\nhistory = \"10m\"\n\n\
+/// Tiers off, so that every source has per-source counters to observe
+/// (with them on, these light sources would be in the cheap tier); small
+/// maps, which per-CPU state makes slow to create.
+const CONFIG: &str = "[daemon]\ntick = \"250ms\"\nhistory = \"10m\"\n\
+    max_sources = 4096\nmax_hot_sources = 1024\n\n\
     [limits]\ntiers = false\n\n[default]\npps = 1000\nwindow = \"2s\"\ndry_run = false\n\
     levels = [\"prefix/24:100000\"]\n\n\
     [[rules]]\ncidr = \"198.18.0.0/15\"\naction = \"allow\"\n";

@@ -292,4 +292,42 @@ mod tests {
         // Never refused.
         assert_eq!(seen(&[SourceTraffic::default()]), (false, false));
     }
+
+    #[test]
+    fn a_source_is_one_observation_of_its_last_complete_second_summed_over_cpus() {
+        let key = SourceKey::v4([192, 0, 2, 7]);
+        let now = Duration::from_secs(100);
+        let cpu =
+            |second: u64, current: u64, previous: u64, rule: u32, generation: u32| SourceTraffic {
+                second,
+                current: Counter {
+                    packets: current,
+                    bytes: 0,
+                },
+                previous: Counter {
+                    packets: previous,
+                    bytes: 0,
+                },
+                rule,
+                generation,
+                ..SourceTraffic::default()
+            };
+        let mut acc = Acc::default();
+        // One CPU's second 99 is complete (7); another is in second 100,
+        // its previous (99) holding 3; a third last counted long ago.
+        let observed = acc.add(
+            &key,
+            &[
+                cpu(99, 7, 1, 4, 2),
+                cpu(100, 50, 3, 5, 3),
+                cpu(90, 9, 9, 4, 1),
+            ],
+            now,
+            0,
+        );
+        // The rule of the newest generation, the packets of second 99.
+        assert_eq!(observed, (5, 10));
+        // A source silent for a second offers nothing to observe.
+        assert_eq!(acc.add(&key, &[cpu(97, 7, 1, 4, 2)], now, 0).1, 0);
+    }
 }

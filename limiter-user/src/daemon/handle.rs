@@ -274,7 +274,7 @@ impl Daemon {
     /// every interface, and with `save` written to the configuration file.
     /// A rejected edit changes nothing. The edited rule's guard period
     /// ends, and the edit starts the one its `guards` ask for.
-    pub(super) fn edit_rules(&mut self, edit: RuleEdit, save: bool) -> Result<String, String> {
+    fn edit_rules(&mut self, edit: RuleEdit, save: bool) -> Result<String, String> {
         let edited = match &edit {
             RuleEdit::Remove { rule } => Err(rule.clone()),
             RuleEdit::Add { rule } | RuleEdit::Set { rule } | RuleEdit::Default { rule } => {

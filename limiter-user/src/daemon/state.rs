@@ -227,6 +227,9 @@ impl Daemon {
             let instance = &iface.instance;
             let mut snapshot = snapshot;
             let history_now = kernel::now();
+            // Each rule's histogram looked up once a tick, not once a
+            // source.
+            let mut histograms = std::collections::HashMap::new();
             for (rule, pps) in std::mem::take(&mut snapshot.samples) {
                 // A source whose state predates every rule generation the
                 // daemon knows has no rule to count under.
@@ -234,8 +237,10 @@ impl Daemon {
                     continue;
                 };
                 self.history.observe(key, pps, history_now);
-                self.metrics
-                    .observe_source_rate(&instance.iface, &key.rule, pps);
+                histograms
+                    .entry(rule)
+                    .or_insert_with(|| self.metrics.source_rate_of(&instance.iface, &key.rule))
+                    .observe(pps as f64);
             }
             log_released(&instance.iface, &iface.refusing, &snapshot.refusing);
             iface.refusing.clone_from(&snapshot.refusing);

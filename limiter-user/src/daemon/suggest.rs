@@ -10,11 +10,12 @@ use limiter_common::Action;
 use tracing::info;
 
 use super::{
+    edit,
     history::{propose, Distribution, SeriesKey},
     state::Daemon,
 };
 use crate::{
-    kernel,
+    config, kernel,
     proto::{LimitEffect, RuleEdit, RuleSuggestion, Suggestions},
     rules::{rule_name, RuleSpec},
 };
@@ -134,16 +135,19 @@ impl Daemon {
         })
     }
 
-    /// Sets each proposal live as a dry-run rule, as `rule set` (or
-    /// `default set`) would: the rule in file form with only its `pps`
-    /// and `dry_run` changed. Rules without a proposal are left alone.
+    /// Sets every proposal live as a dry-run rule, as `rule set` (or
+    /// `default set`) would: each rule in file form with only its `pps`
+    /// and `dry_run` changed, validated as a whole file, then pushed as one
+    /// rule generation: all of them or, refused, none. Rules without a
+    /// proposal are left alone.
     fn apply_suggestions(&mut self, suggestions: &[RuleSuggestion]) -> Result<String, String> {
+        let mut file = self.config.file.clone();
+        let mut fresh = None;
         let mut done = Vec::new();
         for s in suggestions {
             let Some(pps) = s.proposed_pps else {
                 continue;
             };
-            let file = &self.config.file;
             let edit = if s.rule == "default" {
                 let mut rule = file.default.clone();
                 rule.pps = Some(pps);
@@ -165,12 +169,28 @@ impl Daemon {
                 rule.dry_run = Some(true);
                 RuleEdit::Set { rule }
             };
-            let what = self.edit_rules(edit, false)?;
-            info!(rule = %s.rule, pps, "suggested limit applied as a dry-run rule");
-            done.push(format!("{}: {pps} pps ({what})", s.rule));
+            let (edited, config, _) = edit::apply_rule_edit(&file, edit)?;
+            file = edited;
+            fresh = Some(config);
+            done.push(format!("{}: {pps} pps", s.rule));
         }
+        let Some(mut fresh) = fresh else {
+            return Ok("nothing applied: no rule has a proposal".into());
+        };
+        // As `edit_rules` checks a rule edit.
+        super::startup::apply_overrides(&mut fresh, &self.options);
+        config::check_frame_sizes(&fresh.rules, &fresh.daemon.interfaces)
+            .map_err(|e| format!("rejected: {e}"))?;
+        config::check_cluster_in_force(&fresh.rules, self.config.cluster.as_ref())
+            .map_err(|e| format!("rejected: {e}"))?;
+        let generation = self
+            .push(&fresh.rules)
+            .map_err(|e| format!("pushing the rules failed: {e}"))?;
+        self.config.rules = fresh.rules;
+        self.config.file = file;
+        info!(rules = %done.join(", "), generation, "suggested limits applied as dry-run rules");
         Ok(format!(
-            "applied as DRY-RUN rules (counted as would-drop, nothing dropped; `rule set` without --dry-run to enforce): {}",
+            "applied as DRY-RUN rules (counted as would-drop, nothing dropped; `rule set` without --dry-run to enforce): {}; rule generation {generation}",
             done.join("; ")
         ))
     }

@@ -460,9 +460,13 @@ impl Metrics {
     /// Observes one source rate (packets over its last complete second)
     /// of `rule` on `iface`.
     pub fn observe_source_rate(&self, iface: &str, rule: &str, pps: u64) {
-        self.source_rate
-            .with_label_values(&[iface, rule])
-            .observe(pps as f64);
+        self.source_rate_of(iface, rule).observe(pps as f64);
+    }
+
+    /// The source rate histogram of `rule` on `iface`, to observe many
+    /// sources without looking the series up for each.
+    pub fn source_rate_of(&self, iface: &str, rule: &str) -> Histogram {
+        self.source_rate.with_label_values(&[iface, rule])
     }
 
     /// Observes one aggregate's rate of `rule`'s `level` on `iface`.
