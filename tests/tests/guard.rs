@@ -2,7 +2,8 @@
 //! traffic: a guard the traffic breaks rolls the daemon back to dry-run on
 //! its own (metrics scraped over HTTP, the log's event, `status`); light
 //! traffic lets a short period pass and enforcement stays; a rule's guard
-//! rolls back that rule alone; bad guards through the CLI change nothing.
+//! rolls back that rule alone; bad guards through the CLI change nothing
+//! (checked on the breach test's daemon, before it enforces).
 
 use std::time::{Duration, Instant};
 
@@ -78,8 +79,9 @@ fn metric(daemon: &Daemon, series: &str) -> f64 {
 }
 
 #[test]
-fn a_breached_guard_rolls_back_to_dry_run_on_its_own() {
+fn bad_guards_change_nothing_and_a_breached_guard_rolls_back_on_its_own() {
     let (lab, files, daemon) = start(&config(true, ""));
+    bad_guards_change_nothing(&files, &daemon);
     // The global series exist from start-up.
     assert_eq!(
         metric(&daemon, r#"xdp_limiter_guard_state{scope="global"}"#),
@@ -322,9 +324,11 @@ fn a_rules_guard_rolls_back_that_rule_alone() {
     );
 }
 
-#[test]
-fn bad_guards_change_nothing() {
-    let (_lab, files, daemon) = start(&config(true, ""));
+/// Bad guards through the CLI (and one straight to the socket): each a
+/// clear error, the mode unchanged (dry-run), no guard period. Run on the
+/// breach test's daemon before it enforces (a daemon start is the
+/// costliest step of these tests).
+fn bad_guards_change_nothing(files: &Files, daemon: &Daemon) {
     let failing = |args: &[&str], code: i32, needle: &str| {
         let out = files.cli(args);
         let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
@@ -383,14 +387,14 @@ fn bad_guards_change_nothing() {
     );
     // The daemon checks what reaches it by other means too.
     let line = r#"{"version":1,"command":"mode","dry_run":false,"guards":["nope <= 1"]}"#;
-    let reply = raw(&files, line);
+    let reply = raw(files, line);
     assert!(
         reply["error"]
             .as_str()
             .is_some_and(|e| e.contains("unknown guard metric")),
         "{reply}"
     );
-    let after = status(&files);
+    let after = status(files);
     assert_eq!(after["dry_run"], true, "the mode did not change: {after:#}");
     assert!(after.get("guard").is_none(), "{after:#}");
     assert_eq!(
