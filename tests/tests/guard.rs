@@ -398,7 +398,7 @@ fn bad_guards_change_nothing(files: &Files, daemon: &Daemon) {
     assert_eq!(after["dry_run"], true, "the mode did not change: {after:#}");
     assert!(after.get("guard").is_none(), "{after:#}");
     assert_eq!(
-        metric(&daemon, r#"xdp_limiter_guard_state{scope="global"}"#),
+        metric(daemon, r#"xdp_limiter_guard_state{scope="global"}"#),
         0.0
     );
 }
