@@ -234,11 +234,31 @@ fn a_period_without_breach_passes_and_enforcement_stays() {
         metric(&daemon, r#"xdp_limiter_guard_state{scope="global"}"#),
         2.0
     );
+
+    // A reload into enforce with guards starts a new period; a flood now
+    // breaches it. The period came from the file, so the rollback is
+    // live only: the file is left as its owner wrote it.
+    let before = std::fs::read_to_string(files.config()).unwrap();
+    assert!(files.cli_ok(&["reload"]).contains("reloaded"));
+    let again = status(&files);
+    assert_eq!(again["guard"]["state"], "watching", "{again:#}");
+    let rolled = send_until(&lab, &files, (HEAVY, 100, FLOOD_PACE), |s| {
+        s["dry_run"] == true
+    });
+    assert_eq!(rolled["guard"]["state"], "rolled-back", "{rolled:#}");
+    assert_eq!(std::fs::read_to_string(files.config()).unwrap(), before);
+    assert_eq!(
+        metric(
+            &daemon,
+            r#"xdp_limiter_guard_rollbacks_total{scope="global"}"#
+        ),
+        1.0
+    );
 }
 
 #[test]
 fn a_rules_guard_rolls_back_that_rule_alone() {
-    // HEAVY and MEDIUM have rules of their own; the default rule watches.
+    // HEAVY (in dry-run) and MEDIUM (enforcing) have rules of their own.
     let extra = format!(
         "\n[[rules]]\ncidr = \"{HEAVY}/32\"\npps = 5\nwindow = \"1s\"\ndry_run = true\n\
          \n[[rules]]\ncidr = \"{MEDIUM}/32\"\npps = 5\nwindow = \"1s\"\n"
