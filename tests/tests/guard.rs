@@ -11,6 +11,7 @@ use limiter_tests::{
     daemon::{Daemon, Files},
     lab::{Lab, HEAVY, MARKER, MEDIUM, RX_IF},
 };
+use limiter_user::config::Config;
 use serde_json::Value;
 
 const PORT: u16 = 7300;
@@ -275,9 +276,10 @@ fn a_rules_guard_rolls_back_that_rule_alone() {
         "dropped_share <= 10%",
         "--for",
         "1m",
+        "--save",
     ]);
     assert!(
-        out.contains("rules[1] guarded for 1m by dropped_share <= 10%"),
+        out.contains("rules[1] guarded for 1m by dropped_share <= 10%") && out.contains("saved to"),
         "{out}"
     );
     assert_eq!(
@@ -308,6 +310,16 @@ fn a_rules_guard_rolls_back_that_rule_alone() {
     assert_eq!(rule(&heavy)["dry_run"], true, "{rules:#}");
     assert_eq!(rule(&heavy)["guards"][0], "dropped_share <= 10%");
     assert_ne!(rule(&format!("{MEDIUM}/32"))["dry_run"], true);
+    // Set with --save, so the rule's rollback is saved too.
+    let saved = Config::load(&files.config()).expect("the saved file is valid");
+    let section = saved
+        .file
+        .rules
+        .iter()
+        .find(|r| r.cidr.is_some_and(|c| c.to_string() == heavy))
+        .expect("the rule in the file");
+    assert_eq!(section.dry_run, Some(true));
+    assert_eq!(section.guards, ["dropped_share <= 10%"]);
 
     let receiver = lab.receiver(PORT);
     let got = lab.exchange(&receiver, PORT, &[(HEAVY, 40), (MEDIUM, 40)], MARKER);
