@@ -2,7 +2,8 @@
 //! traffic: a guard the traffic breaks rolls the daemon back to dry-run on
 //! its own (metrics scraped over HTTP, the log's event, `status`); light
 //! traffic lets a short period pass and enforcement stays; a rule's guard
-//! rolls back that rule alone; bad guards through the CLI change nothing.
+//! rolls back that rule alone; bad guards through the CLI change nothing
+//! (checked on the breach test's daemon, before it enforces).
 
 use std::time::{Duration, Instant};
 
@@ -10,6 +11,7 @@ use limiter_tests::{
     daemon::{Daemon, Files},
     lab::{Lab, HEAVY, MARKER, MEDIUM, RX_IF},
 };
+use limiter_user::config::Config;
 use serde_json::Value;
 
 const PORT: u16 = 7300;
@@ -78,8 +80,9 @@ fn metric(daemon: &Daemon, series: &str) -> f64 {
 }
 
 #[test]
-fn a_breached_guard_rolls_back_to_dry_run_on_its_own() {
+fn bad_guards_change_nothing_and_a_breached_guard_rolls_back_on_its_own() {
     let (lab, files, daemon) = start(&config(true, ""));
+    bad_guards_change_nothing(&files, &daemon);
     // The global series exist from start-up.
     assert_eq!(
         metric(&daemon, r#"xdp_limiter_guard_state{scope="global"}"#),
@@ -232,11 +235,31 @@ fn a_period_without_breach_passes_and_enforcement_stays() {
         metric(&daemon, r#"xdp_limiter_guard_state{scope="global"}"#),
         2.0
     );
+
+    // A reload into enforce with guards starts a new period; a flood now
+    // breaches it. The period came from the file, so the rollback is
+    // live only: the file is left as its owner wrote it.
+    let before = std::fs::read_to_string(files.config()).unwrap();
+    assert!(files.cli_ok(&["reload"]).contains("reloaded"));
+    let again = status(&files);
+    assert_eq!(again["guard"]["state"], "watching", "{again:#}");
+    let rolled = send_until(&lab, &files, (HEAVY, 100, FLOOD_PACE), |s| {
+        s["dry_run"] == true
+    });
+    assert_eq!(rolled["guard"]["state"], "rolled-back", "{rolled:#}");
+    assert_eq!(std::fs::read_to_string(files.config()).unwrap(), before);
+    assert_eq!(
+        metric(
+            &daemon,
+            r#"xdp_limiter_guard_rollbacks_total{scope="global"}"#
+        ),
+        1.0
+    );
 }
 
 #[test]
 fn a_rules_guard_rolls_back_that_rule_alone() {
-    // HEAVY and MEDIUM have rules of their own; the default rule watches.
+    // HEAVY (in dry-run) and MEDIUM (enforcing) have rules of their own.
     let extra = format!(
         "\n[[rules]]\ncidr = \"{HEAVY}/32\"\npps = 5\nwindow = \"1s\"\ndry_run = true\n\
          \n[[rules]]\ncidr = \"{MEDIUM}/32\"\npps = 5\nwindow = \"1s\"\n"
@@ -253,9 +276,10 @@ fn a_rules_guard_rolls_back_that_rule_alone() {
         "dropped_share <= 10%",
         "--for",
         "1m",
+        "--save",
     ]);
     assert!(
-        out.contains("rules[1] guarded for 1m by dropped_share <= 10%"),
+        out.contains("rules[1] guarded for 1m by dropped_share <= 10%") && out.contains("saved to"),
         "{out}"
     );
     assert_eq!(
@@ -286,6 +310,16 @@ fn a_rules_guard_rolls_back_that_rule_alone() {
     assert_eq!(rule(&heavy)["dry_run"], true, "{rules:#}");
     assert_eq!(rule(&heavy)["guards"][0], "dropped_share <= 10%");
     assert_ne!(rule(&format!("{MEDIUM}/32"))["dry_run"], true);
+    // Set with --save, so the rule's rollback is saved too.
+    let saved = Config::load(&files.config()).expect("the saved file is valid");
+    let section = saved
+        .file
+        .rules
+        .iter()
+        .find(|r| r.cidr.is_some_and(|c| c.to_string() == heavy))
+        .expect("the rule in the file");
+    assert_eq!(section.dry_run, Some(true));
+    assert_eq!(section.guards, ["dropped_share <= 10%"]);
 
     let receiver = lab.receiver(PORT);
     let got = lab.exchange(&receiver, PORT, &[(HEAVY, 40), (MEDIUM, 40)], MARKER);
@@ -322,9 +356,11 @@ fn a_rules_guard_rolls_back_that_rule_alone() {
     );
 }
 
-#[test]
-fn bad_guards_change_nothing() {
-    let (_lab, files, daemon) = start(&config(true, ""));
+/// Bad guards through the CLI (and one straight to the socket): each a
+/// clear error, the mode unchanged (dry-run), no guard period. Run on the
+/// breach test's daemon before it enforces (a daemon start is the
+/// costliest step of these tests).
+fn bad_guards_change_nothing(files: &Files, daemon: &Daemon) {
     let failing = |args: &[&str], code: i32, needle: &str| {
         let out = files.cli(args);
         let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
@@ -383,18 +419,18 @@ fn bad_guards_change_nothing() {
     );
     // The daemon checks what reaches it by other means too.
     let line = r#"{"version":1,"command":"mode","dry_run":false,"guards":["nope <= 1"]}"#;
-    let reply = raw(&files, line);
+    let reply = raw(files, line);
     assert!(
         reply["error"]
             .as_str()
             .is_some_and(|e| e.contains("unknown guard metric")),
         "{reply}"
     );
-    let after = status(&files);
+    let after = status(files);
     assert_eq!(after["dry_run"], true, "the mode did not change: {after:#}");
     assert!(after.get("guard").is_none(), "{after:#}");
     assert_eq!(
-        metric(&daemon, r#"xdp_limiter_guard_state{scope="global"}"#),
+        metric(daemon, r#"xdp_limiter_guard_state{scope="global"}"#),
         0.0
     );
 }

@@ -163,6 +163,14 @@ fn line(name: &str, r: &RuleSection) -> String {
     if r.dry_run == Some(true) {
         limits.push("dry-run".into());
     }
+    if !r.guards.is_empty() {
+        let period = r.guard_for.unwrap_or(crate::guard::DEFAULT_GUARD_FOR);
+        limits.push(format!(
+            "guarded {} by {}",
+            humantime::format_duration(period),
+            r.guards.join(" and ")
+        ));
+    }
     // Last, so that everything after `levels:` is a level.
     if !r.levels.is_empty() {
         limits.push(format!("levels: {}", level_strings(r).join(", ")));

@@ -247,12 +247,16 @@ impl Daemon {
             .push(&rules)
             .map_err(|e| format!("mode change failed: {e}"))?;
         self.config.rules = rules;
-        // The file form mirrors the mode and its guards as given, so that
-        // `--save` (now or with a later edit) writes what is in force.
+        // The file form mirrors the mode, so that `--save` (now or with a
+        // later edit) writes what is in force: enforce with the guards as
+        // given (none: none); dry-run keeps the guards, which wait in the
+        // file as after a rollback.
         let limits = &mut self.config.file.limits;
         limits.dry_run = dry_run;
-        limits.guards = parsed.iter().map(ToString::to_string).collect();
-        limits.guard_for = period.filter(|_| guard_for.is_some());
+        if !dry_run {
+            limits.guards = parsed.iter().map(ToString::to_string).collect();
+            limits.guard_for = period.filter(|_| guard_for.is_some());
+        }
         let mode = if dry_run { "dry-run" } else { "enforce" };
         info!(mode, "mode changed through the control socket");
         let mut done = format!("mode {mode}; rule generation {generation}");
