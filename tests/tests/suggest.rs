@@ -324,4 +324,39 @@ fn suggest_lands_where_the_distribution_of_per_source_rates_says() {
     daemon.wait_metric("xdp_limiter_rule_limit_pps{rule=\"default\"}", |v| {
         v == proposed as f64
     });
+
+    // The README's loop: under the global dry-run a proposal keeps the
+    // rule's own flag (the mode makes it dry-run), so a guarded `mode
+    // enforce` then enforces it under its guards.
+    files.cli_ok(&["default", "set", "--pps", "1000", "--window", "2s"]);
+    files.cli_ok(&["mode", "dry-run"]);
+    let answer = suggest(&files, &["--quantile", "0.9", "--apply"]);
+    let proposed = only_rule(&answer)["proposed_pps"]
+        .as_u64()
+        .expect("a proposal");
+    let applied = answer["applied"].as_str().expect("applied");
+    assert!(
+        applied.contains("as the whole daemon is") && applied.contains("mode enforce"),
+        "{applied}"
+    );
+    let rules: Value =
+        serde_json::from_str(&files.cli_ok(&["rule", "ls", "--output", "json"])).expect("JSON");
+    assert_eq!(rules["default"]["pps"], proposed, "{rules:#}");
+    assert_eq!(
+        rules["default"]["dry_run"], false,
+        "the rule keeps its own flag under the global dry-run: {rules:#}"
+    );
+    files.cli_ok(&[
+        "mode",
+        "enforce",
+        "--guard",
+        "dropped_share <= 50%",
+        "--for",
+        "10m",
+    ]);
+    let status: Value =
+        serde_json::from_str(&files.cli_ok(&["status", "--output", "json"])).expect("JSON");
+    assert_eq!(status["dry_run"], false, "{status:#}");
+    assert_eq!(status["guard"]["state"], "watching", "{status:#}");
+    daemon.wait_metric("xdp_limiter_guard_state{scope=\"global\"}", |v| v == 1.0);
 }

@@ -166,7 +166,8 @@ pub struct SuggestArgs {
     #[arg(long, default_value_t = 2.0, value_parser = headroom)]
     pub headroom: f64,
     /// Set each proposed limit live as a dry-run rule (as `rule set
-    /// --dry-run`; the rule keeps its window and match).
+    /// --dry-run`; the rule keeps its window and match). Under the global
+    /// dry-run the rule keeps its own flag: `mode enforce` enforces it.
     #[arg(long)]
     pub apply: bool,
 }

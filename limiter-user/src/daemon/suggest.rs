@@ -137,11 +137,18 @@ impl Daemon {
 
     /// Sets every proposal live as a dry-run rule, as `rule set` (or
     /// `default set`) would: each rule in file form with only its `pps`
-    /// and `dry_run` changed, validated as a whole file, then pushed as one
-    /// rule generation: all of them or, refused, none. Rules without a
+    /// (and `dry_run`) changed, validated as a whole file, then pushed as
+    /// one rule generation: all of them or, refused, none. Rules without a
     /// proposal are left alone.
+    ///
+    /// Under the global dry-run every rule is dry-run already, and a rule
+    /// keeps its own flag: the operator's loop (dry-run, look, suggest,
+    /// `mode enforce --guard`) then enforces the proposals under the
+    /// guards. Under global enforcement the rule itself is set dry-run, so
+    /// a proposal never drops before it has been watched.
     fn apply_suggestions(&mut self, suggestions: &[RuleSuggestion]) -> Result<String, String> {
         let mut file = self.config.file.clone();
+        let mode_is_dry_run = self.config.rules.dry_run;
         let mut fresh = None;
         let mut done = Vec::new();
         for s in suggestions {
@@ -151,7 +158,9 @@ impl Daemon {
             let edit = if s.rule == "default" {
                 let mut rule = file.default.clone();
                 rule.pps = Some(pps);
-                rule.dry_run = Some(true);
+                if !mode_is_dry_run {
+                    rule.dry_run = Some(true);
+                }
                 RuleEdit::Default { rule }
             } else {
                 let index: usize = s
@@ -166,7 +175,9 @@ impl Daemon {
                     .cloned()
                     .ok_or_else(|| format!("{} is no longer in force", s.rule))?;
                 rule.pps = Some(pps);
-                rule.dry_run = Some(true);
+                if !mode_is_dry_run {
+                    rule.dry_run = Some(true);
+                }
                 RuleEdit::Set { rule }
             };
             let (edited, config, _) = edit::apply_rule_edit(&file, edit)?;
@@ -189,8 +200,13 @@ impl Daemon {
         self.config.rules = fresh.rules;
         self.config.file = file;
         info!(rules = %done.join(", "), generation, "suggested limits applied as dry-run rules");
+        let how = if mode_is_dry_run {
+            "applied, DRY-RUN as the whole daemon is (counted as would-drop, nothing dropped; `mode enforce --guard ...` to enforce)"
+        } else {
+            "applied as DRY-RUN rules (counted as would-drop, nothing dropped; `rule set` without --dry-run to enforce)"
+        };
         Ok(format!(
-            "applied as DRY-RUN rules (counted as would-drop, nothing dropped; `rule set` without --dry-run to enforce): {}; rule generation {generation}",
+            "{how}: {}; rule generation {generation}",
             done.join("; ")
         ))
     }
