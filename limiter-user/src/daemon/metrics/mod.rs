@@ -313,17 +313,17 @@ impl Metrics {
         // The global series exist from start-up, so dashboards and alerts
         // see 0 rather than nothing.
         m.set_guard_state(super::guarded::GLOBAL, crate::guard::GuardState::None);
-        m.guard_rollbacks
-            .with_label_values(&[super::guarded::GLOBAL])
-            .inc_by(0);
         m
     }
 
-    /// `xdp_limiter_guard_state{scope}`.
+    /// `xdp_limiter_guard_state{scope}`, and the scope's rollbacks counter
+    /// created at 0 if new: a counter born at 1 by its first rollback
+    /// would hide that rollback from `increase()`.
     pub fn set_guard_state(&self, scope: &str, state: crate::guard::GuardState) {
         self.guard_state
             .with_label_values(&[scope])
             .set(state as i64);
+        self.guard_rollbacks.with_label_values(&[scope]).inc_by(0);
     }
 
     /// A rollback of `scope`'s guard: counted, and the state says so.
@@ -576,6 +576,20 @@ mod tests {
         };
         metrics.record("eth0", &snapshot, 1024, 1, &[], None);
         assert!(render(&metrics.registry).contains(&format!("{series}5\n")));
+    }
+
+    #[test]
+    fn a_scopes_rollbacks_counter_exists_at_zero_once_its_guard_state_is_set() {
+        let metrics = Metrics::new();
+        metrics.set_guard_state("rules[0]", crate::guard::GuardState::Watching);
+        let text = render(&metrics.registry);
+        assert!(
+            text.contains("xdp_limiter_guard_rollbacks_total{scope=\"rules[0]\"} 0\n"),
+            "{text}"
+        );
+        metrics.guard_rolled_back("rules[0]");
+        assert!(render(&metrics.registry)
+            .contains("xdp_limiter_guard_rollbacks_total{scope=\"rules[0]\"} 1\n"));
     }
 
     #[test]
