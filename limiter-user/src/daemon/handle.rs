@@ -310,7 +310,20 @@ impl Daemon {
     /// pushed, made the configuration in force; what changed, with the
     /// generation.
     pub(super) fn apply_edit(&mut self, edit: RuleEdit) -> Result<String, String> {
-        let (file, mut fresh, what) = edit::apply_rule_edit(&self.config.file, edit)?;
+        let (file, fresh, what) = edit::apply_rule_edit(&self.config.file, edit)?;
+        let generation = self.push_edited(file, fresh)?;
+        info!(change = %what, generation, "rules changed through the control socket");
+        Ok(format!("{what}; rule generation {generation}"))
+    }
+
+    /// Checks the rules of an edited file form (`fresh`, validated from
+    /// `file`) as start-up would, pushes them as one generation and makes
+    /// them the configuration in force: the generation pushed.
+    pub(super) fn push_edited(
+        &mut self,
+        file: config::FileConfig,
+        mut fresh: config::Config,
+    ) -> Result<u32, String> {
         super::startup::apply_overrides(&mut fresh, &self.options);
         config::check_frame_sizes(&fresh.rules, &fresh.daemon.interfaces)
             .map_err(|e| format!("rejected: {e}"))?;
@@ -323,8 +336,7 @@ impl Daemon {
             .map_err(|e| format!("pushing the rules failed: {e}"))?;
         self.config.rules = fresh.rules;
         self.config.file = file;
-        info!(change = %what, generation, "rules changed through the control socket");
-        Ok(format!("{what}; rule generation {generation}"))
+        Ok(generation)
     }
 
     /// Writes the configuration in force to the file the daemon was started

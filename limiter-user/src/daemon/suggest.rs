@@ -15,7 +15,7 @@ use super::{
     state::Daemon,
 };
 use crate::{
-    config, kernel,
+    kernel,
     proto::{LimitEffect, RuleEdit, RuleSuggestion, Suggestions},
     rules::{rule_name, RuleSpec},
 };
@@ -185,20 +185,10 @@ impl Daemon {
             fresh = Some(config);
             done.push(format!("{}: {pps} pps", s.rule));
         }
-        let Some(mut fresh) = fresh else {
+        let Some(fresh) = fresh else {
             return Ok("nothing applied: no rule has a proposal".into());
         };
-        // As `edit_rules` checks a rule edit.
-        super::startup::apply_overrides(&mut fresh, &self.options);
-        config::check_frame_sizes(&fresh.rules, &fresh.daemon.interfaces)
-            .map_err(|e| format!("rejected: {e}"))?;
-        config::check_cluster_in_force(&fresh.rules, self.config.cluster.as_ref())
-            .map_err(|e| format!("rejected: {e}"))?;
-        let generation = self
-            .push(&fresh.rules)
-            .map_err(|e| format!("pushing the rules failed: {e}"))?;
-        self.config.rules = fresh.rules;
-        self.config.file = file;
+        let generation = self.push_edited(file, fresh)?;
         info!(rules = %done.join(", "), generation, "suggested limits applied as dry-run rules");
         let how = if mode_is_dry_run {
             "applied, DRY-RUN as the whole daemon is (counted as would-drop, nothing dropped; `mode enforce --guard ...` to enforce)"
