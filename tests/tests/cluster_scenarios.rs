@@ -216,7 +216,7 @@ fn assert_held_to_l(per_node: &[Vec<u64>], first: usize, duration: Duration) -> 
         );
         assert!(
             sum >= LOWEST_WINDOW,
-            "window {k} after 2 s admitted {sum} cluster-wide (under 0.85L); \
+            "window {k} after 2 s admitted {sum} cluster-wide (under 0.8L, LOWEST_WINDOW); \
              bins {total:?}; per node {per_node:?}"
         );
     }
@@ -404,7 +404,7 @@ fn fifty_thousand_light_sources_stay_unsynced_and_redis_load_follows_the_formula
 }
 
 /// "Normal" after Redis answers again: the windows ending W + 2T after it
-/// or later within 0.85L..1.1L, as scenario 1; and the windows straddling
+/// or later within 0.8L..1.1L, as scenario 1; and the windows straddling
 /// the recovery (`straddling`) at most 1.1L too: Redis lost the outage's
 /// counts, and without the recovery cap (`daemon::cluster`: the fallback cap for a window)
 /// the first claims would hand out `L` again on top of what the fallback
@@ -428,7 +428,7 @@ fn assert_normal_after(what: &str, normal: &[u64], straddling: &[u64], total: &[
         );
         assert!(
             sum >= LOWEST_WINDOW,
-            "{what}: {sum} in a window ending W + 2T after recovery or later (under 0.85L): {total:?}"
+            "{what}: {sum} in a window ending W + 2T after recovery or later (under 0.8L, LOWEST_WINDOW): {total:?}"
         );
     }
     assert!(
@@ -875,7 +875,7 @@ fn one_node_cut_off_from_redis_keeps_the_cluster_within_l_plus_its_fallback_cap(
 
 /// Scenario 8: node 2 leaves (its traffic moves to the others and its
 /// daemon stops). Its admissions leave Redis's window within W; the
-/// survivors admit 0.85L..1.1L (see `LOWEST_WINDOW`) in every window ending W + 2T after the
+/// survivors admit 0.8L..1.1L (see `LOWEST_WINDOW`) in every window ending W + 2T after the
 /// removal or later.
 #[test]
 fn a_node_removed_leaves_the_survivors_near_l_from_w_plus_2t_on() {
@@ -933,7 +933,7 @@ fn a_node_removed_leaves_the_survivors_near_l_from_w_plus_2t_on() {
         assert!(
             sum >= LOWEST_WINDOW,
             "the survivors admitted {sum} in a window ending W + 2T after the removal or later \
-             (under 0.85L): {per_node:?}"
+             (under 0.8L, LOWEST_WINDOW): {per_node:?}"
         );
     }
     assert!(mean >= 950.0, "mean {mean} under 0.95L: {sums_after:?}");

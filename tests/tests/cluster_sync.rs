@@ -60,11 +60,11 @@ fn a_source_flooding_at_5l_over_three_nodes_is_held_to_l_cluster_wide() {
     let sums = windows(&total[from.min(total.len())..to.min(total.len())], W_BINS);
     assert!(sums.len() >= 15, "too few windows: {total:?}");
     // Every window at most 1.1L, the mean at least 0.95L, and every window
-    // at least `LOWEST_WINDOW` (0.85L: why there).
+    // at least `LOWEST_WINDOW` (0.8L: why there).
     for (k, &sum) in sums.iter().enumerate() {
         assert!(
             (LOWEST_WINDOW..=1100).contains(&sum),
-            "window {k} after 2 s admitted {sum} cluster-wide (not within 0.85L..1.1L); \
+            "window {k} after 2 s admitted {sum} cluster-wide (not within 0.8L..1.1L); \
              bins {total:?}; per node {per_node:?}"
         );
     }
