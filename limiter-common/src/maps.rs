@@ -257,17 +257,17 @@ mod tests {
             [
                 "SOURCES",
                 "WINDOWS",
-                "WINDOW_SPILL",
                 "STATS",
                 "CONFIG",
                 "RULES",
                 "RULE_DROPS",
                 "LEVEL_DROPS",
                 "AGGREGATES",
+                "AGG_CELLS",
+                "PRESSURE",
                 "PREFIXES_V4",
                 "PREFIXES_V6",
                 "SKETCH",
-                "PENALTY_MARKS",
                 "SHARE_MARKS",
                 "HOLDS",
                 "CLUSTER_SHARES",
@@ -280,12 +280,12 @@ mod tests {
     fn capacities_as_loaded() {
         assert_eq!(SOURCES.expected_max_entries(1000, 10), Some(10));
         assert_eq!(WINDOWS.expected_max_entries(1000, 10), Some(1000));
-        assert_eq!(WINDOW_SPILL.expected_max_entries(1000, 10), Some(1000));
         assert_eq!(HOLDS.expected_max_entries(1000, 10), Some(1000));
         assert_eq!(RULES.expected_max_entries(1000, 10), Some(RULE_SLOTS));
         assert_eq!(STATS.expected_max_entries(1000, 10), Some(Outcome::COUNT));
         assert_eq!(SKETCH.expected_max_entries(1000, 10), Some(1 << 16));
-        assert_eq!(PENALTY_MARKS.expected_max_entries(1000, 10), Some(1 << 12));
+        assert_eq!(AGG_CELLS.expected_max_entries(1000, 10), Some(4096));
+        assert_eq!(PRESSURE.expected_max_entries(1000, 10), Some(1));
         assert_eq!(SHARE_MARKS.expected_max_entries(1000, 10), Some(1 << 16));
         assert_eq!(PREFIXES_V4.expected_max_entries(1000, 10), None);
         assert_eq!(
@@ -293,7 +293,7 @@ mod tests {
             Some(DEFAULT_MAX_CLUSTER_SOURCES)
         );
         assert_eq!(CLUSTER.expected_max_entries(1000, 10), Some(1));
-        assert_eq!(AGGREGATES.expected_max_entries(1000, 10), Some(10));
+        assert_eq!(AGGREGATES.expected_max_entries(1000, 10), Some(1000));
         assert_eq!(
             LEVEL_DROPS.expected_max_entries(1000, 10),
             Some(RULE_SLOTS * crate::rules::MAX_LEVELS as u32)
@@ -307,19 +307,19 @@ mod tests {
         assert_eq!(
             sizes,
             [
-                ("SOURCES", 20, 200),
-                ("WINDOWS", 20, 288),
-                ("WINDOW_SPILL", 20, 288),
+                ("SOURCES", 20, 192),
+                ("WINDOWS", 20, 296),
                 ("STATS", 4, 16),
                 ("CONFIG", 4, 80),
                 ("RULES", 4, 328),
                 ("RULE_DROPS", 4, 8),
                 ("LEVEL_DROPS", 4, 8),
-                ("AGGREGATES", 24, 360),
+                ("AGGREGATES", 24, 368),
+                ("AGG_CELLS", 24, 368),
+                ("PRESSURE", 4, 8),
                 ("PREFIXES_V4", 9, 132),
                 ("PREFIXES_V6", 21, 132),
                 ("SKETCH", 4, 16),
-                ("PENALTY_MARKS", 4, 8),
                 ("SHARE_MARKS", 4, 8),
                 ("HOLDS", 20, 16),
                 ("CLUSTER_SHARES", 20, 16),

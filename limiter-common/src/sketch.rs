@@ -53,6 +53,16 @@ pub const WINDOWED: u32 = 128;
 pub const HOT_FRAMES: u32 = 200;
 /// Length of an epoch: counts start afresh every second.
 pub const EPOCH_NS: u64 = 1_000_000_000;
+/// The pairs of consecutive epochs a window of `window_ns` overlaps at
+/// most: it overlaps at most `ceil(W / epoch) + 1` epochs, taken two at a
+/// time. A source's reading covers two epochs (this one and the last), so
+/// a bound on what it reads bounds its frames in any window by that bound
+/// times this.
+#[inline(always)]
+pub const fn epoch_pairs(window_ns: u64) -> u64 {
+    (window_ns.div_ceil(EPOCH_NS) + 1).div_ceil(2)
+}
+
 /// Counters per word.
 pub const SLOTS: u32 = 7;
 /// The largest count a counter holds (it saturates there).
@@ -165,12 +175,6 @@ pub const fn marked(word: u64, tag: u64, place: Place) -> u64 {
     word
 }
 
-/// Cells of the penalty marks (`PENALTY_MARKS`): until when a source whose
-/// cell it is may be blocked (ns; 0: never). Few, so that the table stays
-/// in cache beside the sketch (every cheap frame of a rule with a `block`
-/// reads it): blocked sources are few, and a collision only sends a source
-/// to its window.
-pub const PENALTY_CELLS: u32 = 1 << 12;
 /// Cells of the share marks (`SHARE_MARKS`): until when a source whose cell
 /// it is may have a cluster share (ns; 0: never). As many as the sketch's
 /// entries: there may be as many shares as cluster sources synced.
@@ -268,6 +272,15 @@ mod tests {
         let mut addr = [0u8; 16];
         addr[..4].copy_from_slice(&i.to_be_bytes());
         addr
+    }
+
+    #[test]
+    fn a_window_overlaps_this_many_pairs_of_epochs() {
+        assert_eq!(epoch_pairs(100_000_000), 1, "within two epochs");
+        assert_eq!(epoch_pairs(EPOCH_NS), 1);
+        assert_eq!(epoch_pairs(EPOCH_NS + 1), 2, "three epochs");
+        assert_eq!(epoch_pairs(2 * EPOCH_NS), 2);
+        assert_eq!(epoch_pairs(60 * EPOCH_NS), 31, "61 epochs");
     }
 
     #[test]
@@ -437,7 +450,7 @@ mod tests {
         let addr = v4(0xcb00_7101);
         let at = place(&addr, false, 32, 3, 9);
         assert_eq!(mark_cell(at, SHARE_CELLS), at.word);
-        assert_eq!(mark_cell(at, PENALTY_CELLS), at.word % PENALTY_CELLS);
+        assert_eq!(mark_cell(at, 1 << 12), at.word % (1 << 12));
         let other = place(&addr, false, 32, 4, 9);
         assert_ne!(at.word, other.word, "another budget, another cell");
     }

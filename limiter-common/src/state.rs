@@ -27,11 +27,12 @@ pub struct SourceTraffic {
     /// Until this time (ns) this CPU refuses the source without looking at
     /// its window: it is blocked, or no frame can fit before then.
     pub hold_until_ns: u64,
-    /// Frames of allowance this CPU leased for the bucket of `window`.
+    /// Frames this CPU may still admit from its lease in the bucket of
+    /// `window` without looking at the shared window.
     pub lease_left: u32,
     /// Whether the next frame this CPU checks against the source's window
-    /// is its first of the source: [`FIRST_CREATED`], [`FIRST_HERE`] or 0
-    /// (see `unwindowed_ns`).
+    /// is its first of the source and this CPU created the entry:
+    /// [`FIRST_CREATED`] or 0 (see `unwindowed_ns`).
     pub first_frame: u32,
     /// Frames offered in `second - 1` (zero if the source was idle then).
     pub previous: Counter,
@@ -41,32 +42,23 @@ pub struct SourceTraffic {
     pub last_refused_ns: u64,
     /// When this CPU admitted the source's first frame without a shared
     /// window (ns): a source that sends one frame costs no window entry.
-    /// That frame is counted in the window once one exists; 0 = none.
+    /// That frame is counted in the window, in its own bucket, by this
+    /// CPU's next look at it (it alone knows when it came); 0 = none.
     pub unwindowed_ns: u64,
     /// This CPU's view of the source's older buckets.
     pub window: WindowCache,
-    /// When this CPU last looked the source's window up while holding it
-    /// (ns): a held source reads no window, but looks it up once a bucket
-    /// so that the LRU map keeps it while a flood of other sources churns
-    /// through.
-    pub touched_ns: u64,
-    /// Frames the cheap tier may have admitted for the source since the
-    /// start of the last epoch that its window does not count yet: set by
-    /// the frame that leaves the cheap tier (`sketch::WINDOWED`), charged
-    /// to the window by this CPU's next look at it (at most the rule's
-    /// cheap frames of it), then 0.
-    pub carried: u32,
     /// Non-zero: at its last admission the source's window held more than
     /// its rule's `fair_packets`: its rule's levels judge it as heavy
     /// (`rules::level`).
     pub heavy: u32,
+    /// Frames this CPU admitted from its lease that the shared window does
+    /// not count yet: counted into the bucket of `window` (where they
+    /// came) at this CPU's next look at it (`window::count_leased`).
+    pub lease_owed: u32,
 }
 
 /// `SourceTraffic::first_frame`: this CPU created the source's entry.
 pub const FIRST_CREATED: u32 = 1;
-/// `SourceTraffic::first_frame`: another CPU created the entry; this CPU
-/// judges the source for the first time.
-pub const FIRST_HERE: u32 = 2;
 
 impl SourceTraffic {
     /// Counts a frame of `len` bytes at `now_ns` as the only one of the
@@ -146,6 +138,12 @@ pub struct WindowState {
     /// never): a cluster-scoped source is reported at most once per
     /// window length, whichever CPU finds it hot (compare-and-swap).
     pub hot_reported_ns: u64,
+    /// Non-zero: at the source's last admission its window held more than
+    /// its rule's `fair_packets` (heavy for the rule's levels); what a
+    /// source without per-CPU state is judged as by the levels (a hot
+    /// source keeps its own copy, `SourceTraffic::heavy`). Written only
+    /// for a rule with levels, and only when it changes.
+    pub heavy: u64,
 }
 
 impl WindowState {
@@ -155,6 +153,7 @@ impl WindowState {
         blocked_tag: 0,
         bucket_ns: 0,
         hot_reported_ns: 0,
+        heavy: 0,
     };
 
     /// Whether a penalty armed by the rule tagged `block_tag` holds at
@@ -163,16 +162,15 @@ impl WindowState {
         block_tag != 0 && self.blocked_tag == block_tag && now_ns < self.blocked_until_ns
     }
 
-    /// Whether the window holds nothing that matters at `now_ns`: no
-    /// penalty runs, and no slot counts a frame or a byte in any bucket of
-    /// the longest window its bucket width allows (`RING` buckets), nor in
-    /// the bucket after now (a CPU's clock may run a bucket ahead of the
-    /// caller's). Deleting it then changes no verdict: a window created
-    /// again for its source starts from the same zero counts.
+    /// Whether the window counts nothing at `now_ns`: no slot counts a
+    /// frame or a byte in any bucket of the longest window its bucket
+    /// width allows (`RING` buckets), nor in the bucket after now (a CPU's
+    /// clock may run a bucket ahead of the caller's). Deleting it then
+    /// changes no count: a window created again for its source starts from
+    /// the same zero counts, and comes back blocked if `HOLDS` keeps a
+    /// penalty for it (a penalty that did not fit there goes with the
+    /// window: `Outcome::HoldFailed`).
     pub fn idle_at(&self, now_ns: u64) -> bool {
-        if now_ns < self.blocked_until_ns {
-            return false;
-        }
         if self.bucket_ns == 0 {
             return self.slots.iter().all(|slot| *slot == [0, 0]);
         }
@@ -195,19 +193,18 @@ mod user {
     unsafe impl aya::Pod for super::Hold {}
 }
 
-/// A refusal that must outlive the source's window, kept apart from it in
-/// `HOLDS` (a plain hash map, which never evicts): a window evicted and
-/// created again while its source is held comes back held, whichever CPU
-/// creates it.
+/// A penalty, kept apart from the source's window in `HOLDS` (a plain
+/// hash map, which never evicts): a window reclaimed idle and created
+/// again while its source is blocked comes back blocked, whichever CPU
+/// creates it, and a blocked window need not be kept for the penalty's
+/// length.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Hold {
     /// Held until then (ns).
     pub until_ns: u64,
-    /// A penalty: the `Rule::block_tag` of the rule that armed it (the
-    /// source is dropped until `until_ns`). 0: the source was refused over
-    /// its limit; its window comes back exhausted (`window::mark_exhausted`)
-    /// until `until_ns`, a window's length after the refusal.
+    /// The `Rule::block_tag` of the rule that armed it (the source is
+    /// dropped until `until_ns` while the rule in force carries it).
     pub tag: u64,
 }
 
@@ -245,20 +242,21 @@ mod tests {
     }
 
     #[test]
-    fn a_window_with_bytes_or_a_penalty_is_not_idle() {
+    fn a_window_with_bytes_is_not_idle_and_a_penalty_does_not_keep_it() {
         let at = 1_000 * BUCKET;
         let later = at + 100 * BUCKET;
         let mut bytes = window_counting(at, 0);
         let bucket = later / BUCKET;
         bytes.slots[slot_of(bucket)][BYTES] = pack_bytes(bucket, 60);
         assert!(!bytes.idle_at(later));
+        // `HOLDS` keeps the penalty; the window goes once it counts
+        // nothing.
         let blocked = WindowState {
             blocked_until_ns: later + 1,
             blocked_tag: 7,
             ..window_counting(at, 1)
         };
-        assert!(!blocked.idle_at(later));
-        assert!(blocked.idle_at(later + 1));
+        assert!(blocked.idle_at(later));
     }
 
     #[test]
@@ -340,9 +338,9 @@ mod tests {
         let cache = 9 * 8;
         assert_eq!(
             core::mem::size_of::<SourceTraffic>(),
-            8 + 4 * 16 + 4 + 4 + 8 + 4 + 4 + 8 + 8 + cache + 8 + 4 + 4
+            8 + 4 * 16 + 4 + 4 + 8 + 4 + 4 + 8 + 8 + cache + 4 + 4
         );
         assert_eq!(core::mem::size_of::<Hold>(), 16);
-        assert_eq!(core::mem::size_of::<WindowState>(), RING * 16 + 4 * 8);
+        assert_eq!(core::mem::size_of::<WindowState>(), RING * 16 + 5 * 8);
     }
 }

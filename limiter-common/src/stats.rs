@@ -72,20 +72,31 @@ pub enum Outcome {
     /// buffer was full. The window's claim is released, so a later frame
     /// of the source reports it.
     ClusterHotDropped = 12,
-    /// The frame created its source's window in the spill (`WINDOW_SPILL`,
-    /// an LRU map) because the kept windows (`WINDOWS`) were full: that
-    /// window may be evicted by other sources, and its source come back
-    /// with a fresh allowance (docs/architecture.md, "The bounds").
-    WindowSpilled = 13,
-    /// A refusal or penalty could not be kept apart from its window
-    /// (`HOLDS` full): should the window be evicted (only a spilled one
-    /// can be), the refusal is forgotten.
+    /// The frame's source had no window and could not get one (`WINDOWS`
+    /// full): refused (counted here besides its verdict; the source keeps
+    /// its cheap frames; docs/architecture.md, "Full maps").
+    WindowFull = 13,
+    /// A penalty could not be kept apart from its window (`HOLDS` full):
+    /// it lasts only while its window does (the daemon reclaims a window
+    /// idle for its longest length, and the penalty goes with it).
     HoldFailed = 14,
+    /// A level's aggregate had no window and could not get one
+    /// (`AGGREGATES` full): the frame was judged on the level's overflow
+    /// cell it hashes to (`AGG_CELLS`), shared with every other such
+    /// aggregate of the level that hashes there (counted here besides its
+    /// verdict).
+    AggregateFull = 15,
+    /// The frame created an aggregate within two epochs after `AGGREGATES`
+    /// was found full: it starts with its overflow cell's counts (what its
+    /// sources may have been admitted on the cell, and what other
+    /// aggregates were), so nothing is admitted twice; the refusing side
+    /// (counted here besides its verdict).
+    FullSeeded = 16,
 }
 
 impl Outcome {
     /// Number of outcomes: the `STATS` array length.
-    pub const COUNT: u32 = 15;
+    pub const COUNT: u32 = 17;
 
     /// Every outcome, in index order.
     pub const ALL: [Outcome; Self::COUNT as usize] = [
@@ -102,8 +113,10 @@ impl Outcome {
         Outcome::Cheap,
         Outcome::NewWindow,
         Outcome::ClusterHotDropped,
-        Outcome::WindowSpilled,
+        Outcome::WindowFull,
         Outcome::HoldFailed,
+        Outcome::AggregateFull,
+        Outcome::FullSeeded,
     ];
 
     /// The verdicts, `Passed` through `Malformed`: every frame counts under
@@ -126,8 +139,10 @@ impl Outcome {
             Outcome::Cheap => "cheap",
             Outcome::NewWindow => "new_window",
             Outcome::ClusterHotDropped => "cluster_hot_dropped",
-            Outcome::WindowSpilled => "window_spilled",
+            Outcome::WindowFull => "window_full",
             Outcome::HoldFailed => "hold_failed",
+            Outcome::AggregateFull => "aggregate_full",
+            Outcome::FullSeeded => "full_seeded",
         }
     }
 }

@@ -9,9 +9,9 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use limiter_common::window::{
-    bytes_in, estimate, give_back_packet, position, slot_of, try_admit, try_admit_cached,
-    Admission, AtomicRing, SlotRead, WindowCache, WindowParams, BYTES, PACKETS, UNLIMITED,
-    WEIGHT_ONE,
+    bytes_in, count_leased, estimate, give_back_packet, position, slot_of, try_admit,
+    try_admit_cached, Admission, AtomicRing, SlotRead, WindowCache, WindowParams, BYTES, PACKETS,
+    UNLIMITED, WEIGHT_ONE,
 };
 use proptest::{prelude::*, test_runner::RngSeed};
 
@@ -56,6 +56,8 @@ struct Model {
     hold_until_ns: u64,
     lease: u64,
     lease_left: u64,
+    /// Frames admitted from the lease, not yet counted in the window.
+    lease_owed: u64,
     ring: AtomicRing,
     params: WindowParams,
     window_ns: u64,
@@ -82,6 +84,7 @@ impl Model {
                 _ => 1,
             },
             lease_left: 0,
+            lease_owed: 0,
             ring: Default::default(),
             params: WindowParams {
                 bucket_ns,
@@ -127,13 +130,20 @@ impl Model {
         if t < self.hold_until_ns {
             return false;
         }
+        if self.lease_left > 0 && self.cache.covers(t, self.params.bucket_ns) {
+            self.lease_left -= 1;
+            self.lease_owed += 1;
+            return true;
+        }
+        // The kernel's next look at the window counts what the lease
+        // admitted, in the bucket it was admitted in.
+        if self.lease_owed > 0 {
+            count_leased(&self.ring, self.cache.bucket, self.lease_owed);
+            self.lease_owed = 0;
+        }
         if !self.cache.covers(t, self.params.bucket_ns) {
             self.cache = WindowCache::refresh(&self.ring, &self.params, t);
             self.lease_left = 0;
-        }
-        if self.lease_left > 0 {
-            self.lease_left -= 1;
-            return true;
         }
         match try_admit_cached(&self.ring, &self.cache, &self.params, t, len, self.lease) {
             Admission::Admitted { granted, .. } => {
@@ -183,9 +193,9 @@ impl Model {
             self.ring[slot_of(at.bucket)][PACKETS].load(std::sync::atomic::Ordering::Relaxed);
         let est = estimate(&self.ring, at, self.params.buckets, current).packets;
         let exact_fp = packets * WEIGHT_ONE;
-        // Leased frames are counted before they are used: up to one lease
-        // per bucket in the window may be outstanding or wasted.
-        let leased = (u64::from(self.params.buckets) + 1) * (self.lease - 1);
+        // Leased frames are counted after they are used: one lease's may
+        // be outstanding.
+        let leased = self.lease - 1;
         let slack = (oldest_packets + 1 + leased) * WEIGHT_ONE;
         assert!(
             est.abs_diff(exact_fp) <= slack,

@@ -1,10 +1,9 @@
-//! Access to what all CPUs share: a `WINDOWS` or `WINDOW_SPILL` value (volatile loads and
+//! Access to what all CPUs share: a `WINDOWS` value (volatile loads and
 //! stores for single words, and the BPF compare-and-swap, `cmpxchg`, BPF
-//! ISA v3, for the window slots), the cheap tier's sketch and the penalty
-//! marks.
+//! ISA v3, for the window slots) and the cheap tier's sketch.
 
 use core::{
-    intrinsics::{atomic_cxchg, AtomicOrdering},
+    intrinsics::{atomic_cxchg, atomic_xadd, AtomicOrdering},
     ptr::{addr_of_mut, read_volatile, write_volatile},
 };
 
@@ -98,6 +97,24 @@ impl SharedWindow {
         };
     }
 
+    /// Whether the source was heavy at its last admission
+    /// (`WindowState::heavy`).
+    #[inline(always)]
+    pub fn heavy(&self) -> bool {
+        // SAFETY: as above.
+        unsafe { read_volatile(addr_of_mut!((*self.0).heavy)) != 0 }
+    }
+
+    /// Records whether the source is heavy after an admission, storing
+    /// only a change (a store to a line other CPUs read).
+    #[inline(always)]
+    pub fn note_heavy(&self, heavy: bool) {
+        if self.heavy() != heavy {
+            // SAFETY: as above.
+            unsafe { write_volatile(addr_of_mut!((*self.0).heavy), u64::from(heavy)) }
+        }
+    }
+
     /// Records a new bucket width (after clearing the slots). Several CPUs
     /// may do this at once after a rule change; they write the same value.
     #[inline(always)]
@@ -105,6 +122,19 @@ impl SharedWindow {
         // SAFETY: as above.
         unsafe { write_volatile(addr_of_mut!((*self.0).bucket_ns), value) }
     }
+}
+
+/// `value` through one `rX = rX` the compiler cannot see through: a mask
+/// applied after it stays (the window walk's masks stay arithmetic; an
+/// index masked after a test the compiler already made is still masked
+/// where the verifier needs it). A zero-length asm would do too, but its
+/// line-info record would share an instruction offset with the next,
+/// which 6.1's verifier refuses.
+#[inline(always)]
+pub fn opaque(mut value: u64) -> u64 {
+    // SAFETY: a register move to itself: no memory, stack or flags.
+    unsafe { core::arch::asm!("{0} = {0}", inout(reg) value, options(pure, nomem, nostack)) };
+    value
 }
 
 /// The address of a window's `hot_reported_ns`.
@@ -121,15 +151,9 @@ impl SlotRead for SharedWindow {
         unsafe { read_volatile(self.slot_word(slot, field)) }
     }
 
-    /// One `rX = rX` the compiler cannot see through: it keeps the
-    /// window walk's masks arithmetic (a zero-length asm would do too, but
-    /// its line-info record would share an instruction offset with the
-    /// next, which 6.1's verifier refuses).
     #[inline(always)]
-    fn opaque(&self, mut value: u64) -> u64 {
-        // SAFETY: a register move to itself: no memory, stack or flags.
-        unsafe { core::arch::asm!("{0} = {0}", inout(reg) value, options(pure, nomem, nostack)) };
-        value
+    fn opaque(&self, value: u64) -> u64 {
+        opaque(value)
     }
 }
 
@@ -151,6 +175,15 @@ impl SlotWrite for SharedWindow {
     fn store(&self, slot: usize, field: usize, value: u64) {
         // SAFETY: aligned word of a live map value.
         unsafe { write_volatile(self.slot_word(slot, field), value) }
+    }
+
+    #[inline(always)]
+    fn fetch_add(&self, slot: usize, field: usize, amount: u64) -> u64 {
+        // SAFETY: aligned word of a live map value; BPF_ATOMIC_ADD with
+        // BPF_FETCH (BPF ISA v3) is atomic.
+        unsafe {
+            atomic_xadd::<u64, u64, { AtomicOrdering::SeqCst }>(self.slot_word(slot, field), amount)
+        }
     }
 }
 
@@ -232,8 +265,7 @@ pub fn sketch_mark(place: sketch::Place, tag: u64) -> bool {
     true
 }
 
-/// Whether mark cell `cell` of `marks` (`PENALTY_MARKS` or
-/// `SHARE_MARKS`) still holds at `now` (a missing cell counts as marked:
+/// Whether mark cell `cell` of `marks` (`SHARE_MARKS`) still holds at `now` (a missing cell counts as marked:
 /// fail closed, to the window).
 #[inline(always)]
 pub fn marked(marks: &Array<u64>, cell: u32, now: u64) -> bool {
@@ -241,33 +273,5 @@ pub fn marked(marks: &Array<u64>, cell: u32, now: u64) -> bool {
         // SAFETY: an aligned u64 of a live array element.
         Some(until) => now < unsafe { read_volatile(until) },
         None => true,
-    }
-}
-
-/// Raises penalty cell `cell` to `until` (ns), if lower. Compare-and-swap:
-/// a plain store could lower a later mark another CPU just set, and free a
-/// blocked source to the cheap tier early.
-#[inline(always)]
-pub fn mark_penalty(cell: u32, until: u64) {
-    let Some(slot) = crate::maps::PENALTY_MARKS.get_ptr_mut(cell) else {
-        return;
-    };
-    let mut attempts = 0;
-    while attempts < 4 {
-        // SAFETY: an aligned u64 of a live array element.
-        let old = unsafe { read_volatile(slot) };
-        if old >= until {
-            return;
-        }
-        // SAFETY: as above; BPF_CMPXCHG is atomic.
-        let (_, swapped) = unsafe {
-            atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(
-                slot, old, until,
-            )
-        };
-        if swapped {
-            return;
-        }
-        attempts += 1;
     }
 }

@@ -30,6 +30,7 @@ pub mod model;
 pub mod netns;
 pub mod packets;
 pub mod prometheus;
+pub mod promises;
 pub mod redis;
 pub mod testrun;
 

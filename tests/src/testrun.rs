@@ -101,6 +101,12 @@ impl Harness {
         self.program.xdp()
     }
 
+    /// The XDP program and the maps at once, for threads that run the one
+    /// and read the other.
+    pub fn parts(&mut self) -> (&Xdp, &Maps) {
+        self.program.parts()
+    }
+
     /// The XDP program, to attach.
     pub fn program_mut(&mut self) -> &mut Xdp {
         self.program.xdp()
@@ -393,6 +399,55 @@ fn paced_until(
             })
             .join()
             .expect("sender thread panicked")
+    })
+}
+
+/// One frame of a schedule: when it is due (from the schedule's start)
+/// and which of the schedule's frames it is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Due {
+    pub at: Duration,
+    pub frame: usize,
+}
+
+/// What became of one scheduled frame: its verdict, and the kernel's
+/// clock just before and just after its run (the program read a time
+/// between the two; they differ only when a clock tick fell inside the
+/// run).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ran {
+    pub verdict: u32,
+    pub before: Duration,
+    pub after: Duration,
+}
+
+/// Runs `schedule` (sorted by `at`) in real time from `start` on a thread
+/// pinned to `cpu`: each frame once, as soon as it is due (late ones at
+/// once, in order). Returns what became of each, in schedule order.
+pub fn run_schedule(
+    program: &Xdp,
+    cpu: usize,
+    start: Instant,
+    frames: &[Vec<u8>],
+    schedule: &[Due],
+) -> Vec<Ran> {
+    on_cpu(cpu, || {
+        schedule
+            .iter()
+            .map(|due| {
+                let at = start + due.at;
+                while Instant::now() < at {
+                    std::hint::spin_loop();
+                }
+                let before = coarse_now();
+                let verdict = verdict(program, &frames[due.frame]);
+                Ran {
+                    verdict,
+                    before,
+                    after: coarse_now(),
+                }
+            })
+            .collect()
     })
 }
 

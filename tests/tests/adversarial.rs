@@ -7,13 +7,15 @@
 //! - A churn of spoofed sources through the window map, on one CPU and
 //!   across both, does not give a source its allowance again; nor does an
 //!   IPv6 /48 holder churning its own /64s.
-//! - `HOLDS` full does not free a blocked source.
+//! - A blocked source whose window the daemon reclaims comes back blocked;
+//!   with `HOLDS` full its penalty lives in its window, which no churn
+//!   frees.
 //! - Frames spread over the traffic classes one rule judges get the
 //!   rule's cheap frames once, not once per class.
 //! - A flood of refused sources does not starve the cluster's hot
 //!   reports, and a report dropped for lack of budget is sent again.
-//! - A flood that fills the kept windows is seen: new windows spill, and
-//!   say so.
+//! - A flood that fills the kept windows is seen: sources without a window
+//!   are refused, and counted.
 
 use std::{
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
@@ -53,14 +55,14 @@ fn limit_over(cidr: &str, pps: u64, window: Duration) -> RuleSpec {
     rule
 }
 
-/// Churn rules (100 pps over 2 s, no cheap frames: every spoofed frame
+/// Churn rules (4 pps over 2 s, no cheap frames: every spoofed frame
 /// takes a window) on the spoofed sources' prefixes, the guarded rule, and
 /// `more`; tiered; loaded with [`CAPACITY`] windows.
 fn churn_harness(more: Vec<RuleSpec>) -> Harness {
     let two_seconds = Duration::from_secs(2);
     let mut rules = vec![
-        limit_over("10.0.0.0/8", 100, two_seconds),
-        limit_over("2001:db8::/32", 100, two_seconds),
+        limit_over("10.0.0.0/8", 4, two_seconds),
+        limit_over("2001:db8::/32", 4, two_seconds),
         limit_over(GUARDED_NET, 1, MINUTE),
     ];
     rules.extend(more);
@@ -86,10 +88,9 @@ fn churn_harness(more: Vec<RuleSpec>) -> Harness {
 }
 
 /// The most a source of `rule` may be admitted in one window beyond its
-/// allowance: the cheap frames of each epoch the window overlaps.
+/// allowance: the cheap tier's uncounted frames.
 fn cheap_error(rule: &Rule) -> u64 {
-    let window_ns = rule.bucket_ns * u64::from(rule.buckets);
-    u64::from(rule.cheap_frames) * (window_ns.div_ceil(limiter_common::sketch::EPOCH_NS) + 1)
+    rule.cheap_bound()
 }
 
 /// `n` frames of `frame`, spread over `cpus` in turn; how many passed.
@@ -121,8 +122,8 @@ fn a_churn_gives_no_fresh_allowance(cpus: &[usize]) {
     assert_eq!(offer_over(&mut harness, cpus, &frame, GUARDED), GUARDED);
     churn(&mut harness, cpus, spoofed);
     assert!(
-        harness.outcome_total(Outcome::WindowSpilled).packets > 0,
-        "the churn went through the window maps (it spilled once the kept ones were full)"
+        harness.outcome_total(Outcome::WindowFull).packets > 0,
+        "the churn went through the window map and filled it"
     );
     let again = offer_over(&mut harness, cpus, &frame, GUARDED);
     let twice = offer_over(&mut harness, cpus, &frame, 2 * GUARDED);
@@ -161,9 +162,16 @@ fn an_ipv6_48_holder_churning_its_own_64s_gets_no_fresh_allowance() {
     let main = udp6(Ipv6Addr::new(0x2001, 0xdb8, 1, 0, 0, 0, 0, 1));
     assert_eq!(harness.offer(0, &main, GUARDED), (GUARDED, 0));
     // Its other /64s, one frame each (under the same limit each: all pass).
+    // Those past the kept windows' room are refused (the refusing side),
+    // counted.
     let program = harness.program();
+    let own_frames = u64::from(CHURN.min(65_535));
     let passed = on_cpu(0, || spray_from(program, 0..CHURN.min(65_535), own));
-    assert_eq!(passed.packets, u64::from(CHURN.min(65_535)));
+    assert_eq!(
+        own_frames - passed.packets,
+        harness.outcome_total(Outcome::WindowFull).packets,
+        "every refusal of its own /64s is one for want of a window"
+    );
     assert_eq!(
         harness.offer(0, &main, 2 * GUARDED).0,
         cheap_error(&rule),
@@ -171,44 +179,67 @@ fn an_ipv6_48_holder_churning_its_own_64s_gets_no_fresh_allowance() {
     );
 }
 
-/// `HOLDS` full (a flood of refused sources filled it) does not free a
-/// blocked source: its penalty lives in its kept window, which no churn
-/// evicts. The holds that could not be kept are counted.
+/// Runs the daemon's reclaim over the kept maps until it has deleted at
+/// least `windows` idle windows (at most 10 s, on the kernel's clock);
+/// whether it did.
+fn reclaim_until(harness: &mut Harness, reclaim: &mut Reclaim, windows: u64) -> bool {
+    wait_until(Duration::from_secs(10), Duration::from_millis(200), || {
+        let now = kernel::now().as_nanos() as u64;
+        while !reclaim
+            .step(harness.maps_mut(), now, CAPACITY as usize)
+            .expect("reading the kept maps")
+            .pass_done
+        {}
+        (reclaim.windows.deleted_total >= windows).then_some(())
+    })
+    .is_some()
+}
+
+/// A blocked source's penalty outlives its window: the daemon reclaims the
+/// window once it counts nothing (no need to keep it for the penalty's
+/// hour), and the source comes back blocked (`HOLDS`). With `HOLDS` full
+/// (a flood of blocked sources filled it), a penalty lives in its window
+/// alone (counted as `hold_failed`), which no churn frees.
 #[test]
-fn holds_full_frees_no_blocked_source() {
-    // The fillers: 1 frame a second each, refused on their second frame
-    // (a hold each), in windows that are idle a couple of seconds later.
-    let fillers = RuleSpec::limit(net("198.18.0.0/15"), 1);
+fn a_penalty_outlives_its_window_and_holds_full_frees_no_blocked_source() {
+    // The fillers: 1 frame a second each, blocked for an hour on their
+    // second frame (a penalty each), in windows that count nothing a
+    // couple of seconds later.
+    let mut fillers = RuleSpec::limit(net("198.18.0.0/15"), 1);
+    fillers.limits.block = Some(Duration::from_secs(3600));
     let mut blocked_rule = limit_over("203.0.113.0/24", 5, Duration::from_secs(2));
     blocked_rule.limits.block = Some(Duration::from_secs(3600));
     let mut harness = churn_harness(vec![fillers, blocked_rule]);
+    // Blocked first, while HOLDS has room; then its window goes idle and is
+    // reclaimed with the fillers'.
+    let early = udp4(Ipv4Addr::new(203, 0, 113, 2));
+    let early_key = SourceKey::v4([203, 0, 113, 2]);
+    assert_eq!(harness.offer(0, &early, 11), (10, 1));
+    // As many blocked fillers as HOLDS has room left (and WINDOWS: each
+    // takes a window first).
     let filler = |i: u32| IpAddr::V4(Ipv4Addr::from(0xc612_0000 | i));
     let program = harness.program();
     on_cpu(0, || {
-        spray_from(program, 0..CAPACITY + 64, filler);
-        spray_from(program, 0..CAPACITY + 64, filler)
+        spray_from(program, 0..CAPACITY - 1, filler);
+        spray_from(program, 0..CAPACITY - 1, filler)
     });
-    assert!(
-        harness.outcome_total(Outcome::HoldFailed).packets > 0,
-        "HOLDS is full: refusals it could not keep are counted"
-    );
-    // The daemon deletes the fillers' windows once idle (their holds stay:
-    // nothing swept them): its reclaim, run until it has, on the kernel's
-    // clock.
+    assert_eq!(harness.outcome_total(Outcome::HoldFailed).packets, 0);
     let mut reclaim = Reclaim::default();
-    let reclaimed = wait_until(Duration::from_secs(10), Duration::from_millis(200), || {
-        let now = kernel::now().as_nanos() as u64;
-        while !reclaim
-            .step(harness.maps_mut(), now, CAPACITY as usize, 0)
-            .expect("reading WINDOWS")
-            .pass_done
-        {}
-        (reclaim.deleted_total() >= u64::from(CAPACITY)).then_some(())
-    });
     assert!(
-        reclaimed.is_some(),
-        "the fillers' windows went idle and were deleted: {} of {CAPACITY}",
-        reclaim.deleted_total()
+        reclaim_until(&mut harness, &mut reclaim, u64::from(CAPACITY)),
+        "the blocked sources' windows went idle and were deleted: {} of {CAPACITY}",
+        reclaim.windows.deleted_total
+    );
+    assert!(
+        !read::windows(harness.maps())
+            .expect("windows")
+            .contains_key(&early_key),
+        "its window was reclaimed"
+    );
+    assert_eq!(
+        harness.offer(1, &early, 3),
+        (0, 3),
+        "blocked again on its new window (from HOLDS), on a CPU that never held it"
     );
     // Blocked now, with HOLDS full.
     let failed = harness.outcome_total(Outcome::HoldFailed).packets;
@@ -221,6 +252,57 @@ fn holds_full_frees_no_blocked_source() {
     );
     churn(&mut harness, &[0, 1], spoofed);
     assert_eq!(harness.offer(1, &blocked, 5), (0, 5), "still blocked");
+}
+
+/// With both `WINDOWS` and `HOLDS` full (blocked spoofed sources fill the
+/// penalties, the daemon reclaims their idle windows, more fill the
+/// windows again), a source refused under 60 per minute offers its
+/// allowance five rounds running, a churn through the full windows between
+/// rounds: it is admitted its 60 once (its window is kept: nothing evicts
+/// it), nothing after. (With refusals kept in `HOLDS` and windows spilling
+/// to an LRU map, it was admitted 60 every round.)
+#[test]
+fn a_refused_source_gets_nothing_more_with_windows_and_holds_full() {
+    let mut fillers = RuleSpec::limit(net("198.18.0.0/15"), 1);
+    fillers.limits.block = Some(Duration::from_secs(3600));
+    let mut harness = churn_harness(vec![fillers]);
+    let guarded = udp4(Ipv4Addr::new(192, 0, 2, 9));
+    let mut admitted = vec![harness.offer(0, &guarded, GUARDED + 5).0];
+    // Blocked fillers, two frames each (the second blocks), as many as
+    // the penalties hold; their windows reclaimed once idle; as many
+    // again: the penalties full, the windows full.
+    let filler = |i: u32| IpAddr::V4(Ipv4Addr::from(0xc612_0000 | i));
+    for round in 0..2u32 {
+        let first = round * CAPACITY;
+        let program = harness.program();
+        on_cpu(0, || {
+            spray_from(program, first..first + CAPACITY, filler);
+            spray_from(program, first..first + CAPACITY, filler)
+        });
+        if round == 0 {
+            let mut reclaim = Reclaim::default();
+            assert!(reclaim_until(
+                &mut harness,
+                &mut reclaim,
+                u64::from(CAPACITY) / 2
+            ));
+        }
+    }
+    assert!(
+        harness.outcome_total(Outcome::HoldFailed).packets > 0,
+        "HOLDS full"
+    );
+    assert_eq!(
+        harness.maps().windows.keys().count() as u32,
+        CAPACITY,
+        "WINDOWS full"
+    );
+    for _ in 0..4 {
+        churn(&mut harness, &[0, 1], spoofed);
+        admitted.push(offer_over(&mut harness, &[0, 1], &guarded, GUARDED));
+    }
+    assert!(harness.outcome_total(Outcome::WindowFull).packets > 0);
+    assert_eq!(admitted, [GUARDED, 0, 0, 0, 0], "admitted per round");
 }
 
 /// A source spreading its frames over four traffic classes that one rule
@@ -258,7 +340,7 @@ fn frames_spread_over_the_classes_of_one_rule_get_its_cheap_frames_once() {
     let mut harness = Harness::load();
     assert_eq!(harness.push(&set), 1);
     let rule = harness.first_rule(4);
-    assert_eq!(rule.cheap_frames, 64, "a 1 s limit: its allowance is cheap");
+    assert_eq!(rule.cheap_frames, 6, "a tenth of a 1 s limit is cheap");
     let source = Ipv4Addr::new(192, 0, 2, 7);
     let frames: Vec<Vec<u8>> = [22, 23, 25, 80]
         .map(|port| packets::tcp_v4(source, DST4, port, 0))
@@ -272,7 +354,7 @@ fn frames_spread_over_the_classes_of_one_rule_get_its_cheap_frames_once() {
             .count() as u64
     });
     assert_same_epoch(epoch);
-    let bound = rule.allowance_packets + rule.allowance_packets / 100;
+    let bound = rule.allowance_packets + rule.cheap_bound();
     assert!(
         passed <= bound,
         "{passed} admitted over four classes in one epoch; at most {bound}"
@@ -377,11 +459,12 @@ fn a_hot_report_dropped_for_lack_of_budget_is_sent_again() {
     );
 }
 
-/// A flood that fills the kept windows: new windows spill (counted), the
-/// windows of sources already kept stay where they are, and the daemon's
-/// pass over the spill tells how many spilled windows were evicted.
+/// A flood that fills the kept windows: the sources past their room get
+/// none and are refused (counted as `window_full`), the windows of
+/// sources already kept stay where they are, and the daemon's pass finds
+/// the kept map full, with none idle.
 #[test]
-fn a_flood_that_fills_the_kept_windows_spills_and_counts_it() {
+fn a_flood_that_fills_the_kept_windows_is_refused_and_counted() {
     let mut harness = churn_harness(vec![]);
     let key = SourceKey::v4([192, 0, 2, 1]).with_class(harness.first_rule(3).budget);
     assert_eq!(
@@ -389,12 +472,17 @@ fn a_flood_that_fills_the_kept_windows_spills_and_counts_it() {
         (1, 0)
     );
     let program = harness.program();
-    on_cpu(0, || spray(program, 0..3 * CAPACITY));
-    let spilled = harness.outcome_total(Outcome::WindowSpilled).packets;
+    let passed = on_cpu(0, || spray(program, 0..3 * CAPACITY));
+    let full = harness.outcome_total(Outcome::WindowFull).packets;
     assert_eq!(
-        spilled,
+        full,
         u64::from(2 * CAPACITY + 1),
-        "every window past the kept ones spilled"
+        "every source past the kept windows' room"
+    );
+    assert_eq!(
+        passed.packets,
+        u64::from(CAPACITY - 1),
+        "the sources with a window"
     );
     assert!(harness.maps().windows.get(&key, 0).is_ok(), "still kept");
     assert_eq!(
@@ -402,26 +490,12 @@ fn a_flood_that_fills_the_kept_windows_spills_and_counts_it() {
         CAPACITY,
         "the kept windows fill up completely"
     );
-    assert!(read::windows(harness.maps())
-        .expect("windows")
-        .contains_key(&key));
-    // A pass over the kept windows (none idle), then one over the spill.
     let mut reclaim = Reclaim::default();
     let now = kernel::now().as_nanos() as u64;
-    let budget = CAPACITY as usize;
-    let mut slices = 0;
-    while reclaim.spill_evictions() == 0 && slices < 8 {
-        reclaim
-            .step(harness.maps_mut(), now, budget, spilled)
-            .expect("reading the window maps");
-        slices += 1;
-    }
-    assert_eq!(reclaim.kept(), Some(CAPACITY as usize), "none idle");
-    let live = harness.maps().window_spill.keys().count() as u64;
-    assert_eq!(
-        reclaim.spill_evictions(),
-        spilled - live,
-        "evicted: spilled minus what the spill holds"
-    );
-    assert!(reclaim.spill_evictions() >= u64::from(CAPACITY));
+    while !reclaim
+        .step(harness.maps_mut(), now, CAPACITY as usize)
+        .expect("reading the kept maps")
+        .pass_done
+    {}
+    assert_eq!(reclaim.windows.kept, Some(CAPACITY as usize), "none idle");
 }

@@ -33,15 +33,16 @@ fn sum(scrape: &BTreeMap<String, f64>, name: &str, labels: &[&str]) -> f64 {
 
 #[test]
 fn every_total_is_monotonic_and_rule_drops_add_up_across_reloads_modes_and_sweeps() {
-    // 100 spoofed sources for 64 slots of per-CPU state: sweeps see
-    // evictions. Each sends 11 frames, more than half its allowance of 20:
-    // with the tiers on, that gives it per-CPU state (hot).
+    // 100 spoofed sources for 64 slots of per-CPU state (and room for all
+    // of their windows): sweeps see evictions. Each sends 11 frames, more
+    // than half its allowance of 20: with the tiers on, that gives it
+    // per-CPU state (hot).
     let spoofed: Vec<Ipv4Addr> = (10..110).map(|i| Ipv4Addr::new(192, 0, 2, i)).collect();
     let mut sources = vec![MARKER, HEAVY, MEDIUM];
     sources.extend(&spoofed);
     let lab = Lab::new(&sources);
     let files = Files::new();
-    files.write_config(&config(2, "max_sources = 64\nmax_hot_sources = 64\n"));
+    files.write_config(&config(2, "max_sources = 256\nmax_hot_sources = 64\n"));
     let config_path = files.config();
     let daemon = Daemon::start(
         &lab.rx,

@@ -161,16 +161,16 @@ fn the_daemon_enforces_limits_and_metrics_match_what_the_receiver_saw() {
         Some(0.0)
     );
     // The windows: the heavy and the medium sources' kept windows, none
-    // spilled, evicted or idle yet; the heavy source's refusal in HOLDS.
+    // idle yet; no penalty (no rule has one), none in HOLDS.
     let kept = format!("xdp_limiter_windows_kept{{interface=\"{RX_IF}\"}}");
     assert_eq!(daemon.wait_metric(&kept, |v| v >= 2.0), 2.0);
     let metrics = daemon.metrics();
     let value = |s: &str| limiter_tests::daemon::parse_metric(&metrics, s);
     for (metric, want) in [
         ("xdp_limiter_window_capacity", 65_536.0),
-        ("xdp_limiter_holds", 1.0),
-        ("xdp_limiter_window_evictions_total", 0.0),
+        ("xdp_limiter_penalties", 0.0),
         ("xdp_limiter_windows_reclaimed_total", 0.0),
+        ("xdp_limiter_aggregates_reclaimed_total", 0.0),
     ] {
         assert_eq!(
             value(&format!("{metric}{{interface=\"{RX_IF}\"}}")),
@@ -178,7 +178,12 @@ fn the_daemon_enforces_limits_and_metrics_match_what_the_receiver_saw() {
             "{metric}"
         );
     }
-    for outcome in ["window_spilled", "hold_failed", "cluster_hot_dropped"] {
+    for outcome in [
+        "window_full",
+        "hold_failed",
+        "aggregate_full",
+        "cluster_hot_dropped",
+    ] {
         assert_eq!(
             value(&series("xdp_limiter_packets_total", outcome)),
             Some(0.0),

@@ -1,16 +1,15 @@
 //! A source that can get no state fails closed, in the real kernel.
 //!
-//! The product's per-source state ends in LRU maps (`SOURCES`, and
-//! `WINDOW_SPILL` behind the kept windows), which evict instead of refusing
-//! an insert, so the failure paths cannot be reached with them. Here the
-//! program adopts pinned maps of the same layout but of the plain (non-LRU)
-//! hash types, small enough to fill, exactly as the daemon adopts its own
-//! pins: once `WINDOWS` is full a new window spills, once the spill is full
-//! too a new source's window cannot be created, once `SOURCES` is full a
-//! new source gets no entry at all. Either failure counts the frame as
-//! `insert_failure`, a `limit` rule drops it (would-drop in dry-run),
-//! `allow` and `deny` rules still apply, and sources that have state carry
-//! on as before.
+//! `SOURCES` is an LRU map, which evicts instead of refusing an insert, so
+//! its failure path cannot be reached with it. Here the program adopts
+//! pinned maps of the same layout but of the plain (non-LRU) hash type for
+//! `SOURCES`, and a `WINDOWS` small enough to fill, exactly as the daemon
+//! adopts its own pins. With the tiers off (no sketch reading to judge it
+//! on), a source that needs a window once `WINDOWS` is full is refused,
+//! counted as `window_full`; once `SOURCES` is full a new source gets no
+//! entry at all, counted as `insert_failure`. A `limit` rule drops such a
+//! frame (would-drop in dry-run), `allow` and `deny` rules still apply, and
+//! sources that have state carry on as before.
 
 use std::{
     net::Ipv4Addr,
@@ -32,7 +31,6 @@ use limiter_user::{
 /// Room in the substituted maps.
 const SOURCES_ROOM: u32 = 8;
 const WINDOWS_ROOM: u32 = 4;
-const SPILL_ROOM: u32 = 1;
 
 /// A pin directory on bpffs, removed on drop (also when the test fails).
 struct PinDir(PathBuf);
@@ -103,19 +101,10 @@ fn a_source_that_gets_no_state_is_judged_without_it_and_a_limit_fails_closed() {
         .expect("creating a plain hash")
         .pin(pins.path(names::WINDOWS))
         .expect("pinning it");
-    HashMap::<MapData, SourceKey, WindowState>::create(SPILL_ROOM, 0)
-        .expect("creating a plain hash")
-        .pin(pins.path(names::WINDOW_SPILL))
-        .expect("pinning it");
-    let (sources_pin, windows_pin, spill_pin) = (
-        pins.path(names::SOURCES),
-        pins.path(names::WINDOWS),
-        pins.path(names::WINDOW_SPILL),
-    );
+    let (sources_pin, windows_pin) = (pins.path(names::SOURCES), pins.path(names::WINDOWS));
     let mut harness = Harness::load_adopting(&[
         (names::SOURCES, Path::new(&sources_pin)),
         (names::WINDOWS, Path::new(&windows_pin)),
-        (names::WINDOW_SPILL, Path::new(&spill_pin)),
     ]);
     harness.push(&rules(false));
 
@@ -130,7 +119,9 @@ fn a_source_that_gets_no_state_is_judged_without_it_and_a_limit_fails_closed() {
         );
         assert_eq!(run(&mut harness, &source), (XDP_PASS, vec![Passed]));
     }
-    // WINDOWS is full: a fifth source's window spills.
+    // WINDOWS is full: a fifth source gets its entry and its first frame,
+    // but no window for the second, which fails closed (with the tiers
+    // off there is no sketch reading to judge it on).
     let fifth = frame([192, 0, 2, 5]);
     assert_eq!(
         run(&mut harness, &fifth),
@@ -138,22 +129,11 @@ fn a_source_that_gets_no_state_is_judged_without_it_and_a_limit_fails_closed() {
     );
     assert_eq!(
         run(&mut harness, &fifth),
-        (XDP_PASS, vec![Passed, WindowSpilled])
-    );
-    // The spill is full too: a sixth source gets its entry and its first
-    // frame, but no window for the second, which fails closed.
-    let sixth = frame([192, 0, 2, 6]);
-    assert_eq!(
-        run(&mut harness, &sixth),
-        (XDP_PASS, vec![Passed, NewSource])
-    );
-    assert_eq!(
-        run(&mut harness, &sixth),
-        (XDP_DROP, vec![DroppedLimit, InsertFailure]),
+        (XDP_DROP, vec![DroppedLimit, WindowFull]),
         "a limited source without a window is refused"
     );
     // Fill SOURCES (first frames need no window).
-    for last in 7..=SOURCES_ROOM as u8 {
+    for last in 6..=SOURCES_ROOM as u8 {
         let source = frame([192, 0, 2, last]);
         assert_eq!(
             run(&mut harness, &source),

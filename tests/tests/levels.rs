@@ -175,6 +175,12 @@ fn two_windows_on_one_source_each_hold() {
         let set = with_levels(pps, window, &[level], tiered);
         let tiered = format!("{tiered} ({pps} pps over {window:?}, {level})");
         let mut harness = harness(&set);
+        // The cheap tier's frames, never counted by the source's own
+        // window nor its per-source levels, in each pair of epochs a
+        // window of each length overlaps (docs/architecture.md, "The
+        // bounds"): 0 with the tiers off.
+        let cheap = u64::from(harness.first_rule(0).cheap_frames);
+        let (short_cheap, long_cheap) = (cheap, cheap * 2);
         let frame = udp4(Ipv4Addr::new(192, 0, 2, 77));
         let start = Start::now();
         let run = paced(
@@ -211,18 +217,20 @@ fn two_windows_on_one_source_each_hold() {
         };
         let second = Duration::from_secs(1);
         let (short_bound, long_bound) = (
-            150 + most_in_a_bucket(second),
-            200 + most_in_a_bucket(2 * second),
+            150 + short_cheap + most_in_a_bucket(second),
+            200 + long_cheap + most_in_a_bucket(2 * second),
         );
         let first_second = within(Duration::ZERO, second);
         let first_two = within(Duration::ZERO, 2 * second);
         assert!(
-            (148..=151).contains(&first_second),
-            "tiered {tiered}: {first_second} in the first second (the 1 s window: 150)"
+            (148..=151 + short_cheap).contains(&first_second),
+            "tiered {tiered}: {first_second} in the first second (the 1 s window: 150, and \
+             {short_cheap} cheap frames at most)"
         );
         assert!(
-            (198..=202).contains(&first_two),
-            "tiered {tiered}: {first_two} in the first two seconds (the 2 s window: 200)"
+            (198..=202 + long_cheap).contains(&first_two),
+            "tiered {tiered}: {first_two} in the first two seconds (the 2 s window: 200, and \
+             {long_cheap} cheap frames at most)"
         );
         // Every window of each length starting at an admitted frame.
         for &at in &run.passed_at {
@@ -238,6 +246,117 @@ fn two_windows_on_one_source_each_hold() {
             );
         }
     }
+}
+
+/// A /24 aggregate of 500 frames per 10 s (`prefix/24:50` over a 10 s
+/// window) sends 600 frames, then four times as many other /24s as the
+/// aggregates' map holds send one frame each (a churn), then the /24 sends
+/// 600 again, four rounds within its window: it is admitted its
+/// allowance once (less the reserve: its six sources are heavy), nothing
+/// after. Aggregates are kept until idle, never evicted: the
+/// churn's /24s past the map's room are judged on overflow cells
+/// (`aggregate_full`). (With the aggregates in an LRU map, the /24 came
+/// back with a fresh allowance every round: 438 a round, 1,752 in all.)
+#[test]
+fn a_24_gets_its_allowance_once_through_churns_of_other_24s() {
+    const CAPACITY: u32 = 4_096;
+    for tiered in [true, false] {
+        let mut set = with_levels(1_000, Duration::from_secs(10), &["prefix/24:50"], tiered);
+        set.default.limits.pps = Some(1_000);
+        let mut harness = Harness::load_with(&limiter_user::kernel::LoadOptions {
+            max_sources: CAPACITY,
+            ..Default::default()
+        });
+        assert_eq!(harness.push(&set), 1);
+        let victims: Vec<Vec<u8>> = (1..=6u8)
+            .map(|i| udp4(Ipv4Addr::new(10, 7, 7, i)))
+            .collect();
+        let started = limiter_tests::testrun::coarse_now();
+        let mut admitted = Vec::new();
+        for round in 0..4u32 {
+            let frames: Vec<Vec<u8>> = (0..600).map(|i| victims[i % 6].clone()).collect();
+            let verdicts = send_all(&mut harness, round as usize % 2, &frames);
+            admitted.push(verdicts.iter().filter(|v| **v == XDP_PASS).count() as u64);
+            // One frame from each of 4 x CAPACITY other /24s.
+            let program = harness.program();
+            let churn = 4 * CAPACITY;
+            limiter_tests::testrun::on_cpu(round as usize % 2, || {
+                limiter_tests::flood::spray_from(program, round * churn..(round + 1) * churn, |i| {
+                    std::net::IpAddr::V4(Ipv4Addr::from(0x0b00_0001 | (i << 8)))
+                })
+            });
+        }
+        assert!(
+            limiter_tests::testrun::coarse_now() < started + Duration::from_secs(10),
+            "the rounds outlasted the /24's window"
+        );
+        // Heavy sources of their /24 (each over its 32nd), they get the
+        // /24's allowance less its reserve for light sources, once.
+        let heavy = harness.first_rule(0).levels()[0].heavy_allowance_packets;
+        assert_eq!(heavy, 438);
+        assert_eq!(
+            admitted,
+            [heavy, 0, 0, 0],
+            "tiered {tiered}: admitted per round"
+        );
+        assert!(
+            harness.outcome_total(Outcome::AggregateFull).packets > 0,
+            "tiered {tiered}: the churn filled the aggregates' map, counted"
+        );
+    }
+}
+
+/// Sixteen sources of one /24, 150 frames each, none of them ever refused,
+/// near its limit or busy (so none has per-CPU state: they are judged in
+/// the exact tier, on their windows alone), exhaust their /24 while a
+/// light source sends 10 frames among them: the heavy ones are heavy as
+/// their windows say (over the fair share, a 32nd of the /24), so the
+/// reserve keeps the light source's frames (when a source without
+/// per-CPU state was always light, or with a fair share of a 16th, the
+/// sixteen took 996 of the /24's 1,000 and the light source kept 4 of its
+/// 10).
+#[test]
+fn heavy_sources_without_per_cpu_state_leave_the_reserve_to_a_light_one() {
+    // Per source 500 pps (150 is under half of it); the /24 1,000 a second.
+    let set = with_levels(500, Duration::from_secs(1), &["prefix/24:1000"], true);
+    let mut harness = harness(&set);
+    let heavy: Vec<Vec<u8>> = (1..=16u8)
+        .map(|i| udp4(Ipv4Addr::new(10, 9, 8, i)))
+        .collect();
+    let light = udp4(Ipv4Addr::new(10, 9, 8, 200));
+    let mut frames = Vec::new();
+    for round in 0..150 {
+        for frame in &heavy {
+            frames.push(frame.clone());
+        }
+        if round % 15 == 14 {
+            frames.push(light.clone());
+        }
+    }
+    let epoch = limiter_tests::flood::at_epoch_start();
+    let verdicts = send_all(&mut harness, 0, &frames);
+    limiter_tests::flood::assert_same_epoch(epoch);
+    assert!(
+        harness.traffic().is_empty(),
+        "no source got per-CPU state: all judged in the cheap and exact tiers"
+    );
+    let (mut light_passed, mut heavy_passed) = (0, 0);
+    for (frame, verdict) in frames.iter().zip(&verdicts) {
+        let passed = u64::from(*verdict == XDP_PASS);
+        if *frame == light {
+            light_passed += passed;
+        } else {
+            heavy_passed += passed;
+        }
+    }
+    assert!(
+        light_passed >= 9,
+        "the light source kept {light_passed} of 10; the heavy ones {heavy_passed} of 2400"
+    );
+    assert!(
+        heavy_passed <= 875,
+        "the heavy ones got {heavy_passed}: past 7/8 of the /24"
+    );
 }
 
 /// Four heavy sources exhaust their /24 (each offered about its own limit,

@@ -12,7 +12,7 @@ use std::{
     path::Path,
 };
 
-use limiter_common::maps::{MapSpec, WINDOW_SPILL};
+use limiter_common::maps::{MapSpec, CLUSTER_SHARES};
 use limiter_tests::{
     daemon::{Daemon, Files},
     lab::{limit_config, Lab, RX_IF},
@@ -21,7 +21,7 @@ use limiter_user::kernel::pins;
 
 /// `bpf(2)` command creating a map.
 const BPF_MAP_CREATE: nix::libc::c_long = 0;
-/// `BPF_MAP_TYPE_HASH`: a plain hash, where `WINDOW_SPILL` is an LRU hash.
+/// `BPF_MAP_TYPE_HASH`: a plain hash, where `CLUSTER_SHARES` is an LRU hash.
 const BPF_MAP_TYPE_HASH: u32 = 1;
 
 /// The first members of `union bpf_attr` for `BPF_MAP_CREATE`, the rest
@@ -157,15 +157,15 @@ fn pins_a_map_pinned_with_another_type_is_refused_and_left_in_place() {
     let (lab, files) = setup();
     let maps_dir = pins::maps_dir(&pins::iface_dir(&files.pin_dir, RX_IF));
     fs::create_dir_all(&maps_dir).expect("maps dir");
-    // WINDOW_SPILL's key and value sizes, but a plain hash: sizes alone
+    // CLUSTER_SHARES's key and value sizes, but a plain hash: sizes alone
     // would let it through.
-    let path = maps_dir.join(WINDOW_SPILL.name);
-    pin_foreign_map(&path, BPF_MAP_TYPE_HASH, &WINDOW_SPILL);
+    let path = maps_dir.join(CLUSTER_SHARES.name);
+    pin_foreign_map(&path, BPF_MAP_TYPE_HASH, &CLUSTER_SHARES);
 
     let error = refused(&lab, &files);
     assert!(
         error.contains(&format!(
-            "refusing to adopt {}: it is a Hash map, WINDOW_SPILL must be a LruHash map",
+            "refusing to adopt {}: it is a Hash map, CLUSTER_SHARES must be a LruHash map",
             path.display()
         )),
         "{error}"

@@ -1,13 +1,14 @@
 //! Kernel tests of the cheap tier under the limits operators set: small
 //! limits, penalties and cluster scope (through BPF_PROG_TEST_RUN). A
 //! spoofed flood of one-frame sources takes (almost) no window under any
-//! of them; a small limit admits its allowance and not one frame more,
-//! beside a flood and after a silence (the frames the cheap tier admitted
-//! are charged to the window when the source leaves it); a blocked source
-//! stays blocked through a flood and through a silence that outlasts the
-//! sketch's memory (its penalty mark); and a cluster-scoped source's
-//! window counts every frame this node admitted, cheap ones included,
-//! which is what the cluster's shares are computed from.
+//! of them with cheap frames enough (a tenth of 100 pps: 10), and a window
+//! for each source the sketch reads above its one cheap frame under 10
+//! pps; a small limit admits its allowance and its cheap frames (never
+//! counted in its window) and not one frame more, beside a flood and after
+//! a silence; a blocked source stays blocked through a flood, and gets its
+//! cheap frames and no more after a silence that outlasts the sketch's
+//! memory; and a cluster-scoped source gets its cold cap and its cheap
+//! frames, the window counting the rest.
 //!
 //! Frames are placed in epochs by the kernel's own coarse clock
 //! (`testrun::coarse_now`), as in `tiers.rs`.
@@ -172,26 +173,27 @@ fn burst(harness: &mut Harness, cpu: usize, frame: &[u8], n: u64) -> u64 {
     harness.offer(cpu, frame, n).0
 }
 
-/// A spoofed flood of one-frame sources costs no window under a 10 pps
+/// A spoofed flood of one-frame sources costs no window under a 100 pps
 /// limit, a penalty or cluster scope any more than under 1000 pps: each
 /// kind's sources are judged in the cheap tier (all admitted: each is far
-/// under its limit), and at most 1% of them take a window.
+/// under its limit), and at most 1% of them take a window. Under 10 pps
+/// (one cheap frame: a tenth of its allowance), the sources the sketch
+/// reads above 1 (other sources share their counters: about a fifth at
+/// 100,000 sources a second, docs/architecture.md) take a window: all
+/// admitted still, at most half with a window.
 #[test]
-fn a_spoofed_flood_takes_no_window_under_small_limits_penalties_or_cluster_scope() {
+fn a_spoofed_flood_takes_no_window_under_limits_with_cheap_frames() {
     let mut harness = harness();
     for (i, (kind, _)) in KINDS.iter().enumerate() {
-        assert!(
-            harness.first_rule(i as u32 + 1).cheap_frames >= 10,
-            "{kind}: the cheap tier takes part"
-        );
+        let cheap = harness.first_rule(i as u32 + 1).cheap_frames;
+        let want = if i == 0 { 1 } else { 10 };
+        assert!(cheap >= want, "{kind}: {cheap} cheap frames");
     }
     let n = flood_sources();
     let program = harness.program();
     let passed = on_cpu(0, || spray(program, 0..n));
     let windows = windows_by_octet(&harness);
-    let total = u64::from(n) * KINDS.len() as u64;
-    let cheap = harness.outcome_total(Outcome::Cheap).packets;
-    eprintln!("windows per kind: {windows:?}; cheap {cheap} of {total}");
+    eprintln!("windows per kind: {windows:?}");
     for (k, (kind, cidr)) in KINDS.iter().enumerate() {
         assert_eq!(
             passed[k],
@@ -199,28 +201,27 @@ fn a_spoofed_flood_takes_no_window_under_small_limits_penalties_or_cluster_scope
             "{kind}: every source is under its limit"
         );
         let taken = windows.get(&first_octet(cidr)).copied().unwrap_or(0);
+        let most = if k == 0 { 50 } else { 1 };
         assert!(
-            taken * 100 <= u64::from(n),
+            taken * 100 <= most * u64::from(n),
             "{kind}: {taken} of {n} one-frame sources took a window"
         );
     }
-    assert!(cheap * 100 >= total * 99, "{cheap} of {total} frames cheap");
-    assert!(
-        harness.outcome_total(Outcome::NewWindow).packets * 100 <= total,
-        "new windows"
-    );
 }
 
-/// A 10 pps limit admits 10 frames of a burst and no more from one CPU,
-/// and at most a race's few more from both at once: the cheap tier admits
-/// up to its 10 cheap frames, and the frame that leaves it charges them to
-/// the new window, which is then full.
+/// A 10 pps limit admits a burst's first frame in the cheap tier and 10
+/// frames more from its window, on one CPU or both at once, and no more:
+/// the cheap frame is never counted (the frame that leaves the cheap tier
+/// charges nothing, which a sketch that reads high could not prove its
+/// source's own), and the sketch orders every CPU's frames, so it is
+/// admitted once.
 #[test]
-fn a_burst_under_a_small_limit_gets_its_allowance_and_not_the_cheap_frames_on_top() {
+fn a_burst_under_a_small_limit_gets_its_allowance_and_its_cheap_frame() {
     for cpus in [&[0][..], &[0, 1][..]] {
         let mut harness = harness();
-        let allowance = harness.first_rule(SMALL_RULE).allowance_packets;
-        assert_eq!(allowance, 10);
+        let rule = harness.first_rule(SMALL_RULE);
+        let allowance = rule.allowance_packets;
+        assert_eq!((allowance, rule.cheap_frames), (10, 1));
         let frame = udp4(Ipv4Addr::new(198, 51, 100, 1));
         let program = harness.program();
         let epoch = at_epoch_start();
@@ -245,38 +246,35 @@ fn a_burst_under_a_small_limit_gets_its_allowance_and_not_the_cheap_frames_on_to
             epoch,
             "the burst crossed an epoch: the machine stalled for most of a second"
         );
-        // One CPU: exactly the allowance. Two at once: the frames the other
-        // CPU admits between the mark one sets and the charge it lands
-        // (docs/architecture.md, "The bounds": a race of a few frames,
-        // 2 over 10 seen on this machine).
-        let race = if cpus.len() > 1 { allowance / 5 } else { 0 };
-        assert!(
-            (allowance..=allowance + race).contains(&passed),
-            "CPUs {cpus:?}: {passed} admitted, allowance {allowance}"
+        assert_eq!(
+            passed,
+            allowance + u64::from(rule.cheap_frames),
+            "CPUs {cpus:?}"
         );
         let windows = read::windows(harness.maps()).expect("read WINDOWS");
-        let key =
-            SourceKey::v4([198, 51, 100, 1]).with_class(harness.first_rule(SMALL_RULE).budget);
+        let key = SourceKey::v4([198, 51, 100, 1]).with_class(rule.budget);
         let counted: u64 = windows[&key].slots.iter().map(|s| s[0] & MAX_PACKETS).sum();
-        assert!(
-            counted >= allowance,
-            "CPUs {cpus:?}: the window counts {counted}, at least the {allowance} admitted"
+        assert_eq!(
+            counted, allowance,
+            "CPUs {cpus:?}: the window counts what it admitted"
         );
     }
 }
 
 /// A source over a 10 pps limit, beside a spoofed flood on the other CPU,
-/// never gets more than its allowance in a window: the flood's sources
-/// share its counters in the sketch (they only make it look busier, which
-/// charges it a few frames early at worst), and a window that the sender
-/// offered plenty in, steadily, admits at least half its allowance (the
-/// sliding window's buckets round a small allowance down in some fixed
-/// windows).
+/// never gets more than its allowance and its cheap frame in a window: the
+/// flood's sources share its counters in the sketch (they only make it
+/// look busier, which takes it out of the cheap tier early at worst), and
+/// a window that the sender offered plenty in, steadily, admits at least
+/// half its allowance (the sliding window's buckets round a small
+/// allowance down in some fixed windows).
 #[test]
 fn a_small_limit_holds_beside_a_spoofed_flood() {
     assert!(online_cpus() >= 2, "this test needs two CPUs");
     let mut harness = harness();
-    let allowance = harness.first_rule(SMALL_RULE).allowance_packets;
+    let rule = harness.first_rule(SMALL_RULE);
+    let allowance = rule.allowance_packets;
+    let bound = allowance + rule.cheap_bound();
     let frame = udp4(Ipv4Addr::new(198, 51, 100, 2));
     let program = harness.program();
     const WINDOWS: usize = 4;
@@ -313,8 +311,7 @@ fn a_small_limit_holds_beside_a_spoofed_flood() {
     });
     let (mut offered, mut admitted) = ([0u64; WINDOWS], [0u64; WINDOWS]);
     // The longest gap between two frames sent in each window: a sender
-    // stalled for a whole epoch leaves the sketch's memory of it, and its
-    // next frames are charged again (admitting less: the safe side).
+    // stalled for a whole epoch leaves the sketch's memory of it.
     let mut gap = [Duration::ZERO; WINDOWS];
     let mut last = Duration::ZERO;
     for (at, passed) in &sent {
@@ -334,8 +331,8 @@ fn a_small_limit_holds_beside_a_spoofed_flood() {
     };
     for k in 0..WINDOWS {
         assert!(
-            admitted[k] <= allowance,
-            "window {k}: {} admitted of {allowance}; offered {offered:?}, admitted {admitted:?}",
+            admitted[k] <= bound,
+            "window {k}: {} admitted, at most {bound}; offered {offered:?}, admitted {admitted:?}",
             admitted[k]
         );
         if steady(k) {
@@ -353,17 +350,18 @@ fn a_small_limit_holds_beside_a_spoofed_flood() {
 }
 
 /// A source whose window exists but which has been silent for two epochs
-/// reads nothing in the sketch: its next frames go the cheap way, and the
-/// frame that leaves the cheap tier charges them to the window it finds
-/// (not only to a window it creates). A burst then gets the allowance,
-/// not the allowance plus the cheap frames.
+/// reads nothing in the sketch: its next frame goes the cheap way again,
+/// and a burst then gets its allowance and that cheap frame, as the first
+/// did: what the cheap tier admits is what a source gets beyond its
+/// allowance, once in every window a silence comes before.
 #[test]
-fn a_source_back_from_silence_is_charged_what_the_cheap_tier_admitted() {
+fn a_source_back_from_silence_gets_its_cheap_frames_again_and_no_more() {
     let mut harness = harness();
-    let allowance = harness.first_rule(SMALL_RULE).allowance_packets;
+    let rule = harness.first_rule(SMALL_RULE);
+    let once = rule.allowance_packets + u64::from(rule.cheap_frames);
     let frame = udp4(Ipv4Addr::new(198, 51, 100, 3));
     at_epoch_start();
-    assert_eq!(burst(&mut harness, 0, &frame, 3 * allowance), allowance);
+    assert_eq!(burst(&mut harness, 0, &frame, 3 * once), once);
     assert!(
         !harness.traffic().is_empty(),
         "refused: the source has per-CPU state"
@@ -372,28 +370,32 @@ fn a_source_back_from_silence_is_charged_what_the_cheap_tier_admitted() {
     at_epoch_start();
     let before = harness.outcome_total(Outcome::Cheap).packets;
     assert_eq!(
-        burst(&mut harness, 0, &frame, 3 * allowance),
-        allowance,
+        burst(&mut harness, 0, &frame, 3 * once),
+        once,
         "back from silence"
     );
     assert_eq!(
         harness.outcome_total(Outcome::Cheap).packets - before,
-        allowance,
-        "its first frames went the cheap way again"
+        u64::from(rule.cheap_frames),
+        "its first frame went the cheap way again"
     );
 }
 
 /// A blocked source (10 pps, blocked for a minute) is refused every frame
-/// while a spoofed flood runs on both CPUs, and after a silence long
-/// enough to leave the sketch (where nothing says it sent anything): its
-/// penalty mark keeps it out of the cheap tier, on the CPU that blocked it
-/// and on the other.
+/// while a spoofed flood runs on both CPUs; after a silence long enough to
+/// leave the sketch (where nothing says it sent anything), its cheap
+/// frame goes the cheap way, as any source's would, and every frame after
+/// it is refused, on the CPU that blocked it and on the other.
 #[test]
 fn a_blocked_source_stays_blocked_through_a_spoofed_flood_and_a_silence() {
     let mut harness = harness();
     let allowance = harness.first_rule(PENALTY_RULE).allowance_packets;
+    let cheap = u64::from(harness.first_rule(PENALTY_RULE).cheap_frames);
     let frame = udp4(Ipv4Addr::new(203, 0, 113, 9));
-    assert_eq!(harness.offer(0, &frame, allowance + 1), (allowance, 1));
+    assert_eq!(
+        harness.offer(0, &frame, allowance + cheap + 1),
+        (allowance + cheap, 1)
+    );
     let key = SourceKey::v4([203, 0, 113, 9]).with_class(harness.first_rule(PENALTY_RULE).budget);
     let blocked_until = read::windows(harness.maps()).expect("read WINDOWS")[&key].blocked_until_ns;
     assert!(blocked_until > 0, "a penalty was armed");
@@ -417,13 +419,14 @@ fn a_blocked_source_stays_blocked_through_a_spoofed_flood_and_a_silence() {
 
     // Silent for two epochs: the sketch has forgotten it.
     wait_epochs(2);
-    for cpu in [0, 1] {
-        assert_eq!(
-            harness.offer(cpu, &frame, 2 * allowance),
-            (0, 2 * allowance),
-            "CPU {cpu}: every frame of a blocked source is dropped"
-        );
-    }
+    let passed: u64 = [0, 1]
+        .iter()
+        .map(|&cpu| harness.offer(cpu, &frame, 2 * allowance).0)
+        .sum();
+    assert_eq!(
+        passed, cheap,
+        "its cheap frame, then every frame of a blocked source dropped"
+    );
     assert_eq!(
         read::windows(harness.maps()).expect("read WINDOWS")[&key].blocked_until_ns,
         blocked_until,
@@ -431,21 +434,20 @@ fn a_blocked_source_stays_blocked_through_a_spoofed_flood_and_a_silence() {
     );
 }
 
-/// A cluster-scoped source's window counts every frame this node admitted
-/// for it, the cheap tier's included: a burst at the start of an epoch is
-/// admitted up to the cold cap (the cheap tier's frames are capped to it),
-/// and the window, which the cluster sync reads, holds exactly that.
+/// A cluster-scoped source gets its cold cap from its window (a source
+/// without a share on this node) and its cheap frames, at most the cold
+/// cap, on top (the cheap tier never admits more of a cluster source than
+/// its cold cap over two epochs): a burst at the start of an epoch is
+/// admitted that, and the window, which the cluster sync reads, counts the
+/// cold cap.
 #[test]
-fn a_cluster_window_counts_every_frame_the_cheap_tier_admitted() {
+fn a_cluster_source_gets_its_cold_cap_and_its_cheap_frames() {
     let mut harness = harness();
     let index = CLUSTER_KIND as u32 + 1;
     let shared = harness.first_rule(index);
     assert_eq!(shared.scope(), Some(Scope::Cluster));
     let cold_cap = shared.allowance_packets / 2;
-    assert!(
-        u64::from(shared.cheap_frames) > cold_cap,
-        "the cheap frames are capped in the kernel"
-    );
+    let cheap = u64::from(shared.cheap_frames).min(cold_cap);
     let frame = udp4(Ipv4Addr::new(14, 200, 0, 1));
     let epoch = at_epoch_start();
     let cheap_before = harness.outcome_total(Outcome::Cheap).packets;
@@ -455,11 +457,15 @@ fn a_cluster_window_counts_every_frame_the_cheap_tier_admitted() {
         epoch,
         "the burst crossed an epoch: the machine stalled for most of a second"
     );
-    assert_eq!(passed, cold_cap, "admitted up to the cold cap");
+    assert_eq!(
+        passed,
+        cold_cap + cheap,
+        "the cold cap and the cheap frames"
+    );
     assert_eq!(
         harness.outcome_total(Outcome::Cheap).packets - cheap_before,
-        cold_cap,
-        "all of it in the cheap tier"
+        cheap,
+        "the cheap frames in the cheap tier"
     );
     let key = SourceKey::v4([14, 200, 0, 1]).with_class(shared.budget);
     let counted: u64 = read::windows(harness.maps()).expect("read WINDOWS")[&key]
@@ -467,5 +473,5 @@ fn a_cluster_window_counts_every_frame_the_cheap_tier_admitted() {
         .iter()
         .map(|s| s[0] & MAX_PACKETS)
         .sum();
-    assert_eq!(counted, passed, "the window counts what was admitted");
+    assert_eq!(counted, cold_cap, "the window counts what it admitted");
 }

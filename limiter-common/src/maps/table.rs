@@ -49,14 +49,10 @@ macro_rules! for_each_map {
             /// `WindowState`. A plain hash, which never evicts: a window is kept
             /// until the daemon finds it idle for its longest possible length
             /// (`WindowState::idle_at`), so no flood of other sources can take a
-            /// source's count away. Full, new windows go to `WINDOW_SPILL`.
+            /// source's count away. Full, a source that needs a new window is
+            /// refused (`Outcome::WindowFull`): it gets its cheap frames, never
+            /// an uncounted admission more.
             WINDOWS(windows): Hash<$crate::SourceKey, $crate::WindowState>,
-                Sources($crate::maps::DEFAULT_MAX_SOURCES), pinned;
-
-            /// The windows created while `WINDOWS` was full: `SourceKey` ->
-            /// `WindowState`. LRU: a flood of other sources may evict one, which
-            /// `HOLDS` then stands in for if its source was refused.
-            WINDOW_SPILL(window_spill): LruHash<$crate::SourceKey, $crate::WindowState>,
                 Sources($crate::maps::DEFAULT_MAX_SOURCES), pinned;
 
             /// Per-CPU scratch for a new `WINDOWS` value, too large for the BPF
@@ -108,12 +104,31 @@ macro_rules! for_each_map {
                 Fixed($crate::rules::RULE_SLOTS * $crate::rules::MAX_LEVELS as u32), pinned;
 
             /// The windows of rules' levels (`rules::level`), shared by all
-            /// CPUs: `LevelKey` -> `LevelWindow`. LRU, sized as the hot sources:
-            /// a flood touching more prefixes than fit evicts the least recently
-            /// used, which then starts afresh (docs/architecture.md, "Limits at
-            /// several levels").
-            AGGREGATES(aggregates): LruHash<$crate::LevelKey, $crate::rules::LevelWindow>,
-                HotSources($crate::maps::DEFAULT_MAX_HOT_SOURCES), pinned;
+            /// CPUs: `LevelKey` -> `LevelWindow`. A plain hash, which never
+            /// evicts (the daemon reclaims idle ones, as it does `WINDOWS`), so
+            /// no flood of other prefixes can take an aggregate's count away.
+            /// Full, an aggregate without a window is judged on its level's
+            /// overflow cell (`AGG_CELLS`, `Outcome::AggregateFull`).
+            AGGREGATES(aggregates): Hash<$crate::LevelKey, $crate::rules::LevelWindow>,
+                Sources($crate::maps::DEFAULT_MAX_SOURCES), pinned;
+
+            /// The overflow cells of rules' levels: `LevelKey::cell` ->
+            /// `LevelWindow`, the window an aggregate without one of its own is
+            /// judged on while `AGGREGATES` is full, shared by every such
+            /// aggregate of its level that hashes to it (it counts all their
+            /// frames: none of them gets more than its allowance). A plain hash,
+            /// reclaimed idle by the daemon; full, such a frame is refused
+            /// (`Outcome::InsertFailure`).
+            AGG_CELLS(agg_cells): Hash<$crate::LevelKey, $crate::rules::LevelWindow>,
+                Fixed($crate::rules::AGG_CELLS), pinned;
+
+            /// Until when the kernel found `AGGREGATES` full (index 0; ns, 0:
+            /// never), raised when an insert finds it full: an aggregate created
+            /// before then starts with its overflow cell's counts
+            /// (`Outcome::FullSeeded`), so nothing it was admitted on the cell is
+            /// admitted again.
+            PRESSURE(pressure): Array<u32, u64>,
+                Fixed(1), pinned;
 
             /// Per-CPU scratch for a new `AGGREGATES` value, too large for the
             /// BPF stack: all zero between uses (`judge/scratch.rs`).
@@ -149,15 +164,6 @@ macro_rules! for_each_map {
             SKETCH(sketch): Array<u32, $crate::sketch::Pair>,
                 Fixed($crate::sketch::WORDS), pinned;
 
-            /// The penalty marks: cell (`sketch::mark_cell` of `PENALTY_CELLS`)
-            /// -> until when a source of that cell may be blocked (ns), raised by
-            /// the kernel when it arms a penalty. The cheap tier judges no frame
-            /// of a rule with a `block` whose cell is marked, so a blocked source
-            /// that fell silent (and left the cheap tier's counters) is still
-            /// refused from its window or `HOLDS`.
-            PENALTY_MARKS(penalty_marks): Array<u32, u64>,
-                Fixed($crate::sketch::PENALTY_CELLS), pinned;
-
             /// The share marks: cell (`sketch::mark_cell` of `SHARE_CELLS`) ->
             /// until when a source of that cell may have a cluster share (ns),
             /// raised by the daemon when it writes shares (the only writer: the
@@ -168,13 +174,12 @@ macro_rules! for_each_map {
             SHARE_MARKS(share_marks): Array<u32, u64>,
                 Fixed($crate::sketch::SHARE_CELLS), pinned;
 
-            /// Holds apart from the windows: `SourceKey` (the window's key) ->
-            /// `Hold`, so that a spilled window that is evicted comes back
-            /// blocked or exhausted. A plain hash, which never evicts (see
-            /// `state::Hold`). Written for every refusal, needed only for a
-            /// spilled window (a kept one is never evicted): telling them apart
-            /// in `limit()` would cost stack that 6.1 does not have. Full, a hold
-            /// is not kept (`Outcome::HoldFailed`).
+            /// Penalties apart from the windows: `SourceKey` (the window's key)
+            /// -> `Hold`, so that a window the daemon reclaims idle while its
+            /// source is blocked comes back blocked. A plain hash, which never
+            /// evicts: an ended penalty is deleted on sight or by the daemon's
+            /// sweep. Full, a penalty lives only in its window
+            /// (`Outcome::HoldFailed`).
             HOLDS(holds): Hash<$crate::SourceKey, $crate::Hold>,
                 Sources($crate::maps::DEFAULT_MAX_SOURCES), pinned;
 

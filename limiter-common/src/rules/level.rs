@@ -25,8 +25,14 @@ use crate::{
 /// Levels a rule may carry besides its per-source limit.
 pub const MAX_LEVELS: usize = 4;
 /// A source is heavy once its own window holds more than this share
-/// (1/`FAIR_SHARES`) of its rule's tightest aggregate.
-pub const FAIR_SHARES: u64 = 16;
+/// (1/`FAIR_SHARES`) of its rule's tightest aggregate. Sources become
+/// heavy only past it, so `n` sources at the fair share fill `n / 32` of
+/// the aggregate while all of them are light: the reserve
+/// (1/[`RESERVE_SHARES`]) stays whole while `n / 32 <= 7 / 8`, that is
+/// for up to 28 sources sharing it evenly (with 1/16, 14: sixteen senders
+/// of a /24, each at its fair share, took the whole /24 before any was
+/// heavy).
+pub const FAIR_SHARES: u64 = 32;
 /// The last 1/`RESERVE_SHARES` of an aggregate's allowance admits only
 /// light sources.
 pub const RESERVE_SHARES: u64 = 8;
@@ -248,6 +254,56 @@ impl LevelKey {
     }
 }
 
+/// The `family` byte of an overflow cell's key (`AGG_CELLS`): no
+/// address family.
+pub const CELL_FAMILY: u8 = 0;
+/// Overflow cells per level: the aggregates of one level that find
+/// `AGGREGATES` full share these, by a keyed hash of their key.
+pub const CELLS_PER_LEVEL: u32 = 64;
+/// Capacity of `AGG_CELLS`: the cells of 64 levels at once.
+pub const AGG_CELLS: u32 = 4096;
+
+impl LevelKey {
+    /// The key of the overflow cell this aggregate's frames are judged on
+    /// while it has no window of its own and `AGGREGATES` is full: the same
+    /// level of the same rule (its class, level and tag), the address
+    /// replaced by one of [`CELLS_PER_LEVEL`] indices, a hash of the
+    /// aggregate's address and prefix keyed by `seed` (random, chosen by
+    /// the daemon: nobody outside can aim at a cell).
+    #[inline(always)]
+    pub fn cell(&self, seed: u32) -> LevelKey {
+        let word = |i: usize| {
+            u32::from_le_bytes([
+                self.addr[i],
+                self.addr[i + 1],
+                self.addr[i + 2],
+                self.addr[i + 3],
+            ])
+        };
+        let mix = |hash: u32, word: u32| {
+            let h = (hash ^ word).wrapping_mul(0x9e37_79b1);
+            h ^ (h >> 15)
+        };
+        let mut hash = mix(seed, word(0));
+        hash = mix(hash, word(4));
+        hash = mix(hash, word(8));
+        hash = mix(hash, word(12));
+        hash = mix(
+            hash,
+            (u32::from(self.family) << 8) | u32::from(self.prefix_len),
+        );
+        let index = hash >> (32 - CELLS_PER_LEVEL.trailing_zeros());
+        let mut addr = [0; 16];
+        addr[..4].copy_from_slice(&index.to_le_bytes());
+        LevelKey {
+            addr,
+            family: CELL_FAMILY,
+            prefix_len: 0,
+            ..*self
+        }
+    }
+}
+
 /// A level's shared window (an `AGGREGATES` value): the window, and a
 /// view of its older buckets for the bucket it is in, shared by every CPU
 /// (many sources, on every CPU, judge against one aggregate: a view per
@@ -294,6 +350,31 @@ mod tests {
             core::mem::size_of::<LevelWindow>(),
             core::mem::size_of::<WindowState>() + 9 * 8
         );
+    }
+
+    /// A cell keeps its level's identity (class, level, tag), drops the
+    /// address for one of `CELLS_PER_LEVEL` indices, and the aggregates of
+    /// a level spread over its cells, differently for another seed.
+    #[test]
+    fn the_aggregates_of_a_level_spread_over_its_cells() {
+        let level = prefix(24, 48);
+        let mut used = std::collections::BTreeMap::new();
+        for i in 0..4096u32 {
+            let [_, _, a, b] = i.to_be_bytes();
+            let key = level.key(&SourceKey::v4([10, a, b, 1]), &NO_DST, 3, 7, 1);
+            let cell = key.cell(99);
+            assert_eq!((cell.class, cell.level, cell.tag), (3, 2, 7));
+            assert_eq!((cell.family, cell.prefix_len), (CELL_FAMILY, 0));
+            let index = u32::from_le_bytes(cell.addr[..4].try_into().unwrap());
+            assert!(index < CELLS_PER_LEVEL && cell.addr[4..] == [0; 12]);
+            assert_eq!(key.cell(99), cell, "deterministic");
+            *used.entry(index).or_insert(0u32) += 1;
+        }
+        // 4096 aggregates over 64 cells: about 64 each.
+        assert_eq!(used.len(), CELLS_PER_LEVEL as usize);
+        assert!(used.values().all(|n| (32..=100).contains(n)), "{used:?}");
+        let key = level.key(&SourceKey::v4([10, 9, 9, 1]), &NO_DST, 3, 7, 1);
+        assert!((0..8).any(|seed| key.cell(seed) != key.cell(99)));
     }
 
     #[test]

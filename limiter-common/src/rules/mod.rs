@@ -30,7 +30,9 @@ pub mod level;
 
 pub use class::{TrafficClass, Transport};
 pub use config::Config;
-pub use level::{Level, LevelKey, LevelKind, LevelWindow, MAX_LEVELS};
+pub use level::{
+    Level, LevelKey, LevelKind, LevelWindow, AGG_CELLS, CELLS_PER_LEVEL, CELL_FAMILY, MAX_LEVELS,
+};
 
 /// Distinct matches rules may use (each is one bit of a frame's class).
 pub const MAX_CLASSES: usize = 4;
@@ -188,11 +190,12 @@ pub struct Rule {
     /// (`0` for a rule without a match, `1 + index` of its match).
     pub budget: u8,
     /// With the tiers on (`Config::tiered`): frames a source may send
-    /// under this rule in one epoch of the cheap tier before it gets any
-    /// per-source state (`sketch`); those frames are judged statelessly
-    /// (a limit admits them). Userspace sizes it so that they can never
-    /// add more than 1/100 of the rule's allowance to a window (0 for small
-    /// allowances and for rules with a penalty, which must see every frame).
+    /// under this rule over an epoch of the cheap tier and the one before
+    /// without any per-source state (`sketch`); those frames are judged
+    /// statelessly (a limit admits them) and never counted in the
+    /// source's window. Userspace sizes it so that they add at most 1/10
+    /// of the rule's allowance to any window (0 for small allowances):
+    /// the bound in docs/architecture.md, "The bounds".
     pub cheap_frames: u8,
     /// A [`Scope`] value ([`Rule::scope`]); 0, node, in maps written
     /// before cluster limits.
@@ -231,6 +234,15 @@ impl Rule {
             fair_packets: 0,
             levels: [Level::UNUSED; MAX_LEVELS],
         }
+    }
+
+    /// The most frames the cheap tier may admit of one source, uncounted,
+    /// within any one window of this rule: `cheap_frames` in each pair of
+    /// epochs the window overlaps (`sketch::epoch_pairs`). What the
+    /// tiers add to the window's own bound (docs/architecture.md, "The
+    /// bounds"); 0 without the tiers.
+    pub const fn cheap_bound(&self) -> u64 {
+        self.cheap_frames as u64 * crate::sketch::epoch_pairs(self.bucket_ns * self.buckets as u64)
     }
 
     /// The rule's levels in use.

@@ -8,9 +8,9 @@
 use super::{
     fits, position,
     ring::{give_back_bytes, reserve_bytes, OlderBuckets},
-    slots::{packets_bumped_by, slot_of},
-    Estimate, Position, SlotRead, SlotWrite, WindowParams, BYTES, CAS_ATTEMPTS, PACKETS, UNLIMITED,
-    WEIGHT_ONE, WEIGHT_SHIFT,
+    slots::{bytes_in, packets_bumped_by, packets_in, slot_of},
+    Estimate, Position, SlotRead, SlotWrite, WindowParams, BYTES, CAS_ATTEMPTS, MAX_BYTES,
+    MAX_PACKETS, PACKETS, UNLIMITED, WEIGHT_ONE, WEIGHT_SHIFT,
 };
 
 /// Shift of [`WindowCache::inv_bucket`]: `2^42 / B`, so that
@@ -180,12 +180,21 @@ fn needed_elapsed(allowance: u64, fixed: u64, per_q: u64) -> u64 {
 /// `now_ns`): the same decision, without the per-frame loop and divisions,
 /// and on refusal the time until which refusing needs no look.
 ///
-/// With `lease > 1` (only without a byte limit), an admitted frame takes
-/// up to `lease` frames of allowance at once when they fit, so the caller
-/// admits the next `granted - 1` frames of this bucket without touching
-/// the shared window. Unused leased frames stay counted as admitted: that
-/// errs on the side of admitting less, by at most `lease` per CPU and
-/// bucket.
+/// With `lease > 1` (only without a byte limit), a frame admitted while
+/// the window has room for `lease` frames grants the caller the next
+/// `granted - 1` frames of this bucket, admitted without touching the
+/// shared window and counted into it afterwards, in this bucket
+/// (`ring::count_leased`): the window never counts a frame that was not
+/// admitted (a lease counted when taken and then unused would count, for a
+/// whole window, frames the source never sent). CPUs leasing at once may
+/// each admit their unspent lease beyond the allowance: at most
+/// `granted - 1` frames each.
+///
+/// A frame whose compare-and-swaps keep losing (other CPUs counting into
+/// the same slot) is counted with one atomic add instead, and admitted if
+/// the count it added to had room: contention never refuses a frame the
+/// window has room for (a frame refused after its add stays counted: one
+/// its source did send).
 #[inline(always)]
 pub fn try_admit_cached<S: SlotWrite + ?Sized>(
     slots: &S,
@@ -230,12 +239,7 @@ pub fn try_admit_cached<S: SlotWrite + ?Sized>(
         if count_bytes && !reserve_bytes(slots, slot, cache.bucket, current_bytes, len) {
             continue;
         }
-        if slots.compare_exchange(
-            slot,
-            PACKETS,
-            current,
-            packets_bumped_by(current, at, granted),
-        ) {
+        if slots.compare_exchange(slot, PACKETS, current, packets_bumped_by(current, at, 1)) {
             let half_used = half_used(est.packets, granted, params.allowance_packets)
                 || half_used(est.bytes, len, params.allowance_bytes);
             return Admission::Admitted {
@@ -248,10 +252,66 @@ pub fn try_admit_cached<S: SlotWrite + ?Sized>(
             give_back_bytes(slots, slot, cache.bucket, len);
         }
     }
-    Admission::Refused {
+    admit_contended(slots, cache, params, now_ns, len)
+}
+
+/// [`try_admit_cached`] once its compare-and-swaps kept losing: every loss
+/// was another CPU counting into this bucket's slot, which therefore holds
+/// this bucket, so the frame is counted with an atomic add of one (and of
+/// its bytes), and admitted if the counts it added to had room. A slot
+/// that does not hold this bucket (never, after losses), or near the
+/// count's capacity, refuses without counting.
+#[inline(always)]
+fn admit_contended<S: SlotWrite + ?Sized>(
+    slots: &S,
+    cache: &WindowCache,
+    params: &WindowParams,
+    now_ns: u64,
+    len: u64,
+) -> Admission {
+    let elapsed = cache.elapsed(now_ns);
+    let slot = slot_of(cache.bucket);
+    let count_bytes = params.allowance_bytes != UNLIMITED;
+    let refused = Admission::Refused {
         hold_until_ns: now_ns,
+    };
+    let packets = packets_in(slots.load(slot, PACKETS), cache.bucket);
+    if packets == 0 || packets + CONTENDED_HEADROOM > MAX_PACKETS {
+        return refused;
+    }
+    if count_bytes {
+        let bytes = bytes_in(slots.load(slot, BYTES), cache.bucket);
+        if bytes == 0 || bytes + len + CONTENDED_HEADROOM > MAX_BYTES {
+            return refused;
+        }
+    }
+    let bytes_before = if count_bytes {
+        slots.fetch_add(slot, BYTES, len)
+    } else {
+        0
+    };
+    let before = slots.fetch_add(slot, PACKETS, 1);
+    let est = cache.estimate(
+        elapsed,
+        Estimate::current(before, bytes_before, cache.bucket),
+    );
+    if fits(est.packets, 1, params.allowance_packets)
+        && fits(est.bytes, len, params.allowance_bytes)
+    {
+        Admission::Admitted {
+            granted: 1,
+            half_used: half_used(est.packets, 1, params.allowance_packets)
+                || half_used(est.bytes, len, params.allowance_bytes),
+            packets: est.packets + WEIGHT_ONE,
+        }
+    } else {
+        refused
     }
 }
+
+/// Room kept below a slot's capacity for the atomic adds of contended
+/// frames (a count near it could carry into the word's tag).
+const CONTENDED_HEADROOM: u64 = 1 << 16;
 
 /// Whether an estimate (fixed point, as `fits` takes it) plus `amount`
 /// reaches half of `allowance` (never for an unlimited one).
@@ -283,6 +343,96 @@ mod tests {
         fn store(&self, slot: usize, field: usize, value: u64) {
             self.0.store(slot, field, value)
         }
+
+        fn fetch_add(&self, slot: usize, field: usize, amount: u64) -> u64 {
+            self.0.fetch_add(slot, field, amount)
+        }
+    }
+
+    /// A ring whose packet words lose every compare-and-swap (other CPUs
+    /// always counted into the slot first), whose atomic adds work.
+    struct ContendedPackets(AtomicRing);
+
+    impl SlotRead for ContendedPackets {
+        fn load(&self, slot: usize, field: usize) -> u64 {
+            self.0.load(slot, field)
+        }
+    }
+
+    impl SlotWrite for ContendedPackets {
+        fn compare_exchange(&self, slot: usize, field: usize, current: u64, new: u64) -> bool {
+            field != PACKETS && self.0.compare_exchange(slot, field, current, new)
+        }
+
+        fn store(&self, slot: usize, field: usize, value: u64) {
+            self.0.store(slot, field, value)
+        }
+
+        fn fetch_add(&self, slot: usize, field: usize, amount: u64) -> u64 {
+            self.0.fetch_add(slot, field, amount)
+        }
+    }
+
+    /// Contention never refuses a frame the window has room for: once the
+    /// compare-and-swaps have lost, the frame is counted with an atomic
+    /// add and admitted while that leaves room; past the allowance it is
+    /// refused before any add.
+    #[test]
+    fn a_contended_frame_is_admitted_while_there_is_room() {
+        let params = WindowParams {
+            bucket_ns: 100,
+            buckets: 10,
+            allowance_packets: 5,
+            allowance_bytes: UNLIMITED,
+        };
+        let ring = ContendedPackets(AtomicRing::default());
+        let now = 1_050;
+        let at = position(now, params.bucket_ns);
+        // Another CPU counted the bucket's first frame.
+        ring.0.store(
+            slot_of(at.bucket),
+            PACKETS,
+            super::super::pack_packets(at.bucket, 0, 1),
+        );
+        let cache = WindowCache::refresh(&ring, &params, now);
+        let admitted = (0..6)
+            .filter(|_| {
+                matches!(
+                    try_admit_cached(&ring, &cache, &params, now, 60, 1),
+                    Admission::Admitted { .. }
+                )
+            })
+            .count();
+        assert_eq!(admitted, 4, "room for 4 beside the other CPU's frame");
+        let counted = packets_in(ring.load(slot_of(at.bucket), PACKETS), at.bucket);
+        assert_eq!(counted, 1 + 4, "the refused ones were not counted");
+    }
+
+    /// A lease's frames are not counted when it is granted: only the frame
+    /// that took it, the rest once the caller counts what it used
+    /// (`ring::count_leased`), in the bucket it used them in.
+    #[test]
+    fn a_lease_counts_only_what_it_admitted() {
+        let params = WindowParams {
+            bucket_ns: 100,
+            buckets: 10,
+            allowance_packets: 1000,
+            allowance_bytes: UNLIMITED,
+        };
+        let ring = AtomicRing::default();
+        let now = 1_050;
+        let bucket = position(now, params.bucket_ns).bucket;
+        let cache = WindowCache::refresh(&ring, &params, now);
+        match try_admit_cached(&ring, &cache, &params, now, 60, 8) {
+            Admission::Admitted { granted, .. } => assert_eq!(granted, 8),
+            refused => panic!("{refused:?}"),
+        }
+        assert_eq!(packets_in(ring.load(slot_of(bucket), PACKETS), bucket), 1);
+        // Three of the seven leased frames used, counted after.
+        assert!(crate::window::count_leased(&ring, bucket, 3));
+        assert_eq!(packets_in(ring.load(slot_of(bucket), PACKETS), bucket), 4);
+        // Not into a bucket the slot no longer holds.
+        assert!(!crate::window::count_leased(&ring, bucket + 16, 3));
     }
 
     #[test]
@@ -307,7 +457,11 @@ mod tests {
                 granted, packets, ..
             } => {
                 assert_eq!(granted, 8);
-                assert_eq!(packets, 11 * WEIGHT_ONE);
+                assert_eq!(
+                    packets,
+                    11 * WEIGHT_ONE,
+                    "the estimate with the whole lease"
+                );
             }
             refused => panic!("{refused:?}"),
         }

@@ -59,7 +59,7 @@ pub use reference::{estimate, older, oldest_weight, try_admit};
 #[cfg(target_has_atomic = "64")]
 pub use ring::AtomicRing;
 pub use ring::{
-    carried_word, charge, clear, give_back_packet, mark_exhausted, owed_word, OlderBuckets,
+    clear, copy_counts, count_leased, count_owed, give_back_packet, owed_word, OlderBuckets,
     SlotRead, SlotWrite,
 };
 pub use slots::{

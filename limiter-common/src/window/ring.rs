@@ -2,15 +2,15 @@
 //! traits the kernel's shared map value and the host's atomics implement,
 //! the one walk over the older buckets both admission paths make, byte
 //! reservations, and whole-window operations (the first word of a new
-//! window, clearing, marking exhausted).
+//! window, a frame owed to an existing one, clearing).
 
 use super::{
     position,
     slots::{
         bytes_bumped, bytes_in, equal_mask, first_offset, less_mask, pack_bytes, pack_packets,
-        packets_bumped_by, packets_in, slot_of, tag_mask,
+        packets_in, slot_of, tag_mask,
     },
-    WindowParams, BYTES, CAS_ATTEMPTS, MAX_BYTES, MAX_PACKETS, PACKETS, RING, UNLIMITED,
+    Position, WindowParams, BYTES, CAS_ATTEMPTS, MAX_BYTES, MAX_PACKETS, PACKETS, RING,
 };
 
 /// Read access to the ring's slot words.
@@ -34,6 +34,8 @@ pub trait SlotWrite: SlotRead {
     fn compare_exchange(&self, slot: usize, field: usize, current: u64, new: u64) -> bool;
     /// Overwrites a word (used only to clear the ring).
     fn store(&self, slot: usize, field: usize, value: u64);
+    /// Adds `amount` to a word atomically; the word before.
+    fn fetch_add(&self, slot: usize, field: usize, amount: u64) -> u64;
 }
 
 /// The buckets before the current one, read once: the full ones (ages
@@ -155,72 +157,109 @@ pub fn give_back_packet<S: SlotWrite + ?Sized>(slots: &S, bucket: u64) {
 
 /// The first packet word of a window created at `now_ns` that must count
 /// one frame admitted at `at_ns` without a window (a source's first frame,
-/// see `SourceTraffic::unwindowed_ns`), and its slot. The frame goes into
-/// its own bucket while that is the current one, so it ages exactly; into
-/// the current bucket if its own is older but may still be inside the
-/// window (it then counts a little longer than it should: the safe side);
-/// nowhere (word 0) once it has left the window, or if `at_ns` is 0 (no
-/// frame owed). Packets only: only packet-only limits admit without a
-/// window.
+/// see `SourceTraffic::unwindowed_ns`), and its slot: the frame goes into
+/// its own bucket, at its own offset, so that it ages exactly as it would
+/// have in a window (counted later than it came, it would count against
+/// its source after it has left the window); nowhere (word 0) once it has
+/// left the window, or if `at_ns` is 0 (no frame owed). Packets only: only
+/// packet-only limits admit without a window.
 #[inline(always)]
 pub fn owed_word(params: &WindowParams, at_ns: u64, now_ns: u64) -> (usize, u64) {
-    let now = position(now_ns, params.bucket_ns);
-    // A frame in bucket b counts until bucket b + K has passed.
-    let span = params.bucket_ns * (params.buckets as u64 + 1);
-    if at_ns == 0 || now_ns.saturating_sub(at_ns) >= span {
-        return (slot_of(now.bucket), 0);
+    match owed_at(params, at_ns, now_ns) {
+        Some(then) => (
+            slot_of(then.bucket),
+            pack_packets(then.bucket, then.elapsed, 1),
+        ),
+        None => (slot_of(position(now_ns, params.bucket_ns).bucket), 0),
     }
-    let then = position(at_ns, params.bucket_ns);
-    let at = if then.bucket == now.bucket { then } else { now };
-    (slot_of(at.bucket), pack_packets(at.bucket, at.elapsed, 1))
 }
 
-/// The first packet word of a window created at `now_ns` that carries
-/// `frames` frames the cheap tier admitted for its source this epoch
-/// (`sketch`), and its slot: they count as sent now, so they stay in the
-/// window at least as long as they should (the safe side). Word 0 for no
-/// frame.
+/// Where a frame admitted at `at_ns` without a window counts at `now_ns`:
+/// its own bucket and offset, unless it has left the window (a frame of
+/// bucket `b` counts until bucket `b + K` has passed) or `at_ns` is 0.
 #[inline(always)]
-pub fn carried_word(params: &WindowParams, now_ns: u64, frames: u64) -> (usize, u64) {
-    let now = position(now_ns, params.bucket_ns);
-    let word = if frames == 0 {
-        0
-    } else {
-        pack_packets(now.bucket, now.elapsed, frames)
-    };
-    (slot_of(now.bucket), word)
+fn owed_at(params: &WindowParams, at_ns: u64, now_ns: u64) -> Option<Position> {
+    let span = params.bucket_ns * (params.buckets as u64 + 1);
+    if at_ns == 0 || at_ns > now_ns || now_ns - at_ns >= span {
+        return None;
+    }
+    Some(position(at_ns, params.bucket_ns))
 }
 
-/// Counts `frames` more in the bucket of `now_ns` of an existing window,
-/// whatever its allowance: frames the cheap tier admitted for its source
-/// since the window last counted one (`sketch::WINDOWED`), charged when
-/// the source leaves the cheap tier again. As sent now, like
-/// [`carried_word`]. False if the compare-and-swap kept losing (the
-/// frames then go uncharged: other CPUs are counting this source's frames
-/// into the same slot meanwhile).
+/// Counts one frame admitted at `at_ns` without a window into an existing
+/// window at `now_ns` (another CPU created it), in the frame's own bucket
+/// and no later than its own offset, as [`owed_word`] places it in a new
+/// one: its slot holds that bucket or an older one (a bucket at most `K`
+/// old, and `K < RING`). False if the compare-and-swap kept losing or the
+/// frame has left the window (then it goes uncounted).
 #[inline(always)]
-pub fn charge<S: SlotWrite + ?Sized>(
+pub fn count_owed<S: SlotWrite + ?Sized>(
     slots: &S,
     params: &WindowParams,
+    at_ns: u64,
     now_ns: u64,
-    frames: u64,
 ) -> bool {
-    let at = position(now_ns, params.bucket_ns);
-    let slot = slot_of(at.bucket);
+    let Some(then) = owed_at(params, at_ns, now_ns) else {
+        return false;
+    };
+    let slot = slot_of(then.bucket);
     let mut attempt = 0;
     while attempt < CAS_ATTEMPTS {
         attempt += 1;
-        let current = slots.load(slot, PACKETS);
-        if slots.compare_exchange(
-            slot,
-            PACKETS,
-            current,
-            packets_bumped_by(current, at, frames),
-        ) {
+        let word = slots.load(slot, PACKETS);
+        let count = packets_in(word, then.bucket);
+        // An earlier first frame moves the bucket's first offset back: the
+        // estimate must never weigh the bucket as if its traffic began
+        // later than it did.
+        let first = if count == 0 || then.elapsed < first_offset(word) {
+            then.elapsed
+        } else {
+            first_offset(word)
+        };
+        let counted = pack_packets(then.bucket, first, count + 1);
+        if slots.compare_exchange(slot, PACKETS, word, counted) {
             return true;
         }
     }
     false
+}
+
+/// Counts `frames` more into the slot of `bucket` while it holds that
+/// bucket: frames a CPU admitted from its lease, counted after they were
+/// admitted (`SourceTraffic::lease_owed`), in the bucket they came in.
+/// False if the slot moved on (they have left the window) or the
+/// compare-and-swap kept losing (they go uncounted).
+#[inline(always)]
+pub fn count_leased<S: SlotWrite + ?Sized>(slots: &S, bucket: u64, frames: u64) -> bool {
+    let slot = slot_of(bucket);
+    let mut attempt = 0;
+    while attempt < CAS_ATTEMPTS {
+        attempt += 1;
+        let word = slots.load(slot, PACKETS);
+        let count = packets_in(word, bucket);
+        if count == 0 {
+            return false;
+        }
+        let room = MAX_PACKETS - count;
+        let more = if frames > room { room } else { frames };
+        let counted = pack_packets(bucket, first_offset(word), count + more);
+        if slots.compare_exchange(slot, PACKETS, word, counted) {
+            return true;
+        }
+    }
+    false
+}
+
+/// Copies every slot word of `from` into `to` (a new window starting with
+/// another's counts).
+#[inline(always)]
+pub fn copy_counts<S: SlotRead + ?Sized>(from: &S, to: &mut [[u64; 2]; RING]) {
+    let mut slot = 0;
+    while slot < RING {
+        to[slot][PACKETS] = from.load(slot, PACKETS);
+        to[slot][BYTES] = from.load(slot, BYTES);
+        slot += 1;
+    }
 }
 
 /// Clears every slot (when a source's bucket width changes).
@@ -231,33 +270,6 @@ pub fn clear<S: SlotWrite + ?Sized>(slots: &S) {
         slots.store(slot, PACKETS, 0);
         slots.store(slot, BYTES, 0);
         slot += 1;
-    }
-}
-
-/// Marks the allowance as used up in the bucket of `now_ns`: a source that
-/// was over its limit and lost its window state (evicted under pressure)
-/// restarts refused for one window instead of with a fresh allowance.
-#[inline(always)]
-pub fn mark_exhausted<S: SlotWrite + ?Sized>(slots: &S, params: &WindowParams, now_ns: u64) {
-    let at = position(now_ns, params.bucket_ns);
-    let slot = slot_of(at.bucket);
-    let packets = if params.allowance_packets == UNLIMITED {
-        1
-    } else if params.allowance_packets > MAX_PACKETS {
-        MAX_PACKETS
-    } else if params.allowance_packets == 0 {
-        1
-    } else {
-        params.allowance_packets
-    };
-    slots.store(slot, PACKETS, pack_packets(at.bucket, at.elapsed, packets));
-    if params.allowance_bytes != UNLIMITED {
-        let bytes = if params.allowance_bytes > MAX_BYTES {
-            MAX_BYTES
-        } else {
-            params.allowance_bytes
-        };
-        slots.store(slot, BYTES, pack_bytes(at.bucket, bytes));
     }
 }
 
@@ -284,6 +296,10 @@ impl SlotWrite for AtomicRing {
     fn store(&self, slot: usize, field: usize, value: u64) {
         self[slot][field].store(value, core::sync::atomic::Ordering::Relaxed)
     }
+
+    fn fetch_add(&self, slot: usize, field: usize, amount: u64) -> u64 {
+        self[slot][field].fetch_add(amount, core::sync::atomic::Ordering::SeqCst)
+    }
 }
 
 /// A copy of the ring read back from the kernel.
@@ -296,63 +312,7 @@ impl SlotRead for [[u64; 2]; RING] {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::window::{packets_in, try_admit};
-
-    #[test]
-    fn an_exhausted_window_refuses_until_it_slides() {
-        let ring: [[core::sync::atomic::AtomicU64; 2]; RING] = Default::default();
-        let params = WindowParams {
-            bucket_ns: 100,
-            buckets: 10,
-            allowance_packets: 5,
-            allowance_bytes: UNLIMITED,
-        };
-        mark_exhausted(&ring, &params, 1_050);
-        assert!(!try_admit(&ring, &params, 1_060, 1));
-        assert!(
-            !try_admit(&ring, &params, 1_999, 1),
-            "still inside the window"
-        );
-        assert!(
-            try_admit(&ring, &params, 2_100, 1),
-            "slid out of the window"
-        );
-    }
-
-    /// Frames charged to a window count like admitted ones: in the
-    /// current bucket (over an older word of the slot), for the whole
-    /// window, and against the allowance.
-    #[test]
-    fn charged_frames_count_against_the_allowance_for_a_window() {
-        let ring: AtomicRing = Default::default();
-        let params = WindowParams {
-            bucket_ns: 100,
-            buckets: 10,
-            allowance_packets: 5,
-            allowance_bytes: UNLIMITED,
-        };
-        // A frame long ago, out of the window, in the slot the charge
-        // lands in (bucket 0's and bucket RING's).
-        let later = 100 * RING as u64;
-        assert!(try_admit(&ring, &params, 50, 1));
-        assert!(charge(&ring, &params, later + 50, 3));
-        let bucket = RING as u64;
-        assert_eq!(packets_in(ring.load(slot_of(bucket), PACKETS), bucket), 3);
-        assert!(try_admit(&ring, &params, later + 60, 1));
-        assert!(try_admit(&ring, &params, later + 70, 1));
-        assert!(
-            !try_admit(&ring, &params, later + 80, 1),
-            "3 charged + 2 = 5"
-        );
-        assert!(
-            !try_admit(&ring, &params, later + 999, 1),
-            "inside the window"
-        );
-        assert!(try_admit(&ring, &params, later + 1_100, 1), "slid out");
-        // Charging past the allowance still counts (the frames were sent).
-        assert!(charge(&ring, &params, later + 1_150, 9));
-        assert!(!try_admit(&ring, &params, later + 1_160, 1));
-    }
+    use crate::window::{packets_in, try_admit, UNLIMITED};
 
     /// A new ring holding what `owed_word` says.
     fn seeded(params: &WindowParams, at_ns: u64, now_ns: u64) -> AtomicRing {
@@ -387,10 +347,23 @@ mod tests {
             "and stays counted for the whole window"
         );
 
-        // An older bucket still inside the window: counted now.
+        // An older bucket still inside the window: counted in it, so that
+        // it leaves the window when it should (counted now, it would still
+        // count against the source after leaving).
         let ring = seeded(&params, 1_010, 1_550);
-        assert_eq!(packets_in(ring.load(slot_of(15), PACKETS), 15), 1);
-        assert_eq!(packets_in(ring.load(slot_of(10), PACKETS), 10), 0);
+        assert_eq!(packets_in(ring.load(slot_of(10), PACKETS), 10), 1);
+        assert_eq!(packets_in(ring.load(slot_of(15), PACKETS), 15), 0);
+        for i in 0..4 {
+            assert!(try_admit(&ring, &params, 1_990, 1), "frame {i}");
+        }
+        assert!(!try_admit(&ring, &params, 1_995, 1), "one of five is owed");
+        let ring = seeded(&params, 1_010, 1_550);
+        for i in 0..5 {
+            assert!(
+                try_admit(&ring, &params, 2_100, 1),
+                "frame {i}: gone with its bucket"
+            );
+        }
 
         // Gone from the window, or nothing owed: an empty window.
         for (at, now) in [(1_010, 1_010 + 100 * 11), (0, 1_050)] {
@@ -400,6 +373,31 @@ mod tests {
             }
             assert!(!try_admit(&ring, &params, now + 20, 1));
         }
+    }
+
+    /// A frame owed to a window another CPU created counts in its own
+    /// bucket, and moves that bucket's first offset back if it came first.
+    #[test]
+    fn an_owed_frame_counts_in_its_own_bucket_of_an_existing_window() {
+        let params = WindowParams {
+            bucket_ns: 100,
+            buckets: 10,
+            allowance_packets: 5,
+            allowance_bytes: UNLIMITED,
+        };
+        let ring: AtomicRing = Default::default();
+        assert!(try_admit(&ring, &params, 1_080, 1));
+        assert_eq!(first_offset(ring.load(slot_of(10), PACKETS)), 819);
+        assert!(count_owed(&ring, &params, 1_020, 1_450));
+        let word = ring.load(slot_of(10), PACKETS);
+        assert_eq!(packets_in(word, 10), 2);
+        assert_eq!(first_offset(word), position(1_020, 100).elapsed);
+        // Into a slot another bucket left: it restarts there.
+        assert!(count_owed(&ring, &params, 1_130, 1_450));
+        assert_eq!(packets_in(ring.load(slot_of(11), PACKETS), 11), 1);
+        // Gone from the window, or nothing owed: not counted.
+        assert!(!count_owed(&ring, &params, 1_020, 2_150));
+        assert!(!count_owed(&ring, &params, 0, 1_450));
     }
 
     #[test]

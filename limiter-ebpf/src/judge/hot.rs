@@ -4,15 +4,12 @@
 //! shared, admitted from a lease, or sent to its shared window (`limit`).
 
 use limiter_common::{
-    state::{FIRST_CREATED, FIRST_HERE},
-    window::WindowCache,
-    Action, Config, Outcome, Rule, SourceKey, SourceTraffic,
+    state::FIRST_CREATED, window::WindowCache, Action, Config, Outcome, SourceKey, SourceTraffic,
 };
 
 use super::{
     key::resolve,
     scratch,
-    tier::note_penalty,
     verdict::{give_back_to_levels, pass, refuse, refused_by_level, Verdict},
     window::{find_window, limit, LIMIT_ADMITTED, LIMIT_DRY_RUN, LIMIT_UNWINDOWED_FIRST},
     BPF_NOEXIST,
@@ -37,7 +34,6 @@ pub(super) fn promote(
     state.rule = index;
     state.generation = config.generation;
     state.hold_until_ns = hold;
-    state.touched_ns = now;
     // The window, if the source has one, counted this frame already.
     state.first_frame = 0;
     Some(traffic)
@@ -93,17 +89,25 @@ pub(super) fn decide(
     len: u64,
 ) -> Verdict {
     if traffic.generation != config.generation {
-        if traffic.generation == 0 && traffic.first_frame == 0 {
-            // A zeroed slot: another CPU created the entry.
-            traffic.first_frame = FIRST_HERE;
-        }
         // Rules changed (or first frame on this CPU): resolve once, and
         // forget what this CPU concluded under the old rule.
         traffic.rule = resolve(key, config.generation);
         traffic.generation = config.generation;
         traffic.hold_until_ns = 0;
         traffic.lease_left = 0;
+        // Uncounted, with the cache of the bucket they came in (a rule
+        // change: at most a lease's frames once).
+        traffic.lease_owed = 0;
         traffic.window = WindowCache::default();
+        // Heavy as its window found it at its last admission, whichever
+        // CPU's (this state may be new: evicted by a churn, or never on
+        // this CPU), not light by default.
+        if let Some(rule) = RULES.get(traffic.rule) {
+            if rule.fair_packets != 0 {
+                let heavy = find_window(&key.with_class(rule.budget)).is_some_and(|w| w.heavy());
+                traffic.heavy = u32::from(heavy);
+            }
+        }
     }
     let index = traffic.rule;
     let Some(rule) = RULES.get(index) else {
@@ -115,17 +119,17 @@ pub(super) fn decide(
         Some(Action::Deny) => refuse(index, dry_run, Outcome::DroppedDeny),
         Some(Action::Limit) => {
             if now < traffic.hold_until_ns {
-                touch(key, rule, traffic, now);
                 return refuse(index, dry_run, Outcome::DroppedLimit);
             }
             // The rule's levels, before the source's own window (heavy as
             // its last admission found it).
             let heavy = traffic.heavy != 0;
-            if let Some(refused) = refused_by_level(rule, index, dry_run, heavy) {
+            if let Some(refused) = refused_by_level(rule, index, dry_run, heavy, false) {
                 return refused;
             }
             if traffic.lease_left != 0 && traffic.window.covers(now, rule.bucket_ns) {
                 traffic.lease_left -= 1;
+                traffic.lease_owed += 1;
                 return pass(Outcome::Passed);
             }
             let unwindowed_first = config.class_count == 0;
@@ -135,24 +139,10 @@ pub(super) fn decide(
                 pass(Outcome::Passed)
             } else {
                 give_back_to_levels(rule, index);
-                if config.tiered() && !dry_run {
-                    note_penalty(config, key, rule, traffic.hold_until_ns, now);
-                }
                 // Refused, or no window state: fail closed.
                 refuse(index, dry_run, Outcome::DroppedLimit)
             }
         }
         None => pass(Outcome::Passed),
-    }
-}
-
-/// Looks a held source's window up once a bucket (per CPU): a held source
-/// reads no window otherwise, and were its window spilled, the LRU map
-/// would evict it under a flood of other sources.
-#[inline(always)]
-fn touch(key: &SourceKey, rule: &Rule, traffic: &mut SourceTraffic, now: u64) {
-    if now.wrapping_sub(traffic.touched_ns) >= rule.bucket_ns {
-        traffic.touched_ns = now;
-        let _ = find_window(&key.with_class(rule.budget));
     }
 }

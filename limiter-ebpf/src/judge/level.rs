@@ -1,9 +1,10 @@
-//! A rule's further levels (`limiter_common::rules::level`): once the
-//! per-source limit admits a frame, each level of its rule admits it
-//! against that level's shared window (`AGGREGATES`), or refuses it. A
-//! rule without levels never gets here (its callers test
-//! `Rule::level_count` first), and neither does a frame its source's
-//! limit or hold refused.
+//! A rule's further levels (`limiter_common::rules::level`): each level
+//! of a frame's rule admits it against that level's shared window
+//! (`AGGREGATES`; while that is full, the overflow cell an aggregate
+//! without a window hashes to, `AGG_CELLS`), or refuses it, before the
+//! source's own window judges it. A rule without levels never gets here
+//! (its callers test `Rule::level_count` first), and neither does a frame
+//! its source's hold refused.
 
 use core::ptr::{addr_of, addr_of_mut, read_volatile, write_volatile};
 
@@ -11,14 +12,21 @@ use aya_ebpf::helpers::bpf_ktime_get_coarse_ns;
 use limiter_common::{
     rules::{LevelWindow, MAX_LEVELS},
     window::{self, Admission, WindowCache, WindowParams},
-    Level, LevelKey, Rule, SourceKey,
+    Level, LevelKey, Outcome, Rule, SourceKey,
 };
 
-use super::{scratch, BPF_NOEXIST};
-use crate::{
-    maps::{AGGREGATES, FRAME_DST, FRAME_KEY, RULES},
-    shared::SharedWindow,
+use super::{
+    scratch,
+    window::{note_pressure, pressure, PRESSURE_AGGREGATES},
+    BPF_NOEXIST,
 };
+use crate::{
+    maps::{self, AGGREGATES, AGG_CELLS, CONFIG, FRAME_DST, FRAME_KEY, RULES},
+    shared::{self, SharedWindow},
+};
+
+/// `bpf_map_update_elem`'s error when a map without eviction is full.
+const E2BIG: i32 = -7;
 
 /// `levels`' flags: the source is heavy (its own window holds more than
 /// its rule's `fair_packets`).
@@ -27,6 +35,11 @@ pub(super) const LEVEL_HEAVY: u32 = 1;
 /// admitted: each level gives it back (`window::give_back_packet`), so
 /// that a frame one limit refuses never uses up another's allowance.
 pub(super) const LEVEL_GIVE_BACK: u32 = 2;
+/// `levels`' flags: a cheap-tier frame: the aggregates only, no level
+/// that counts per source (`source`, `pair`), which would take a window
+/// for every source of a spoofed flood; the rule's cheap frames are sized
+/// to fit within those levels (`Rule::cheap_frames`).
+pub(super) const LEVEL_AGGREGATES_ONLY: u32 = 4;
 
 /// With [`LEVEL_GIVE_BACK`], gives the frame back to every level instead
 /// (returns 0). Otherwise admits the frame keyed `FRAME_KEY` (toward
@@ -77,9 +90,16 @@ pub extern "C" fn level(index: u32, at: u32, flags: u32, now: u64) -> u32 {
     // pattern is valid for both, and bytes need no alignment: the words'
     // bytes, in the order the frame carried them.
     let destination = unsafe { &*(words as *const [u32; 4]).cast::<[u8; 16]>() };
-    let Some(level) = rule.levels.get(at as usize) else {
+    if at as usize >= MAX_LEVELS {
         return 1;
-    };
+    }
+    // Masked as well as tested (the mask past what the compiler can see):
+    // the compiler reloads `at` from the stack after its test, where the
+    // verifier has lost its bound.
+    let level = &rule.levels[shared::opaque(u64::from(at)) as usize & (MAX_LEVELS - 1)];
+    if flags & LEVEL_AGGREGATES_ONLY != 0 && !level.kind().is_some_and(|kind| kind.is_aggregate()) {
+        return 1;
+    }
     let at = at as u8;
     if flags & LEVEL_GIVE_BACK != 0 {
         let lkey = level.key(key, destination, rule.budget, rule.level_tag(), at);
@@ -98,8 +118,8 @@ pub extern "C" fn level(index: u32, at: u32, flags: u32, now: u64) -> u32 {
 }
 
 /// One level's judgement of the frame: admitted (and counted) or not.
-/// Without window state (the map refused it), admitted: the per-source
-/// limit already holds the source.
+/// Without a window (neither its own nor a cell), refused: a level never
+/// admits a frame it does not count.
 #[inline(always)]
 fn admit(
     rule: &Rule,
@@ -112,8 +132,8 @@ fn admit(
 ) -> bool {
     let lkey = level.key(key, destination, rule.budget, rule.level_tag(), index);
     let params = level.params(heavy);
-    let Some(value) = find_or_create(&lkey, level.bucket_ns) else {
-        return true;
+    let Some(value) = find_or_create(&lkey, level.bucket_ns, now) else {
+        return false;
     };
     // SAFETY: a field of a live map value.
     let window = SharedWindow(unsafe { addr_of_mut!((*value).window) });
@@ -177,19 +197,68 @@ fn view(
     }
 }
 
-/// The window of `lkey`, created empty (tagged with `bucket_ns`) if it is
-/// not there.
+/// The window of `lkey`: its own, created (tagged with `bucket_ns`) if
+/// it is not there; while `AGGREGATES` is full, the overflow cell it
+/// hashes to (counted as `aggregate_full`). An aggregate created within
+/// two epochs of `AGGREGATES` being full starts with its cell's counts:
+/// what it may have been admitted on the cell meanwhile (and what other
+/// aggregates there were: the refusing side), so that nothing it was
+/// admitted there is admitted again. `None`: neither could be had
+/// (counted as `insert_failure`).
 #[inline(always)]
-fn find_or_create(lkey: &LevelKey, bucket_ns: u64) -> Option<*mut LevelWindow> {
+fn find_or_create(lkey: &LevelKey, bucket_ns: u64, now: u64) -> Option<*mut LevelWindow> {
     if let Some(value) = AGGREGATES.get_ptr_mut(lkey) {
         return Some(value);
     }
-    scratch::seeded(scratch::NewLevelWindow, |seed: &mut LevelWindow| {
-        seed.window.bucket_ns = bucket_ns;
-        // EEXIST: another CPU created it first; the LRU map makes room
-        // otherwise.
+    let seed = CONFIG.get(0).map_or(0, |config| config.sketch_seed);
+    let cell = lkey.cell(seed);
+    let pressed = now < pressure(PRESSURE_AGGREGATES);
+    let inserted = scratch::seeded(scratch::NewLevelWindow, |new: &mut LevelWindow| {
+        new.window.bucket_ns = bucket_ns;
+        let mut seeded = false;
+        if pressed {
+            // By reference: a copy of the key would take stack.
+            #[allow(clippy::needless_borrows_for_generic_args)]
+            if let Some(counts) = AGG_CELLS.get_ptr(&cell) {
+                // SAFETY: a field of a live map value, read word by word.
+                let counts = SharedWindow(unsafe { addr_of!((*counts).window) }.cast_mut());
+                window::copy_counts(&counts, &mut new.window.slots);
+                seeded = true;
+            }
+        }
+        // EEXIST: another CPU created it first.
         #[allow(clippy::needless_borrows_for_generic_args)]
-        let _ = AGGREGATES.insert(lkey, &*seed, BPF_NOEXIST);
+        match AGGREGATES.insert(lkey, &*new, BPF_NOEXIST) {
+            Err(E2BIG) => false,
+            Ok(()) if seeded => {
+                maps::count(Outcome::FullSeeded, 0);
+                true
+            }
+            _ => true,
+        }
     })?;
-    AGGREGATES.get_ptr_mut(lkey)
+    if inserted {
+        let found = AGGREGATES.get_ptr_mut(lkey);
+        if found.is_none() {
+            maps::count(Outcome::InsertFailure, 0);
+        }
+        return found;
+    }
+    note_pressure(PRESSURE_AGGREGATES, now);
+    maps::count(Outcome::AggregateFull, 0);
+    #[allow(clippy::needless_borrows_for_generic_args)]
+    if let Some(value) = AGG_CELLS.get_ptr_mut(&cell) {
+        return Some(value);
+    }
+    scratch::seeded(scratch::NewLevelWindow, |new: &mut LevelWindow| {
+        new.window.bucket_ns = bucket_ns;
+        #[allow(clippy::needless_borrows_for_generic_args)]
+        let _ = AGG_CELLS.insert(&cell, &*new, BPF_NOEXIST);
+    })?;
+    #[allow(clippy::needless_borrows_for_generic_args)]
+    let found = AGG_CELLS.get_ptr_mut(&cell);
+    if found.is_none() {
+        maps::count(Outcome::InsertFailure, 0);
+    }
+    found
 }

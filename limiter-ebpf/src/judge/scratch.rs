@@ -13,7 +13,7 @@ use core::{
 use aya_ebpf::maps::PerCpuArray;
 use limiter_common::{
     rules::LevelWindow,
-    window::{PACKETS, RING},
+    window::{BYTES, PACKETS, RING},
     SourceTraffic, WindowState,
 };
 
@@ -155,7 +155,8 @@ impl Seed for NewWindow {
     }
 }
 
-/// A new level window: its bucket width is all it sets.
+/// A new level window: its bucket width, and its slots (copied from an
+/// overflow cell), are all it sets.
 pub(super) struct NewLevelWindow;
 
 impl Seed for NewLevelWindow {
@@ -168,7 +169,15 @@ impl Seed for NewLevelWindow {
 
     #[inline(always)]
     fn rezero(&self, value: &mut LevelWindow) {
-        // SAFETY: an aligned word of this CPU's scratch.
-        unsafe { write_volatile(&mut value.window.bucket_ns, 0) };
+        // SAFETY: aligned words of this CPU's scratch.
+        unsafe {
+            write_volatile(&mut value.window.bucket_ns, 0);
+            let mut slot = 0;
+            while slot < RING {
+                write_volatile(&mut value.window.slots[slot][PACKETS], 0);
+                write_volatile(&mut value.window.slots[slot][BYTES], 0);
+                slot += 1;
+            }
+        }
     }
 }

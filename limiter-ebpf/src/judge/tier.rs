@@ -1,11 +1,11 @@
 //! The tiers (with `Config::tiered`): a frame first counts in the cheap
 //! tier (`SKETCH`, no per-source state) and is judged there while its
-//! source has sent at most its rule's cheap frames and no mark says it
-//! may be blocked or have a cluster share. Past it, a source with per-CPU
-//! state goes to `hot`; one without is judged on its shared window alone
-//! (the exact tier), and gets per-CPU state once it is refused, near its
-//! limit or busy. docs/architecture.md, "Tiers", has the design and its
-//! bounds.
+//! source has sent at most its rule's cheap frames over this epoch and
+//! the last, and no share mark says it may have a cluster share. Past it,
+//! a source with per-CPU state goes to `hot`; one without is judged on its
+//! shared window alone (the exact tier), and gets per-CPU state once it is
+//! refused, near its limit or busy. docs/architecture.md, "Tiers", has
+//! the design and its bounds.
 
 use limiter_common::{
     rules::NO_RULE, sketch, Action, AddressFamily, Config, Counter, Outcome, Rule, Scope,
@@ -17,11 +17,14 @@ use super::{
     key::resolve,
     scratch,
     verdict::{give_back_to_levels, pass, refuse, refused_by_level, stateless, Verdict},
-    window::{limit, LIMIT_ADMITTED, LIMIT_DRY_RUN, LIMIT_EXACT_TIER, LIMIT_HALF_USED},
+    window::{
+        find_window, limit, LIMIT_ADMITTED, LIMIT_DRY_RUN, LIMIT_EXACT_TIER, LIMIT_HALF_USED,
+        LIMIT_WINDOWLESS,
+    },
     BPF_NOEXIST,
 };
 use crate::{
-    maps::{self, CLUSTER, PENALTY_MARKS, RULES, SHARE_MARKS, SOURCES},
+    maps::{self, CLUSTER, RULES, SHARE_MARKS, SOURCES},
     shared,
 };
 
@@ -53,9 +56,8 @@ pub(super) fn tiered(config: &Config, key: &SourceKey, now: u64, len: u64) -> Ti
     let seen = shared::sketch_count(place, tag, sketch::HOT_FRAMES).unwrap_or(sketch::Seen::BUSY);
     let count = seen.total();
     let mut index = NO_RULE;
-    // Within the cheap frames, but marked: this frame goes to its window,
-    // and so will the next ones (marked windowed below, even with nothing
-    // to charge).
+    // Within the cheap frames, but share-marked: this frame goes to its
+    // window, and so will the next ones (marked windowed below).
     let mut marked = false;
     if count <= u32::from(config.cheap_max) {
         index = resolve(key, config.generation);
@@ -74,12 +76,7 @@ pub(super) fn tiered(config: &Config, key: &SourceKey, now: u64, len: u64) -> Ti
         let state = unsafe { &mut *traffic };
         state.record_at(now, len);
         let cheap_frames = RULES.get(state.rule).map_or(0, |rule| rule.cheap_frames);
-        let unwindowed = leave_cheap_tier(place, tag, seen, marked, cheap_frames);
-        if unwindowed != 0 {
-            // Charged by this CPU's next look at the window (this frame's,
-            // unless the source is held or leased).
-            state.carried = unwindowed;
-        }
+        leave_cheap_tier(place, tag, seen, marked, cheap_frames);
         return Tiered::Hot(traffic);
     }
     if index == NO_RULE {
@@ -96,11 +93,8 @@ pub(super) fn tiered(config: &Config, key: &SourceKey, now: u64, len: u64) -> Ti
             None => Tiered::Judged(stateless(config, key)),
         };
     }
-    let past = Past {
-        seen,
-        unwindowed: leave_cheap_tier(place, tag, seen, marked, rule.cheap_frames),
-    };
-    exact(config, key, rule, index, past, now, len)
+    leave_cheap_tier(place, tag, seen, marked, rule.cheap_frames);
+    exact(config, key, rule, index, seen, now, len)
 }
 
 /// Whether the cheap tier may admit a frame of a source that reads `count`
@@ -125,13 +119,11 @@ fn within_cheap(rule: &Rule, count: u32, now: u64) -> bool {
 
 /// Whether the source of `key` (at `place` in the sketch, reading `count`)
 /// must be judged on its window under `rule` whatever the cheap tier
-/// counts: under a rule with a `block`, while its penalty mark holds (it
-/// may be blocked); under a cluster-scoped rule, while its share mark does
-/// (it may have a share, perhaps smaller than the cheap frames), from its
-/// second frame on: a spoofed flood's one-frame sources never read the
-/// share marks, and a source with a share gets at most one cheap frame
-/// after a silence, charged to its window by the next. A marked source goes
-/// to its window, which knows.
+/// counts: under a cluster-scoped rule, while its share mark holds (it may
+/// have a share, perhaps smaller than the cheap frames), from its second
+/// frame on: a spoofed flood's one-frame sources never read the share
+/// marks, and a source with a share gets at most one cheap frame after a
+/// silence. A marked source goes to its window, which knows.
 #[inline(always)]
 fn must_be_exact(
     config: &Config,
@@ -141,15 +133,15 @@ fn must_be_exact(
     count: u32,
     now: u64,
 ) -> bool {
-    let (marks, cells) = if rule.block_ns != 0 {
-        (&PENALTY_MARKS, sketch::PENALTY_CELLS)
-    } else if rule.scope() == Some(Scope::Cluster) && count > 1 {
-        (&SHARE_MARKS, sketch::SHARE_CELLS)
-    } else {
+    if rule.scope() != Some(Scope::Cluster) || count <= 1 {
         return false;
-    };
+    }
     let at = budget_place(config, key, rule, place);
-    shared::marked(marks, sketch::mark_cell(at, cells), now)
+    shared::marked(
+        &SHARE_MARKS,
+        sketch::mark_cell(at, sketch::SHARE_CELLS),
+        now,
+    )
 }
 
 /// The sketch place of `key`'s source as keyed by `rule`'s budget (where
@@ -191,7 +183,7 @@ fn cheap(config: &Config, rule: &Rule, index: u32) -> Verdict {
         Some(Action::Allow) => pass(Outcome::Allowed),
         Some(Action::Deny) => refuse(index, dry_run, Outcome::DroppedDeny),
         Some(Action::Limit) => {
-            refused_by_level(rule, index, dry_run, false).unwrap_or(pass(Outcome::Passed))
+            refused_by_level(rule, index, dry_run, false, true).unwrap_or(pass(Outcome::Passed))
         }
         None => pass(Outcome::Passed),
     }
@@ -199,20 +191,18 @@ fn cheap(config: &Config, rule: &Rule, index: u32) -> Verdict {
 
 /// A limited source's frame past the cheap tier (at `place`, reading
 /// `seen` in the epoch tagged `tag`; `marked`: within its cheap frames but
-/// sent to its window by a mark) under a rule with `cheap_frames`. Unless
-/// the source is marked windowed in the sketch (or is that busy), the
-/// frames the cheap tier admitted for it since the start of the last epoch
-/// are still to be charged to its window: at most the frames counted
-/// before this one (`limit` takes at most the rule's cheap frames of
-/// them); the source is marked windowed, so that its next frames charge
-/// nothing again, and only the CPU whose compare-and-swap sets the mark
-/// charges (two CPUs leaving the cheap tier at once would charge twice).
-/// Returns what to charge. Not marked: a source whose first frame this is
-/// (one of a spoofed flood; nothing to charge), and any source of a rule
-/// without cheap frames (nothing was admitted uncounted): their marks
-/// would only make their neighbours in the sketch look windowed. A mark
-/// of the last epoch is carried into this one, or the next epoch would
-/// read this one's frames as the cheap tier's.
+/// sent to its window by a share mark) under a rule with `cheap_frames`:
+/// marks the source windowed in the sketch, so that its next frames skip
+/// the cheap tier while it keeps sending (the mark of the last epoch is
+/// carried into this one by its first frame here). Nothing the cheap tier
+/// admitted is charged to its window: the sketch only ever reads high
+/// (other sources share its counters), so a charge could count frames
+/// the source never sent against a source within its limit. The cheap
+/// frames go uncounted instead, at most `cheap_frames` over any two
+/// epochs (docs/architecture.md, "The bounds"). Not marked: a source
+/// reading 1 (one frame of a spoofed flood), and any source of a rule
+/// without cheap frames: their marks would only make their neighbours in
+/// the sketch look windowed.
 #[inline(always)]
 fn leave_cheap_tier(
     place: sketch::Place,
@@ -220,49 +210,41 @@ fn leave_cheap_tier(
     seen: sketch::Seen,
     marked: bool,
     cheap_frames: u8,
-) -> u32 {
-    let count = seen.total();
+) {
     if !seen.windowed() {
-        if cheap_frames != 0 && (count > 1 || marked) && shared::sketch_mark(place, tag) {
-            return count - 1;
+        if cheap_frames != 0 && (seen.total() > 1 || marked) {
+            shared::sketch_mark(place, tag);
         }
     } else if seen.previous >= sketch::WINDOWED && seen.current < sketch::WINDOWED {
         shared::sketch_mark(place, tag);
     }
-    0
-}
-
-/// What the cheap tier knows of a frame that left it: what its source
-/// reads in the sketch (this frame included), and what the window must
-/// be charged (`leave_cheap_tier`).
-#[derive(Clone, Copy)]
-struct Past {
-    seen: sketch::Seen,
-    unwindowed: u32,
 }
 
 /// A frame of a limited source without per-CPU state (the exact tier),
-/// judged on its shared window alone: through [`limit`] like a hot
-/// source's, but with this CPU's seed as its per-CPU state, no lease, and
-/// a window created (if need be) carrying what the cheap tier admitted for
-/// it this epoch. Refused, near its limit (its window half used), or busy
-/// (`count` over `sketch::HOT_FRAMES`), the source keeps that state: the
-/// seed becomes its `SOURCES` entry.
+/// reading `seen` in the sketch, judged on its shared window alone:
+/// through [`limit`] like a hot source's, but with this CPU's seed as its
+/// per-CPU state and no lease. Refused, near its limit (its window half
+/// used), or busy (this epoch's count over `sketch::HOT_FRAMES`), the
+/// source keeps that state: the seed becomes its `SOURCES` entry.
 #[inline(always)]
 fn exact(
     config: &Config,
     key: &SourceKey,
     rule: &Rule,
     index: u32,
-    past: Past,
+    seen: sketch::Seen,
     now: u64,
     len: u64,
 ) -> Tiered {
-    let count = past.seen.total();
+    let count = seen.total();
     let dry_run = rule.is_dry_run(config.dry_run());
-    // The rule's levels first (a source without per-CPU state is light).
-    if let Some(refused) = refused_by_level(rule, index, dry_run, false) {
-        return Tiered::Judged(refused);
+    // The rule's levels first, judging the source as heavy as its window
+    // found it at its last admission (it has no per-CPU copy).
+    if rule.level_count() != 0 {
+        let heavy = find_window(&key.with_class(rule.budget)).is_some_and(|w| w.heavy());
+        if let Some(refused) = refused_by_level(rule, index, dry_run, heavy, false) {
+            return Tiered::Judged(refused);
+        }
     }
     let flags = (u32::from(dry_run) * LIMIT_DRY_RUN) | LIMIT_EXACT_TIER;
     let judged = scratch::seeded(scratch::ExactState, |state: &mut SourceTraffic| {
@@ -270,29 +252,25 @@ fn exact(
         state.count_first(now, len);
         state.rule = index;
         state.generation = config.generation;
-        // What the cheap tier admitted and the window must still count
-        // (`limit` takes at most the rule's cheap frames of it).
-        state.carried = past.unwindowed;
         let answer = limit(key, &mut *state, len, flags);
         let admitted = answer & LIMIT_ADMITTED != 0;
-        if !admitted && !dry_run {
-            note_penalty(config, key, rule, state.hold_until_ns, now);
-        }
         // Busy: this epoch's count alone (a mark is not frames).
-        let busy = past.seen.current > sketch::HOT_FRAMES;
+        let busy = seen.current > sketch::HOT_FRAMES;
         let mut promoted = false;
-        if !admitted || answer & LIMIT_HALF_USED != 0 || busy {
+        // Not a source refused for want of a window (`WINDOWS` full):
+        // per-CPU state would cost a flood that fills the windows an
+        // insert a frame, and there is no window to hold it to.
+        let windowless = answer & LIMIT_WINDOWLESS != 0;
+        if !windowless && (!admitted || answer & LIMIT_HALF_USED != 0 || busy) {
             // Its frames this second, as the cheap tier counted them (at
             // least what it sent; more only if other sources share its
             // counters): what `top` shows of the second it became hot in.
-            let seen = Counter {
+            let offered = Counter {
                 packets: u64::from(count),
                 bytes: u64::from(count) * len,
             };
-            state.current = seen;
-            state.total = seen;
-            state.carried = 0;
-            state.touched_ns = now;
+            state.current = offered;
+            state.total = offered;
             #[allow(clippy::needless_borrows_for_generic_args)]
             if SOURCES.insert(key, &*state, BPF_NOEXIST).is_ok() {
                 maps::count(Outcome::NewSource, len);
@@ -317,22 +295,4 @@ fn exact(
         }
     }
     Tiered::Judged(verdict)
-}
-
-/// After `limit` refused a source of `rule`: if a penalty holds it now
-/// (armed just now, or found in its window), marks its penalty cell until
-/// the penalty ends, so that the cheap tier never admits its frames, even
-/// once it has been silent long enough to leave the sketch.
-#[inline(always)]
-pub(super) fn note_penalty(
-    config: &Config,
-    key: &SourceKey,
-    rule: &Rule,
-    hold_until_ns: u64,
-    now: u64,
-) {
-    if rule.block_ns != 0 && hold_until_ns > now {
-        let at = hashed_budget_place(config, key, rule);
-        shared::mark_penalty(sketch::mark_cell(at, sketch::PENALTY_CELLS), hold_until_ns);
-    }
 }

@@ -10,7 +10,7 @@ use limiter_common::{
 
 use super::{
     key::resolve,
-    level::{levels, LEVEL_GIVE_BACK, LEVEL_HEAVY},
+    level::{levels, LEVEL_AGGREGATES_ONLY, LEVEL_GIVE_BACK, LEVEL_HEAVY},
 };
 use crate::maps::{self, RULES};
 
@@ -58,21 +58,24 @@ pub(super) fn refuse(rule: u32, dry_run: bool, outcome: Outcome) -> Verdict {
 }
 
 /// The refusal of a frame by one of rule `index`'s levels (`heavy`: from
-/// a source over the rule's fair share), counted under that level; `None`
-/// when every level admits it, or the rule has none (one byte test).
-/// Judged before the source's own window, so that a frame a level refuses
-/// never uses up the source's own allowance.
+/// a source over the rule's fair share; `cheap`: a cheap-tier frame, which
+/// only the aggregates judge), counted under that level; `None` when every
+/// level admits it, or the rule has none (one byte test). Judged before
+/// the source's own window, so that a frame a level refuses never uses up
+/// the source's own allowance.
 #[inline(always)]
 pub(super) fn refused_by_level(
     rule: &Rule,
     index: u32,
     dry_run: bool,
     heavy: bool,
+    cheap: bool,
 ) -> Option<Verdict> {
     if rule.level_count() == 0 {
         return None;
     }
-    match levels(index, u32::from(heavy) * LEVEL_HEAVY) {
+    let flags = (u32::from(heavy) * LEVEL_HEAVY) | (u32::from(cheap) * LEVEL_AGGREGATES_ONLY);
+    match levels(index, flags) {
         0 => None,
         refused_by => {
             maps::count_level_drop(index, refused_by - 1);

@@ -1,23 +1,25 @@
-//! The shared window (`WINDOWS`, spilled to `WINDOW_SPILL` when full):
-//! `limit` admits a frame against it with one compare-and-swap, or
-//! refuses it and notes until when this CPU may refuse without looking;
-//! it creates the window (seeded with what it must count from the start,
-//! blocked or exhausted if `HOLDS` says so) and arms penalties.
+//! The shared window (`WINDOWS`): `limit` admits a frame against it with
+//! one compare-and-swap, or refuses it and notes until when this CPU may
+//! refuse without looking; it creates the window (seeded with what it must
+//! count from the start, blocked if `HOLDS` keeps a penalty for it), refuses
+//! a source that cannot get one while `WINDOWS` is full, and arms
+//! penalties.
 //! docs/architecture.md, "Limit, fastest path first" and "Exact across
 //! CPUs", has the design.
 
-use core::ptr::{addr_of, read_volatile};
+use core::ptr::{addr_of, read_volatile, write_volatile};
 
 use aya_ebpf::helpers::bpf_ktime_get_coarse_ns;
 use limiter_common::{
-    state::{FIRST_CREATED, FIRST_HERE},
+    sketch,
+    state::FIRST_CREATED,
     window::{self, Admission, WindowCache, WindowParams, PACKETS, RING},
     Hold, Outcome, Rule, Scope, SourceKey, SourceTraffic, WindowState,
 };
 
 use super::{cluster, scratch, BPF_NOEXIST};
 use crate::{
-    maps::{self, CLUSTER, HOLDS, RULES, WINDOWS, WINDOW_SPILL},
+    maps::{self, CLUSTER, HOLDS, PRESSURE, RULES, WINDOWS},
     shared::SharedWindow,
 };
 
@@ -31,14 +33,17 @@ pub(super) const LIMIT_DRY_RUN: u32 = 1;
 /// (docs/architecture.md, "First frame").
 pub(super) const LIMIT_UNWINDOWED_FIRST: u32 = 2;
 /// `limit`'s flags: the source is judged on its window alone (the exact
-/// tier): no lease (its state is a seed), a new window carries
-/// `SourceTraffic::carried` frames and counts as `new_window`.
+/// tier): no lease (its state is a seed), and a new window counts as
+/// `new_window`.
 pub(super) const LIMIT_EXACT_TIER: u32 = 4;
 /// `limit`'s answer: admitted (else refused, or no window state).
 pub(super) const LIMIT_ADMITTED: u32 = 1;
 /// `limit`'s answer, with [`LIMIT_ADMITTED`]: the window is now at least
 /// half used: the source is near its limit.
 pub(super) const LIMIT_HALF_USED: u32 = 2;
+/// `limit`'s answer: the source has no window and could not get one
+/// (`WINDOWS` full): refused, counted as `window_full`.
+pub(super) const LIMIT_WINDOWLESS: u32 = 4;
 
 /// Admits the frame against the source's shared window for its rule (the
 /// one `traffic` resolved), or refuses it and notes until when this CPU
@@ -106,77 +111,72 @@ fn limit_window(
     // SAFETY: an aligned field of this CPU's live map value.
     let first_frame = unsafe { read_volatile(addr_of!(traffic.first_frame)) };
     traffic.first_frame = 0;
-    // Frames the cheap tier admitted that the window must still count: at
-    // most the rule's cheap frames (what the cheap tier admits over two
-    // epochs), however many the sketch counted (other sources' frames
-    // included).
-    let charge = u64::from(traffic.carried).min(u64::from(rule.cheap_frames));
-    traffic.carried = 0;
-    // Packet-only limits (of at least one frame) may admit a first frame
-    // without a window; byte limits need the window.
-    let packet_only = unwindowed_first
-        && rule.allowance_bytes == window::UNLIMITED
-        && params.allowance_packets != 0;
+    // This CPU's first frame of the source, admitted without a window
+    // (0: none): the window counts it, in its own bucket, once it exists.
+    let owed_at = traffic.unwindowed_ns;
+    traffic.unwindowed_ns = 0;
     let (window, created) = match find_window(key) {
         Some(window) => (window, false),
         None => {
-            if packet_only && first_frame == FIRST_CREATED {
+            // Packet-only limits (of at least one frame) may admit a first
+            // frame without a window; byte limits need the window.
+            if unwindowed_first
+                && first_frame == FIRST_CREATED
+                && rule.allowance_bytes == window::UNLIMITED
+                && params.allowance_packets != 0
+            {
                 traffic.unwindowed_ns = now;
                 return Some(LIMIT_ADMITTED);
             }
-            // What a window this CPU creates owes: its own first frame, or,
-            // on its first frame of a source another CPU created, the first
-            // frame that CPU may have admitted without a window.
-            let owed_at = if packet_only && first_frame == FIRST_HERE {
-                now
-            } else {
-                traffic.unwindowed_ns
-            };
-            let first = if exact_tier {
-                window::carried_word(&params, now, charge)
-            } else {
-                window::owed_word(&params, owed_at, now)
-            };
-            let created = create_window(key, len, &params, first, now)?;
-            if exact_tier && created.1 {
-                maps::count(Outcome::NewWindow, len);
+            let first = window::owed_word(&params, owed_at, now);
+            match create_window(key, len, &params, first, now) {
+                Made::Window(window, created) => {
+                    if exact_tier && created {
+                        maps::count(Outcome::NewWindow, len);
+                    }
+                    (window, created)
+                }
+                Made::Full => {
+                    // Refused, counted: no window, so nothing admitted could
+                    // be counted (the cheap tier's frames are its own bound).
+                    maps::count(Outcome::WindowFull, len);
+                    return Some(LIMIT_WINDOWLESS);
+                }
+                Made::Failed => return None,
             }
-            created
         }
     };
-    // Found or created, the window holds any frame this CPU owed it.
-    traffic.unwindowed_ns = 0;
-    // Refused within the last window: if its window state was evicted
-    // meanwhile, it must not come back with a fresh allowance.
-    if created
-        && traffic.hold_until_ns != 0
-        && now < traffic.hold_until_ns + rule.bucket_ns * u64::from(rule.buckets)
-    {
-        window.set_bucket_ns(rule.bucket_ns);
-        window::mark_exhausted(&window, &params, now);
+    if owed_at != 0 && !created {
+        // Another CPU created the window: it could not know when this
+        // CPU's first frame came, and counted none for it.
+        window::count_owed(&window, &params, owed_at, now);
     }
     if window.bucket_ns() != rule.bucket_ns {
         // The slots are tagged with another bucket width: start afresh.
         window::clear(&window);
         window.set_bucket_ns(rule.bucket_ns);
     }
-    if charge != 0 && !(created && exact_tier) {
-        // A window that existed (or that another CPU just created, or a
-        // hot source's): it counts the charged frames from now on.
-        window::charge(&window, &params, now, charge);
-    }
     let blocked_until = window.blocked_until_ns();
     if now < blocked_until && rule.block_tag != 0 && window.blocked_tag() == rule.block_tag {
         traffic.hold_until_ns = blocked_until;
         return Some(0);
     }
+    if traffic.lease_owed != 0 {
+        // What this CPU's lease admitted, into the bucket it came in (still
+        // the cache's: a cache is replaced only below).
+        window::count_leased(
+            &window,
+            traffic.window.bucket,
+            u64::from(traffic.lease_owed),
+        );
+        traffic.lease_owed = 0;
+    }
     if !traffic.window.covers(now, rule.bucket_ns) {
         traffic.window = WindowCache::refresh(&window, &params, now);
         traffic.lease_left = 0;
     }
-    // No leases for cluster rules: a lease's unused frames count as
-    // admitted, which the cluster sync would read as traffic this node
-    // admitted, and the effective allowance may shrink within a bucket.
+    // No leases for cluster rules: the effective allowance may shrink
+    // within a bucket, and the sync reads what the window counts.
     let lease = if exact_tier || cluster.is_some() {
         1
     } else {
@@ -189,11 +189,15 @@ fn limit_window(
             packets,
         } => {
             traffic.lease_left = (granted - 1) as u32;
-            // Heavy for the rule's levels: its window holds more than
-            // its fair share of them; its next frames are judged so.
-            let heavy =
-                rule.fair_packets != 0 && packets > rule.fair_packets << window::WEIGHT_SHIFT;
-            traffic.heavy = u32::from(heavy);
+            if rule.fair_packets != 0 {
+                // Heavy for the rule's levels: its window holds more than
+                // its fair share of them; its next frames are judged so,
+                // on this CPU (`SourceTraffic::heavy`) and, without
+                // per-CPU state, anywhere (`WindowState::heavy`).
+                let heavy = packets > rule.fair_packets << window::WEIGHT_SHIFT;
+                traffic.heavy = u32::from(heavy);
+                window.note_heavy(heavy);
+            }
             if let Some(state) = cluster {
                 if state.is_hot(packets, params.allowance_packets) {
                     cluster::report_hot(&window, key, rule, traffic.rule, now);
@@ -213,16 +217,6 @@ fn limit_window(
             traffic.hold_until_ns = if rule.block_ns != 0 && !dry_run {
                 arm_penalty(&window, key, rule, now)
             } else {
-                // Refused over its limit: should its window be evicted (a
-                // spilled one may be) within a window from now, it comes
-                // back exhausted, whichever CPU creates it again.
-                hold(
-                    key,
-                    Hold {
-                        until_ns: now + rule.bucket_ns * u64::from(rule.buckets),
-                        tag: 0,
-                    },
-                );
                 hold_until_ns
             };
             Some(0)
@@ -240,21 +234,57 @@ fn params(rule: &Rule) -> WindowParams {
     }
 }
 
-/// The shared window of `wkey`: kept (`WINDOWS`), else spilled
-/// (`WINDOW_SPILL`).
+/// The shared window of `wkey` (`WINDOWS`).
 #[inline(always)]
 pub(super) fn find_window(wkey: &SourceKey) -> Option<SharedWindow> {
-    if let Some(state) = WINDOWS.get_ptr_mut(wkey) {
-        return Some(SharedWindow(state));
+    WINDOWS.get_ptr_mut(wkey).map(SharedWindow)
+}
+
+/// `PRESSURE` index: until when `AGGREGATES` was found full.
+pub(super) const PRESSURE_AGGREGATES: u32 = 0;
+/// How long a map found full counts as full: two epochs.
+const PRESSURE_NS: u64 = 2 * sketch::EPOCH_NS;
+
+/// Until when the map of `index` was found full (0: never).
+#[inline(always)]
+pub(super) fn pressure(index: u32) -> u64 {
+    match PRESSURE.get_ptr(index) {
+        // SAFETY: an aligned u64 of a live array element.
+        Some(until) => unsafe { read_volatile(until) },
+        None => 0,
     }
-    WINDOW_SPILL.get_ptr_mut(wkey).map(SharedWindow)
+}
+
+/// Notes the map of `index` found full at `now`: full until two epochs
+/// from now. Written at most once per epoch (a store to a line every CPU
+/// reads), and a racing CPU's store differs by at most that.
+#[inline(always)]
+pub(super) fn note_pressure(index: u32, now: u64) {
+    if let Some(until) = PRESSURE.get_ptr_mut(index) {
+        // SAFETY: an aligned u64 of a live array element.
+        unsafe {
+            if read_volatile(until) < now + PRESSURE_NS - sketch::EPOCH_NS {
+                write_volatile(until, now + PRESSURE_NS);
+            }
+        }
+    }
+}
+
+/// What [`create_window`] made.
+enum Made {
+    /// The window, and whether this CPU created it (else another CPU did
+    /// first, or it was there).
+    Window(SharedWindow, bool),
+    /// `WINDOWS` is full.
+    Full,
+    /// No window and no room known: counted as `insert_failure`.
+    Failed,
 }
 
 /// Creates the shared window of `key` (unless another CPU just did),
 /// tagged with the rule's bucket width, its slot `first.0` holding packet
-/// word `first.1` (what the window must count from the start: a frame owed,
-/// or frames carried from the cheap tier), and blocked or exhausted if
-/// `HOLDS` says so; returns it, with whether this CPU created it.
+/// word `first.1` (a first frame owed: `window::owed_word`), and blocked
+/// if `HOLDS` keeps a penalty for it.
 #[inline(always)]
 fn create_window(
     key: &SourceKey,
@@ -262,81 +292,69 @@ fn create_window(
     params: &WindowParams,
     first: (usize, u64),
     now: u64,
-) -> Option<(SharedWindow, bool)> {
+) -> Made {
     // The value is built in a seed and passed by reference to the map: a
     // copy would take 272 of the 512 bytes of BPF stack.
     let (slot, word) = first;
     let slot = slot & (RING - 1);
-    let seeded = scratch::seeded(scratch::NewWindow { slot }, |seed: &mut WindowState| {
+    let inserted = scratch::seeded(scratch::NewWindow { slot }, |seed: &mut WindowState| {
         seed.slots[slot][PACKETS] = word;
         seed.bucket_ns = params.bucket_ns;
-        let mut exhausted = false;
         if let Some(held) = HOLDS.get_ptr(key) {
             // SAFETY: a live map value; a racing update writes whole words.
             let held = unsafe { *held };
             if now >= held.until_ns {
                 let _ = HOLDS.remove(key);
-            } else if held.tag != 0 {
+            } else {
                 seed.blocked_until_ns = held.until_ns;
                 seed.blocked_tag = held.tag;
-            } else {
-                exhausted = true;
             }
         }
-        // Failure with EEXIST just means another CPU created it first (and
-        // counted what this one owed); with E2BIG, that the kept windows
-        // are full: the window goes to the spill.
+        // Failure with EEXIST just means another CPU created it first;
+        // with E2BIG, that the kept windows are full.
         #[allow(clippy::needless_borrows_for_generic_args)]
-        let created = match WINDOWS.insert(key, &*seed, BPF_NOEXIST) {
-            Ok(()) => true,
-            Err(E2BIG) => {
-                #[allow(clippy::needless_borrows_for_generic_args)]
-                let spilled = WINDOW_SPILL.insert(key, &*seed, BPF_NOEXIST).is_ok();
-                if spilled {
-                    maps::count(Outcome::WindowSpilled, len);
-                }
-                spilled
-            }
-            Err(_) => false,
-        };
-        (created, exhausted)
+        match WINDOWS.insert(key, &*seed, BPF_NOEXIST) {
+            Ok(()) => INSERTED,
+            Err(E2BIG) => FULL,
+            Err(_) => 0,
+        }
     });
-    // Created here or by another CPU, the window must be there now.
-    let found = seeded.and_then(|made| Some((find_window(key)?, made)));
-    let Some((window, (created, exhausted))) = found else {
-        maps::count(Outcome::InsertFailure, len);
-        return None;
-    };
-    if created && exhausted {
-        window::mark_exhausted(&window, params, now);
+    match inserted {
+        Some(FULL) => Made::Full,
+        Some(inserted) => match find_window(key) {
+            Some(window) => Made::Window(window, inserted == INSERTED),
+            None => {
+                maps::count(Outcome::InsertFailure, len);
+                Made::Failed
+            }
+        },
+        None => {
+            maps::count(Outcome::InsertFailure, len);
+            Made::Failed
+        }
     }
-    Some((window, created))
 }
 
+/// [`create_window`]'s insert: created here.
+const INSERTED: u32 = 1;
+/// [`create_window`]'s insert: the map is full.
+const FULL: u32 = 2;
+
 /// Arms a penalty for `rule` on the window keyed `wkey`: in the window,
-/// and in `HOLDS`, so that the window comes back blocked should it be
-/// evicted meanwhile (a spilled one may be). Returns until when.
+/// and in `HOLDS`, so that the window comes back blocked should the
+/// daemon reclaim it idle meanwhile; counts `hold_failed` when `HOLDS` is
+/// full (the penalty then lasts as long as the window). Returns until
+/// when.
 #[inline(always)]
 fn arm_penalty(window: &SharedWindow, wkey: &SourceKey, rule: &Rule, now: u64) -> u64 {
     let until = now + rule.block_ns;
     window.set_blocked(until, rule.block_tag);
-    hold(
-        wkey,
-        Hold {
-            until_ns: until,
-            tag: rule.block_tag,
-        },
-    );
-    until
-}
-
-/// Keeps a refusal or penalty apart from the window (`HOLDS`); counts
-/// `hold_failed` when `HOLDS` is full. Every window's, not only a spilled
-/// one's: which map a window is in would have to be carried through
-/// `limit`, whose stack is at 6.1's limit.
-#[inline(always)]
-fn hold(wkey: &SourceKey, held: Hold) {
+    let held = Hold {
+        until_ns: until,
+        tag: rule.block_tag,
+    };
     if HOLDS.insert(wkey, held, 0).is_err() {
         maps::count(Outcome::HoldFailed, 0);
     }
+    until
 }

@@ -212,15 +212,10 @@ impl Daemon {
                     continue;
                 }
             };
-            let spilled = snapshot
-                .outcomes
-                .get(Outcome::WindowSpilled as usize)
-                .map_or(0, |c| c.packets);
             if let Err(e) = iface.reclaim.step(
                 &mut iface.instance.program.maps,
                 now_ns,
                 daemon.sources_per_tick,
-                spilled,
             ) {
                 error!(iface = %iface.instance.iface, error = %e, "reading the window maps failed");
             }
@@ -293,15 +288,9 @@ impl Daemon {
             if let Some(swept) = swept {
                 self.metrics
                     .record_penalties(&instance.iface, swept.penalties);
-                self.metrics.record_holds(&instance.iface, swept.kept);
             }
-            self.metrics.record_windows(
-                &instance.iface,
-                iface.reclaim.kept(),
-                daemon.max_sources,
-                iface.reclaim.deleted_total(),
-                iface.reclaim.spill_evictions(),
-            );
+            self.metrics
+                .record_windows(&instance.iface, &iface.reclaim, daemon.max_sources);
             iface.observed.update(snapshot);
         }
         self.check_guards();

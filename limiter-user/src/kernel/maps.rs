@@ -165,12 +165,9 @@ impl Maps {
     }
 
     /// The shared window of `wkey` (a window key: the source with its
-    /// rule's budget as class), kept or spilled, as the kernel finds it.
+    /// rule's budget as class), as the kernel finds it.
     pub fn window(&self, wkey: &SourceKey) -> Option<WindowState> {
-        self.windows
-            .get(wkey, 0)
-            .or_else(|_| self.window_spill.get(wkey, 0))
-            .ok()
+        self.windows.get(wkey, 0).ok()
     }
 
     /// The rule at `RULES` index `index`.

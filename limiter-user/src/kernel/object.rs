@@ -267,6 +267,13 @@ impl Program {
         xdp_in(&mut self.ebpf).expect("checked by load")
     }
 
+    /// The XDP program and its maps at once (tests run the one from
+    /// threads that read the other).
+    #[cfg(feature = "test-util")]
+    pub fn parts(&mut self) -> (&Xdp, &Maps) {
+        (xdp_in(&mut self.ebpf).expect("checked by load"), &self.maps)
+    }
+
     /// The kernel's id of the loaded program (0 if the kernel does not say).
     pub fn id(&self) -> u32 {
         self.ebpf

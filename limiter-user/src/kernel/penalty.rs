@@ -79,85 +79,80 @@ pub struct Lifted {
 }
 
 /// Lifts the penalty of every source inside `cidr` whose penalty still
-/// runs at `now_ns`. Sources keep their windows (and
-/// a refusal over the limit stays a refusal); the penalties kept apart
-/// from them (`HOLDS`) go. A CPU that already
-/// concluded "blocked" keeps refusing until it looks again: the caller
-/// pushes the rules again so every CPU re-resolves.
+/// runs at `now_ns`: in `HOLDS`, and in the source's window if it has one
+/// (a blocked source's window may have been reclaimed idle: `HOLDS` then
+/// keeps its penalty alone). Sources keep their windows (and a refusal
+/// over the limit stays a refusal). A CPU that already concluded
+/// "blocked" keeps refusing until it looks again: the caller pushes the
+/// rules again so every CPU re-resolves.
 pub fn lift(maps: &mut Maps, cidr: &IpNet, now_ns: u64) -> Result<Lifted, MapsError> {
     let inside = |key: &SourceKey| cidr.contains(&key.ip()) && key.prefix_len >= cidr.prefix_len();
-    let mut kept = Vec::new();
+    let mut lifted = std::collections::BTreeSet::new();
     let holds = walk(
         maps.holds.map(),
         names::HOLDS,
         cap_of(maps.holds.map(), names::HOLDS)?,
         batch::BATCH,
         |key: &SourceKey, held: &Hold| {
-            if held.tag != 0 && inside(key) {
-                kept.push(*key);
+            if held.until_ns > now_ns && inside(key) {
+                lifted.insert(*key);
             }
         },
     )?;
-    for key in kept {
-        let _ = maps.holds.remove(&key);
+    for key in &lifted {
+        let _ = maps.holds.remove(key);
     }
-    let mut lifted = 0;
-    let mut complete = holds.complete;
-    for (windows, name) in [
-        (&mut maps.windows, names::WINDOWS),
-        (&mut maps.window_spill, names::WINDOW_SPILL),
-    ] {
-        let mut keys = Vec::new();
-        let walked = walk(
-            windows.map(),
-            name,
-            cap_of(windows.map(), name)?,
-            batch::BATCH,
-            |key: &SourceKey, window: &WindowState| {
-                if inside(key) && window.blocked_until_ns > now_ns {
-                    keys.push(*key);
-                }
-            },
-        )?;
-        complete &= walked.complete;
-        for key in keys {
-            // Read again: the kernel may have changed it since the walk.
-            let Ok(mut window) = windows.get(&key, 0) else {
-                continue;
-            };
-            if window.blocked_until_ns <= now_ns {
-                continue;
+    let mut keys = Vec::new();
+    let windows = walk(
+        maps.windows.map(),
+        names::WINDOWS,
+        cap_of(maps.windows.map(), names::WINDOWS)?,
+        batch::BATCH,
+        |key: &SourceKey, window: &WindowState| {
+            if inside(key) && window.blocked_until_ns > now_ns {
+                keys.push(*key);
             }
-            window.blocked_until_ns = 0;
-            window.blocked_tag = 0;
-            // Only while the source still has its window.
-            if windows.insert(key, window, BPF_EXIST).is_ok() {
-                lifted += 1;
-            }
+        },
+    )?;
+    for key in keys {
+        // Read again: the kernel may have changed it since the walk.
+        let Ok(mut window) = maps.windows.get(&key, 0) else {
+            continue;
+        };
+        if window.blocked_until_ns <= now_ns {
+            continue;
+        }
+        window.blocked_until_ns = 0;
+        window.blocked_tag = 0;
+        // Only while the source still has its window.
+        if maps.windows.insert(key, window, BPF_EXIST).is_ok() {
+            lifted.insert(key);
         }
     }
-    Ok(Lifted { lifted, complete })
+    Ok(Lifted {
+        lifted: lifted.len(),
+        complete: holds.complete && windows.complete,
+    })
 }
 
 /// What [`sweep`] found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Swept {
-    /// Penalties still running among the holds visited.
+    /// Penalties still running among those visited (`HOLDS` keeps only
+    /// penalties: its entries).
     pub penalties: usize,
-    /// Holds still running among those visited (penalties included).
-    pub kept: usize,
     /// The walk of `HOLDS` reached its end; `false`: it stopped at its
     /// cap, `penalties` is a floor and the next sweep starts over.
     pub complete: bool,
 }
 
-/// Removes the holds kept apart from the windows (`HOLDS`) that ended
+/// Removes the penalties kept apart from the windows (`HOLDS`) that ended
 /// before `now_ns` (the kernel removes one when it finds it ended; this
-/// keeps the map from filling with holds of sources that never came back),
-/// and counts the holds and penalties that still run.
+/// keeps the map from filling with penalties of sources that never came
+/// back), and counts the penalties that still run.
 pub fn sweep(maps: &mut Maps, now_ns: u64) -> Result<Swept, MapsError> {
     let mut ended = Vec::new();
-    let (mut penalties, mut kept) = (0, 0);
+    let mut penalties = 0;
     let walked = walk(
         maps.holds.map(),
         names::HOLDS,
@@ -166,10 +161,7 @@ pub fn sweep(maps: &mut Maps, now_ns: u64) -> Result<Swept, MapsError> {
         |key: &SourceKey, held: &Hold| {
             if held.until_ns <= now_ns {
                 ended.push(*key);
-                return;
-            }
-            kept += 1;
-            if held.tag != 0 {
+            } else {
                 penalties += 1;
             }
         },
@@ -179,7 +171,6 @@ pub fn sweep(maps: &mut Maps, now_ns: u64) -> Result<Swept, MapsError> {
     }
     Ok(Swept {
         penalties,
-        kept,
         complete: walked.complete,
     })
 }

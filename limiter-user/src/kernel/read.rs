@@ -48,19 +48,12 @@ pub fn sources(maps: &Maps) -> Result<BTreeMap<SourceKey, Vec<SourceTraffic>>, M
         .map_err(MapsError::on(names::SOURCES))
 }
 
-/// Every source's admission window, kept or spilled (a key in both reads
-/// as the kept one, as the kernel finds it).
+/// Every source's admission window.
 pub fn windows(maps: &Maps) -> Result<BTreeMap<SourceKey, WindowState>, MapsError> {
-    let mut windows: BTreeMap<SourceKey, WindowState> = maps
-        .window_spill
+    maps.windows
         .iter()
         .collect::<Result<_, _>>()
-        .map_err(MapsError::on(names::WINDOW_SPILL))?;
-    for entry in maps.windows.iter() {
-        let (key, window) = entry.map_err(MapsError::on(names::WINDOWS))?;
-        windows.insert(key, window);
-    }
-    Ok(windows)
+        .map_err(MapsError::on(names::WINDOWS))
 }
 
 /// The per-CPU counters of each outcome.

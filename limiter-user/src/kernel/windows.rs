@@ -1,59 +1,79 @@
-//! Upkeep of the kept windows (`WINDOWS`). That map never evicts, so that
-//! no flood of other sources can take a source's count away; the daemon
-//! deletes the windows that are idle instead (`WindowState::idle_at`: no
-//! frame in the longest window their bucket width allows, no penalty
-//! running), a slice each tick, so the map has room for new sources.
-//!
-//! After each pass over `WINDOWS`, a pass over the spill (`WINDOW_SPILL`,
-//! an LRU map: where a flood can evict windows) counts its windows, which
-//! gives its evictions: every spilled window was counted as
-//! `window_spilled` when created and leaves only by eviction (nothing in
-//! userspace deletes one), so those created before the pass began minus
-//! those it found were evicted (`read::evictions`).
+//! Upkeep of the kept windows: the sources' (`WINDOWS`), the levels'
+//! aggregates (`AGGREGATES`) and their overflow cells (`AGG_CELLS`). None
+//! of them evicts, so that no flood of other sources can take a count
+//! away; the daemon deletes the windows that count nothing instead
+//! (`WindowState::idle_at`: no frame in the longest window their bucket
+//! width allows; a penalty lives on in `HOLDS`), a slice each tick, so the
+//! maps have room for new sources.
 //!
 //! The walks read in batches from a bucket token (`BPF_MAP_LOOKUP_BATCH`),
 //! which a concurrent insert or delete does not restart: a pass over a map
 //! costs at most its capacity in entries read, however fast a flood churns
-//! it.
+//! it. Nothing re-reads a window before deleting it: a frame counted in
+//! the instant between the read and the delete is lost with it (its
+//! source's first frame after a silence of its longest window).
 
 use std::io;
 
-use aya::maps::{HashMap, IterableMap, MapData};
-use limiter_common::{SourceKey, WindowState};
+use aya::{
+    maps::{HashMap, IterableMap, MapData},
+    Pod,
+};
+use limiter_common::{rules::LevelWindow, WindowState};
 
 use super::{
     batch::{self, Resume},
-    read, Maps,
+    Maps,
 };
 
-/// Which map the walk is in.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-enum Phase {
-    /// Deleting the idle kept windows.
-    #[default]
-    Kept,
-    /// Counting the spilled windows; `window_spilled` when the pass began.
-    Spill { spilled_at_start: u64 },
+/// A map of kept windows: its value's window.
+trait Kept: Pod {
+    fn window(&self) -> &WindowState;
 }
 
-/// Where the walk over the window maps is, and what its last complete
-/// passes saw.
+impl Kept for WindowState {
+    fn window(&self) -> &WindowState {
+        self
+    }
+}
+
+impl Kept for LevelWindow {
+    fn window(&self) -> &WindowState {
+        &self.window
+    }
+}
+
+/// The maps the walk goes through, in turn.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum Phase {
+    #[default]
+    Windows,
+    Aggregates,
+    Cells,
+}
+
+/// One map's walk: what the pass under way saw, what the last complete one
+/// left, and what was deleted in all.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Upkeep {
+    seen: usize,
+    deleted: usize,
+    /// The windows left after the last complete pass (`None` before the
+    /// first completes).
+    pub kept: Option<usize>,
+    /// Windows deleted since the daemon started.
+    pub deleted_total: u64,
+}
+
+/// Where the walk over the kept maps is, and what its passes saw.
 #[derive(Debug, Default)]
 pub struct Reclaim {
     phase: Phase,
     /// Where the next slice starts.
     resume: Resume,
-    /// Windows seen and deleted so far in the pass under way.
-    seen: usize,
-    deleted: usize,
-    /// The windows left after the last complete pass (`None` before the
-    /// first completes).
-    kept: Option<usize>,
-    /// Windows deleted since the daemon started.
-    deleted_total: u64,
-    /// Spilled windows evicted, as of the last complete pass over the
-    /// spill (never less than an earlier pass said).
-    spill_evictions: u64,
+    pub windows: Upkeep,
+    pub aggregates: Upkeep,
+    pub cells: Upkeep,
 }
 
 /// What one slice did.
@@ -63,119 +83,99 @@ pub struct Slice {
     pub seen: usize,
     /// Idle windows deleted.
     pub deleted: usize,
-    /// Whether the slice ended a pass over the kept windows (the spill's
-    /// count follows it, from the next slice).
+    /// Whether the slice ended a pass over the source windows (the
+    /// aggregates and their cells follow it, from the next slice).
     pub pass_done: bool,
 }
 
 impl Reclaim {
     /// Reads the next slice of at least `budget` windows (or the rest of
-    /// the map): in the kept windows, deletes those idle at `now_ns`; in
-    /// the spill, counts them. `spilled_total` is the `window_spilled`
-    /// outcome's count now.
-    pub fn step(
-        &mut self,
-        maps: &mut Maps,
-        now_ns: u64,
-        budget: usize,
-        spilled_total: u64,
-    ) -> io::Result<Slice> {
-        match self.phase {
-            Phase::Kept => self.step_kept(&mut maps.windows, now_ns, budget, spilled_total),
-            Phase::Spill { spilled_at_start } => {
-                let (seen, pass_done) =
-                    self.read_slice(maps.window_spill.map(), budget, |_, _| {})?;
-                self.seen += seen;
-                if pass_done {
-                    self.spill_evictions = self.spill_evictions.max(read::evictions(
-                        spilled_at_start,
-                        self.seen as u64,
-                        0,
-                    ));
-                    self.seen = 0;
-                    self.phase = Phase::Kept;
-                }
-                Ok(Slice {
-                    seen,
-                    deleted: 0,
-                    pass_done: false,
-                })
-            }
-        }
-    }
-
-    fn step_kept(
-        &mut self,
-        windows: &mut HashMap<MapData, SourceKey, WindowState>,
-        now_ns: u64,
-        budget: usize,
-        spilled_total: u64,
-    ) -> io::Result<Slice> {
-        let mut idle: Vec<SourceKey> = Vec::new();
-        let (seen, pass_done) = self.read_slice(windows.map(), budget, |key, window| {
-            if window.idle_at(now_ns) {
-                idle.push(*key);
-            }
-        })?;
-        let mut deleted = 0;
-        for key in &idle {
-            // Gone already (another reader's delete): nothing to count.
-            if windows.remove(key).is_ok() {
-                deleted += 1;
-            }
-        }
-        self.seen += seen;
-        self.deleted += deleted;
-        self.deleted_total += deleted as u64;
-        if pass_done {
-            self.kept = Some(self.seen.saturating_sub(self.deleted));
-            self.seen = 0;
-            self.deleted = 0;
-            self.phase = Phase::Spill {
-                spilled_at_start: spilled_total,
-            };
+    /// the map in turn) and deletes those idle at `now_ns`.
+    pub fn step(&mut self, maps: &mut Maps, now_ns: u64, budget: usize) -> io::Result<Slice> {
+        let (slice, next) = match self.phase {
+            Phase::Windows => (
+                walk(
+                    &mut maps.windows,
+                    &mut self.resume,
+                    &mut self.windows,
+                    now_ns,
+                    budget,
+                )?,
+                Phase::Aggregates,
+            ),
+            Phase::Aggregates => (
+                walk(
+                    &mut maps.aggregates,
+                    &mut self.resume,
+                    &mut self.aggregates,
+                    now_ns,
+                    budget,
+                )?,
+                Phase::Cells,
+            ),
+            Phase::Cells => (
+                walk(
+                    &mut maps.agg_cells,
+                    &mut self.resume,
+                    &mut self.cells,
+                    now_ns,
+                    budget,
+                )?,
+                Phase::Windows,
+            ),
+        };
+        let done = slice.pass_done;
+        if done {
+            self.phase = next;
         }
         Ok(Slice {
-            seen,
-            deleted,
-            pass_done,
+            pass_done: done && next == Phase::Aggregates,
+            ..slice
         })
     }
+}
 
-    /// Reads the next slice of at least `budget` windows of `map` from where
-    /// the last one stopped, calling `each` on every window; how many were
-    /// read, and whether the slice reached the end of the map (the next
-    /// one starts over).
-    fn read_slice(
-        &mut self,
-        map: &MapData,
-        budget: usize,
-        each: impl FnMut(&SourceKey, &WindowState),
-    ) -> io::Result<(usize, bool)> {
-        let (seen, next) = batch::read(
-            batch::fd(map),
-            batch::BATCH,
-            self.resume,
-            budget.max(1),
-            each,
-        )?;
-        self.resume = next.unwrap_or_default();
-        Ok((seen, next.is_none()))
+/// The next slice of `map` from `resume`: deletes its windows idle at
+/// `now_ns`, and accounts for it in `upkeep`.
+fn walk<K: Pod, V: Kept>(
+    map: &mut HashMap<MapData, K, V>,
+    resume: &mut Resume,
+    upkeep: &mut Upkeep,
+    now_ns: u64,
+    budget: usize,
+) -> io::Result<Slice> {
+    let mut idle: Vec<K> = Vec::new();
+    let (seen, next) = batch::read(
+        batch::fd(map.map()),
+        batch::BATCH,
+        *resume,
+        budget.max(1),
+        |key: &K, value: &V| {
+            if value.window().idle_at(now_ns) {
+                idle.push(*key);
+            }
+        },
+    )?;
+    *resume = next.unwrap_or_default();
+    let mut deleted = 0;
+    for key in &idle {
+        // Gone already (another reader's delete): nothing to count.
+        if map.remove(key).is_ok() {
+            deleted += 1;
+        }
     }
-
-    /// The windows the last complete pass left kept.
-    pub fn kept(&self) -> Option<usize> {
-        self.kept
+    upkeep.seen += seen;
+    upkeep.deleted += deleted;
+    upkeep.deleted_total += deleted as u64;
+    let pass_done = next.is_none();
+    if pass_done {
+        upkeep.kept = Some(upkeep.seen.saturating_sub(upkeep.deleted));
+        upkeep.seen = 0;
+        upkeep.deleted = 0;
     }
-
-    /// Idle windows deleted since the daemon started.
-    pub fn deleted_total(&self) -> u64 {
-        self.deleted_total
-    }
-
-    /// Spilled windows evicted by other sources' windows, as of the last
-    /// complete pass over the spill.
-    pub fn spill_evictions(&self) -> u64 {
-        self.spill_evictions
-    }
+    Ok(Slice {
+        seen,
+        deleted,
+        pass_done,
+    })
 }

@@ -322,44 +322,51 @@ fn check_cluster_rule(spec: &RuleSpec, name: &str) -> Result<(), RuleError> {
 
 /// The frames of a source that the cheap tier may judge over an epoch and
 /// the one before under `rule` without any per-source state
-/// (`Rule::cheap_frames`; docs/architecture.md, "Tiers", argues the
-/// bounds). Allow and deny need no state to judge a frame: up to
-/// `sketch::HOT_FRAMES`. A packet limit whose window is at most an epoch:
-/// as many as the allowance (at most [`MAX_CHEAP_FRAMES`]), since every
-/// frame the cheap tier admits within such a window is charged to the
-/// source's window when it leaves the cheap tier, and a source that never
-/// leaves it sent at most that many in any two epochs. Whatever its size,
-/// penalty or scope (a blocked source skips the cheap tier through its
-/// penalty mark; a cluster-scoped one is capped to this node's cold cap in
-/// the kernel). Any other limit (a longer window, or a byte limit, whose
-/// frames the charge does not cover): frames that may go uncounted, so
-/// only so few that in any window of the rule they add at most
-/// 1/[`CHEAP_SHARE`] of its allowance: `T` with
-/// `T * (ceil(W / epoch) + 1) <= allowance / CHEAP_SHARE` (a window of `W`
-/// overlaps at most that many epochs), for bytes counting every frame as
-/// [`CHEAP_FRAME_BYTES`]; none for a cluster-scoped one, whose shares are
-/// computed from what its windows count.
+/// (`Rule::cheap_frames`; docs/architecture.md, "The bounds", argues it).
+/// Allow and deny need no state to judge a frame: up to
+/// `sketch::HOT_FRAMES`. A limit's cheap frames are never counted in the
+/// source's window (the sketch only reads high, so no count taken from it
+/// can be proved the source's own), so they are what a source may get
+/// beyond its allowance: `T` frames over any two epochs, so `T` in each of
+/// the `epoch_pairs(W)` pairs a window overlaps. `T` is the largest with
+/// `T * epoch_pairs(W) <= allowance / CHEAP_SHARE` (for bytes counting
+/// every frame as [`CHEAP_FRAME_BYTES`]), for the rule's own window and
+/// for each of its levels that counts per source (`source`, `pair`: a
+/// cheap frame goes through every aggregate, but through no per-source
+/// level, which would take a window per spoofed source; it stays within
+/// them by this bound), at most [`MAX_CHEAP_FRAMES`]: 10 for 100 pps and
+/// a 1 s window, 1 for 10 pps, none for 10 per minute.
 fn cheap_frames(spec: &RuleSpec, rule: &Rule) -> u8 {
-    let window_ns = rule.bucket_ns * u64::from(rule.buckets);
-    let packets_only = rule.allowance_bytes == UNLIMITED;
     match spec.action {
         Action::Allow | Action::Deny => sketch::HOT_FRAMES as u8,
-        Action::Limit if window_ns <= sketch::EPOCH_NS && packets_only => {
-            rule.allowance_packets.min(MAX_CHEAP_FRAMES) as u8
-        }
-        Action::Limit if spec.scope == Scope::Cluster => 0,
         Action::Limit => {
-            let epochs = window_ns.div_ceil(sketch::EPOCH_NS) + 1;
-            let share = |allowance: u64, per_frame: u64| {
+            let share = |allowance: u64, window_ns: u64, per_frame: u64| {
                 if allowance == UNLIMITED {
                     u64::MAX
                 } else {
-                    allowance / (CHEAP_SHARE * epochs * per_frame)
+                    allowance / (CHEAP_SHARE * sketch::epoch_pairs(window_ns) * per_frame)
                 }
             };
-            share(rule.allowance_packets, 1)
-                .min(share(rule.allowance_bytes, CHEAP_FRAME_BYTES))
-                .min(MAX_CHEAP_FRAMES) as u8
+            let window_ns = rule.bucket_ns * u64::from(rule.buckets);
+            let levels = rule
+                .levels()
+                .iter()
+                .filter(|level| level.kind().is_some_and(|kind| !kind.is_aggregate()))
+                .map(|level| {
+                    share(
+                        level.allowance_packets,
+                        level.bucket_ns * u64::from(level.buckets),
+                        1,
+                    )
+                });
+            levels
+                .chain([
+                    share(rule.allowance_packets, window_ns, 1),
+                    share(rule.allowance_bytes, window_ns, CHEAP_FRAME_BYTES),
+                    MAX_CHEAP_FRAMES,
+                ])
+                .min()
+                .unwrap_or(0) as u8
         }
     }
 }

@@ -397,16 +397,21 @@ pub fn rule_name(index: usize) -> String {
     }
 }
 
-/// The cheap tier's frames may add at most 1/`CHEAP_SHARE` of a limit's
-/// allowance to any of its windows (`Rule::cheap_frames`): 1%. (Larger
-/// shares keep more of a fast flood's sources in the cheap tier, and the
-/// issue allows 2%; 1% keeps a flooder within 1% of its limit.)
-pub const CHEAP_SHARE: u64 = 100;
+/// The cheap tier's frames, never counted in a window, may add at most
+/// 1/`CHEAP_SHARE` of a limit's allowance to any of its windows
+/// (`Rule::cheap_frames`): 10%. What keeps a spoofed flood in the cheap
+/// tier is a threshold above what its one-frame sources read there: about
+/// 5 at 262,144 such sources a second, 9 at a million (docs/architecture.md
+/// has the figures), so 10% keeps a flood of a million a second in the
+/// cheap tier from a limit of 100 packets a window on.
+pub const CHEAP_SHARE: u64 = 10;
 /// The largest frame XDP hands the program (single-buffer XDP: a page
 /// less the headroom), for the bytes the cheap tier may admit.
 pub const CHEAP_FRAME_BYTES: u64 = 4096;
-/// The most frames per epoch the cheap tier judges under a limit.
-pub const MAX_CHEAP_FRAMES: u64 = 64;
+/// The most frames over two epochs the cheap tier judges under a limit:
+/// above what a flood of a million one-frame sources a second reads there
+/// (9), and 1.6% of a 1,000 pps limit.
+pub const MAX_CHEAP_FRAMES: u64 = 16;
 
 /// Share of a window's allowance that unused leases may withhold, as a
 /// divisor: leases are sized so that all CPUs together, over all buckets of

@@ -344,82 +344,88 @@ fn limit_with(pps: u64, change: impl FnOnce(&mut Limits)) -> RuleSpec {
     rule
 }
 
-/// A packet limit over one epoch: every cheap frame is charged to the
-/// source's window when it leaves the cheap tier, so the cheap tier may
-/// admit as many as the allowance (burst included), at most 64, whatever
-/// the limit's size, penalty or scope.
+/// A limit's cheap frames are never counted in its windows, so they are
+/// sized by what they may add to one: `T` over any two epochs, in each of
+/// the pairs of epochs a window overlaps (one for a window of up to an
+/// epoch), at most a tenth of the allowance, at most 16, whatever the
+/// limit's penalty or scope (a cluster-scoped one is capped to the cold
+/// cap in the kernel too).
 #[test]
-fn cheap_frames_of_a_packet_limit_over_one_epoch_are_its_allowance_up_to_64() {
-    assert_eq!(cheap_frames_of(limit_with(1, |_| {})), 1);
-    assert_eq!(
-        cheap_frames_of(limit_with(10, |_| {})),
-        10,
-        "small limits too"
-    );
-    assert_eq!(cheap_frames_of(limit_with(64, |_| {})), 64);
+fn cheap_frames_of_a_packet_limit_over_one_epoch_are_a_tenth_of_its_allowance_up_to_16() {
+    assert_eq!(cheap_frames_of(limit_with(9, |_| {})), 0, "under 10: none");
+    assert_eq!(cheap_frames_of(limit_with(10, |_| {})), 1);
+    assert_eq!(cheap_frames_of(limit_with(100, |_| {})), 10);
     assert_eq!(
         cheap_frames_of(limit_with(100_000, |_| {})),
         MAX_CHEAP_FRAMES as u8,
         "capped"
     );
     assert_eq!(
-        cheap_frames_of(limit_with(10, |l| l.burst_packets = 5)),
-        15,
+        cheap_frames_of(limit_with(10, |l| l.burst_packets = 10)),
+        2,
         "the burst counts"
     );
     assert_eq!(
-        cheap_frames_of(limit_with(10, |l| l.block = Some(Duration::from_secs(30)))),
+        cheap_frames_of(limit_with(100, |l| l.block = Some(Duration::from_secs(30)))),
         10,
-        "a penalty too: a blocked source skips the cheap tier by its mark"
-    );
-    assert_eq!(
-        cheap_frames_of(cluster(limit_with(100, |_| {}))),
-        64,
-        "cluster scope too: capped to the cold cap in the kernel"
-    );
-}
-
-/// Other limits (a window of more than one epoch, or a byte limit) keep
-/// the cheap tier's frames under 1/100 of a window over the epochs it
-/// spans: floor(allowance / (100 * (ceil(W / 1 s) + 1))).
-#[test]
-fn cheap_frames_of_longer_windows_keep_under_1_100_of_a_window_over_the_epochs_it_spans() {
-    // The epochs a window spans: 10 s spans 11, 1.5 s three (as many as 2 s).
-    assert_eq!(
-        cheap_frames_of(limit_with(1_000, |l| l.window = Duration::from_secs(10))),
-        9,
-        "10000 / (100 * 11)"
-    );
-    assert_eq!(
-        cheap_frames_of(limit_with(10_000, |l| l.window = Duration::from_millis(1500))),
-        50,
-        "15000 / (100 * 3)"
-    );
-    assert_eq!(
-        cheap_frames_of(limit_with(10_000, |l| l.window = Duration::from_secs(2))),
-        64,
-        "20000 / (100 * 3), capped"
-    );
-    assert_eq!(
-        cheap_frames_of(limit_with(100, |l| l.window = Duration::from_secs(2))),
-        0,
-        "200 / (100 * 3): small limits over long windows see every frame"
-    );
-    assert_eq!(
-        cheap_frames_of(limit_with(1_000, |l| {
-            l.window = Duration::from_secs(10);
-            l.block = Some(Duration::from_secs(30));
-        })),
-        9,
         "a penalty changes nothing"
     );
     assert_eq!(
-        cheap_frames_of(cluster(limit_with(1_000, |l| {
-            l.window = Duration::from_secs(10)
-        }))),
-        0,
-        "a cluster's shares come from what its windows count"
+        cheap_frames_of(cluster(limit_with(100, |_| {}))),
+        10,
+        "nor does cluster scope"
     );
+}
+
+/// A window of more than one epoch overlaps more pairs of epochs:
+/// floor(allowance / (10 * ceil((ceil(W / 1 s) + 1) / 2))).
+#[test]
+fn cheap_frames_of_longer_windows_keep_under_a_tenth_of_a_window_over_its_pairs_of_epochs() {
+    // The pairs a window overlaps: 10 s 11 epochs, 6 pairs; 1.5 s three
+    // epochs (as 2 s), 2 pairs; 60 s, 31 pairs.
+    assert_eq!(
+        cheap_frames_of(limit_with(100, |l| l.window = Duration::from_secs(10))),
+        16,
+        "1000 / (10 * 6), capped"
+    );
+    assert_eq!(
+        cheap_frames_of(limit_with(10, |l| l.window = Duration::from_secs(10))),
+        1,
+        "100 / (10 * 6)"
+    );
+    assert_eq!(
+        cheap_frames_of(limit_with(100, |l| l.window = Duration::from_millis(1500))),
+        7,
+        "150 / (10 * 2)"
+    );
+    assert_eq!(
+        cheap_frames_of(limit_with(1, |l| l.window = Duration::from_secs(60))),
+        0,
+        "60 / (10 * 31): 60 a minute sees every frame"
+    );
+    assert_eq!(
+        cheap_frames_of(limit_with(100, |l| l.window = Duration::from_secs(60))),
+        16,
+        "6000 / (10 * 31), capped"
+    );
+}
+
+/// A level that counts per source (`source`, `pair`) bounds the cheap
+/// frames too, as a window of its own (the cheap tier skips those levels);
+/// an aggregate does not (the cheap tier counts every frame in it).
+#[test]
+fn cheap_frames_fit_the_levels_that_count_per_source() {
+    let with = |level: &str| RuleSpec {
+        levels: vec![level.parse().expect("a level")],
+        ..limit_with(1_000, |_| {})
+    };
+    assert_eq!(
+        cheap_frames_of(with("source:500@100ms")),
+        5,
+        "50 a window of 100 ms"
+    );
+    assert_eq!(cheap_frames_of(with("pair:30")), 3);
+    assert_eq!(cheap_frames_of(with("prefix/24:50")), 16, "aggregates: no");
 }
 
 #[test]
@@ -429,12 +435,12 @@ fn cheap_frames_under_a_byte_limit_count_each_frame_as_4096_bytes() {
         rule.limits.pps = None;
         cheap_frames_of(rule)
     };
-    assert_eq!(bytes(10_000_000), 12, "10 MB / (100 * 2 * 4096)");
-    assert_eq!(bytes(800_000), 0, "under one frame of 4096 bytes");
+    assert_eq!(bytes(400_000), 9, "400 kB / (10 * 4096)");
+    assert_eq!(bytes(40_000), 0, "under ten frames of 4096 bytes");
     // Both limits: the stricter share.
     assert_eq!(
-        cheap_frames_of(limit_with(100_000, |l| l.bytes_per_second = Some(10_000_000))),
-        12
+        cheap_frames_of(limit_with(100_000, |l| l.bytes_per_second = Some(400_000))),
+        9
     );
 }
 
@@ -458,8 +464,8 @@ fn cheap_max_is_the_largest_cheap_frames_and_untiered_sets_have_none() {
     let c = compile(&tiered(rules.clone()), 0, 2).unwrap();
     assert!(c.config.tiered());
     let cheap: Vec<u8> = c.rules.iter().map(|r| r.cheap_frames).collect();
-    assert_eq!(cheap, [64, 64, 10], "default 1000 pps, 10,000 pps, 10 pps");
-    assert_eq!(c.config.cheap_max, 64);
+    assert_eq!(cheap, [16, 16, 1], "default 1000 pps, 10,000 pps, 10 pps");
+    assert_eq!(c.config.cheap_max, 16);
 
     let mut with_allow = rules.clone();
     with_allow.push(RuleSpec::with_action(net("203.0.113.0/24"), Action::Allow));
@@ -495,7 +501,7 @@ fn a_cluster_scoped_rule_compiles_with_its_scope() {
     assert_eq!(c.rules[2].scope(), Some(Scope::Cluster));
     assert_eq!(
         c.rules[2].cheap_frames, c.rules[1].cheap_frames,
-        "cheap frames as a node limit's (charged to its window)"
+        "cheap frames as a node limit's"
     );
     // The default rule may be cluster-scoped too.
     let mut all = set(vec![]);

@@ -16,6 +16,7 @@ use prometheus::{
 };
 
 use super::aggregate::Snapshot;
+use crate::kernel::windows::Reclaim;
 
 mod cluster;
 mod http;
@@ -46,11 +47,12 @@ pub struct Metrics {
     capacity: IntGaugeVec,
     limited: IntGaugeVec,
     penalties: IntGaugeVec,
-    holds: IntGaugeVec,
     windows_kept: IntGaugeVec,
     window_capacity: IntGaugeVec,
     windows_reclaimed: IntCounterVec,
-    window_evictions: IntCounterVec,
+    aggregates_kept: IntGaugeVec,
+    aggregate_cells: IntGaugeVec,
+    aggregates_reclaimed: IntCounterVec,
     rules: IntGaugeVec,
     reattachments: IntCounterVec,
     attached: IntGaugeVec,
@@ -169,25 +171,19 @@ impl Metrics {
             penalties: gauge(
                 &registry,
                 "xdp_limiter_penalties",
-                "Penalties running (sources blocked by a rule's `block`).",
-                &["interface"],
-            ),
-            holds: gauge(
-                &registry,
-                "xdp_limiter_holds",
-                "Refusals and penalties kept apart from the windows (HOLDS), of daemon.max_sources at most; at that, new ones are not kept (outcome hold_failed).",
+                "Penalties running (sources blocked by a rule's `block`), as kept apart from the windows (HOLDS, daemon.max_sources at most; beyond, a penalty lives only in its window: outcome hold_failed).",
                 &["interface"],
             ),
             windows_kept: gauge(
                 &registry,
                 "xdp_limiter_windows_kept",
-                "Windows in the kept map (WINDOWS, never evicted) after the daemon's last pass over it deleted the idle ones; at xdp_limiter_window_capacity, new windows spill (outcome window_spilled).",
+                "Windows in the kept map (WINDOWS, never evicted) after the daemon's last pass over it deleted the idle ones; at xdp_limiter_window_capacity, a source without a window is judged on its sketch reading (outcome window_full).",
                 &["interface"],
             ),
             window_capacity: gauge(
                 &registry,
                 "xdp_limiter_window_capacity",
-                "Windows the kept map holds at most (daemon.max_sources).",
+                "Windows the kept map holds at most, and aggregates (daemon.max_sources).",
                 &["interface"],
             ),
             windows_reclaimed: counter(
@@ -196,10 +192,22 @@ impl Metrics {
                 "Idle windows the daemon deleted from the kept map.",
                 &["interface"],
             ),
-            window_evictions: counter(
+            aggregates_kept: gauge(
                 &registry,
-                "xdp_limiter_window_evictions_total",
-                "Spilled windows evicted by other sources' windows (only the spill evicts), as of the daemon's last complete pass over it: window_spilled before the pass minus the windows it found.",
+                "xdp_limiter_aggregates_kept",
+                "Aggregates of the rules' levels (AGGREGATES, never evicted) after the daemon's last pass deleted the idle ones; at xdp_limiter_window_capacity, an aggregate without a window is judged on its level's overflow cell (outcome aggregate_full).",
+                &["interface"],
+            ),
+            aggregate_cells: gauge(
+                &registry,
+                "xdp_limiter_aggregate_cells",
+                "Overflow cells in use (AGG_CELLS, 4096 at most: 64 per level), after the daemon's last pass deleted the idle ones.",
+                &["interface"],
+            ),
+            aggregates_reclaimed: counter(
+                &registry,
+                "xdp_limiter_aggregates_reclaimed_total",
+                "Idle aggregates and overflow cells the daemon deleted.",
                 &["interface"],
             ),
             limited: gauge(
@@ -497,39 +505,34 @@ impl Metrics {
             .set(running as i64);
     }
 
-    /// Updates the kept windows of `iface`: how many the last complete
-    /// pass left (`None` before one completed), the capacity, and how many
-    /// idle ones were deleted so far (this daemon's), and the spilled
-    /// windows evicted so far.
-    pub fn record_windows(
-        &mut self,
-        iface: &str,
-        kept: Option<usize>,
-        capacity: u32,
-        reclaimed: u64,
-        evictions: u64,
-    ) {
-        if let Some(kept) = kept {
-            self.windows_kept
-                .with_label_values(&[iface])
-                .set(kept as i64);
+    /// Updates the kept windows and aggregates of `iface` from its
+    /// reclaim's passes (each map's count from its last complete pass), of
+    /// `capacity` each.
+    pub fn record_windows(&mut self, iface: &str, reclaim: &Reclaim, capacity: u32) {
+        for (gauge, kept) in [
+            (&self.windows_kept, reclaim.windows.kept),
+            (&self.aggregates_kept, reclaim.aggregates.kept),
+            (&self.aggregate_cells, reclaim.cells.kept),
+        ] {
+            if let Some(kept) = kept {
+                gauge.with_label_values(&[iface]).set(kept as i64);
+            }
         }
         self.window_capacity
             .with_label_values(&[iface])
             .set(i64::from(capacity));
         // Exported from the first tick, at 0: an alert on their rate needs
-        // the series before the first eviction.
+        // the series before the first deletion.
         let counter = self.windows_reclaimed.clone();
         counter.with_label_values(&[iface]);
-        self.advance(&counter, &[iface], reclaimed);
-        let counter = self.window_evictions.clone();
+        self.advance(&counter, &[iface], reclaim.windows.deleted_total);
+        let counter = self.aggregates_reclaimed.clone();
         counter.with_label_values(&[iface]);
-        self.advance_monotonic(&counter, &[iface], evictions);
-    }
-
-    /// Updates the holds kept apart from the windows on `iface`.
-    pub fn record_holds(&mut self, iface: &str, holds: usize) {
-        self.holds.with_label_values(&[iface]).set(holds as i64);
+        self.advance(
+            &counter,
+            &[iface],
+            reclaim.aggregates.deleted_total + reclaim.cells.deleted_total,
+        );
     }
 
     /// Updates the link state of `iface`: re-attachments so far (this
