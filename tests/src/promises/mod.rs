@@ -6,6 +6,11 @@
 //! frames any window of a source's admitted frames holds (then it may
 //! hold no more than the allowance plus the documented bound).
 
+pub mod check;
+pub mod run;
+pub mod script;
+pub mod zoo;
+
 use std::time::Duration;
 
 use limiter_common::window::{self, AtomicRing, WindowParams};
