@@ -18,7 +18,7 @@ mod version;
 pub use version::{layout_version, MAP_LAYOUT_VERSION, MAP_SEMANTICS};
 
 /// Default capacity of the exact tier (`WINDOWS`, one shared window per
-/// source, and as many in `WINDOW_SPILL`, `HOLDS` as many holds);
+/// source; `HOLDS` as many penalties, `AGGREGATES` as many aggregates);
 /// userspace sets the real size (`max_sources`) before loading.
 pub const DEFAULT_MAX_SOURCES: u32 = 65_536;
 /// Default capacity of the per-CPU state (`SOURCES`, the hot sources);
@@ -307,7 +307,7 @@ mod tests {
         assert_eq!(
             sizes,
             [
-                ("SOURCES", 20, 192),
+                ("SOURCES", 20, 184),
                 ("WINDOWS", 20, 296),
                 ("STATS", 4, 16),
                 ("CONFIG", 4, 80),

@@ -8,12 +8,13 @@
 //!
 //! An entry ([`Pair`]) holds the words of the two latest epochs, by the
 //! parity of the epoch, in one cache line: a source reads what it sent
-//! this epoch and the last ([`Seen`]), which covers any window of up to
-//! one epoch, so a window created when the source leaves the cheap tier
-//! can be charged every frame the cheap tier admitted within it. A source
-//! that has a window marks its counters [`WINDOWED`] (once an epoch, on
-//! its first frame past the cheap tier): while either epoch holds the
-//! mark, its frames skip the cheap tier and nothing is charged twice.
+//! this epoch and the last ([`Seen`]): the cheap tier admits a source's
+//! frame only while that reads at most its rule's cheap frames, so it
+//! admits at most that many in any two consecutive epochs (and nothing it
+//! admits is counted anywhere else: what the sketch reads may be other
+//! sources' frames). A source that has a window marks its counters
+//! [`WINDOWED`] (once an epoch, on its first frame past the cheap tier):
+//! while either epoch holds the mark, its frames skip the cheap tier.
 //!
 //! A word is a `u64`: an 8-bit epoch tag and seven 8-bit counters. A
 //! source owns two of the seven counters of its word (a count-min sketch

@@ -30,35 +30,25 @@ pub struct SourceTraffic {
     /// Frames this CPU may still admit from its lease in the bucket of
     /// `window` without looking at the shared window.
     pub lease_left: u32,
-    /// Whether the next frame this CPU checks against the source's window
-    /// is its first of the source and this CPU created the entry:
-    /// [`FIRST_CREATED`] or 0 (see `unwindowed_ns`).
-    pub first_frame: u32,
+    /// Frames this CPU admitted from its lease that the shared window does
+    /// not count yet: counted into the bucket of `window` (where they
+    /// came) at this CPU's next look at it (`window::count_leased`).
+    pub lease_owed: u32,
     /// Frames offered in `second - 1` (zero if the source was idle then).
     pub previous: Counter,
     /// Frames dropped (or would-be dropped in dry-run) since creation.
     pub dropped: Counter,
     /// When this CPU last refused the source (ns); 0 = never.
     pub last_refused_ns: u64,
-    /// When this CPU admitted the source's first frame without a shared
-    /// window (ns): a source that sends one frame costs no window entry.
-    /// That frame is counted in the window, in its own bucket, by this
-    /// CPU's next look at it (it alone knows when it came); 0 = none.
-    pub unwindowed_ns: u64,
     /// This CPU's view of the source's older buckets.
     pub window: WindowCache,
     /// Non-zero: at its last admission the source's window held more than
     /// its rule's `fair_packets`: its rule's levels judge it as heavy
     /// (`rules::level`).
     pub heavy: u32,
-    /// Frames this CPU admitted from its lease that the shared window does
-    /// not count yet: counted into the bucket of `window` (where they
-    /// came) at this CPU's next look at it (`window::count_leased`).
-    pub lease_owed: u32,
+    /// Zero: the padding to 8 bytes, explicit.
+    pub _pad: u32,
 }
-
-/// `SourceTraffic::first_frame`: this CPU created the source's entry.
-pub const FIRST_CREATED: u32 = 1;
 
 impl SourceTraffic {
     /// Counts a frame of `len` bytes at `now_ns` as the only one of the
@@ -338,7 +328,7 @@ mod tests {
         let cache = 9 * 8;
         assert_eq!(
             core::mem::size_of::<SourceTraffic>(),
-            8 + 4 * 16 + 4 + 4 + 8 + 4 + 4 + 8 + 8 + cache + 4 + 4
+            8 + 4 * 16 + 4 + 4 + 8 + 4 + 4 + 8 + cache + 4 + 4
         );
         assert_eq!(core::mem::size_of::<Hold>(), 16);
         assert_eq!(core::mem::size_of::<WindowState>(), RING * 16 + 5 * 8);

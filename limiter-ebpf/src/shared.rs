@@ -234,21 +234,20 @@ pub fn sketch_count(place: sketch::Place, tag: u64, limit: u32) -> Option<sketch
 }
 
 /// Marks the source at `place` windowed in the epoch tagged `tag`
-/// (`sketch::marked`). True if this call set the mark (the source read
-/// below it in this epoch until now), or if the compare-and-swap kept
-/// losing (the caller then charges: counting twice errs on the safe
-/// side); false if another CPU's frame had marked it already.
+/// (`sketch::marked`), unless another CPU's frame did already. A mark
+/// lost to a compare-and-swap that kept losing only leaves the source's
+/// next frame to mark it.
 #[inline(always)]
-pub fn sketch_mark(place: sketch::Place, tag: u64) -> bool {
+pub fn sketch_mark(place: sketch::Place, tag: u64) {
     let Some((word, _)) = sketch_word(place, tag) else {
-        return true;
+        return;
     };
     let mut attempts = 0;
     while attempts < 4 {
         // SAFETY: an aligned u64 of a live array element.
         let old = unsafe { read_volatile(word) };
         if sketch::count(old, tag, place) >= sketch::WINDOWED {
-            return false;
+            return;
         }
         let new = sketch::marked(old, tag, place);
         // SAFETY: as above; BPF_CMPXCHG is atomic.
@@ -258,11 +257,10 @@ pub fn sketch_mark(place: sketch::Place, tag: u64) -> bool {
             )
         };
         if swapped {
-            return true;
+            return;
         }
         attempts += 1;
     }
-    true
 }
 
 /// Whether mark cell `cell` of `marks` (`SHARE_MARKS`) still holds at `now` (a missing cell counts as marked:

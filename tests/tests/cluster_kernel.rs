@@ -331,8 +331,10 @@ fn a_source_at_a_cap_of_zero_is_reported_hot_on_its_refusal() {
 }
 
 /// With the tiers on, a cluster source's first frames go the cheap way (up
-/// to its cheap frames, at most the cold cap), uncounted: a burst gets the
-/// cold cap from its window and the cheap frames on top. A source with a
+/// to this node's part of its cheap frames: divided by the nodes alive, as
+/// the cold cap is, so that what all nodes admit uncounted adds up to the
+/// rule's cheap frames), uncounted: a burst gets the cold cap from its
+/// window and this node's cheap frames on top. A source with a
 /// share gets its share and one cheap frame: its share mark keeps it out
 /// of the cheap tier from its second frame on (also under a share smaller
 /// than the cheap frames).
@@ -342,17 +344,20 @@ fn tiered_a_cluster_source_is_held_to_its_share_or_the_cold_cap() {
     let cheap = u64::from(harness.first_rule(0).cheap_frames);
     assert!(cheap > 1, "the cluster rule has cheap frames");
     set_state(&mut harness, fresh(4, 2));
+    // Four nodes alive: this node's part of the cheap frames.
+    let node_cheap = cheap / 4;
+    assert!(node_cheap >= 1);
     let addr = [192, 0, 2, 14];
     set_share(&mut harness, addr, 300, now() + 60 * SECOND);
     assert_eq!(burst(&mut harness, addr, 1000), 300 + 1);
     let cheap_before = harness.outcome_total(Outcome::Cheap).packets;
     assert_eq!(
         burst(&mut harness, [192, 0, 2, 15], 1000),
-        LIMIT / 4 + cheap
+        LIMIT / 4 + node_cheap
     );
     assert_eq!(
         harness.outcome_total(Outcome::Cheap).packets - cheap_before,
-        cheap,
+        node_cheap,
         "without a share, its first frames went the cheap way"
     );
     let small = [192, 0, 2, 17];

@@ -4,8 +4,8 @@
 //! its failure path cannot be reached with it. Here the program adopts
 //! pinned maps of the same layout but of the plain (non-LRU) hash type for
 //! `SOURCES`, and a `WINDOWS` small enough to fill, exactly as the daemon
-//! adopts its own pins. With the tiers off (no sketch reading to judge it
-//! on), a source that needs a window once `WINDOWS` is full is refused,
+//! adopts its own pins. With the tiers off (no cheap frames), a source
+//! that needs a window once `WINDOWS` is full is refused,
 //! counted as `window_full`; once `SOURCES` is full a new source gets no
 //! entry at all, counted as `insert_failure`. A `limit` rule drops such a
 //! frame (would-drop in dry-run), `allow` and `deny` rules still apply, and
@@ -109,8 +109,8 @@ fn a_source_that_gets_no_state_is_judged_without_it_and_a_limit_fails_closed() {
     harness.push(&rules(false));
 
     use Outcome::*;
-    // Four sources with two frames each: an entry and a window each (a
-    // source's first frame needs no window, its second creates one).
+    // Four sources with two frames each: an entry and a window each,
+    // both created by the first frame.
     for last in 1..=WINDOWS_ROOM as u8 {
         let source = frame([192, 0, 2, last]);
         assert_eq!(
@@ -119,27 +119,22 @@ fn a_source_that_gets_no_state_is_judged_without_it_and_a_limit_fails_closed() {
         );
         assert_eq!(run(&mut harness, &source), (XDP_PASS, vec![Passed]));
     }
-    // WINDOWS is full: a fifth source gets its entry and its first frame,
-    // but no window for the second, which fails closed (with the tiers
-    // off there is no sketch reading to judge it on).
-    let fifth = frame([192, 0, 2, 5]);
-    assert_eq!(
-        run(&mut harness, &fifth),
-        (XDP_PASS, vec![Passed, NewSource])
-    );
-    assert_eq!(
-        run(&mut harness, &fifth),
-        (XDP_DROP, vec![DroppedLimit, WindowFull]),
-        "a limited source without a window is refused"
-    );
-    // Fill SOURCES (first frames need no window).
-    for last in 6..=SOURCES_ROOM as u8 {
+    // WINDOWS is full: the next sources get their entries but no window,
+    // and fail closed (with the tiers off they have no cheap frames);
+    // they fill SOURCES.
+    for last in WINDOWS_ROOM as u8 + 1..=SOURCES_ROOM as u8 {
         let source = frame([192, 0, 2, last]);
         assert_eq!(
             run(&mut harness, &source),
-            (XDP_PASS, vec![Passed, NewSource])
+            (XDP_DROP, vec![DroppedLimit, NewSource, WindowFull]),
+            "a limited source without a window is refused"
         );
     }
+    assert_eq!(
+        run(&mut harness, &frame([192, 0, 2, 5])),
+        (XDP_DROP, vec![DroppedLimit, WindowFull]),
+        "and again"
+    );
     // SOURCES is full: a new source gets no entry; its rule still judges
     // it, a limit failing closed.
     assert_eq!(

@@ -306,6 +306,86 @@ fn a_24_gets_its_allowance_once_through_churns_of_other_24s() {
     }
 }
 
+/// An aggregate judged on its overflow cell while `AGGREGATES` was full
+/// keeps what it was admitted there when it gets a window of its own,
+/// however long after the map had room again: a /24 of 500 per 10 s sends
+/// 600 frames while a churn of /24s under another rule (whose level
+/// window is 100 ms) fills the map, is silent while the daemon reclaims
+/// the churn and for 3 s more, then sends 600 again within its window:
+/// 500 in all (when the kernel remembered a full map for two epochs only,
+/// the /24 got its 438 again: 876 against 500).
+#[test]
+fn an_aggregate_judged_on_its_cell_gets_nothing_more_once_the_map_has_room() {
+    const CAPACITY: u32 = 4_096;
+    let mut set = with_levels(1_000, Duration::from_secs(10), &["prefix/24:50"], true);
+    let mut churn_rule = RuleSpec::limit(net("11.0.0.0/8"), 1_000);
+    churn_rule.levels = vec!["prefix/24:1000@100ms".parse().expect("a level")];
+    set.rules.push(churn_rule);
+    let mut harness = Harness::load_with(&limiter_user::kernel::LoadOptions {
+        max_sources: CAPACITY,
+        ..Default::default()
+    });
+    assert_eq!(harness.push(&set), 1);
+    let victims: Vec<Vec<u8>> = (1..=6u8)
+        .map(|i| udp4(Ipv4Addr::new(10, 7, 7, i)))
+        .collect();
+    let frames: Vec<Vec<u8>> = (0..600).map(|i| victims[i % 6].clone()).collect();
+    let started = limiter_tests::testrun::coarse_now();
+    let program = harness.program();
+    on_cpu(0, || {
+        limiter_tests::flood::spray_from(program, 0..2 * CAPACITY, |i| {
+            std::net::IpAddr::V4(Ipv4Addr::from(0x0b00_0001 | (i << 8)))
+        })
+    });
+    let mut admitted = Vec::new();
+    let verdicts = send_all(&mut harness, 0, &frames);
+    admitted.push(verdicts.iter().filter(|v| **v == XDP_PASS).count() as u64);
+    assert!(
+        harness.outcome_total(Outcome::AggregateFull).packets > 0,
+        "the /24 was judged on its cell"
+    );
+    // The daemon reclaims the churn's aggregates once idle (16 buckets of
+    // 10 ms), leaving room.
+    let mut reclaim = limiter_user::kernel::windows::Reclaim::default();
+    let reclaimed =
+        limiter_tests::wait_until(Duration::from_secs(5), Duration::from_millis(50), || {
+            let now = limiter_user::kernel::now().as_nanos() as u64;
+            while !reclaim
+                .step(harness.maps_mut(), now, CAPACITY as usize)
+                .expect("reading the kept maps")
+                .pass_done
+            {}
+            (reclaim.aggregates.deleted_total >= u64::from(CAPACITY) / 2).then_some(())
+        });
+    assert!(reclaimed.is_some(), "the churn's aggregates were reclaimed");
+    // The /24's silence: 3 s of the kernel's clock, past any memory of
+    // the full map shorter than the level's window.
+    let back = limiter_tests::testrun::coarse_now() + Duration::from_secs(3);
+    while limiter_tests::testrun::coarse_now() < back {
+        thread::sleep(Duration::from_millis(50));
+    }
+    let verdicts = send_all(&mut harness, 1, &frames);
+    admitted.push(verdicts.iter().filter(|v| **v == XDP_PASS).count() as u64);
+    assert!(
+        limiter_tests::testrun::coarse_now() < started + Duration::from_secs(10),
+        "the rounds outlasted the /24's window"
+    );
+    // Heavy sources of their /24, they get its allowance less the reserve
+    // in the first round; back after a silence, their cheap frames count
+    // as light ones', which the reserve may admit: the /24's allowance in
+    // all, never more.
+    let heavy = harness.first_rule(0).levels()[0].heavy_allowance_packets;
+    assert_eq!(admitted[0], heavy, "admitted per round: {admitted:?}");
+    assert!(
+        admitted.iter().sum::<u64>() <= 500,
+        "admitted per round: {admitted:?}, against 500 per 10 s"
+    );
+    assert!(
+        harness.outcome_total(Outcome::FullSeeded).packets > 0,
+        "the /24's aggregate started with its cell's counts"
+    );
+}
+
 /// Sixteen sources of one /24, 150 frames each, none of them ever refused,
 /// near its limit or busy (so none has per-CPU state: they are judged in
 /// the exact tier, on their windows alone), exhaust their /24 while a

@@ -257,6 +257,8 @@ impl LevelKey {
 /// The `family` byte of an overflow cell's key (`AGG_CELLS`): no
 /// address family.
 pub const CELL_FAMILY: u8 = 0;
+/// The longest window of a level (ns): a minute.
+pub const MAX_LEVEL_WINDOW_NS: u64 = 60_000_000_000;
 /// Overflow cells per level: the aggregates of one level that find
 /// `AGGREGATES` full share these, by a keyed hash of their key.
 pub const CELLS_PER_LEVEL: u32 = 64;

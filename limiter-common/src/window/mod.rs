@@ -59,8 +59,7 @@ pub use reference::{estimate, older, oldest_weight, try_admit};
 #[cfg(target_has_atomic = "64")]
 pub use ring::AtomicRing;
 pub use ring::{
-    clear, copy_counts, count_leased, count_owed, give_back_packet, owed_word, OlderBuckets,
-    SlotRead, SlotWrite,
+    clear, copy_counts, count_leased, give_back_packet, OlderBuckets, SlotRead, SlotWrite,
 };
 pub use slots::{
     bytes_bumped, bytes_in, first_offset, pack_bytes, pack_packets, packets_bumped,

@@ -1,16 +1,15 @@
 //! Access to a window's ring of slots: the read and compare-and-swap
 //! traits the kernel's shared map value and the host's atomics implement,
 //! the one walk over the older buckets both admission paths make, byte
-//! reservations, and whole-window operations (the first word of a new
-//! window, a frame owed to an existing one, clearing).
+//! reservations, and whole-window operations (frames counted after they
+//! were admitted, copying, clearing).
 
 use super::{
-    position,
     slots::{
         bytes_bumped, bytes_in, equal_mask, first_offset, less_mask, pack_bytes, pack_packets,
         packets_in, slot_of, tag_mask,
     },
-    Position, WindowParams, BYTES, CAS_ATTEMPTS, MAX_BYTES, MAX_PACKETS, PACKETS, RING,
+    BYTES, CAS_ATTEMPTS, MAX_BYTES, MAX_PACKETS, PACKETS, RING,
 };
 
 /// Read access to the ring's slot words.
@@ -155,75 +154,6 @@ pub fn give_back_packet<S: SlotWrite + ?Sized>(slots: &S, bucket: u64) {
     }
 }
 
-/// The first packet word of a window created at `now_ns` that must count
-/// one frame admitted at `at_ns` without a window (a source's first frame,
-/// see `SourceTraffic::unwindowed_ns`), and its slot: the frame goes into
-/// its own bucket, at its own offset, so that it ages exactly as it would
-/// have in a window (counted later than it came, it would count against
-/// its source after it has left the window); nowhere (word 0) once it has
-/// left the window, or if `at_ns` is 0 (no frame owed). Packets only: only
-/// packet-only limits admit without a window.
-#[inline(always)]
-pub fn owed_word(params: &WindowParams, at_ns: u64, now_ns: u64) -> (usize, u64) {
-    match owed_at(params, at_ns, now_ns) {
-        Some(then) => (
-            slot_of(then.bucket),
-            pack_packets(then.bucket, then.elapsed, 1),
-        ),
-        None => (slot_of(position(now_ns, params.bucket_ns).bucket), 0),
-    }
-}
-
-/// Where a frame admitted at `at_ns` without a window counts at `now_ns`:
-/// its own bucket and offset, unless it has left the window (a frame of
-/// bucket `b` counts until bucket `b + K` has passed) or `at_ns` is 0.
-#[inline(always)]
-fn owed_at(params: &WindowParams, at_ns: u64, now_ns: u64) -> Option<Position> {
-    let span = params.bucket_ns * (params.buckets as u64 + 1);
-    if at_ns == 0 || at_ns > now_ns || now_ns - at_ns >= span {
-        return None;
-    }
-    Some(position(at_ns, params.bucket_ns))
-}
-
-/// Counts one frame admitted at `at_ns` without a window into an existing
-/// window at `now_ns` (another CPU created it), in the frame's own bucket
-/// and no later than its own offset, as [`owed_word`] places it in a new
-/// one: its slot holds that bucket or an older one (a bucket at most `K`
-/// old, and `K < RING`). False if the compare-and-swap kept losing or the
-/// frame has left the window (then it goes uncounted).
-#[inline(always)]
-pub fn count_owed<S: SlotWrite + ?Sized>(
-    slots: &S,
-    params: &WindowParams,
-    at_ns: u64,
-    now_ns: u64,
-) -> bool {
-    let Some(then) = owed_at(params, at_ns, now_ns) else {
-        return false;
-    };
-    let slot = slot_of(then.bucket);
-    let mut attempt = 0;
-    while attempt < CAS_ATTEMPTS {
-        attempt += 1;
-        let word = slots.load(slot, PACKETS);
-        let count = packets_in(word, then.bucket);
-        // An earlier first frame moves the bucket's first offset back: the
-        // estimate must never weigh the bucket as if its traffic began
-        // later than it did.
-        let first = if count == 0 || then.elapsed < first_offset(word) {
-            then.elapsed
-        } else {
-            first_offset(word)
-        };
-        let counted = pack_packets(then.bucket, first, count + 1);
-        if slots.compare_exchange(slot, PACKETS, word, counted) {
-            return true;
-        }
-    }
-    false
-}
-
 /// Counts `frames` more into the slot of `bucket` while it holds that
 /// bucket: frames a CPU admitted from its lease, counted after they were
 /// admitted (`SourceTraffic::lease_owed`), in the bucket they came in.
@@ -312,93 +242,6 @@ impl SlotRead for [[u64; 2]; RING] {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::window::{packets_in, try_admit, UNLIMITED};
-
-    /// A new ring holding what `owed_word` says.
-    fn seeded(params: &WindowParams, at_ns: u64, now_ns: u64) -> AtomicRing {
-        let ring: AtomicRing = Default::default();
-        let (slot, word) = owed_word(params, at_ns, now_ns);
-        ring.store(slot, PACKETS, word);
-        ring
-    }
-
-    #[test]
-    fn a_window_created_later_counts_the_frame_admitted_without_one() {
-        let params = WindowParams {
-            bucket_ns: 100,
-            buckets: 10,
-            allowance_packets: 5,
-            allowance_bytes: UNLIMITED,
-        };
-        // Same bucket: counted where it happened, first offset included.
-        let ring = seeded(&params, 1_010, 1_050);
-        let word = ring.load(slot_of(10), PACKETS);
-        assert_eq!(packets_in(word, 10), 1);
-        assert_eq!(first_offset(word), position(1_010, 100).elapsed);
-        for i in 0..4 {
-            assert!(try_admit(&ring, &params, 1_060, 1), "frame {i}");
-        }
-        assert!(
-            !try_admit(&ring, &params, 1_070, 1),
-            "the earlier frame used one of five"
-        );
-        assert!(
-            !try_admit(&ring, &params, 2_000, 1),
-            "and stays counted for the whole window"
-        );
-
-        // An older bucket still inside the window: counted in it, so that
-        // it leaves the window when it should (counted now, it would still
-        // count against the source after leaving).
-        let ring = seeded(&params, 1_010, 1_550);
-        assert_eq!(packets_in(ring.load(slot_of(10), PACKETS), 10), 1);
-        assert_eq!(packets_in(ring.load(slot_of(15), PACKETS), 15), 0);
-        for i in 0..4 {
-            assert!(try_admit(&ring, &params, 1_990, 1), "frame {i}");
-        }
-        assert!(!try_admit(&ring, &params, 1_995, 1), "one of five is owed");
-        let ring = seeded(&params, 1_010, 1_550);
-        for i in 0..5 {
-            assert!(
-                try_admit(&ring, &params, 2_100, 1),
-                "frame {i}: gone with its bucket"
-            );
-        }
-
-        // Gone from the window, or nothing owed: an empty window.
-        for (at, now) in [(1_010, 1_010 + 100 * 11), (0, 1_050)] {
-            let ring = seeded(&params, at, now);
-            for i in 0..5 {
-                assert!(try_admit(&ring, &params, now + 10, 1), "frame {i}");
-            }
-            assert!(!try_admit(&ring, &params, now + 20, 1));
-        }
-    }
-
-    /// A frame owed to a window another CPU created counts in its own
-    /// bucket, and moves that bucket's first offset back if it came first.
-    #[test]
-    fn an_owed_frame_counts_in_its_own_bucket_of_an_existing_window() {
-        let params = WindowParams {
-            bucket_ns: 100,
-            buckets: 10,
-            allowance_packets: 5,
-            allowance_bytes: UNLIMITED,
-        };
-        let ring: AtomicRing = Default::default();
-        assert!(try_admit(&ring, &params, 1_080, 1));
-        assert_eq!(first_offset(ring.load(slot_of(10), PACKETS)), 819);
-        assert!(count_owed(&ring, &params, 1_020, 1_450));
-        let word = ring.load(slot_of(10), PACKETS);
-        assert_eq!(packets_in(word, 10), 2);
-        assert_eq!(first_offset(word), position(1_020, 100).elapsed);
-        // Into a slot another bucket left: it restarts there.
-        assert!(count_owed(&ring, &params, 1_130, 1_450));
-        assert_eq!(packets_in(ring.load(slot_of(11), PACKETS), 11), 1);
-        // Gone from the window, or nothing owed: not counted.
-        assert!(!count_owed(&ring, &params, 1_020, 2_150));
-        assert!(!count_owed(&ring, &params, 0, 1_450));
-    }
 
     #[test]
     fn the_branch_free_walk_reads_what_the_plain_walk_reads() {

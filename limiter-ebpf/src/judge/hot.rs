@@ -3,15 +3,13 @@
 //! concluded of it: refused until `hold_until_ns` without reading anything
 //! shared, admitted from a lease, or sent to its shared window (`limit`).
 
-use limiter_common::{
-    state::FIRST_CREATED, window::WindowCache, Action, Config, Outcome, SourceKey, SourceTraffic,
-};
+use limiter_common::{window::WindowCache, Action, Config, Outcome, SourceKey, SourceTraffic};
 
 use super::{
     key::resolve,
     scratch,
     verdict::{give_back_to_levels, pass, refuse, refused_by_level, Verdict},
-    window::{find_window, limit, LIMIT_ADMITTED, LIMIT_DRY_RUN, LIMIT_UNWINDOWED_FIRST},
+    window::{find_window, limit, LIMIT_ADMITTED, LIMIT_DRY_RUN},
     BPF_NOEXIST,
 };
 use crate::maps::{self, RULES, SOURCES};
@@ -34,13 +32,11 @@ pub(super) fn promote(
     state.rule = index;
     state.generation = config.generation;
     state.hold_until_ns = hold;
-    // The window, if the source has one, counted this frame already.
-    state.first_frame = 0;
     Some(traffic)
 }
 
 /// Counts the frame in this CPU's `SOURCES` slot for `key`, creating it
-/// (marked `FIRST_CREATED` in this CPU's slot) if the source is new.
+/// if the source is new.
 #[inline(always)]
 pub(super) fn record_offered(key: &SourceKey, now: u64, len: u64) -> Option<*mut SourceTraffic> {
     if let Some(traffic) = SOURCES.get_ptr_mut(key) {
@@ -49,10 +45,9 @@ pub(super) fn record_offered(key: &SourceKey, now: u64, len: u64) -> Option<*mut
         return Some(traffic);
     }
     // The new value is built in a seed, not on the stack (it would take
-    // 192 of the 512 bytes).
+    // 184 of the 512 bytes).
     let inserted = scratch::seeded(scratch::NewSource, |seed: &mut SourceTraffic| {
         seed.count_first(now, len);
-        seed.first_frame = FIRST_CREATED;
         #[allow(clippy::needless_borrows_for_generic_args)]
         SOURCES.insert(key, &*seed, BPF_NOEXIST).is_ok()
     });
@@ -132,10 +127,7 @@ pub(super) fn decide(
                 traffic.lease_owed += 1;
                 return pass(Outcome::Passed);
             }
-            let unwindowed_first = config.class_count == 0;
-            let flags = (u32::from(dry_run) * LIMIT_DRY_RUN)
-                | (u32::from(unwindowed_first) * LIMIT_UNWINDOWED_FIRST);
-            if limit(key, traffic, len, flags) & LIMIT_ADMITTED != 0 {
+            if limit(key, traffic, len, u32::from(dry_run) * LIMIT_DRY_RUN) & LIMIT_ADMITTED != 0 {
                 pass(Outcome::Passed)
             } else {
                 give_back_to_levels(rule, index);

@@ -57,8 +57,8 @@ pub(super) trait Seed {
     fn rezero(&self, value: &mut Self::Value);
 }
 
-/// A new source's per-CPU state: `SourceTraffic::count_first` and
-/// `first_frame` are all it sets.
+/// A new source's per-CPU state: `SourceTraffic::count_first` is all it
+/// sets.
 pub(super) struct NewSource;
 
 impl Seed for NewSource {
@@ -78,7 +78,6 @@ impl Seed for NewSource {
             write_volatile(&mut value.current.bytes, 0);
             write_volatile(&mut value.total.packets, 0);
             write_volatile(&mut value.total.bytes, 0);
-            write_volatile(&mut value.first_frame, 0);
         }
     }
 }
@@ -129,11 +128,8 @@ impl Seed for ExactState {
     }
 }
 
-/// A new window: the packet word of slot `slot` (below `RING`), the
-/// bucket width and a block are all it sets.
-pub(super) struct NewWindow {
-    pub(super) slot: usize,
-}
+/// A new window: the bucket width and a block are all it sets.
+pub(super) struct NewWindow;
 
 impl Seed for NewWindow {
     type Value = WindowState;
@@ -147,7 +143,6 @@ impl Seed for NewWindow {
     fn rezero(&self, value: &mut WindowState) {
         // SAFETY: aligned words of this CPU's scratch.
         unsafe {
-            write_volatile(&mut value.slots[self.slot & (RING - 1)][PACKETS], 0);
             write_volatile(&mut value.bucket_ns, 0);
             write_volatile(&mut value.blocked_until_ns, 0);
             write_volatile(&mut value.blocked_tag, 0);

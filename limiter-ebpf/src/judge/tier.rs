@@ -99,10 +99,11 @@ pub(super) fn tiered(config: &Config, key: &SourceKey, now: u64, len: u64) -> Ti
 
 /// Whether the cheap tier may admit a frame of a source that reads `count`
 /// (this frame included) over this epoch and the last under `rule`: at
-/// most its `cheap_frames`, and for a cluster-scoped rule at most the cap
-/// a source without a share gets on this node (the cold cap, or the
-/// fallback cap while the cluster state is stale), so that the frames
-/// charged on leaving the cheap tier fit that node's part.
+/// most its `cheap_frames`, and for a cluster-scoped rule at most this
+/// node's part of them, divided as the cap of a source without a share is
+/// (by the nodes alive; by the fallback divisor while the cluster state is
+/// stale): what every node admits uncounted adds up to the rule's cheap
+/// frames, not to that many times the nodes.
 #[inline(always)]
 fn within_cheap(rule: &Rule, count: u32, now: u64) -> bool {
     if count > u32::from(rule.cheap_frames) {
@@ -112,7 +113,7 @@ fn within_cheap(rule: &Rule, count: u32, now: u64) -> bool {
         return true;
     }
     match CLUSTER.get(0) {
-        Some(state) => state.within_cap(u64::from(count), rule.allowance_packets, now),
+        Some(state) => state.within_cap(u64::from(count), u64::from(rule.cheap_frames), now),
         None => false,
     }
 }

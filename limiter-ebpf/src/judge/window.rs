@@ -7,13 +7,13 @@
 //! docs/architecture.md, "Limit, fastest path first" and "Exact across
 //! CPUs", has the design.
 
-use core::ptr::{addr_of, read_volatile, write_volatile};
+use core::ptr::{read_volatile, write_volatile};
 
 use aya_ebpf::helpers::bpf_ktime_get_coarse_ns;
 use limiter_common::{
+    rules::level::MAX_LEVEL_WINDOW_NS,
     sketch,
-    state::FIRST_CREATED,
-    window::{self, Admission, WindowCache, WindowParams, PACKETS, RING},
+    window::{self, Admission, WindowCache, WindowParams},
     Hold, Outcome, Rule, Scope, SourceKey, SourceTraffic, WindowState,
 };
 
@@ -29,9 +29,6 @@ const E2BIG: i32 = -7;
 /// `limit`'s flags: enforcing or not (a penalty is armed only when
 /// enforcing).
 pub(super) const LIMIT_DRY_RUN: u32 = 1;
-/// `limit`'s flags: a first frame may be admitted without a window
-/// (docs/architecture.md, "First frame").
-pub(super) const LIMIT_UNWINDOWED_FIRST: u32 = 2;
 /// `limit`'s flags: the source is judged on its window alone (the exact
 /// tier): no lease (its state is a seed), and a new window counts as
 /// `new_window`.
@@ -89,7 +86,6 @@ fn limit_window(
     flags: u32,
 ) -> Option<u32> {
     let dry_run = flags & LIMIT_DRY_RUN != 0;
-    let unwindowed_first = flags & LIMIT_UNWINDOWED_FIRST != 0;
     let exact_tier = flags & LIMIT_EXACT_TIER != 0;
     let mut params = params(rule);
     let key = &key.with_class(rule.budget);
@@ -103,38 +99,19 @@ fn limit_window(
     if let Some(state) = cluster {
         params.allowance_packets = cluster::allowance(state, key, rule, now);
     }
-    // Consumed by the first frame that gets here (a source's first frame
-    // under a limit always does: a rule change clears hold and lease), so
-    // the hold and lease paths never touch it. Read back from the map value,
-    // not the constant `decide` may just have stored, which would split
-    // every later verifier state.
-    // SAFETY: an aligned field of this CPU's live map value.
-    let first_frame = unsafe { read_volatile(addr_of!(traffic.first_frame)) };
-    traffic.first_frame = 0;
-    // This CPU's first frame of the source, admitted without a window
-    // (0: none): the window counts it, in its own bucket, once it exists.
-    let owed_at = traffic.unwindowed_ns;
-    traffic.unwindowed_ns = 0;
-    let (window, created) = match find_window(key) {
-        Some(window) => (window, false),
+    // Every frame a window admits is counted in it: a source's first frame
+    // creates its window (admitted without one, it would be known only to
+    // the source's per-CPU state, which an LRU map may evict before the
+    // window counts it: each eviction made a "first" frame again).
+    let window = match find_window(key) {
+        Some(window) => window,
         None => {
-            // Packet-only limits (of at least one frame) may admit a first
-            // frame without a window; byte limits need the window.
-            if unwindowed_first
-                && first_frame == FIRST_CREATED
-                && rule.allowance_bytes == window::UNLIMITED
-                && params.allowance_packets != 0
-            {
-                traffic.unwindowed_ns = now;
-                return Some(LIMIT_ADMITTED);
-            }
-            let first = window::owed_word(&params, owed_at, now);
-            match create_window(key, len, &params, first, now) {
+            match create_window(key, len, &params, now) {
                 Made::Window(window, created) => {
                     if exact_tier && created {
                         maps::count(Outcome::NewWindow, len);
                     }
-                    (window, created)
+                    window
                 }
                 Made::Full => {
                     // Refused, counted: no window, so nothing admitted could
@@ -146,11 +123,6 @@ fn limit_window(
             }
         }
     };
-    if owed_at != 0 && !created {
-        // Another CPU created the window: it could not know when this
-        // CPU's first frame came, and counted none for it.
-        window::count_owed(&window, &params, owed_at, now);
-    }
     if window.bucket_ns() != rule.bucket_ns {
         // The slots are tagged with another bucket width: start afresh.
         window::clear(&window);
@@ -242,8 +214,12 @@ pub(super) fn find_window(wkey: &SourceKey) -> Option<SharedWindow> {
 
 /// `PRESSURE` index: until when `AGGREGATES` was found full.
 pub(super) const PRESSURE_AGGREGATES: u32 = 0;
-/// How long a map found full counts as full: two epochs.
-const PRESSURE_NS: u64 = 2 * sketch::EPOCH_NS;
+/// How long a map found full counts as full: the longest level window
+/// and an epoch. An aggregate judged on its overflow cell while the map
+/// was full may get its own window any time after, and starts with the
+/// cell's counts while any frame it was admitted there can still be in
+/// its window.
+const PRESSURE_NS: u64 = MAX_LEVEL_WINDOW_NS + sketch::EPOCH_NS;
 
 /// Until when the map of `index` was found full (0: never).
 #[inline(always)]
@@ -282,23 +258,13 @@ enum Made {
 }
 
 /// Creates the shared window of `key` (unless another CPU just did),
-/// tagged with the rule's bucket width, its slot `first.0` holding packet
-/// word `first.1` (a first frame owed: `window::owed_word`), and blocked
-/// if `HOLDS` keeps a penalty for it.
+/// empty, tagged with the rule's bucket width, and blocked if `HOLDS`
+/// keeps a penalty for it.
 #[inline(always)]
-fn create_window(
-    key: &SourceKey,
-    len: u64,
-    params: &WindowParams,
-    first: (usize, u64),
-    now: u64,
-) -> Made {
+fn create_window(key: &SourceKey, len: u64, params: &WindowParams, now: u64) -> Made {
     // The value is built in a seed and passed by reference to the map: a
-    // copy would take 272 of the 512 bytes of BPF stack.
-    let (slot, word) = first;
-    let slot = slot & (RING - 1);
-    let inserted = scratch::seeded(scratch::NewWindow { slot }, |seed: &mut WindowState| {
-        seed.slots[slot][PACKETS] = word;
+    // copy would take 296 of the 512 bytes of BPF stack.
+    let inserted = scratch::seeded(scratch::NewWindow, |seed: &mut WindowState| {
         seed.bucket_ns = params.bucket_ns;
         if let Some(held) = HOLDS.get_ptr(key) {
             // SAFETY: a live map value; a racing update writes whole words.

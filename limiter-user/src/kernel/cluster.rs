@@ -138,10 +138,9 @@ pub fn state(maps: &Maps) -> Result<ClusterState, MapsError> {
 /// Makes a compiled rule what the kernel needs of a cluster-scoped rule
 /// (a node rule is left as it is): no lease, since a lease's unused frames
 /// would count as admitted traffic to the sync (the kernel grants none to
-/// cluster rules anyway). Its cheap-tier frames stay as compiled: those
-/// of a one-epoch window are charged to the source's window when it
-/// leaves the cheap tier, and capped to the cold cap in the kernel
-/// (`rules::compile` gives a longer window none).
+/// cluster rules anyway). Its cheap-tier frames stay as compiled (a tenth
+/// of the allowance per pair of epochs a window overlaps, never counted
+/// in the window), capped to the cold cap in the kernel.
 pub fn kernel_ready(rule: &mut Rule) {
     if rule.scope() == Some(Scope::Cluster) {
         rule.lease_packets = 1;

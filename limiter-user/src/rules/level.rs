@@ -22,7 +22,7 @@
 use std::{fmt, str::FromStr, time::Duration};
 
 use limiter_common::{
-    rules::level::{FAIR_SHARES, MAX_LEVELS, RESERVE_SHARES},
+    rules::level::{FAIR_SHARES, MAX_LEVELS, MAX_LEVEL_WINDOW_NS, RESERVE_SHARES},
     window::MAX_PACKETS,
     Level, LevelKind,
 };
@@ -36,7 +36,7 @@ pub const DEFAULT_V6_PREFIX: u8 = 48;
 /// Shortest and longest window of a level: short burst guards to
 /// sustained caps.
 pub const MIN_LEVEL_WINDOW: Duration = Duration::from_millis(100);
-pub const MAX_LEVEL_WINDOW: Duration = Duration::from_secs(60);
+pub const MAX_LEVEL_WINDOW: Duration = Duration::from_nanos(MAX_LEVEL_WINDOW_NS);
 
 /// What a level's budget is shared by.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

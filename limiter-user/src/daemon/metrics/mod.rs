@@ -177,7 +177,7 @@ impl Metrics {
             windows_kept: gauge(
                 &registry,
                 "xdp_limiter_windows_kept",
-                "Windows in the kept map (WINDOWS, never evicted) after the daemon's last pass over it deleted the idle ones; at xdp_limiter_window_capacity, a source without a window is judged on its sketch reading (outcome window_full).",
+                "Windows in the kept map (WINDOWS, never evicted) after the daemon's last pass over it deleted the idle ones; at xdp_limiter_window_capacity, a source that needs a new window is refused past its cheap frames (outcome window_full).",
                 &["interface"],
             ),
             window_capacity: gauge(
