@@ -295,10 +295,11 @@ impl LevelKey {
             (u32::from(self.family) << 8) | u32::from(self.prefix_len),
         );
         let index = hash >> (32 - CELLS_PER_LEVEL.trailing_zeros());
-        let mut addr = [0; 16];
-        addr[..4].copy_from_slice(&index.to_le_bytes());
+        // One 128-bit value, not a zeroed array written into: the kernel
+        // gets stores, not a `memset` call (a BPF function whose frame
+        // 6.1 counts on top of `level`'s).
         LevelKey {
-            addr,
+            addr: u128::from(index).to_le_bytes(),
             family: CELL_FAMILY,
             prefix_len: 0,
             ..*self
