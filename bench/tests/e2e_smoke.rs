@@ -234,8 +234,8 @@ fn a_slash16_flood_is_held_to_its_aggregate() {
 /// The service scenario in a few seconds: nginx in the lab, 10 clients and
 /// a paced spoofed SYN flood from the generator, xdp-limiter native at 100
 /// pps with a penalty (a small limit with a penalty, whose flood stays in
-/// the cheap tier only because its cheap frames are charged to the
-/// windows). The clients are all answered quickly, the flood is sent at
+/// the cheap tier: 10 cheap frames per source, never counted in a window,
+/// well above what the flood's one-frame sources read). The clients are all answered quickly, the flood is sent at
 /// its rate and reaches the server (SYN cookies), and the daemon judged
 /// the flood in its cheap tier, with (almost) no window.
 #[test]

@@ -727,8 +727,9 @@ fn the_sketch_estimates_the_sources_of_an_epoch() {
     assert_eq!(other.estimate, 0);
 }
 
-/// Steady sources at 40 to 95% of a 10, a 100 and a 1,000 pps limit (1 s
-/// windows), paced in real time on both CPUs for 4 s, with the tiers on:
+/// Steady sources at 40 to 95% of a 10, a 100 and a 1,000 pps limit, over
+/// 1 s windows and over 60 s ones, paced in real time on both CPUs for
+/// 4 s, with the tiers on:
 /// every one whose frames, at the times the kernel saw them, stay within
 /// its limit in every window (the documented sliding window,
 /// `promises::within_limit`) is never dropped. Crossing an epoch takes a
@@ -737,10 +738,21 @@ fn the_sketch_estimates_the_sources_of_an_epoch() {
 #[test]
 fn steady_sources_under_their_limit_are_never_dropped_with_the_tiers_on() {
     const RATES: [u64; 5] = [40, 60, 80, 90, 95];
-    let limits = [(1u8, 10u64), (2, 100), (3, 1_000)];
+    let limits = [
+        (1u8, 10u64, 1u64),
+        (2, 100, 1),
+        (3, 1_000, 1),
+        (4, 10, 60),
+        (5, 100, 60),
+        (6, 1_000, 60),
+    ];
     let rules = limits
         .iter()
-        .map(|(octet, pps)| limit(&format!("10.{octet}.0.0/16"), *pps))
+        .map(|(octet, pps, seconds)| {
+            let mut rule = limit(&format!("10.{octet}.0.0/16"), *pps);
+            rule.limits.window = Duration::from_secs(*seconds);
+            rule
+        })
         .collect();
     let set = tiered(limit("0.0.0.0/0", 1_000_000), rules);
     let mut harness = harness_with(&set, &LoadOptions::default());
@@ -748,7 +760,7 @@ fn steady_sources_under_their_limit_are_never_dropped_with_the_tiers_on() {
     let mut frames = Vec::new();
     let mut params = Vec::new();
     let mut schedules = [Vec::new(), Vec::new()];
-    for (r, (octet, pps)) in limits.iter().enumerate() {
+    for (r, (octet, pps, _)) in limits.iter().enumerate() {
         let rule = harness.first_rule(1 + r as u32);
         for (i, percent) in RATES.iter().enumerate() {
             let source = frames.len();

@@ -57,9 +57,6 @@ pub struct After {
     /// -> until (ns).
     pub blocked: HashMap<SourceKey, u64>,
     pub outcomes: HashMap<&'static str, u64>,
-    /// Whether the tiers were on (with them off a source's first frame
-    /// needs no window: a flood of one-frame sources fills none).
-    pub tiered: bool,
 }
 
 impl After {
@@ -86,7 +83,6 @@ impl After {
                 .iter()
                 .map(|o| (o.name(), harness.outcome_total(*o).packets))
                 .collect(),
-            tiered: maps.live_config().expect("CONFIG").tiered(),
         }
     }
 }
@@ -484,13 +480,12 @@ pub fn check(script: &Script, run: &Run, after: &After) -> Report {
             ));
         }
         // A flood of twice the room within a second, of sources that each
-        // need an entry for longer than that, fills the map (with the
-        // tiers on: with them off, a one-frame source needs no window).
+        // need an entry for longer than that, fills the map.
         let flood = script
             .actors
             .iter()
             .find(|a| a.fills == Some(fills) && a.count() > 2 * WINDOWS);
-        if let (Some(flood), true) = (flood, fills != Fills::Holds && after.tiered) {
+        if let (Some(flood), true) = (flood, fills != Fills::Holds) {
             if count(outcome) == 0 {
                 report.violation(format!(
                     "{outcome} never counted, though {} overfilled its map (peak {peak})",
