@@ -19,13 +19,15 @@ use aya::{
     programs::Xdp,
 };
 use limiter_bench_objects::{baseline_program, load_baseline};
-use limiter_common::{Action, Counter, Outcome, Scope, DEFAULT_MAX_HOT_SOURCES};
+use limiter_common::{
+    Action, Counter, Outcome, Scope, DEFAULT_MAX_HOT_SOURCES, DEFAULT_MAX_SOURCES,
+};
 use limiter_tests::{
     net, packets,
     testrun::{coarse_now, pin_current_thread, test_run, XDP_DROP, XDP_PASS},
 };
 use limiter_user::{
-    kernel::{self, push, LoadOptions, Program},
+    kernel::{self, push, windows::Reclaim, LoadOptions, Program},
     rules::{RuleSet, RuleSpec},
 };
 
@@ -137,11 +139,96 @@ fn single_runs(
     (lim, base, seconds)
 }
 
+/// New sources, one frame each, under the 10 pps blocking rule, on a
+/// program of their own: before any source was blocked.
+const BEFORE_BLOCKS: &str = "new_source_each_packet_10pps_block";
+/// The same on the same program once `BLOCKED_SOURCES` spoofed sources got
+/// themselves blocked by that rule (their penalties running), against the
+/// same frames on a twin program that saw no such flood (its baseline).
+const AFTER_BLOCKS: &str = "new_source_each_packet_10pps_block_after_blocked_flood";
+/// Spoofed sources that get themselves blocked before [`AFTER_BLOCKS`]:
+/// 12 frames each (a cheap frame, the 10 pps allowance, one refused),
+/// 480,000 frames in all, under the rule's 10 s penalty.
+const BLOCKED_SOURCES: u32 = 40_000;
+
+/// [`BEFORE_BLOCKS`] and [`AFTER_BLOCKS`]: what a spoofed flood costs a
+/// blocking rule's cheap tier after a flood of sources it blocked. Two
+/// twin programs see the same new sources; then one of them sees the
+/// blocked sources' frames (12 each); both wait two epochs (so that the
+/// cheap tier's counters hold nothing of them: what is left is their
+/// penalties alone) and get the daemon's reclaim of their idle windows
+/// (it runs every tick; without it the kept windows would fill and new
+/// sources that need one be refused); then the same new sources run on
+/// both, interleaved: [`AFTER_BLOCKS`]'s ratio is the one against its
+/// twin.
+fn blocked_flood(base_prog: &Xdp) -> Vec<Case> {
+    let (mut flooded, mut twin) = (limiter(true), limiter(true));
+    let stats = Stats::of(&flooded);
+    let fresh =
+        |base: Ipv4Addr| -> Frames { (0..SINGLE_FRAMES).map(|i| (udp(nth(base, i)), 0)).collect() };
+    let all_passed = |name: &str, groups: [(&str, &Group); 2]| {
+        for (who, g) in groups {
+            assert_eq!(g.passed, g.frames, "{name}: {who} dropped a frame");
+        }
+    };
+    let mut cases = Vec::new();
+    let before = fresh(Ipv4Addr::new(16, 0, 0, 0));
+    let paths = stats.paths();
+    let (lim, base, _) = single_runs(flooded.xdp(), base_prog, &before, 1);
+    all_passed(
+        BEFORE_BLOCKS,
+        [("limiter", &lim[0]), ("baseline", &base[0])],
+    );
+    cases.push(Case {
+        name: BEFORE_BLOCKS,
+        ns: lim[0].mean_ns(),
+        baseline: base[0].mean_ns(),
+        paths: Some(stats.paths().since(paths)),
+    });
+    for (frame, _) in &before {
+        test_run(twin.xdp(), frame, 1).expect("BPF_PROG_TEST_RUN");
+    }
+    let mut refused = 0;
+    for i in 0..BLOCKED_SOURCES {
+        let frame = udp(nth(Ipv4Addr::new(16, 128, 0, 0), i));
+        for _ in 0..12 {
+            let result = test_run(flooded.xdp(), &frame, 1).expect("BPF_PROG_TEST_RUN");
+            refused += u32::from(result.return_value == XDP_DROP);
+        }
+    }
+    assert!(
+        refused >= BLOCKED_SOURCES,
+        "{refused} refused: every source past its allowance"
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    let now = kernel::now().as_nanos() as u64;
+    for program in [&mut flooded, &mut twin] {
+        let mut reclaim = Reclaim::default();
+        while !reclaim
+            .step(&mut program.maps, now, 1 << 17)
+            .expect("the reclaim of the kept windows")
+            .pass_done
+        {}
+    }
+    let after = fresh(Ipv4Addr::new(16, 64, 0, 0));
+    let paths = stats.paths();
+    let twin_prog: &Xdp = twin.xdp();
+    let (lim, base, _) = single_runs(flooded.xdp(), twin_prog, &after, 1);
+    all_passed(AFTER_BLOCKS, [("limiter", &lim[0]), ("its twin", &base[0])]);
+    cases.push(Case {
+        name: AFTER_BLOCKS,
+        ns: lim[0].mean_ns(),
+        baseline: base[0].mean_ns(),
+        paths: Some(stats.paths().since(paths)),
+    });
+    cases
+}
+
 /// Rule set of the bench: the default limit far above any rate here, an
 /// allow rule, a 1 pps limit (the over-limit source), a byte limit (which
-/// turns leases off), 100 pps over 2 s (no cheap frames: every new
-/// source takes a window), and 100 pps node-scoped, with a penalty, and
-/// cluster-scoped.
+/// turns leases off), 60 a minute (no cheap frames: every new
+/// source takes a window), 100 pps node-scoped, with a penalty, and
+/// cluster-scoped, and 10 pps with a penalty.
 fn rules(tiered: bool) -> RuleSet {
     let mut set = RuleSet::with_default(RuleSpec::limit(net("0.0.0.0/0"), 100_000_000));
     set.rules
@@ -152,10 +239,11 @@ fn rules(tiered: bool) -> RuleSet {
     let mut shared = RuleSpec::limit(net("203.0.113.128/25"), 100_000_000);
     shared.limits.bytes_per_second = Some(100_000_000_000);
     set.rules.push(shared);
-    // A longer window than an epoch with a small allowance: no cheap
-    // frames, every frame in the exact tier.
-    let mut windowed = RuleSpec::limit(net("10.0.0.0/8"), 100);
-    windowed.limits.window = Duration::from_secs(2);
+    // A small allowance over a minute (60 a minute): no cheap frames
+    // (their bound, a tenth of the allowance over the minute's 31 pairs of
+    // epochs, is under one), every frame in the exact tier.
+    let mut windowed = RuleSpec::limit(net("10.0.0.0/8"), 1);
+    windowed.limits.window = Duration::from_secs(60);
     set.rules.push(windowed);
     // The limits operators set, for the new-source cases: 100 pps, 100 pps
     // with a penalty, and a cluster-scoped 100 pps (no daemon here: its
@@ -167,6 +255,11 @@ fn rules(tiered: bool) -> RuleSet {
     let mut shared = RuleSpec::limit(net("13.0.0.0/8"), 100);
     shared.scope = Scope::Cluster;
     set.rules.push(shared);
+    // 10 pps with a penalty: new sources before and after a flood of
+    // sources that get themselves blocked.
+    let mut blocking = RuleSpec::limit(net("16.0.0.0/8"), 10);
+    blocking.limits.block = Some(Duration::from_secs(10));
+    set.rules.push(blocking);
     // Two aggregate levels and a second window, on a limit no frame here
     // reaches (admitted) and on a 1 pps limit (held).
     for (cidr, pps) in [("14.0.0.0/8", 100_000_000), ("15.0.0.0/8", 1)] {
@@ -191,7 +284,9 @@ const LEVELS: [&str; 3] = [
 
 /// The limiter with the tiers on and the daemon's default capacities, or
 /// off with every source's per-CPU state in a map of the baseline's size
-/// (the untiered design, for comparison).
+/// (the untiered design, for comparison) and room for every source's
+/// window (each new source takes one from its first frame: its case's
+/// 100,000 and the known sources).
 fn limiter(tiered: bool) -> Program {
     let options = if tiered {
         LoadOptions {
@@ -199,7 +294,11 @@ fn limiter(tiered: bool) -> Program {
             ..LoadOptions::default()
         }
     } else {
-        LoadOptions::default()
+        LoadOptions {
+            max_sources: 4 * DEFAULT_MAX_SOURCES,
+            max_hot_sources: Some(DEFAULT_MAX_SOURCES),
+            ..LoadOptions::default()
+        }
     };
     let mut program = kernel::load(&options).expect("load limiter");
     push::push(&mut program.maps, &rules(tiered)).expect("push rules");
@@ -300,8 +399,8 @@ fn main() {
             .collect()
     };
     let four_frames = four_each(Ipv4Addr::new(100, 96, 0, 0));
-    // Under the 100 pps rule over 2 s windows, which has no cheap frames:
-    // a window each, from the first frame.
+    // Under the 60-a-minute rule, which has no cheap frames: a window
+    // each, from the first frame.
     let four_frames_windowed = four_each(Ipv4Addr::new(10, 0, 0, 0));
     // Group 0: the held source; group 1: a spoofed flood, one new source
     // per frame, one flood frame after each of the source's.
@@ -415,6 +514,9 @@ fn main() {
         tiered,
         &new_sources_penalty,
     ));
+    if wanted(BEFORE_BLOCKS) || wanted(AFTER_BLOCKS) {
+        cases.extend(blocked_flood(base_prog));
+    }
     cases.extend(all_pass(
         "new_source_each_packet_cluster",
         tiered,
@@ -554,9 +656,21 @@ fn report(cases: &[Case]) {
             }
         );
     }
+    if let Some(after) = cases.iter().find(|c| c.name == AFTER_BLOCKS) {
+        let ratio = after.ns / after.baseline;
+        println!(
+            "target: new sources under a blocking rule after 480,000 frames of 40,000 sources it \
+             blocked cost what they cost on a twin without them (<= 1.05x, noise) -> {:.1} ns vs \
+             {:.1} ns, {ratio:.2}x ({})",
+            after.ns,
+            after.baseline,
+            if ratio <= 1.05 { "met" } else { "MISSED" }
+        );
+    }
     // Levels against the per-source-only paths of the same run.
     let ns = |name: &str| cases.iter().find(|c| c.name == name).map(|c| c.ns);
     for (what, levelled, plain, most) in [
+
         (
             "admitted with two aggregates and two windows <= 1.5x the per-source-only admitted path",
             "under_limit_levels",
