@@ -248,6 +248,45 @@ fn two_windows_on_one_source_each_hold() {
     }
 }
 
+/// Room for this many windows and aggregates in the churn tests.
+const CAPACITY: u32 = 4_096;
+
+/// A harness whose kept maps hold [`CAPACITY`], with `set` pushed.
+fn small_harness(set: &RuleSet) -> Harness {
+    let mut harness = Harness::load_with(&limiter_user::kernel::LoadOptions {
+        max_sources: CAPACITY,
+        ..Default::default()
+    });
+    assert_eq!(harness.push(set), 1);
+    harness
+}
+
+/// 600 frames of six sources of 10.7.7.0/24, in turn.
+fn the_24s_frames() -> Vec<Vec<u8>> {
+    let sources: Vec<Vec<u8>> = (1..=6u8)
+        .map(|i| udp4(Ipv4Addr::new(10, 7, 7, i)))
+        .collect();
+    (0..600).map(|i| sources[i % 6].clone()).collect()
+}
+
+/// One frame from each /24 `11.x.y.0` numbered in `range`, on `cpu`.
+fn churn_24s(harness: &mut Harness, cpu: usize, range: std::ops::Range<u32>) {
+    let program = harness.program();
+    on_cpu(cpu, || {
+        limiter_tests::flood::spray_from(program, range, |i| {
+            std::net::IpAddr::V4(Ipv4Addr::from(0x0b00_0001 | (i << 8)))
+        })
+    });
+}
+
+/// Frames of `frames` admitted on `cpu`.
+fn admitted_of(harness: &mut Harness, cpu: usize, frames: &[Vec<u8>]) -> u64 {
+    send_all(harness, cpu, frames)
+        .iter()
+        .filter(|v| **v == XDP_PASS)
+        .count() as u64
+}
+
 /// A /24 aggregate of 500 frames per 10 s (`prefix/24:50` over a 10 s
 /// window) sends 600 frames, then four times as many other /24s as the
 /// aggregates' map holds send one frame each (a churn), then the /24 sends
@@ -259,32 +298,18 @@ fn two_windows_on_one_source_each_hold() {
 /// back with a fresh allowance every round: 438 a round, 1,752 in all.)
 #[test]
 fn a_24_gets_its_allowance_once_through_churns_of_other_24s() {
-    const CAPACITY: u32 = 4_096;
     for tiered in [true, false] {
-        let mut set = with_levels(1_000, Duration::from_secs(10), &["prefix/24:50"], tiered);
-        set.default.limits.pps = Some(1_000);
-        let mut harness = Harness::load_with(&limiter_user::kernel::LoadOptions {
-            max_sources: CAPACITY,
-            ..Default::default()
-        });
-        assert_eq!(harness.push(&set), 1);
-        let victims: Vec<Vec<u8>> = (1..=6u8)
-            .map(|i| udp4(Ipv4Addr::new(10, 7, 7, i)))
-            .collect();
+        let set = with_levels(1_000, Duration::from_secs(10), &["prefix/24:50"], tiered);
+        let mut harness = small_harness(&set);
+        let frames = the_24s_frames();
         let started = limiter_tests::testrun::coarse_now();
         let mut admitted = Vec::new();
         for round in 0..4u32 {
-            let frames: Vec<Vec<u8>> = (0..600).map(|i| victims[i % 6].clone()).collect();
-            let verdicts = send_all(&mut harness, round as usize % 2, &frames);
-            admitted.push(verdicts.iter().filter(|v| **v == XDP_PASS).count() as u64);
+            let cpu = round as usize % 2;
+            admitted.push(admitted_of(&mut harness, cpu, &frames));
             // One frame from each of 4 x CAPACITY other /24s.
-            let program = harness.program();
             let churn = 4 * CAPACITY;
-            limiter_tests::testrun::on_cpu(round as usize % 2, || {
-                limiter_tests::flood::spray_from(program, round * churn..(round + 1) * churn, |i| {
-                    std::net::IpAddr::V4(Ipv4Addr::from(0x0b00_0001 | (i << 8)))
-                })
-            });
+            churn_24s(&mut harness, cpu, round * churn..(round + 1) * churn);
         }
         assert!(
             limiter_tests::testrun::coarse_now() < started + Duration::from_secs(10),
@@ -316,30 +341,15 @@ fn a_24_gets_its_allowance_once_through_churns_of_other_24s() {
 /// the /24 got its 438 again: 876 against 500).
 #[test]
 fn an_aggregate_judged_on_its_cell_gets_nothing_more_once_the_map_has_room() {
-    const CAPACITY: u32 = 4_096;
     let mut set = with_levels(1_000, Duration::from_secs(10), &["prefix/24:50"], true);
     let mut churn_rule = RuleSpec::limit(net("11.0.0.0/8"), 1_000);
     churn_rule.levels = vec!["prefix/24:1000@100ms".parse().expect("a level")];
     set.rules.push(churn_rule);
-    let mut harness = Harness::load_with(&limiter_user::kernel::LoadOptions {
-        max_sources: CAPACITY,
-        ..Default::default()
-    });
-    assert_eq!(harness.push(&set), 1);
-    let victims: Vec<Vec<u8>> = (1..=6u8)
-        .map(|i| udp4(Ipv4Addr::new(10, 7, 7, i)))
-        .collect();
-    let frames: Vec<Vec<u8>> = (0..600).map(|i| victims[i % 6].clone()).collect();
+    let mut harness = small_harness(&set);
+    let frames = the_24s_frames();
     let started = limiter_tests::testrun::coarse_now();
-    let program = harness.program();
-    on_cpu(0, || {
-        limiter_tests::flood::spray_from(program, 0..2 * CAPACITY, |i| {
-            std::net::IpAddr::V4(Ipv4Addr::from(0x0b00_0001 | (i << 8)))
-        })
-    });
-    let mut admitted = Vec::new();
-    let verdicts = send_all(&mut harness, 0, &frames);
-    admitted.push(verdicts.iter().filter(|v| **v == XDP_PASS).count() as u64);
+    churn_24s(&mut harness, 0, 0..2 * CAPACITY);
+    let mut admitted = vec![admitted_of(&mut harness, 0, &frames)];
     assert!(
         harness.outcome_total(Outcome::AggregateFull).packets > 0,
         "the /24 was judged on its cell"
@@ -364,8 +374,7 @@ fn an_aggregate_judged_on_its_cell_gets_nothing_more_once_the_map_has_room() {
     while limiter_tests::testrun::coarse_now() < back {
         thread::sleep(Duration::from_millis(50));
     }
-    let verdicts = send_all(&mut harness, 1, &frames);
-    admitted.push(verdicts.iter().filter(|v| **v == XDP_PASS).count() as u64);
+    admitted.push(admitted_of(&mut harness, 1, &frames));
     assert!(
         limiter_tests::testrun::coarse_now() < started + Duration::from_secs(10),
         "the rounds outlasted the /24's window"

@@ -765,12 +765,7 @@ fn steady_sources_under_their_limit_are_never_dropped_with_the_tiers_on() {
         for (i, percent) in RATES.iter().enumerate() {
             let source = frames.len();
             frames.push(udp4(Ipv4Addr::new(10, *octet, 0, 1 + i as u8)));
-            params.push(limiter_common::window::WindowParams {
-                bucket_ns: rule.bucket_ns,
-                buckets: rule.buckets,
-                allowance_packets: rule.allowance_packets,
-                allowance_bytes: rule.allowance_bytes,
-            });
+            params.push(rule.params());
             let period = Duration::from_nanos(1_000_000_000 * 100 / (pps * percent));
             let mut at = Duration::from_millis(37 * source as u64 % 97);
             while at < run_for {

@@ -236,6 +236,18 @@ impl Rule {
         }
     }
 
+    /// The rule's own window: its buckets and allowances (a cluster rule's
+    /// packet allowance is replaced by its effective one where judged).
+    #[inline(always)]
+    pub const fn params(&self) -> crate::window::WindowParams {
+        crate::window::WindowParams {
+            bucket_ns: self.bucket_ns,
+            buckets: self.buckets,
+            allowance_packets: self.allowance_packets,
+            allowance_bytes: self.allowance_bytes,
+        }
+    }
+
     /// The most frames the cheap tier may admit of one source, uncounted,
     /// within any one window of this rule: `cheap_frames` in each pair of
     /// epochs the window overlaps (`sketch::epoch_pairs`). What the

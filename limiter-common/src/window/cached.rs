@@ -325,51 +325,50 @@ mod tests {
     use super::*;
     use crate::window::{bytes_in, packets_in, try_admit, AtomicRing};
 
-    /// A ring whose byte words lose every compare-and-swap (another CPU
-    /// always got there first), and that counts what it holds.
-    struct ContendedBytes(AtomicRing);
-
-    impl SlotRead for ContendedBytes {
-        fn load(&self, slot: usize, field: usize) -> u64 {
-            self.0.load(slot, field)
+    /// Ten buckets of 100 ns and `allowance` packets, no byte limit.
+    fn packets_only(allowance: u64) -> WindowParams {
+        WindowParams {
+            bucket_ns: 100,
+            buckets: 10,
+            allowance_packets: allowance,
+            allowance_bytes: UNLIMITED,
         }
     }
 
-    impl SlotWrite for ContendedBytes {
+    /// A ring whose words of one field ([`PACKETS`] or [`BYTES`]) lose
+    /// every compare-and-swap (other CPUs always counted into the slot
+    /// first), whose atomic adds work, and that counts what it holds.
+    struct Contended {
+        ring: AtomicRing,
+        losing: usize,
+    }
+
+    impl Contended {
+        fn on(losing: usize) -> Self {
+            Self {
+                ring: AtomicRing::default(),
+                losing,
+            }
+        }
+    }
+
+    impl SlotRead for Contended {
+        fn load(&self, slot: usize, field: usize) -> u64 {
+            self.ring.load(slot, field)
+        }
+    }
+
+    impl SlotWrite for Contended {
         fn compare_exchange(&self, slot: usize, field: usize, current: u64, new: u64) -> bool {
-            field != BYTES && self.0.compare_exchange(slot, field, current, new)
+            field != self.losing && self.ring.compare_exchange(slot, field, current, new)
         }
 
         fn store(&self, slot: usize, field: usize, value: u64) {
-            self.0.store(slot, field, value)
+            self.ring.store(slot, field, value)
         }
 
         fn fetch_add(&self, slot: usize, field: usize, amount: u64) -> u64 {
-            self.0.fetch_add(slot, field, amount)
-        }
-    }
-
-    /// A ring whose packet words lose every compare-and-swap (other CPUs
-    /// always counted into the slot first), whose atomic adds work.
-    struct ContendedPackets(AtomicRing);
-
-    impl SlotRead for ContendedPackets {
-        fn load(&self, slot: usize, field: usize) -> u64 {
-            self.0.load(slot, field)
-        }
-    }
-
-    impl SlotWrite for ContendedPackets {
-        fn compare_exchange(&self, slot: usize, field: usize, current: u64, new: u64) -> bool {
-            field != PACKETS && self.0.compare_exchange(slot, field, current, new)
-        }
-
-        fn store(&self, slot: usize, field: usize, value: u64) {
-            self.0.store(slot, field, value)
-        }
-
-        fn fetch_add(&self, slot: usize, field: usize, amount: u64) -> u64 {
-            self.0.fetch_add(slot, field, amount)
+            self.ring.fetch_add(slot, field, amount)
         }
     }
 
@@ -379,17 +378,12 @@ mod tests {
     /// refused before any add.
     #[test]
     fn a_contended_frame_is_admitted_while_there_is_room() {
-        let params = WindowParams {
-            bucket_ns: 100,
-            buckets: 10,
-            allowance_packets: 5,
-            allowance_bytes: UNLIMITED,
-        };
-        let ring = ContendedPackets(AtomicRing::default());
+        let params = packets_only(5);
+        let ring = Contended::on(PACKETS);
         let now = 1_050;
         let at = position(now, params.bucket_ns);
         // Another CPU counted the bucket's first frame.
-        ring.0.store(
+        ring.ring.store(
             slot_of(at.bucket),
             PACKETS,
             super::super::pack_packets(at.bucket, 0, 1),
@@ -413,12 +407,7 @@ mod tests {
     /// (`ring::count_leased`), in the bucket it used them in.
     #[test]
     fn a_lease_counts_only_what_it_admitted() {
-        let params = WindowParams {
-            bucket_ns: 100,
-            buckets: 10,
-            allowance_packets: 1000,
-            allowance_bytes: UNLIMITED,
-        };
+        let params = packets_only(1000);
         let ring = AtomicRing::default();
         let now = 1_050;
         let bucket = position(now, params.bucket_ns).bucket;
@@ -437,12 +426,7 @@ mod tests {
 
     #[test]
     fn an_admission_reports_the_packet_estimate_with_what_it_granted() {
-        let params = WindowParams {
-            bucket_ns: 100,
-            buckets: 10,
-            allowance_packets: 1000,
-            allowance_bytes: UNLIMITED,
-        };
+        let params = packets_only(1000);
         let ring = AtomicRing::default();
         let now = 1_050;
         let cache = WindowCache::refresh(&ring, &params, now);
@@ -475,7 +459,7 @@ mod tests {
             allowance_packets: 1000,
             allowance_bytes: 100_000,
         };
-        let ring = ContendedBytes(AtomicRing::default());
+        let ring = Contended::on(BYTES);
         let now = 1_050;
         let admitted = try_admit(&ring, &params, now, 60);
         let cache = WindowCache::refresh(&ring, &params, now);

@@ -1,7 +1,7 @@
 //! The shared window (`WINDOWS`): `limit` admits a frame against it with
 //! one compare-and-swap, or refuses it and notes until when this CPU may
-//! refuse without looking; it creates the window (seeded with what it must
-//! count from the start, blocked if `HOLDS` keeps a penalty for it), refuses
+//! refuse without looking; it creates the window (empty, blocked if
+//! `HOLDS` keeps a penalty for it), refuses
 //! a source that cannot get one while `WINDOWS` is full, and arms
 //! penalties.
 //! docs/architecture.md, "Limit, fastest path first" and "Exact across
@@ -87,7 +87,7 @@ fn limit_window(
 ) -> Option<u32> {
     let dry_run = flags & LIMIT_DRY_RUN != 0;
     let exact_tier = flags & LIMIT_EXACT_TIER != 0;
-    let mut params = params(rule);
+    let mut params = rule.params();
     let key = &key.with_class(rule.budget);
     // A node rule pays this one byte test; a cluster rule is admitted
     // against its effective allowance.
@@ -196,16 +196,6 @@ fn limit_window(
     }
 }
 
-#[inline(always)]
-fn params(rule: &Rule) -> WindowParams {
-    WindowParams {
-        bucket_ns: rule.bucket_ns,
-        buckets: rule.buckets,
-        allowance_packets: rule.allowance_packets,
-        allowance_bytes: rule.allowance_bytes,
-    }
-}
-
 /// The shared window of `wkey` (`WINDOWS`).
 #[inline(always)]
 pub(super) fn find_window(wkey: &SourceKey) -> Option<SharedWindow> {
@@ -231,9 +221,10 @@ pub(super) fn pressure(index: u32) -> u64 {
     }
 }
 
-/// Notes the map of `index` found full at `now`: full until two epochs
-/// from now. Written at most once per epoch (a store to a line every CPU
-/// reads), and a racing CPU's store differs by at most that.
+/// Notes the map of `index` found full at `now`: full until
+/// [`PRESSURE_NS`] from now. Written at most once per epoch (a store to a
+/// line every CPU reads), and a racing CPU's store differs by at most
+/// that.
 #[inline(always)]
 pub(super) fn note_pressure(index: u32, now: u64) {
     if let Some(until) = PRESSURE.get_ptr_mut(index) {

@@ -112,13 +112,13 @@ fn certain(sent: &Sent, bucket_ns: u64) -> Option<u64> {
     (sent.before / bucket_ns == sent.after / bucket_ns).then_some(sent.after)
 }
 
-fn params(rule: &Rule) -> WindowParams {
-    WindowParams {
-        bucket_ns: rule.bucket_ns,
-        buckets: rule.buckets,
-        allowance_packets: rule.allowance_packets,
-        allowance_bytes: rule.allowance_bytes,
-    }
+/// The certain times (see [`certain`]) of the admitted frames of `frames`.
+fn admitted_at(frames: &[&Sent], bucket_ns: u64) -> Vec<u64> {
+    frames
+        .iter()
+        .filter(|s| s.passed)
+        .filter_map(|s| certain(s, bucket_ns))
+        .collect()
 }
 
 /// The key of a source as the zoo's rules key it (IPv4 /32, IPv6 /64).
@@ -249,7 +249,7 @@ pub fn check(script: &Script, run: &Run, after: &After) -> Report {
             continue;
         }
         let rule = rule_of(a.kind);
-        let own = params(rule);
+        let own = rule.params();
         let at_either = |check: &dyn Fn(&[u64]) -> bool| {
             check(&frames.iter().map(|s| s.before).collect::<Vec<_>>())
                 && check(&frames.iter().map(|s| s.after).collect::<Vec<_>>())
@@ -364,14 +364,10 @@ pub fn check(script: &Script, run: &Run, after: &After) -> Report {
         let a = &script.actors[usize::from(actor)];
         let rule = rule_of(a.kind);
         let bound = rule.allowance_packets + rule.cheap_bound();
-        let admitted: Vec<u64> = frames
-            .iter()
-            .filter(|s| s.passed)
-            .filter_map(|s| certain(s, rule.bucket_ns))
-            .collect();
+        let admitted = admitted_at(frames, rule.bucket_ns);
         let (checked, over) = whole_buckets(&admitted, rule.bucket_ns, rule.buckets, bound);
         report.windows_checked += checked;
-        let over = over.or_else(|| sliding(&admitted, &params(rule), bound));
+        let over = over.or_else(|| sliding(&admitted, &rule.params(), bound));
         if let Some(over) = over {
             report.violation(format!("{} ({}): {over}", a.source(source), a.what));
         }
@@ -387,11 +383,7 @@ pub fn check(script: &Script, run: &Run, after: &After) -> Report {
             let window = light.bucket_ns * u64::from(light.buckets);
             let bound = light.allowance_packets
                 + u64::from(rule.cheap_frames) * sketch::epoch_pairs(window);
-            let admitted: Vec<u64> = frames
-                .iter()
-                .filter(|s| s.passed)
-                .filter_map(|s| certain(s, light.bucket_ns))
-                .collect();
+            let admitted = admitted_at(frames, light.bucket_ns);
             let (checked, over) = whole_buckets(&admitted, light.bucket_ns, light.buckets, bound);
             report.windows_checked += checked;
             if let Some(over) = over {
@@ -415,11 +407,7 @@ pub fn check(script: &Script, run: &Run, after: &After) -> Report {
             continue;
         }
         let bound = light.allowance_packets + 1;
-        let admitted: Vec<u64> = frames
-            .iter()
-            .filter(|s| s.passed)
-            .filter_map(|s| certain(s, light.bucket_ns))
-            .collect();
+        let admitted = admitted_at(frames, light.bucket_ns);
         let (checked, over) = whole_buckets(&admitted, light.bucket_ns, light.buckets, bound);
         report.windows_checked += checked;
         if let Some(over) = over {

@@ -208,29 +208,26 @@ fn drive(
     sent
 }
 
+/// This CPU's count of `outcome`.
+fn count_on(maps: &Maps, cpu: usize, outcome: Outcome) -> u64 {
+    maps.stats
+        .get(&(outcome as u32), 0)
+        .expect("reading STATS")
+        .get(cpu)
+        .map_or(0, |c| c.packets)
+}
+
 /// This CPU's count of every outcome.
 fn all_counts(maps: &Maps, cpu: usize) -> Vec<u64> {
     Outcome::ALL
         .iter()
-        .map(|outcome| {
-            maps.stats
-                .get(&(*outcome as u32), 0)
-                .expect("reading STATS")
-                .get(cpu)
-                .map_or(0, |c| c.packets)
-        })
+        .map(|outcome| count_on(maps, cpu, *outcome))
         .collect()
 }
 
 /// This CPU's count of the full-map outcomes.
 fn full_count(maps: &Maps, cpu: usize) -> u64 {
     FULL.iter()
-        .map(|outcome| {
-            maps.stats
-                .get(&(*outcome as u32), 0)
-                .expect("reading STATS")
-                .get(cpu)
-                .map_or(0, |c| c.packets)
-        })
+        .map(|outcome| count_on(maps, cpu, *outcome))
         .sum()
 }
