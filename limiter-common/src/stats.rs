@@ -86,7 +86,7 @@ pub enum Outcome {
     /// aggregate of the level that hashes there (counted here besides its
     /// verdict).
     AggregateFull = 15,
-    /// The frame created an aggregate within two epochs after `AGGREGATES`
+    /// The frame created an aggregate within 61 s (the longest level window and an epoch) after `AGGREGATES`
     /// was found full: it starts with its overflow cell's counts (what its
     /// sources may have been admitted on the cell, and what other
     /// aggregates were), so nothing is admitted twice; the refusing side

@@ -200,7 +200,7 @@ fn view(
 /// The window of `lkey`: its own, created (tagged with `bucket_ns`) if
 /// it is not there; while `AGGREGATES` is full, the overflow cell it
 /// hashes to (counted as `aggregate_full`). An aggregate created within
-/// two epochs of `AGGREGATES` being full starts with its cell's counts:
+/// `PRESSURE_NS` (61 s) of `AGGREGATES` being full starts with its cell's counts:
 /// what it may have been admitted on the cell meanwhile (and what other
 /// aggregates there were: the refusing side), so that nothing it was
 /// admitted there is admitted again. `None`: neither could be had
