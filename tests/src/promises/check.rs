@@ -202,6 +202,27 @@ fn level_key(rule: &Rule, index: usize, source: &SourceKey) -> limiter_common::L
 }
 
 /// Checks a run of `script` against what the program said after it.
+/// A source's own frames and those of its aggregates (`aggregates`, by
+/// level and key), with the longest window among its rule's.
+fn related<'a>(
+    rule: &Rule,
+    key: &SourceKey,
+    frames: &[&'a Sent],
+    aggregates: &HashMap<(usize, limiter_common::LevelKey), Vec<&'a Sent>>,
+) -> (Vec<&'a Sent>, u64) {
+    let mut related: Vec<&Sent> = frames.to_vec();
+    let mut window_ns = rule.bucket_ns * u64::from(rule.buckets);
+    for level in 0..rule.levels().len() {
+        if let Some((kind, light)) = level_params(rule, level, false) {
+            window_ns = window_ns.max(light.bucket_ns * u64::from(light.buckets));
+            if kind.is_aggregate() {
+                related.extend(aggregates[&(level, level_key(rule, level, key))].iter());
+            }
+        }
+    }
+    (related, window_ns)
+}
+
 pub fn check(script: &Script, run: &Run, after: &After) -> Report {
     let sent = &run.sent;
     let mut report = Report::default();
@@ -279,18 +300,7 @@ pub fn check(script: &Script, run: &Run, after: &After) -> Report {
         }
         report.polite_sources += 1;
         report.polite_frames += frames.len();
-        // Its own frames and those of its aggregates, with the longest
-        // window among them.
-        let mut related: Vec<&Sent> = frames.clone();
-        let mut window_ns = rule.bucket_ns * u64::from(rule.buckets);
-        for level in 0..rule.levels().len() {
-            if let Some((kind, light)) = level_params(rule, level, false) {
-                window_ns = window_ns.max(light.bucket_ns * u64::from(light.buckets));
-                if kind.is_aggregate() {
-                    related.extend(aggregates[&(level, level_key(rule, level, &key))].iter());
-                }
-            }
-        }
+        let (related, window_ns) = related(rule, &key, frames, &aggregates);
         let excused = |s: &Sent| excused(&related, s, window_ns);
         if frames.iter().any(|s| !s.passed && !excused(s)) {
             let base = frames[0].before;
@@ -342,19 +352,28 @@ pub fn check(script: &Script, run: &Run, after: &After) -> Report {
     }
 
     // 1b. The reserve: a light source beside heavy ones that exhaust its
-    // aggregate keeps at least 90% of its frames.
+    // aggregate keeps at least 90% of its frames (but those a full map
+    // refused, as for a polite source).
     for (&(actor, source), frames) in &by_source {
         let a = &script.actors[usize::from(actor)];
         if a.role != Role::Light || frames.is_empty() {
             continue;
         }
+        let rule = rule_of(a.kind);
+        let (related, window_ns) = related(rule, &key_of(a.source(source)), frames, &aggregates);
+        let full = frames
+            .iter()
+            .filter(|s| !s.passed && excused(&related, s, window_ns))
+            .count();
+        report.full_drops += full;
+        let judged = frames.len() - full;
         let passed = frames.iter().filter(|s| s.passed).count();
-        if passed * 10 < frames.len() * 9 {
+        if passed * 10 < judged * 9 {
             report.violation(format!(
-                "light source {} ({}): kept {passed} of {} frames, under 90%",
+                "light source {} ({}): kept {passed} of {judged} frames judged on maps with \
+                 room ({full} refused by a full map), under 90%",
                 a.source(source),
                 a.what,
-                frames.len()
             ));
         }
     }
