@@ -14,6 +14,7 @@ use limiter_user::kernel::{
 fn loaded(max_sources: u32) -> (Harness, usize) {
     let harness = Harness::load_with(&LoadOptions {
         max_sources,
+        max_hot_sources: Some(max_sources),
         ..LoadOptions::default()
     });
     (harness, aya::util::nr_cpus().expect("nr_cpus"))

@@ -351,6 +351,7 @@ fn per_cpu_slots_hold_each_cpus_packets_and_sum_exactly() {
 fn a_full_map_evicts_the_least_recent_source_and_counts_every_packet() {
     let mut harness = Harness::load_with(&limiter_user::kernel::LoadOptions {
         max_sources: 64,
+        max_hot_sources: Some(64),
         ..Default::default()
     });
     let n = 1000u32;

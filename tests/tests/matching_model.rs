@@ -161,6 +161,10 @@ fn random_set(rng: &mut fastrand::Rng) -> (RuleSet, Vec<model::Rule>) {
         _ => {}
     }
     let mut set = RuleSet::with_default(default);
+    // Tiers off: each frame is checked counted once against its source's
+    // per-CPU state, which the tiers give only to busy or refused sources
+    // (which rule judges a frame does not depend on them).
+    set.tiered = false;
     let mut model_rules = vec![model_rule(&set.default, None)];
     let mut taken = BTreeSet::new();
     for _ in 0..rng.usize(2..=7) {

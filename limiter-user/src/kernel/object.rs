@@ -13,7 +13,7 @@ use aya::{
 };
 use limiter_common::{
     maps::{self, MapSpec, Sizing},
-    names, DEFAULT_MAX_SOURCES,
+    names, DEFAULT_MAX_HOT_SOURCES, DEFAULT_MAX_SOURCES,
 };
 
 use super::{Maps, MapsError};
@@ -143,7 +143,7 @@ pub struct LoadOptions {
     /// Capacity of the exact tier (`WINDOWS`: sources with a window).
     pub max_sources: u32,
     /// Capacity of the per-CPU state (`SOURCES`: hot sources); `None`:
-    /// `max_sources` (every source may be hot, as with the tiers off).
+    /// `max_sources`. The default is the daemon's (`daemon.max_hot_sources`).
     pub max_hot_sources: Option<u32>,
     /// Maps taken from a pin instead of created, by name (a map not pinned
     /// at its path yet is created and pinned there): how the daemon adopts
@@ -155,7 +155,7 @@ impl Default for LoadOptions {
     fn default() -> Self {
         Self {
             max_sources: DEFAULT_MAX_SOURCES,
-            max_hot_sources: None,
+            max_hot_sources: Some(DEFAULT_MAX_HOT_SOURCES),
             pins: Vec::new(),
         }
     }

@@ -224,9 +224,8 @@ pub struct RuleSet {
 }
 
 impl RuleSet {
-    /// Only a default rule, keyed /32 and /64, 10 buckets per window, and
-    /// no tiers: every source gets per-CPU state on its first frame (the
-    /// configuration file turns the tiers on by default).
+    /// Only a default rule, with what an empty `[limits]` gives: keyed /32
+    /// and /64, 10 buckets per window, tiers on.
     pub fn with_default(default: RuleSpec) -> Self {
         Self {
             default,
@@ -235,7 +234,7 @@ impl RuleSet {
             v4_prefix_len: 32,
             v6_prefix_len: 64,
             buckets_per_window: limiter_common::window::DEFAULT_BUCKETS_PER_WINDOW,
-            tiered: false,
+            tiered: true,
         }
     }
 }

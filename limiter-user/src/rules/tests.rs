@@ -324,17 +324,17 @@ fn leases_hold_back_under_one_percent() {
     assert_eq!(c.rules[0].lease_packets, 1, "1000 pps: no lease");
 }
 
-/// `set(rules)` with the tiers on.
-fn tiered(rules: Vec<RuleSpec>) -> RuleSet {
+/// `set(rules)` with the tiers off.
+fn untiered(rules: Vec<RuleSpec>) -> RuleSet {
     RuleSet {
-        tiered: true,
+        tiered: false,
         ..set(rules)
     }
 }
 
-/// The `cheap_frames` a tiered set compiles for `rule` (as `rules[0]`).
+/// The `cheap_frames` a set compiles for `rule` (as `rules[0]`).
 fn cheap_frames_of(rule: RuleSpec) -> u8 {
-    compile(&tiered(vec![rule]), 0, 2).unwrap().rules[1].cheap_frames
+    compile(&set(vec![rule]), 0, 2).unwrap().rules[1].cheap_frames
 }
 
 /// A limit rule for 192.0.2.0/24 with `change` applied.
@@ -461,7 +461,7 @@ fn cheap_max_is_the_largest_cheap_frames_and_untiered_sets_have_none() {
         limit_with(10_000, |_| {}),
         RuleSpec::limit(net("198.51.100.0/24"), 10),
     ];
-    let c = compile(&tiered(rules.clone()), 0, 2).unwrap();
+    let c = compile(&set(rules.clone()), 0, 2).unwrap();
     assert!(c.config.tiered());
     let cheap: Vec<u8> = c.rules.iter().map(|r| r.cheap_frames).collect();
     assert_eq!(cheap, [16, 16, 1], "default 1000 pps, 10,000 pps, 10 pps");
@@ -469,10 +469,10 @@ fn cheap_max_is_the_largest_cheap_frames_and_untiered_sets_have_none() {
 
     let mut with_allow = rules.clone();
     with_allow.push(RuleSpec::with_action(net("203.0.113.0/24"), Action::Allow));
-    let c = compile(&tiered(with_allow.clone()), 0, 2).unwrap();
+    let c = compile(&set(with_allow.clone()), 0, 2).unwrap();
     assert_eq!(c.config.cheap_max, sketch::HOT_FRAMES as u8);
 
-    let c = compile(&set(with_allow), 0, 2).unwrap();
+    let c = compile(&untiered(with_allow), 0, 2).unwrap();
     assert!(!c.config.tiered());
     assert_eq!(c.config.cheap_max, 0);
     assert!(
@@ -491,7 +491,7 @@ fn cluster(mut rule: RuleSpec) -> RuleSpec {
 fn a_cluster_scoped_rule_compiles_with_its_scope() {
     let node = limit_with(100_000, |_| {});
     let c = compile(
-        &tiered(vec![node, cluster(net_rule("198.51.100.0/24"))]),
+        &set(vec![node, cluster(net_rule("198.51.100.0/24"))]),
         0,
         2,
     )
