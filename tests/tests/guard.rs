@@ -197,6 +197,9 @@ fn a_period_without_breach_passes_and_enforcement_stays() {
          guard_for = \"5s\"\n\n[default]",
     );
     assert!(text.contains("guard_for"), "{text}");
+    // The period starts after this instant (with the daemon), on the same
+    // monotonic clock the daemon ends it by.
+    let before_start = Instant::now();
     let (lab, files, daemon) = start(&text);
     // Light traffic, under every limit, until the period is over.
     let watching = status(&files);
@@ -207,6 +210,11 @@ fn a_period_without_breach_passes_and_enforcement_stays() {
         s["guard"]["state"] != "watching"
     });
     assert_eq!(passed["guard"]["state"], "passed", "{passed:#}");
+    assert!(
+        before_start.elapsed() >= Duration::from_secs(5),
+        "the 5 s period passed after {:?}",
+        before_start.elapsed()
+    );
     assert_eq!(passed["dry_run"], false);
     assert_eq!(passed["guard"]["guards"][1]["last"], "0", "{passed:#}");
     assert!(passed["guard"].get("rollback").is_none());

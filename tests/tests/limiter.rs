@@ -655,7 +655,9 @@ fn one_event_per_episode_of_refusals_and_a_bounded_rate() {
     );
     let mut per_second = std::collections::BTreeMap::new();
     for event in &events {
-        *per_second.entry(event.at_ns / 1_000_000_000).or_insert(0u32) += 1;
+        *per_second
+            .entry(event.at_ns / 1_000_000_000)
+            .or_insert(0u32) += 1;
     }
     assert_eq!(
         per_second.values().max(),

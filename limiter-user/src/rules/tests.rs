@@ -490,12 +490,7 @@ fn cluster(mut rule: RuleSpec) -> RuleSpec {
 #[test]
 fn a_cluster_scoped_rule_compiles_with_its_scope() {
     let node = limit_with(100_000, |_| {});
-    let c = compile(
-        &set(vec![node, cluster(net_rule("198.51.100.0/24"))]),
-        0,
-        2,
-    )
-    .unwrap();
+    let c = compile(&set(vec![node, cluster(net_rule("198.51.100.0/24"))]), 0, 2).unwrap();
     assert_eq!(c.rules[0].scope(), Some(Scope::Node), "the default");
     assert_eq!(c.rules[1].scope(), Some(Scope::Node));
     assert_eq!(c.rules[2].scope(), Some(Scope::Cluster));
