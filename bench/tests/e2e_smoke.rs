@@ -295,7 +295,8 @@ fn service_clients_are_answered_under_a_paced_syn_flood() {
 /// valid only if this shared machine let the generator pace and the
 /// receiver keep up (the callers assert it); one taken while other work
 /// starved either says nothing about the limiter, so it is taken again,
-/// at most three times in all.
+/// at most three times in all, each retry recorded (`retry`: more than
+/// one in a suite run fails the suite).
 fn valid_run(
     lab: &Lab,
     programs: &Programs,
@@ -320,5 +321,13 @@ fn valid_run(
         if (run.generator_stalled < 0.3 && run.ring_loss < 0.02) || attempts == 3 {
             return (run, attempts);
         }
+        limiter_tests::retry::record(
+            &format!("e2e_smoke {mix:?}"),
+            &format!(
+                "generator stalled {:.1}%, ring loss {:.2}%",
+                run.generator_stalled * 100.0,
+                run.ring_loss * 100.0
+            ),
+        );
     }
 }

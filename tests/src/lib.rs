@@ -11,6 +11,8 @@
 //! - [`daemon`]: the real `xdp-limiter` binary run, scraped and signalled.
 //! - [`prometheus`]: a real Prometheus scraping a lab's daemons, queried
 //!   through its HTTP API; `promtool` on rule files.
+//! - [`retry`]: measurements a stalled machine voids, taken again and
+//!   recorded, never silently.
 //! - [`model`]: a reference model of the documented parse and rule
 //!   semantics; [`fuzz`]: random and mutated frames checked against it
 //!   through the kernel.
@@ -32,6 +34,7 @@ pub mod packets;
 pub mod prometheus;
 pub mod promises;
 pub mod redis;
+pub mod retry;
 pub mod testrun;
 
 /// Calls `poll` every `every` until it returns something, for at most

@@ -16,6 +16,12 @@ use anyhow::bail;
 
 use crate::{kernel, run};
 
+/// Where `limiter_tests::retry` logs a voided measurement it takes again
+/// (the same name as its `LOG_VAR`; xtask does not build the harness).
+const RETRY_LOG_VAR: &str = "LIMITER_RETRY_LOG";
+/// Retries a suite run may take: one is a stall, two a pattern.
+const MAX_RETRIES: usize = 1;
+
 pub fn run(cargo_test_args: &[String], lane: Option<&str>) -> anyhow::Result<()> {
     if !is_root() {
         bail!("the test suite loads BPF programs and creates network namespaces: run it as root");
@@ -59,18 +65,44 @@ pub fn run(cargo_test_args: &[String], lane: Option<&str>) -> anyhow::Result<()>
     )?;
     // The daemon tests run the real binary.
     run::status(cargo().args(["build", "-p", "limiter-user", "--bin", "xdp-limiter"]))?;
+    // Measurements a stalled machine voided are taken again and logged
+    // here (`limiter_tests::retry`); more than one fails the suite.
+    let retries = root.join("target").join("retries.log");
+    match std::fs::remove_file(&retries) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.into()),
+        _ => {}
+    }
     run::status(
         cargo()
             .args(["test", "-p", "limiter-tests"])
-            .args(cargo_test_args),
+            .args(cargo_test_args)
+            .env(RETRY_LOG_VAR, &retries),
     )?;
     // The end-to-end lab's smoke test (real traffic through the real
     // daemon, and every benchmark scenario's filter installed).
     run::status(
         cargo()
             .args(["test", "-p", "limiter-bench"])
-            .args(cargo_test_args),
+            .args(cargo_test_args)
+            .env(RETRY_LOG_VAR, &retries),
     )?;
+    let retried: Vec<String> = match std::fs::read_to_string(&retries) {
+        Ok(text) => text.lines().map(str::to_owned).collect(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => return Err(e.into()),
+    };
+    eprintln!("retried measurements: {}", retried.len());
+    for line in &retried {
+        eprintln!("  {line}");
+    }
+    if retried.len() > MAX_RETRIES {
+        bail!(
+            "{} measurements were retried (at most {} a suite run): the machine stalled \
+             them, or a test is flaky",
+            retried.len(),
+            MAX_RETRIES
+        );
+    }
     if !cargo_test_args.is_empty() {
         eprintln!(
             "a filtered run: the kernel lane is skipped (`--kernel {}` runs it)",
