@@ -112,10 +112,15 @@ fn limiter_caps_heavy_sources_and_passes_light_ones_end_to_end() {
         run.passed_pps,
         run.expected_passed_pps
     );
+    // What was offered and not expected through was dropped: within the
+    // ring's loss (under 2% of what was offered) and the passed rate's
+    // tolerance (2% of the expected, less than 2% of the offered).
+    let expected_dropped = run.offered_pps - run.expected_passed_pps;
     assert!(
-        run.dropped_pps > 0.8 * RATE as f64,
-        "dropped {}",
-        run.dropped_pps
+        (run.dropped_pps - expected_dropped).abs() < 0.04 * run.offered_pps,
+        "dropped {} pps, expected {expected_dropped} (offered {})",
+        run.dropped_pps,
+        run.offered_pps
     );
     assert!(
         run.cpu_ns_per_packet > 0.0 && run.receiver_busy > 0.0 && run.receiver_busy < 1.0,
