@@ -701,17 +701,32 @@ fn cheap_frames_in_one_epoch() -> bool {
 /// 3,000 random seeds: median +0.7%, 1st percentile -7.9%, 0.5% of the
 /// seeds beyond -10%, the worst -17%. The bound is 20%: a flake at 10%
 /// once in about 200 runs, seen in the kernel lane; docs/metrics.md.)
+///
+/// A spray that a stalled machine (the kernel lane's emulated guest on a
+/// loaded host) takes across an epoch boundary voids the run: it runs once
+/// more on a fresh program, recorded (`retry`).
 #[test]
 fn the_sketch_estimates_the_sources_of_an_epoch() {
     const SOURCES: u32 = 30_000;
-    let mut harness = harness_with(
-        &tiered(limit("0.0.0.0/0", flood_pps()), vec![]),
-        &LoadOptions::default(),
+    let (harness, epoch) = limiter_tests::retry::until_valid(
+        "tiers::the_sketch_estimates_the_sources_of_an_epoch",
+        2,
+        || {
+            let mut harness = harness_with(
+                &tiered(limit("0.0.0.0/0", flood_pps()), vec![]),
+                &LoadOptions::default(),
+            );
+            let program = harness.program();
+            let epoch = at_epoch_start();
+            on_cpu(0, || spray(program, 0..SOURCES));
+            if epoch_now() != epoch {
+                return Err(format!(
+                    "the spray of {SOURCES} sources crossed an epoch boundary"
+                ));
+            }
+            Ok((harness, epoch))
+        },
     );
-    let program = harness.program();
-    let epoch = at_epoch_start();
-    on_cpu(0, || spray(program, 0..SOURCES));
-    assert_same_epoch(epoch);
     let seed = harness.maps().live_config().expect("CONFIG").sketch_seed;
     let words: std::collections::HashSet<u32> = (0..SOURCES)
         .map(|i| place_of(&spoofed_key(i), seed).word)
