@@ -14,17 +14,19 @@
 //! the traffic namespace's loopback; datagrams to node `i` leave by
 //! `veth-t<i>`), as one client spread by a load balancer. What each node
 //! admitted is counted independently by a UDP socket in the node's
-//! namespace ([`Sink`]), in 100 ms bins by arrival time, never from the
-//! daemons' counters.
+//! namespace ([`Sink`]), in 100 ms bins by the kernel's receive time of
+//! each frame, never from the daemons' counters.
 
 use std::{
     net::{Ipv4Addr, SocketAddrV4, UdpSocket},
+    os::fd::AsRawFd,
     sync::{
         atomic::{AtomicBool, AtomicU64, Ordering},
+        mpsc::Receiver,
         Arc, Mutex,
     },
     thread::JoinHandle,
-    time::{Duration, Instant},
+    time::{Duration, Instant, SystemTime},
 };
 
 use crate::{
@@ -365,7 +367,9 @@ impl ClusterLab {
 }
 
 /// A UDP socket counting what reaches one node, in [`BIN`] bins from its
-/// start, on a thread of its own.
+/// start, on a thread of its own. Each frame is binned by the kernel's
+/// receive time (`SO_TIMESTAMPNS`), not by when the thread read it, so a
+/// descheduled sink thread moves no count between bins.
 pub struct Sink {
     start: Instant,
     bins: Arc<Mutex<Vec<u64>>>,
@@ -377,30 +381,41 @@ impl Sink {
     fn start(ns: &NetNs, addr: Ipv4Addr) -> Self {
         let socket = ns
             .enter(|| UdpSocket::bind(SocketAddrV4::new(addr, SINK_PORT)).expect("bind the sink"));
-        nix::sys::socket::setsockopt(&socket, nix::sys::socket::sockopt::RcvBufForce, &(8 << 20))
-            .expect("receive buffer");
+        Self::counting(socket, SOURCE, None)
+    }
+
+    /// Counts the datagrams from `from` that reach `socket`. The thread
+    /// reads nothing before `hold` (if any) yields or hangs up: the unit
+    /// test delays the reads that way.
+    fn counting(socket: UdpSocket, from: Ipv4Addr, hold: Option<Receiver<()>>) -> Self {
+        use nix::sys::socket::{setsockopt, sockopt};
+        setsockopt(&socket, sockopt::RcvBufForce, &(8 << 20)).expect("receive buffer");
+        setsockopt(&socket, sockopt::ReceiveTimestampns, &true).expect("SO_TIMESTAMPNS");
         socket
             .set_read_timeout(Some(Duration::from_millis(20)))
             .expect("read timeout");
         let bins = Arc::new(Mutex::new(Vec::new()));
         let stop = Arc::new(AtomicBool::new(false));
-        let start = Instant::now();
+        // Bin 0 starts at `start` (what the tests map their `Instant`s
+        // from) and at `start_wall` on the clock of SCM_TIMESTAMPNS
+        // (CLOCK_REALTIME): one pair, taken together.
+        let (start, start_wall) = (Instant::now(), SystemTime::now());
         let thread = {
             let (bins, stop) = (bins.clone(), stop.clone());
             std::thread::spawn(move || {
-                let mut buf = [0u8; 2048];
+                if let Some(hold) = hold {
+                    let _ = hold.recv();
+                }
                 while !stop.load(Ordering::Relaxed) {
-                    if let Ok((_, from)) = socket.recv_from(&mut buf) {
-                        if from.ip() != SOURCE {
-                            continue;
-                        }
-                        let bin = (start.elapsed().as_nanos() / BIN.as_nanos()) as usize;
-                        let mut bins = bins.lock().unwrap();
-                        if bins.len() <= bin {
-                            bins.resize(bin + 1, 0);
-                        }
-                        bins[bin] += 1;
+                    let Some(at) = receive_from(&socket, from) else {
+                        continue;
+                    };
+                    let bin = bin_of(start_wall, at);
+                    let mut bins = bins.lock().unwrap();
+                    if bins.len() <= bin {
+                        bins.resize(bin + 1, 0);
                     }
+                    bins[bin] += 1;
                 }
             })
         };
@@ -425,6 +440,43 @@ impl Sink {
         }
         self.bins.lock().unwrap().clone()
     }
+}
+
+/// Reads one datagram from `socket` (None: the read timed out, or the
+/// datagram came from another address than `from`); its kernel receive
+/// time (SCM_TIMESTAMPNS, CLOCK_REALTIME).
+fn receive_from(socket: &UdpSocket, from: Ipv4Addr) -> Option<SystemTime> {
+    use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags, SockaddrIn};
+    let mut buf = [0u8; 2048];
+    let mut iov = [std::io::IoSliceMut::new(&mut buf)];
+    let mut cmsg = nix::cmsg_space!(nix::sys::time::TimeSpec);
+    let msg = recvmsg::<SockaddrIn>(
+        socket.as_raw_fd(),
+        &mut iov,
+        Some(&mut cmsg),
+        MsgFlags::empty(),
+    )
+    .ok()?;
+    if msg.address.map(|a| a.ip()) != Some(from) {
+        return None;
+    }
+    let stamp = msg
+        .cmsgs()
+        .expect("control messages")
+        .find_map(|c| match c {
+            ControlMessageOwned::ScmTimestampns(ts) => Some(ts),
+            _ => None,
+        })
+        .expect("SO_TIMESTAMPNS is set: every datagram carries its receive time");
+    let since_epoch = Duration::new(stamp.tv_sec() as u64, stamp.tv_nsec() as u32);
+    Some(SystemTime::UNIX_EPOCH + since_epoch)
+}
+
+/// The bin (of a sink whose bin 0 started at `start` on the realtime
+/// clock) of a frame received at `at`; bin 0 for a frame received before.
+fn bin_of(start: SystemTime, at: SystemTime) -> usize {
+    let since = at.duration_since(start).unwrap_or_default();
+    (since.as_nanos() / BIN.as_nanos()) as usize
 }
 
 impl Drop for Sink {
@@ -480,4 +532,78 @@ pub fn windows(bins: &[u64], width: usize) -> Vec<u64> {
         return Vec::new();
     }
     bins.windows(width).map(|w| w.iter().sum()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+
+    use super::*;
+
+    /// Paces the test's timeline (not synchronization): returns at `at`.
+    fn pace_until(at: Instant) {
+        if let Some(wait) = at.checked_duration_since(Instant::now()) {
+            std::thread::sleep(wait);
+        }
+    }
+
+    /// Frames sent in bins 0 and 2 and read only in bin 4 or later (the
+    /// sink's thread held until then, as a descheduled thread would be)
+    /// are counted in the bins they were sent in, by their kernel receive
+    /// time; binned at the read they would all be in bin 4.
+    #[test]
+    fn a_frame_is_binned_by_its_kernel_receive_time_not_when_it_was_read() {
+        let socket = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind the sink");
+        let to = socket.local_addr().expect("sink address");
+        let sender = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind the sender");
+        let (release, hold) = mpsc::channel();
+        let sink = Sink::counting(socket, Ipv4Addr::LOCALHOST, Some(hold));
+        let start = sink.started();
+        let bin_at = |at: Instant| (at.duration_since(start).as_nanos() / BIN.as_nanos()) as usize;
+        // (when, frames): the middle of bins 0 and 2.
+        let batches = [(BIN / 2, 3u64), (BIN * 5 / 2, 5u64)];
+        let mut sent_in = Vec::new();
+        for (at, frames) in batches {
+            pace_until(start + at);
+            let before = bin_at(Instant::now());
+            for _ in 0..frames {
+                sender.send_to(&[1u8; 8], to).expect("send");
+            }
+            sent_in.push((before..=bin_at(Instant::now()), frames));
+        }
+        let read_from = start + BIN * 9 / 2;
+        pace_until(read_from);
+        release.send(()).expect("the sink's thread waits");
+        let total: u64 = batches.iter().map(|(_, n)| n).sum();
+        let counted = crate::wait_until(Duration::from_secs(5), Duration::from_millis(5), || {
+            (sink.bins.lock().unwrap().iter().sum::<u64>() == total).then_some(())
+        });
+        let bins = sink.finish();
+        assert!(
+            counted.is_some(),
+            "the sink did not count {total} frames: {bins:?}"
+        );
+        // A stall of the sender past a bin edge widens its batch's range;
+        // the ranges must still be apart and before the reads.
+        let (first, second) = (&sent_in[0].0, &sent_in[1].0);
+        assert!(
+            first.end() < second.start() && *second.end() < bin_at(read_from),
+            "the sender stalled across bins: sent in {sent_in:?}, read from bin {}",
+            bin_at(read_from)
+        );
+        for (range, frames) in &sent_in {
+            let in_range: u64 = bins
+                .iter()
+                .enumerate()
+                .filter(|(b, _)| range.contains(b))
+                .map(|(_, n)| n)
+                .sum();
+            assert_eq!(
+                in_range,
+                *frames,
+                "{frames} frames sent in bins {range:?}: bins {bins:?} (read from bin {})",
+                bin_at(read_from)
+            );
+        }
+    }
 }
