@@ -60,9 +60,12 @@ pub const BIN: Duration = Duration::from_millis(100);
 /// at most `t + 2 x lateness` after the frame left the window (reported at
 /// its node's next tick, granted by the tick that syncs the window
 /// without it, admitted once the node's kernel has faded it), so a window
-/// misses at most what was admitted in that span before it, at the
-/// limit's rate. Dips only ever admit less; the tests also assert the
-/// mean window at least 0.95L and every window at most 1.1L.
+/// misses at most what was admitted in that span before it: at the
+/// limit's rate, this bound. A flood admitted in clumps (its first burst
+/// coming back each cycle) can miss more, and a long stall leaves no
+/// floor (the docs say how often each showed). Dips only ever admit less;
+/// the tests also assert the mean window at least 0.95L and every window
+/// at most 1.1L.
 pub fn lowest_window(l: u64, t: Duration, w: Duration, lateness: Duration) -> u64 {
     let held = (t + 2 * lateness).as_secs_f64() / w.as_secs_f64();
     (l as f64 * (1.0 - held).max(0.0)).floor() as u64

@@ -35,8 +35,7 @@ const W: Duration = Duration::from_secs(1);
 const TIMEOUT: Duration = Duration::from_millis(50);
 /// How late a loaded 2-core machine may schedule a daemon's tick, on top
 /// of a bound by the daemons' log timestamps (degraded within 3T plus the
-/// timeout): 384 ms was logged once in a fresh-clone suite against
-/// 350 ms, 315 to 352 ms otherwise.
+/// timeout); docs/cluster.md's scenario table quotes it with the bound.
 const LATE_TICK: Duration = Duration::from_millis(60);
 /// An even 5L flood over the three nodes.
 const EVEN_5L: [u64; 3] = [1667, 1667, 1666];
@@ -494,7 +493,8 @@ enum Hang {
 }
 
 /// Scenario 5, Redis hung: degraded within 3T plus the timeout, the split
-/// fallback bound holds, no tick outlives T, and normal within W + 2T
+/// fallback bound holds, a tick lasts past T only while the daemon waits
+/// for a CPU ("Ticks while Redis hangs"), and normal within W + 2T
 /// after Redis answers again.
 fn redis_hung(hang: Hang) {
     let _one = one_lab();
