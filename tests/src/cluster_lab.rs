@@ -51,24 +51,46 @@ pub const REDIS_CLUSTER_ADDR: Ipv4Addr = Ipv4Addr::new(10, 30, 0, 1);
 pub const SINK_PORT: u16 = 9000;
 /// Width of a sink's bins.
 pub const BIN: Duration = Duration::from_millis(100);
-/// The lowest window a flood may leave cluster-wide, for a limit of `l`
-/// per window `w` synced every `t`, when no node went longer than
-/// `t + lateness` between two ticks (what [`TickProbe`] measures):
-/// `l x (1 - (t + 2 x lateness) / w)`, rounded down; at `lateness` 0 the
-/// issue's 0.9L (L = 1000, T = 100 ms, W = 1 s). Derivation in
-/// docs/cluster.md, "The lowest window": a frame's room is admitted again
-/// at most `t + 2 x lateness` after the frame left the window (reported at
-/// its node's next tick, granted by the tick that syncs the window
-/// without it, admitted once the node's kernel has faded it), so a window
-/// misses at most what was admitted in that span before it: at the
-/// limit's rate, this bound. A flood admitted in clumps (its first burst
-/// coming back each cycle) can miss more, and a long stall leaves no
-/// floor (the docs say how often each showed). Dips only ever admit less;
-/// the tests also assert the mean window at least 0.95L and every window
-/// at most 1.1L.
-pub fn lowest_window(l: u64, t: Duration, w: Duration, lateness: Duration) -> u64 {
-    let held = (t + 2 * lateness).as_secs_f64() / w.as_secs_f64();
-    (l as f64 * (1.0 - held).max(0.0)).floor() as u64
+/// The lowest window the design gives a flood (docs/cluster.md, "The
+/// lowest window"), for a limit of `L` per window `W` synced every `T` by
+/// `nodes` nodes, when no node went longer than `T + lateness` between two
+/// ticks (what [`TickProbe`] measures). A frame's room is admitted again
+/// at most `T + 2 x lateness` after the frame left the window (reported
+/// at its node's next tick, granted by the tick that syncs the window
+/// without it, admitted once the node's kernel has faded it), and a flood
+/// takes room as soon as it is granted, so a window misses at most the
+/// room of what was admitted in that span before it, and the claims'
+/// rounding (a packet per node and tick). At an even rate that is
+/// `L x (1 - (T + 2 x lateness) / W)`: 0.9L with ticks on time; a flood
+/// admitted in clumps misses more after a clump, and says so here.
+#[derive(Clone, Copy, Debug)]
+pub struct LowestWindow {
+    /// How late the ticks were at most.
+    pub lateness: Duration,
+    /// `T + 2 x lateness` in whole bins, rounded up.
+    span_bins: usize,
+    /// A packet per node and tick of a window.
+    rounding: u64,
+}
+
+impl LowestWindow {
+    pub fn new(t: Duration, w: Duration, nodes: usize, lateness: Duration) -> Self {
+        let span = t + 2 * lateness;
+        Self {
+            lateness,
+            span_bins: span.as_nanos().div_ceil(BIN.as_nanos()) as usize,
+            rounding: nodes as u64 * w.as_nanos().div_ceil(t.as_nanos()) as u64,
+        }
+    }
+
+    /// The fewest the window of `bins` starting at bin `start` may hold
+    /// under a limit of `l`: `l` less what `bins` admitted in the
+    /// `T + 2 x lateness` before it, less the rounding.
+    pub fn at(&self, l: u64, bins: &[u64], start: usize) -> u64 {
+        let from = start.saturating_sub(self.span_bins).min(bins.len());
+        let before: u64 = bins[from..start.min(bins.len())].iter().sum();
+        l.saturating_sub(before).saturating_sub(self.rounding)
+    }
 }
 
 /// Node `i`'s guarded interface (in its namespace).

@@ -14,7 +14,7 @@ use std::{
 
 use limiter_tests::{
     cluster_lab::{
-        cluster_bins, lowest_window, node_config, node_config_redis_cluster, windows, ClusterLab,
+        cluster_bins, node_config, node_config_redis_cluster, windows, ClusterLab, LowestWindow,
         Ticks, BIN, REDIS_CLUSTER_ADDR,
     },
     daemon::{parse_metric, parse_series, process_state, Daemon},
@@ -85,17 +85,22 @@ fn summary(sums: &[u64]) -> (f64, u64, u64) {
     )
 }
 
-/// The lowest window the design gives (`lowest_window`, docs/cluster.md
+/// The lowest window the design gives (`LowestWindow`, docs/cluster.md
 /// "The lowest window") with the lateness of `nodes`' ticks between `from`
 /// and `to` as the probe measured it; printed with what it rests on.
-fn floor_of(what: &str, ticks: &Ticks, nodes: &[usize], from: Instant, to: Instant) -> u64 {
+fn floor_of(
+    what: &str,
+    ticks: &Ticks,
+    nodes: &[usize],
+    from: Instant,
+    to: Instant,
+) -> LowestWindow {
     let lateness = ticks.lateness(nodes, T, from, to);
-    let floor = lowest_window(L, T, W, lateness);
     eprintln!(
-        "{what}: ticks at most {lateness:?} late (probe polls at most {:?} apart): lowest window {floor}",
+        "{what}: ticks at most {lateness:?} late (probe polls at most {:?} apart)",
         ticks.longest_poll_gap
     );
-    floor
+    LowestWindow::new(T, W, NODES, lateness)
 }
 
 /// Waits (pacing the scenario's timeline, bounded) until `at`.
@@ -214,13 +219,13 @@ fn assert_no_redis_error_but_timeouts(lab: &ClusterLab) -> Vec<BTreeMap<&'static
 
 /// The scenario-1 bounds on the windows of a flood of `duration` that
 /// started at bin `first`: every full window from 2 s on at most 1.1L,
-/// the mean at least 0.95L and every window at least `floor` (0.9L less
-/// the ticks' lateness: `floor_of`). Returns (mean, min, max).
+/// the mean at least 0.95L and every window at least what `floor` gives
+/// it (`floor_of`). Returns (mean, min, max).
 fn assert_held_to_l(
     per_node: &[Vec<u64>],
     first: usize,
     duration: Duration,
-    floor: u64,
+    floor: LowestWindow,
 ) -> (f64, u64, u64) {
     let total = cluster_bins(per_node);
     let from = first + 20;
@@ -235,10 +240,11 @@ fn assert_held_to_l(
             "window {k} after 2 s admitted {sum} cluster-wide (over 1.1L); \
              bins {total:?}; per node {per_node:?}"
         );
+        let lowest = floor.at(L, &total, from + k);
         assert!(
-            sum >= floor,
-            "window {k} after 2 s admitted {sum} cluster-wide (under the lowest window {floor}); \
-             bins {total:?}; per node {per_node:?}"
+            sum >= lowest,
+            "window {k} after 2 s admitted {sum} cluster-wide (under the lowest window {lowest}, \
+             {floor:?}); bins {total:?}; per node {per_node:?}"
         );
     }
     assert!(
@@ -434,12 +440,19 @@ fn fifty_thousand_light_sources_stay_unsynced_and_redis_load_follows_the_formula
 }
 
 /// "Normal" after Redis answers again: the windows ending W + 2T after it
-/// or later within `floor`..1.1L, as scenario 1; and the windows straddling
+/// or later (`normal`, the windows of `total` from bin `from`) within what
+/// `floor` gives each..1.1L, as scenario 1; and the windows straddling
 /// the recovery (`straddling`) at most 1.1L too: Redis lost the outage's
 /// counts, and without the recovery cap (`daemon::cluster`: the fallback cap for a window)
 /// the first claims would hand out `L` again on top of what the fallback
 /// had admitted.
-fn assert_normal_after(what: &str, normal: &[u64], straddling: &[u64], total: &[u64], floor: u64) {
+fn assert_normal_after(
+    what: &str,
+    (normal, from): (&[u64], usize),
+    straddling: &[u64],
+    total: &[u64],
+    floor: LowestWindow,
+) {
     for &sum in straddling {
         assert!(
             sum <= 1100,
@@ -451,14 +464,16 @@ fn assert_normal_after(what: &str, normal: &[u64], straddling: &[u64], total: &[
     eprintln!(
         "{what}: windows ending W + 2T after recovery or later: mean {mean:.0}, min {min} (window {lowest_at}), max {max}"
     );
-    for &sum in normal {
+    for (k, &sum) in normal.iter().enumerate() {
         assert!(
             sum <= 1100,
             "{what}: {sum} in a window ending W + 2T after recovery or later (over 1.1L): {total:?}"
         );
+        let lowest = floor.at(L, total, from + k);
         assert!(
-            sum >= floor,
-            "{what}: {sum} in a window ending W + 2T after recovery or later (under the lowest window {floor}): {total:?}"
+            sum >= lowest,
+            "{what}: {sum} in a window ending W + 2T after recovery or later (under the lowest \
+             window {lowest}, {floor:?}): {total:?}"
         );
     }
     assert!(
@@ -714,7 +729,13 @@ fn redis_hung(hang: Hang) {
         resumed_at,
         sink_start + duration,
     );
-    assert_normal_after(&format!("{hang:?}"), &normal, &straddling, &total, floor);
+    assert_normal_after(
+        &format!("{hang:?}"),
+        (&normal, from),
+        &straddling,
+        &total,
+        floor,
+    );
     // A hung Redis fails ticks by timeouts (at least the three that
     // degraded each node), and by nothing else: the connection stays up.
     let errors = redis_errors(&lab);
@@ -834,7 +855,7 @@ fn redis_killed_and_restarted_recovers_within_w_plus_2t() {
         restarted_at,
         sink_start + duration,
     );
-    assert_normal_after("restart", &normal, &straddling, &total, floor);
+    assert_normal_after("restart", (&normal, from), &straddling, &total, floor);
     // Every node syncs again against the new server: all three heartbeat
     // into it.
     let members = lab.redis.cli(&["zcard", "xl:nodes"]);
@@ -1012,15 +1033,16 @@ fn a_node_removed_leaves_the_survivors_near_l_from_w_plus_2t_on() {
     // Node 2 admitted nothing after it left (its traffic stopped).
     let node2: u64 = per_node[2][from.min(per_node[2].len())..].iter().sum();
     assert_eq!(node2, 0, "node 2 after removal: {:?}", per_node[2]);
-    for &sum in &sums_after {
+    for (k, &sum) in sums_after.iter().enumerate() {
         assert!(
             sum <= 1100,
             "{sum} admitted by the survivors (over 1.1L): {total:?}"
         );
+        let lowest = floor.at(L, &total, from + k);
         assert!(
-            sum >= floor,
+            sum >= lowest,
             "the survivors admitted {sum} in a window ending W + 2T after the removal or later \
-             (under the lowest window {floor}): {per_node:?}"
+             (under the lowest window {lowest}, {floor:?}): {per_node:?}"
         );
     }
     assert!(mean >= 950.0, "mean {mean} under 0.95L: {sums_after:?}");

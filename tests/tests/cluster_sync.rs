@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use limiter_tests::{
     cluster_lab::{
-        cluster_bins, lowest_window, node_config, windows, ClusterLab, Ticks, BIN, SOURCE,
+        cluster_bins, node_config, windows, ClusterLab, LowestWindow, Ticks, BIN, SOURCE,
     },
     wait_until,
 };
@@ -39,17 +39,22 @@ fn lab(extra: &str) -> ClusterLab {
     lab
 }
 
-/// The lowest window the design gives (`lowest_window`, docs/cluster.md
+/// The lowest window the design gives (`LowestWindow`, docs/cluster.md
 /// "The lowest window") with the lateness of `nodes`' ticks between `from`
 /// and `to` as the probe measured it; printed with what it rests on.
-fn floor_of(what: &str, ticks: &Ticks, nodes: &[usize], from: Instant, to: Instant) -> u64 {
+fn floor_of(
+    what: &str,
+    ticks: &Ticks,
+    nodes: &[usize],
+    from: Instant,
+    to: Instant,
+) -> LowestWindow {
     let lateness = ticks.lateness(nodes, T, from, to);
-    let floor = lowest_window(L, T, W, lateness);
     eprintln!(
-        "{what}: ticks at most {lateness:?} late (probe polls at most {:?} apart): lowest window {floor}",
+        "{what}: ticks at most {lateness:?} late (probe polls at most {:?} apart)",
         ticks.longest_poll_gap
     );
-    floor
+    LowestWindow::new(T, W, NODES, lateness)
 }
 
 /// The bin index (of a sink started at `sink_start`) at `at`.
@@ -110,12 +115,13 @@ fn a_source_flooding_at_5l_over_three_nodes_is_held_to_l_cluster_wide() {
     let sums = windows(&total[from.min(total.len())..to.min(total.len())], W_BINS);
     assert!(sums.len() >= 15, "too few windows: {total:?}");
     // Every window at most 1.1L, the mean at least 0.95L, and every window
-    // at least 0.9L less the ticks' lateness (`floor_of`).
+    // at least what `floor` gives it (`floor_of`).
     for (k, &sum) in sums.iter().enumerate() {
+        let lowest = floor.at(L, &total, from + k);
         assert!(
-            (floor..=1100).contains(&sum),
-            "window {k} after 2 s admitted {sum} cluster-wide (not within {floor}..1.1L); \
-             bins {total:?}; per node {per_node:?}"
+            (lowest..=1100).contains(&sum),
+            "window {k} after 2 s admitted {sum} cluster-wide (not within {lowest}..1.1L, \
+             {floor:?}); bins {total:?}; per node {per_node:?}"
         );
     }
     let mean = sums.iter().sum::<u64>() as f64 / sums.len() as f64;
@@ -174,17 +180,19 @@ fn a_source_on_one_node_only_gets_the_whole_limit_there_not_l_over_3() {
     let node0 = &per_node[0];
     // From 1.5 s (the cold cap's L/3 and the first syncs behind it), every
     // window on node 0 admits far more than the cold cap would (333):
-    // the node claims the whole room: every window at least 0.9L less the
-    // node's ticks' lateness (`floor_of`), and their mean at least 0.95L.
+    // the node claims the whole room: every window at least what `floor`
+    // gives it (`floor_of`), and their mean at least 0.95L.
     let from = first + 15;
     let to = first + (duration.as_millis() / BIN.as_millis()) as usize - 1;
     let sums = windows(&node0[from.min(node0.len())..to.min(node0.len())], W_BINS);
     assert!(sums.len() >= 8, "too few windows: {node0:?}");
     eprintln!("node 0 alone: windows {sums:?}");
-    for &sum in &sums {
+    for (k, &sum) in sums.iter().enumerate() {
+        let lowest = floor.at(L, node0, from + k);
         assert!(
-            (floor..=1100).contains(&sum),
-            "node 0 alone admitted {sum} in a window, not within {floor}..1.1L (cold cap 333, L 1000): {node0:?}"
+            (lowest..=1100).contains(&sum),
+            "node 0 alone admitted {sum} in a window, not within {lowest}..1.1L (cold cap 333, \
+             L 1000, {floor:?}): {node0:?}"
         );
     }
     let mean = sums.iter().sum::<u64>() as f64 / sums.len() as f64;
