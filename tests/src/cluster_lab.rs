@@ -63,12 +63,24 @@ pub const BIN: Duration = Duration::from_millis(100);
 /// rounding (a packet per node and tick). At an even rate that is
 /// `L x (1 - (T + 2 x lateness) / W)`: 0.9L with ticks on time; a flood
 /// admitted in clumps misses more after a clump, and says so here.
+///
+/// And the highest (docs/cluster.md, "Error bound"): a sync hands out the
+/// room of the Redis buckets that leave the window before the next sync,
+/// and Redis drops buckets whole, so a frame's room can be admitted again
+/// up to `T` (the horizon) plus a bucket (`T` here) before the frame
+/// leaves the true window, on the other nodes only (a node's kernel still
+/// counts its own frames), and a late tick re-admits what left its node's
+/// own window while it was late: at most
+/// `L x (1 + (2 T + 2 x lateness) / W x (1 - 1/N))`, 1.133L with ticks on
+/// time.
 #[derive(Clone, Copy, Debug)]
 pub struct LowestWindow {
     /// How late the ticks were at most.
     pub lateness: Duration,
     /// `T + 2 x lateness` in whole bins, rounded up.
     span_bins: usize,
+    /// `L x (2 T + 2 x lateness) / W x (1 - 1/N)` over `L`.
+    early_share: f64,
     /// A packet per node and tick of a window.
     rounding: u64,
 }
@@ -79,6 +91,8 @@ impl LowestWindow {
         Self {
             lateness,
             span_bins: span.as_nanos().div_ceil(BIN.as_nanos()) as usize,
+            early_share: (span + t).as_secs_f64() / w.as_secs_f64() * (nodes as f64 - 1.0)
+                / nodes as f64,
             rounding: nodes as u64 * w.as_nanos().div_ceil(t.as_nanos()) as u64,
         }
     }
@@ -90,6 +104,11 @@ impl LowestWindow {
         let from = start.saturating_sub(self.span_bins).min(bins.len());
         let before: u64 = bins[from..start.min(bins.len())].iter().sum();
         l.saturating_sub(before).saturating_sub(self.rounding)
+    }
+
+    /// The most a window may hold under a limit of `l`.
+    pub fn highest(&self, l: u64) -> u64 {
+        l + (l as f64 * self.early_share).floor() as u64
     }
 }
 
