@@ -106,24 +106,6 @@ impl LowestWindow {
         l.saturating_sub(before).saturating_sub(self.rounding)
     }
 
-    /// The bounds for `nodes` nodes synced every `t` over windows of `w`,
-    /// with the lateness of the ticks of `of` between `from` and `to` as
-    /// `ticks` measured it; printed with what they rest on.
-    pub fn measured(
-        what: &str,
-        ticks: &Ticks,
-        of: &[usize],
-        (from, to): (Instant, Instant),
-        (t, w, nodes): (Duration, Duration, usize),
-    ) -> Self {
-        let lateness = ticks.lateness(of, t, from, to);
-        eprintln!(
-            "{what}: ticks at most {lateness:?} late (probe polls at most {:?} apart)",
-            ticks.longest_poll_gap
-        );
-        Self::new(t, w, nodes, lateness)
-    }
-
     /// The most a window may hold under a limit of `l`.
     pub fn highest(&self, l: u64) -> u64 {
         l + (l as f64 * self.early_share).floor() as u64

@@ -95,7 +95,12 @@ fn floor_of(
     from: Instant,
     to: Instant,
 ) -> LowestWindow {
-    LowestWindow::measured(what, ticks, nodes, (from, to), (T, W, NODES))
+    let lateness = ticks.lateness(nodes, T, from, to);
+    eprintln!(
+        "{what}: ticks at most {lateness:?} late (probe polls at most {:?} apart)",
+        ticks.longest_poll_gap
+    );
+    LowestWindow::new(T, W, NODES, lateness)
 }
 
 /// Waits (pacing the scenario's timeline, bounded) until `at`.
