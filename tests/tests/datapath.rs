@@ -389,10 +389,11 @@ fn a_full_map_evicts_the_least_recent_source_and_counts_every_packet() {
 
 /// The verifier walks every path of the program; the kernel stops at one
 /// million instructions. Datapath changes can multiply the paths without
-/// looking larger, so the budget is checked here, with room to spare.
+/// looking larger, so the budget is checked here: the target of `bench
+/// verifier`, which leaves the next features room on every kernel lane.
 #[test]
 fn the_verifier_walks_well_under_its_limit() {
-    const BUDGET: u32 = 600_000;
+    const BUDGET: u32 = 450_000;
     let mut harness = Harness::load();
     let program = harness.program_mut();
     let verified = program

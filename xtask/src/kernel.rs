@@ -329,9 +329,9 @@ pub fn bench_verifier() -> anyhow::Result<()> {
 /// Loads per kernel in `bench verifier`.
 const VERIFIER_RUNS: usize = 3;
 
-/// The target: at most half the verifier's limit, so the next features
-/// have room (on every kernel; the issue sets it on 6.1).
-const VERIFIER_TARGET: u64 = 500_000;
+/// The target on every kernel: 45% of the verifier's limit, so the next
+/// features have room (the suite's budget test holds the same figure).
+const VERIFIER_TARGET: u64 = 450_000;
 
 /// The guest's init of `bench verifier`: [`VERIFIER_RUNS`] checks.
 fn verifier_init() -> String {
