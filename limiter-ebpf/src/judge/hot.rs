@@ -119,7 +119,7 @@ pub(super) fn decide(
             // The rule's levels, before the source's own window (heavy as
             // its last admission found it).
             let heavy = traffic.heavy != 0;
-            if let Some(refused) = refused_by_level(rule, index, dry_run, heavy, false) {
+            if let Some(refused) = refused_by_level(rule, index, dry_run, heavy, false, now) {
                 return refused;
             }
             if traffic.lease_left != 0 && traffic.window.covers(now, rule.bucket_ns) {
@@ -130,7 +130,7 @@ pub(super) fn decide(
             if limit(key, traffic, len, u32::from(dry_run) * LIMIT_DRY_RUN) & LIMIT_ADMITTED != 0 {
                 pass(Outcome::Passed)
             } else {
-                give_back_to_levels(rule, index);
+                give_back_to_levels(rule, index, now);
                 // Refused, or no window state: fail closed.
                 refuse(index, dry_run, Outcome::DroppedLimit)
             }

@@ -8,7 +8,6 @@
 
 use core::ptr::{addr_of, addr_of_mut, read_volatile, write_volatile};
 
-use aya_ebpf::helpers::bpf_ktime_get_coarse_ns;
 use limiter_common::{
     rules::{LevelWindow, MAX_LEVELS},
     window::{self, Admission, WindowCache, WindowParams},
@@ -43,7 +42,8 @@ pub(super) const LEVEL_AGGREGATES_ONLY: u32 = 4;
 
 /// With [`LEVEL_GIVE_BACK`], gives the frame back to every level instead
 /// (returns 0). Otherwise admits the frame keyed `FRAME_KEY` (toward
-/// `FRAME_DST`) against every level of rule `index`, in order. Returns 0
+/// `FRAME_DST`) at `now` (the frame's time, read once by the judge)
+/// against every level of rule `index`, in order. Returns 0
 /// when all admit it, else 1 + the index of the level that refused it
 /// (the levels before it counted the frame: a refused frame may use up a
 /// little of their allowance, never more than they allow).
@@ -54,13 +54,11 @@ pub(super) const LEVEL_AGGREGATES_ONLY: u32 = 4;
 /// level and per way the levels before it went.
 #[no_mangle]
 #[inline(never)]
-pub extern "C" fn levels(index: u32, flags: u32) -> u32 {
+pub extern "C" fn levels(index: u32, flags: u32, now: u64) -> u32 {
     let Some(rule) = RULES.get(index) else {
         return 0;
     };
     let count = rule.level_count() as u32;
-    // SAFETY: a helper without arguments; it reads the monotonic clock.
-    let now = unsafe { bpf_ktime_get_coarse_ns() };
     let mut i = 0;
     while i < MAX_LEVELS as u32 {
         if i >= count {

@@ -65,7 +65,7 @@ pub(super) fn tiered(config: &Config, key: &SourceKey, now: u64, len: u64) -> Ti
             if within_cheap(rule, count, now) {
                 if !must_be_exact(config, key, rule, place, count, now) {
                     maps::count(Outcome::Cheap, len);
-                    return Tiered::Judged(cheap(config, rule, index));
+                    return Tiered::Judged(cheap(config, rule, index, now));
                 }
                 marked = true;
             }
@@ -174,18 +174,17 @@ fn hashed_budget_place(config: &Config, key: &SourceKey, rule: &Rule) -> sketch:
     )
 }
 
-/// A frame of the cheap tier under rule `index`: allow passes, deny drops,
-/// a limit admits unless one of its levels refuses (a light source: the
-/// cheap tier admits a few frames of it).
+/// A frame of the cheap tier at `now` under rule `index`: allow passes,
+/// deny drops, a limit admits unless one of its levels refuses (a light
+/// source: the cheap tier admits a few frames of it).
 #[inline(always)]
-fn cheap(config: &Config, rule: &Rule, index: u32) -> Verdict {
+fn cheap(config: &Config, rule: &Rule, index: u32, now: u64) -> Verdict {
     let dry_run = rule.is_dry_run(config.dry_run());
     match rule.action() {
         Some(Action::Allow) => pass(Outcome::Allowed),
         Some(Action::Deny) => refuse(index, dry_run, Outcome::DroppedDeny),
-        Some(Action::Limit) => {
-            refused_by_level(rule, index, dry_run, false, true).unwrap_or(pass(Outcome::Passed))
-        }
+        Some(Action::Limit) => refused_by_level(rule, index, dry_run, false, true, now)
+            .unwrap_or(pass(Outcome::Passed)),
         None => pass(Outcome::Passed),
     }
 }
@@ -243,7 +242,7 @@ fn exact(
     // found it at its last admission (it has no per-CPU copy).
     if rule.level_count() != 0 {
         let heavy = find_window(&key.with_class(rule.budget)).is_some_and(|w| w.heavy());
-        if let Some(refused) = refused_by_level(rule, index, dry_run, heavy, false) {
+        if let Some(refused) = refused_by_level(rule, index, dry_run, heavy, false, now) {
             return Tiered::Judged(refused);
         }
     }
@@ -287,7 +286,7 @@ fn exact(
     let verdict = if admitted {
         pass(Outcome::Passed)
     } else {
-        give_back_to_levels(rule, index);
+        give_back_to_levels(rule, index, now);
         refuse(index, dry_run, Outcome::DroppedLimit)
     };
     if promoted {

@@ -57,9 +57,10 @@ pub(super) fn refuse(rule: u32, dry_run: bool, outcome: Outcome) -> Verdict {
     }
 }
 
-/// The refusal of a frame by one of rule `index`'s levels (`heavy`: from
-/// a source over the rule's fair share; `cheap`: a cheap-tier frame, which
-/// only the aggregates judge), counted under that level; `None` when every
+/// The refusal of a frame at `now` by one of rule `index`'s levels
+/// (`heavy`: from a source over the rule's fair share; `cheap`: a
+/// cheap-tier frame, which only the aggregates judge), counted under that
+/// level; `None` when every
 /// level admits it, or the rule has none (one byte test). Judged before
 /// the source's own window, so that a frame a level refuses never uses up
 /// the source's own allowance.
@@ -70,12 +71,13 @@ pub(super) fn refused_by_level(
     dry_run: bool,
     heavy: bool,
     cheap: bool,
+    now: u64,
 ) -> Option<Verdict> {
     if rule.level_count() == 0 {
         return None;
     }
     let flags = (u32::from(heavy) * LEVEL_HEAVY) | (u32::from(cheap) * LEVEL_AGGREGATES_ONLY);
-    match levels(index, flags) {
+    match levels(index, flags, now) {
         0 => None,
         refused_by => {
             maps::count_level_drop(index, refused_by - 1);
@@ -90,9 +92,9 @@ pub(super) fn refused_by_level(
 /// `index` admitted: the levels give it back. Only on that refusal, never
 /// on the held path (a held source's frames reach no level).
 #[inline(always)]
-pub(super) fn give_back_to_levels(rule: &Rule, index: u32) {
+pub(super) fn give_back_to_levels(rule: &Rule, index: u32, now: u64) {
     if rule.level_count() != 0 {
-        levels(index, LEVEL_GIVE_BACK);
+        levels(index, LEVEL_GIVE_BACK, now);
     }
 }
 
