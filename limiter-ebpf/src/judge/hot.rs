@@ -127,7 +127,9 @@ pub(super) fn decide(
                 traffic.lease_owed += 1;
                 return pass(Outcome::Passed);
             }
-            if limit(key, traffic, len, u32::from(dry_run) * LIMIT_DRY_RUN) & LIMIT_ADMITTED != 0 {
+            if limit(key, traffic, len, u32::from(dry_run) * LIMIT_DRY_RUN, now) & LIMIT_ADMITTED
+                != 0
+            {
                 pass(Outcome::Passed)
             } else {
                 give_back_to_levels(rule, index, now);

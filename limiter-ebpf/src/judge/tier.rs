@@ -252,7 +252,7 @@ fn exact(
         state.count_first(now, len);
         state.rule = index;
         state.generation = config.generation;
-        let answer = limit(key, &mut *state, len, flags);
+        let answer = limit(key, &mut *state, len, flags, now);
         let admitted = answer & LIMIT_ADMITTED != 0;
         // Busy: this epoch's count alone (a mark is not frames).
         let busy = seen.current > sketch::HOT_FRAMES;

@@ -9,7 +9,6 @@
 
 use core::ptr::{read_volatile, write_volatile};
 
-use aya_ebpf::helpers::bpf_ktime_get_coarse_ns;
 use limiter_common::{
     rules::level::MAX_LEVEL_WINDOW_NS,
     sketch,
@@ -42,9 +41,10 @@ pub(super) const LIMIT_HALF_USED: u32 = 2;
 /// (`WINDOWS` full): refused, counted as `window_full`.
 pub(super) const LIMIT_WINDOWLESS: u32 = 4;
 
-/// Admits the frame against the source's shared window for its rule (the
-/// one `traffic` resolved), or refuses it and notes until when this CPU
-/// may refuse without looking. Returns [`LIMIT_ADMITTED`] (with
+/// Admits the frame at `now` (the frame's time, read once by the judge)
+/// against the source's shared window for its rule (the one `traffic`
+/// resolved), or refuses it and notes until when this CPU may refuse
+/// without looking. Returns [`LIMIT_ADMITTED`] (with
 /// [`LIMIT_HALF_USED`]), or 0.
 ///
 /// A global BPF function: the verifier checks it once on its own, and its
@@ -59,6 +59,7 @@ pub extern "C" fn limit(
     traffic: *mut SourceTraffic,
     len: u64,
     flags: u32,
+    now: u64,
 ) -> u32 {
     // SAFETY: a global function's pointer arguments may be null (checked
     // here); otherwise `key` is the caller's key and `traffic` this CPU's
@@ -70,8 +71,6 @@ pub extern "C" fn limit(
     let Some(rule) = RULES.get(traffic.rule) else {
         return 0;
     };
-    // SAFETY: a helper without arguments; it reads the monotonic clock.
-    let now = unsafe { bpf_ktime_get_coarse_ns() };
     limit_window(key, rule, traffic, now, len, flags).unwrap_or(0)
 }
 
