@@ -8,6 +8,11 @@ they cannot annotate BPF themselves).
 
     cargo build --release -p limiter-bench --bin bench-xdp
     python3 bench/profile/jit_lines.py under_limit [target/release/bench-xdp]
+    python3 bench/profile/jit_lines.py --running 5 [CPU]
+
+`--running SECONDS`: the newest `xdp_limiter` program already loaded (a
+daemon's, during a `bench e2e` cell), every CPU (or only CPU) sampled
+for that long.
 
 A sample lands on the instruction after a slow one (a map helper's return
 is charged to the line that called it). Shares are of the samples inside
@@ -107,22 +112,36 @@ def line_table(fd):
 
 
 def main():
-    case = sys.argv[1]
-    bench = sys.argv[2] if len(sys.argv) > 2 else "target/release/bench-xdp"
     data = tempfile.mktemp(suffix=".perf")
-    perf = subprocess.Popen(
-        ["perf", "record", "-q", "-e", "cpu-clock", "-o", data, "--", bench, case],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    fd = None
-    while fd is None and perf.poll() is None:
-        time.sleep(0.02)
+    if sys.argv[1] == "--running":
+        case = "running"
         fd = newest_program("xdp_limiter")
-    if fd is None:
-        sys.exit("the bench ended before its program could be read")
-    functions, lines = line_table(fd)
-    perf.wait()
+        if fd is None:
+            sys.exit("no xdp_limiter program is loaded")
+        functions, lines = line_table(fd)
+        cpus = ["-C", sys.argv[3]] if len(sys.argv) > 3 else ["-a"]
+        subprocess.run(
+            ["perf", "record", "-q", "-e", "cpu-clock", *cpus, "-o", data, "--", "sleep", sys.argv[2]],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            check=True,
+        )
+    else:
+        case = sys.argv[1]
+        bench = sys.argv[2] if len(sys.argv) > 2 else "target/release/bench-xdp"
+        perf = subprocess.Popen(
+            ["perf", "record", "-q", "-e", "cpu-clock", "-o", data, "--", bench, case],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        fd = None
+        while fd is None and perf.poll() is None:
+            time.sleep(0.02)
+            fd = newest_program("xdp_limiter")
+        if fd is None:
+            sys.exit("the bench ended before its program could be read")
+        functions, lines = line_table(fd)
+        perf.wait()
     script = subprocess.run(
         ["perf", "script", "-i", data, "-F", "ip,sym"], capture_output=True, text=True
     ).stdout
