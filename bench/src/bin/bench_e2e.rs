@@ -298,7 +298,7 @@ fn main() {
         started.elapsed().as_secs_f64()
     );
     let targets = if wants("mixed") || wants("random") {
-        report::targets(&cells)
+        report::targets(&cells, args.pps)
     } else {
         Vec::new()
     };
@@ -337,6 +337,7 @@ fn main() {
             limiter_bench::e2e::scenario::TABLE_SIZE,
             limiter_common::DEFAULT_MAX_HOT_SOURCES
         ),
+        pps: LIMIT.pps,
         timing: format!(
             "{} runs per cell, each after 1.2 s without traffic and waiting for an idle machine, {:.1} s warm-up then {:.0} s measured; \
              loads: unpaced, below saturation ({} pps mixed, {} pps random), and paced at the scenario's own \
