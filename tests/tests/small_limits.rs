@@ -283,8 +283,10 @@ fn a_small_limit_holds_beside_a_spoofed_flood() {
     const WINDOWS: usize = 4;
     let flooding = AtomicBool::new(true);
     let sent_start = coarse_now();
-    // (offset from the start on the kernel's clock, passed) per frame.
-    let sent: Vec<(Duration, bool)> = thread::scope(|scope| {
+    // (offsets from the start on the kernel's clock just before and just
+    // after its run, passed) per frame: the kernel judged it at a time
+    // between the two.
+    let sent: Vec<(Duration, Duration, bool)> = thread::scope(|scope| {
         let flood = scope.spawn(|| {
             on_cpu(1, || {
                 let mut i = 0;
@@ -304,7 +306,8 @@ fn a_small_limit_holds_beside_a_spoofed_flood() {
                 if at >= Duration::from_secs(WINDOWS as u64) {
                     return sent;
                 }
-                sent.push((at, verdict(program, &frame) == XDP_PASS));
+                let passed = verdict(program, &frame) == XDP_PASS;
+                sent.push((at, coarse_now().saturating_sub(start), passed));
                 next += interval;
                 thread::sleep(next.saturating_duration_since(Instant::now()));
             }
@@ -314,7 +317,7 @@ fn a_small_limit_holds_beside_a_spoofed_flood() {
         sent
     });
     let (mut offered, mut admitted) = ([0u64; WINDOWS], [0u64; WINDOWS]);
-    for (at, passed) in &sent {
+    for (at, _, passed) in &sent {
         let k = at.as_secs() as usize;
         if k < WINDOWS {
             offered[k] += 1;
@@ -329,29 +332,42 @@ fn a_small_limit_holds_beside_a_spoofed_flood() {
             admitted[k]
         );
     }
-    // Each refusal against the window before it. The times are read just
-    // before each run: a frame's kernel time may be one tick (4 ms)
-    // later, so the window is taken one tick longer at its old end, and
-    // `c` is the most of the buckets that tick touches.
+    // Each refusal against the window before it. A frame's kernel time
+    // lies between the times read before and after its run, so the
+    // window's old end lies between `before - W` and `after - W`: `held`
+    // counts every earlier admission whose run ended after `before - W`
+    // (at least the kernel's count in the window), and `c` is the most
+    // any bucket that old end may fall in could hold (at least the
+    // kernel's oldest bucket).
     let window = Duration::from_nanos(rule.bucket_ns * u64::from(rule.buckets));
-    let (bucket, tick) = (rule.bucket_ns as u128, Duration::from_millis(4));
+    let bucket = rule.bucket_ns as u128;
     let start = sent_start;
     let bucket_of = |t: Duration| (start + t).as_nanos() / bucket;
-    let passed_at: Vec<Duration> = sent.iter().filter(|s| s.1).map(|s| s.0).collect();
     let mut refusals = 0;
-    for &(t, _) in sent.iter().filter(|s| !s.1) {
+    for (i, &(before, after, _)) in sent.iter().enumerate().filter(|(_, s)| !s.2) {
         refusals += 1;
-        let from = (start + t).saturating_sub(window + tick);
-        let held = passed_at
+        // The admissions sent before this frame.
+        let passed: Vec<(Duration, Duration)> = sent[..i]
             .iter()
-            .filter(|&&p| p <= t && start + p > from)
+            .filter(|s| s.2)
+            .map(|s| (s.0, s.1))
+            .collect();
+        let held = passed
+            .iter()
+            .filter(|&&(_, p_after)| start + p_after > (start + before).saturating_sub(window))
             .count() as u64;
-        let oldest =
-            (from.as_nanos() / bucket)..=(start + t).saturating_sub(window).as_nanos() / bucket;
+        let oldest = (start + before).saturating_sub(window).as_nanos() / bucket
+            ..=(start + after).saturating_sub(window).as_nanos() / bucket;
         let c = oldest
-            .map(|b| passed_at.iter().filter(|&&p| bucket_of(p) == b).count() as u64)
+            .map(|b| {
+                passed
+                    .iter()
+                    .filter(|&&(p, p_after)| bucket_of(p) <= b && b <= bucket_of(p_after))
+                    .count() as u64
+            })
             .max()
             .unwrap_or(0);
+        let t = before;
         assert!(
             held + c >= allowance,
             "refused at {t:?} with {held} admitted in the window before it and {c} in its \
