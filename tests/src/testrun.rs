@@ -117,26 +117,16 @@ impl Harness {
     /// returns how many were passed and how many dropped (any other
     /// verdict panics).
     pub fn offer(&mut self, cpu: usize, frame: &[u8], n: u64) -> (u64, u64) {
-        let program = self.program.xdp();
-        thread::scope(|scope| {
-            scope
-                .spawn(|| {
-                    pin_current_thread(cpu);
-                    let (mut passed, mut dropped) = (0, 0);
-                    for i in 0..n {
-                        let verdict = test_run(program, frame, 1)
-                            .unwrap_or_else(|e| panic!("BPF_PROG_TEST_RUN on CPU {cpu}: {e}"))
-                            .return_value;
-                        match verdict {
-                            XDP_PASS => passed += 1,
-                            XDP_DROP => dropped += 1,
-                            other => panic!("frame {i}: unexpected verdict {other}"),
-                        }
-                    }
-                    (passed, dropped)
-                })
-                .join()
-                .expect("test-run thread panicked")
+        self.on_cpu(cpu, |program| {
+            let (mut passed, mut dropped) = (0, 0);
+            for i in 0..n {
+                match run_once(program, frame) {
+                    XDP_PASS => passed += 1,
+                    XDP_DROP => dropped += 1,
+                    other => panic!("frame {i}: unexpected verdict {other}"),
+                }
+            }
+            (passed, dropped)
         })
     }
 
@@ -150,38 +140,32 @@ impl Harness {
     /// As [`run_on_cpu`](Self::run_on_cpu), `repeat` times in one syscall;
     /// returns the verdict and the kernel's average nanoseconds per run.
     pub fn run_repeated_on_cpu(&mut self, cpu: usize, frame: &[u8], repeat: u32) -> (u32, u64) {
-        let program = self.program.xdp();
-        thread::scope(|scope| {
-            scope
-                .spawn(|| {
-                    pin_current_thread(cpu);
-                    let result = test_run(program, frame, repeat)
-                        .unwrap_or_else(|e| panic!("BPF_PROG_TEST_RUN on CPU {cpu}: {e}"));
-                    (result.return_value, result.duration.as_nanos() as u64)
-                })
-                .join()
-                .expect("test-run thread panicked")
+        self.on_cpu(cpu, |program| {
+            let result = test_run(program, frame, repeat)
+                .unwrap_or_else(|e| panic!("BPF_PROG_TEST_RUN on CPU {cpu}: {e}"));
+            (result.return_value, result.duration.as_nanos() as u64)
         })
     }
 
     /// Runs every frame of `frames` once, in order, from one thread pinned
     /// to `cpu`; their verdicts.
     pub fn run_all(&mut self, cpu: usize, frames: &[Vec<u8>]) -> Vec<u32> {
+        self.on_cpu(cpu, |program| {
+            frames
+                .iter()
+                .map(|frame| run_once(program, frame))
+                .collect()
+        })
+    }
+
+    /// `runs` with the program, on a thread pinned to `cpu`.
+    fn on_cpu<T: Send>(&mut self, cpu: usize, runs: impl FnOnce(&Xdp) -> T + Send) -> T {
         let program = self.program.xdp();
         thread::scope(|scope| {
             scope
                 .spawn(|| {
                     pin_current_thread(cpu);
-                    frames
-                        .iter()
-                        .map(|frame| {
-                            test_run(program, frame, 1)
-                                .unwrap_or_else(|e| {
-                                    panic!("BPF_PROG_TEST_RUN of {} bytes: {e}", frame.len())
-                                })
-                                .return_value
-                        })
-                        .collect()
+                    runs(program)
                 })
                 .join()
                 .expect("test-run thread panicked")
@@ -532,4 +516,11 @@ pub fn online_cpus() -> usize {
     aya::util::online_cpus()
         .map(|cpus| cpus.len())
         .unwrap_or_else(|(what, e)| panic!("{what}: {e}"))
+}
+
+/// One run of `program` on `frame`; its verdict.
+fn run_once(program: &Xdp, frame: &[u8]) -> u32 {
+    test_run(program, frame, 1)
+        .unwrap_or_else(|e| panic!("BPF_PROG_TEST_RUN of {} bytes: {e}", frame.len()))
+        .return_value
 }
