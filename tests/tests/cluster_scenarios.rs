@@ -281,20 +281,28 @@ fn a_source_flooding_at_5l_split_80_15_5_is_held_to_l_cluster_wide() {
         "the flood ran at about 5L: {sent:?}"
     );
     assert_held_to_l(&per_node, first, duration, floor);
-    // The shares follow the offered traffic: over the flood from 2 s, the
-    // node offered 80 % admits the most, the one offered 5 % the least,
-    // and each admitted something.
+    // The shares follow the offered traffic, whatever the phases of the
+    // nodes' ticks: over the flood from 2 s each node admits its part of
+    // 80/15/5 to 2 points of the total. Claims round down (a packet per
+    // node and sync: 30 of about 3,000 in 3 s, 1 point); a late tick
+    // delays a node's claim without handing it to another node (claims
+    // reserve the room), so the other point is margin for the bins' edges.
     let from = first + 20;
     let to = first + (duration.as_millis() / BIN.as_millis()) as usize - 1;
     let admitted: Vec<u64> = per_node
         .iter()
         .map(|bins| bins[from.min(bins.len())..to.min(bins.len())].iter().sum())
         .collect();
+    let total = admitted.iter().sum::<u64>() as f64;
     eprintln!("admitted per node from 2 s: {admitted:?}");
-    assert!(
-        admitted[0] > admitted[1] && admitted[1] > admitted[2] && admitted[2] > 0,
-        "shares do not follow the 80/15/5 split: {admitted:?} (sent per node {sent:?})"
-    );
+    for (node, part) in [0.80, 0.15, 0.05].into_iter().enumerate() {
+        let share = admitted[node] as f64 / total;
+        assert!(
+            (share - part).abs() <= 0.02,
+            "node {node} admitted {share:.3} of the total, its part of the 80/15/5 split is \
+             {part}: {admitted:?} (sent per node {sent:?})"
+        );
+    }
     for i in 0..NODES {
         assert_eq!(
             lab.daemon(i).metric("xdp_limiter_cluster_degraded"),

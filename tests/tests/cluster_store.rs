@@ -125,10 +125,11 @@ fn nodes_read_the_same_cluster_totals_and_their_own() {
     }
     // The claims (`share::node_claim`, computed in the script): a came
     // first and claims all the room its traffic is entitled to (L 100 -
-    // 10 admitted, a alone offered); b's fair part (85 x 30 / 50 = 51) is
-    // held back by a's live claim (90 of a room of 85); c offered nothing.
+    // 10 admitted, a alone offered); b's fair part (100 x 30 / 50 less
+    // its own 5 in the window = 55) is held back by a's live claim (90 of
+    // a room of 85); c offered nothing.
     assert_eq!([a[0].claim, a[1].claim], [90, 99]);
-    assert_eq!(b[0].claim, node_claim(100, 15, 50, 30, 3, 90));
+    assert_eq!(b[0].claim, node_claim(100, 15, 5, 50, 30, 3, 90));
     assert_eq!(b[0].claim, 0);
     assert_eq!(c[0].claim, 0);
 }
@@ -148,7 +149,7 @@ fn claims_reserve_the_room_until_replaced_or_expired() {
         assert_eq!(a.claim, 100, "{a:?}");
         // b's fair part is 40, but a claimed all the room: nothing yet.
         let b = nb.sync("b", window, &[report(src, 0, 40)]).await.unwrap()[0];
-        assert_eq!(b.claim, node_claim(100, 0, 100, 40, 1, 100));
+        assert_eq!(b.claim, node_claim(100, 0, 0, 100, 40, 1, 100));
         assert_eq!(b.claim, 0);
         // a stops syncing: once its claim expired (Redis time), b is the
         // only node claiming and its fair part is the whole room.
@@ -163,13 +164,14 @@ fn claims_reserve_the_room_until_replaced_or_expired() {
         // a comes back having spent 50: b's claim holds the rest.
         let a = na.sync("a", window, &[report(src, 50, 50)]).await.unwrap()[0];
         assert_eq!(a.cluster_admitted, 50);
-        assert_eq!(a.claim, node_claim(100, 50, 150, 110, 1, 100));
+        assert_eq!(a.claim, node_claim(100, 50, 50, 150, 110, 1, 100));
         assert_eq!(a.claim, 0);
         // b syncs again: its own old claim is replaced (not counted against
-        // it) and a, claiming again, counts in the split: 50 x 40 / 150.
+        // it) and a, claiming again, counts in the split: b's part of the
+        // window is 100 x 40 / 150, and it holds none of the window.
         let b = nb.sync("b", window, &[report(src, 0, 0)]).await.unwrap()[0];
-        assert_eq!(b.claim, node_claim(100, 50, 150, 40, 1, 0));
-        assert_eq!(b.claim, 13);
+        assert_eq!(b.claim, node_claim(100, 50, 0, 150, 40, 1, 0));
+        assert_eq!(b.claim, 26);
     });
 }
 

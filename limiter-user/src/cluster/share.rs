@@ -13,9 +13,9 @@
 //! At every sync a node *claims* part of the room left in the source's
 //! cluster-wide window ([`node_claim`]; `sync.lua` computes it inside
 //! Redis, in the same atomic call that adds the node's deltas and reads
-//! the totals): its fair part of the room, by its share of the offered
-//! traffic, less what the other nodes claimed and may not have reported
-//! yet. The kernel then admits at most the claim until the next sync (the
+//! the totals): its part of the window by its share of the offered
+//! traffic, less what it already holds in the window, within the room the
+//! other nodes have not claimed (claimed and perhaps not reported yet). The kernel then admits at most the claim until the next sync (the
 //! daemon writes the allowance as the kernel's own window count at the
 //! next tick plus the claim). Claims are what keeps the error bound from
 //! growing with the nodes: no two nodes hand out the same room, whatever
@@ -36,27 +36,38 @@ pub use crate::config::Fallback;
 ///
 /// ```text
 /// room  = max(L - ahead_admitted, 0)
-/// fair  = floor(room x own_offered / claimers_offered)
+/// fair  = max(floor(L x own_offered / claimers_offered) - own_ahead, 0)
 ///         (floor(room / nodes alive) while nothing was offered)
-/// claim = max(0, min(fair, room - others_claimed))
+/// claim = min(fair, max(room - others_claimed, 0))
 /// ```
 ///
 /// `ahead_admitted` is what the cluster admitted in the buckets that are
-/// still in the window at the node's next sync: room that leaves the
-/// window before then is handed out now, or it would sit unused for a
-/// sync interval (the source of under-admission when the headroom was
-/// read on the window as it is). `others_claimed` is what the other nodes
-/// claimed at their last sync and may not have reported yet: leaving it
-/// out of the room is what keeps two nodes from handing out the same room
-/// whatever the order of their ticks, so claims never add up past the
-/// room (see the proptest) and no pacing is needed to bound the error.
-/// `claimers_offered` is this node's offered traffic over the window plus
-/// that of the other nodes with a live claim (as of their last sync): a
-/// node that left stops diluting the others' parts when its claim
-/// expires, not a window later when its counts leave the window.
+/// still in the window at the node's next sync, and `own_ahead` this
+/// node's part of it: room that leaves the window before then is handed
+/// out now, or it would sit unused for a sync interval.
+///
+/// The fair part is the node's share of the whole window (`L` split by
+/// offered) less what it already holds in it, not a share of the room:
+/// the room includes the other nodes' unreported claims, so shares of it
+/// count those claims twice, add up to more than the room, and the
+/// `others_claimed` cap then hands the difference to whichever node ticks
+/// first after room frees. With shares of the window each node takes back
+/// what its own frames free, whatever the order of the ticks
+/// (`the_order_of_the_ticks_does_not_decide_the_shares`).
+///
+/// `others_claimed` is what the other nodes claimed at their last sync and
+/// may not have reported yet: leaving it out of the room is what keeps two
+/// nodes from handing out the same room whatever the order of their
+/// ticks, so claims never add up past the room (see the proptest) and no
+/// pacing is needed to bound the error. `claimers_offered` is this node's
+/// offered traffic over the window plus that of the other nodes with a
+/// live claim (as of their last sync): a node that left stops diluting
+/// the others' parts when its claim expires, not a window later when its
+/// counts leave the window.
 pub fn node_claim(
     limit: u64,
     ahead_admitted: u64,
+    own_ahead: u64,
     claimers_offered: u64,
     own_offered: u64,
     nodes_alive: u32,
@@ -67,7 +78,8 @@ pub fn node_claim(
         room / u64::from(nodes_alive.max(1))
     } else {
         let own = own_offered.min(claimers_offered);
-        (u128::from(room) * u128::from(own) / u128::from(claimers_offered)) as u64
+        let part = u128::from(limit) * u128::from(own) / u128::from(claimers_offered);
+        (part as u64).saturating_sub(own_ahead)
     };
     fair.min(room.saturating_sub(others_claimed))
 }
@@ -121,17 +133,20 @@ mod tests {
 
     #[test]
     fn claims_split_the_room_by_offered_and_leave_others_claims_alone() {
-        // L = 1000, 700 still in the window at the next sync: room 300;
-        // offered 80/15/5.
-        assert_eq!(node_claim(1000, 700, 2000, 1600, 3, 0), 240);
-        assert_eq!(node_claim(1000, 700, 2000, 300, 3, 240), 45);
-        assert_eq!(node_claim(1000, 700, 2000, 100, 3, 285), 15);
+        // L = 1000, 700 still in the window at the next sync (560, 105
+        // and 35 of it each node's): room 300; offered 80/15/5, so the
+        // parts of the window are 800, 150 and 50.
+        assert_eq!(node_claim(1000, 700, 560, 2000, 1600, 3, 0), 240);
+        assert_eq!(node_claim(1000, 700, 105, 2000, 300, 3, 240), 45);
+        assert_eq!(node_claim(1000, 700, 35, 2000, 100, 3, 285), 15);
         // Others claimed past their fair part: only what is left.
-        assert_eq!(node_claim(1000, 700, 2000, 1600, 3, 250), 50);
+        assert_eq!(node_claim(1000, 700, 560, 2000, 1600, 3, 250), 50);
+        // Holding more than its part of the window already: nothing.
+        assert_eq!(node_claim(1000, 900, 850, 2000, 1600, 3, 0), 0);
         // Nothing offered yet: split by the nodes alive.
-        assert_eq!(node_claim(1000, 0, 0, 0, 4, 0), 250);
+        assert_eq!(node_claim(1000, 0, 0, 0, 0, 4, 0), 250);
         // Over the limit: nothing.
-        assert_eq!(node_claim(1000, 1200, 10, 10, 1, 0), 0);
+        assert_eq!(node_claim(1000, 1200, 1200, 10, 10, 1, 0), 0);
     }
 
     #[test]
@@ -160,6 +175,90 @@ mod tests {
         assert_eq!(error_bound(1000, d, Duration::ZERO, 2), 1000.0);
     }
 
+    /// Three nodes flooded 80/15/5 with a source at 5L, each ticking every
+    /// bucket (T = W / 10, the defaults' ratio) at its own phase, each
+    /// admitting its whole claim until its next tick, as `sync.lua` sees
+    /// them: reports land in whole buckets of report time. Returns each
+    /// node's admitted from the third second to the sixth.
+    fn admitted_by_phase(phases: [u64; 3]) -> [u64; 3] {
+        const L: u64 = 1000;
+        const BUCKET: u64 = 100;
+        const BUCKETS: u64 = 10;
+        const HOLD: u64 = 3 * BUCKET;
+        let offered_per_tick = [400u64, 75, 25];
+        // (bucket, node, admitted, offered) of every report.
+        let mut reports: Vec<(u64, usize, u64, u64)> = Vec::new();
+        // (claim, made at, offered over the window then) per node.
+        let mut claims: [Option<(u64, u64, u64)>; 3] = [None; 3];
+        let mut admitted = [0u64; 3];
+        let mut ticks: Vec<(u64, usize)> = (0..60u64)
+            .flat_map(|k| (0..3).map(move |i| (phases[i] + k * BUCKET, i)))
+            .collect();
+        ticks.sort_unstable();
+        for (now, i) in ticks {
+            let spent = claims[i].map_or(0, |(c, _, _)| c.min(offered_per_tick[i]));
+            if now >= 2000 {
+                admitted[i] += spent;
+            }
+            let bucket = now / BUCKET;
+            reports.push((bucket, i, spent, offered_per_tick[i]));
+            let next_first = ((now + BUCKET) / BUCKET + 1).saturating_sub(BUCKETS);
+            let in_window = |b: u64| b + BUCKETS > bucket;
+            let ahead = |node: Option<usize>| -> u64 {
+                reports
+                    .iter()
+                    .filter(|r| r.0 >= next_first && node.is_none_or(|n| n == r.1))
+                    .map(|r| r.2)
+                    .sum()
+            };
+            let own_offered: u64 = reports
+                .iter()
+                .filter(|r| r.1 == i && in_window(r.0))
+                .map(|r| r.3)
+                .sum();
+            let live = |j: usize| claims[j].filter(|c| j != i && c.1 + HOLD > now);
+            let others: u64 = (0..3).filter_map(live).map(|c| c.0).sum();
+            let claimers_offered = own_offered + (0..3).filter_map(live).map(|c| c.2).sum::<u64>();
+            let claim = node_claim(
+                L,
+                ahead(None),
+                ahead(Some(i)),
+                claimers_offered,
+                own_offered,
+                3,
+                others,
+            );
+            claims[i] = Some((claim, now, own_offered));
+        }
+        admitted
+    }
+
+    #[test]
+    fn the_order_of_the_ticks_does_not_decide_the_shares() {
+        for phases in [
+            [5, 38, 71],
+            [5, 71, 38],
+            [38, 5, 71],
+            [38, 71, 5],
+            [71, 5, 38],
+            [71, 38, 5],
+            [20, 21, 22],
+            [22, 21, 20],
+            [21, 20, 22],
+            [50, 90, 10],
+        ] {
+            // 4 s at L per second split 80/15/5; claims round down, so a
+            // node loses at most a packet a sync (40 syncs in 4 s).
+            let admitted = admitted_by_phase(phases);
+            for (node, (&got, want)) in admitted.iter().zip([3200u64, 600, 200]).enumerate() {
+                assert!(
+                    got.abs_diff(want) <= 40,
+                    "phases {phases:?}: node {node} admitted {got}, its part is {want}: {admitted:?}"
+                );
+            }
+        }
+    }
+
     proptest! {
         /// Nodes claiming one after another, each seeing the others'
         /// claims, in any order and from any offered split, never claim
@@ -169,6 +268,7 @@ mod tests {
         fn claims_in_any_order_never_exceed_the_room(
             limit in 0u64..1_000_000,
             ahead in 0u64..1_200_000,
+            own_ahead in 0u64..1_200_000,
             offered in prop::collection::vec(0u64..100_000, 1..12),
             order in prop::collection::vec(0usize..12, 1..40),
         ) {
@@ -177,11 +277,12 @@ mod tests {
             let mut claims = vec![0u64; offered.len()];
             for i in order.into_iter().map(|i| i % offered.len()) {
                 let others: u64 = claims.iter().sum::<u64>() - claims[i];
-                claims[i] = node_claim(limit, ahead, total, offered[i], alive, others);
+                let own = own_ahead.min(ahead);
+                claims[i] = node_claim(limit, ahead, own, total, offered[i], alive, others);
                 prop_assert!(claims.iter().sum::<u64>() <= limit.saturating_sub(ahead));
             }
             let room = limit.saturating_sub(ahead);
-            prop_assert_eq!(node_claim(limit, ahead, 5, 5, alive, 0), room);
+            prop_assert_eq!(node_claim(limit, ahead, ahead, 5, 5, alive, 0), room);
         }
 
         #[test]

@@ -38,10 +38,15 @@
 -- arithmetic in Rust, and cluster_store.rs checks they agree):
 --   room  = max(L - admitted over the buckets still in the window at
 --           now + horizon, 0)
---   fair  = floor(room x own offered / (own offered + the offered of the
---           other nodes with a live claim))
+--   fair  = max(floor(L x own offered / (own offered + the offered of
+--           the other nodes with a live claim)) - this node's admitted
+--           over the buckets still in the window at now + horizon, 0)
 --           (floor(room / nodes alive) while nothing was offered)
 --   claim = max(0, min(fair, room - the other nodes' live claims))
+-- The fair part is a share of the window, less what the node holds in
+-- it, not a share of the room: the room includes the others' unreported
+-- claims, so shares of it would add up past the room and the node
+-- ticking first after room frees would take the difference.
 -- The fair part counts only nodes still claiming: a node that left (or
 -- whose traffic moved away and stopped syncing the source) stops
 -- diluting the others' parts as soon as its claim expires, not a window
@@ -95,20 +100,22 @@ for i, base in ipairs(KEYS) do
       redis.call('PEXPIRE', hot, ttl_ms)
     end
   end
-  local ca, co, oa, oo, ahead = 0, 0, 0, 0, 0
+  local ca, co, oa, oo, ahead, own_ahead = 0, 0, 0, 0, 0, 0
   for b = bucket - buckets + 1, bucket do
     local v = redis.call('HMGET', base .. ':' .. b, 'a', 'o', own_a, own_o)
     local a = tonumber(v[1]) or 0
+    local own = tonumber(v[3]) or 0
     ca = ca + a
     co = co + (tonumber(v[2]) or 0)
-    oa = oa + (tonumber(v[3]) or 0)
+    oa = oa + own
     oo = oo + (tonumber(v[4]) or 0)
     if b >= next_first then
       ahead = ahead + a
+      own_ahead = own_ahead + own
     end
   end
-  -- The claim: this node's fair part of the room, less what the other
-  -- nodes already claimed of it. Claims past their expiry are ignored
+  -- The claim: this node's fair part of the window less what it holds
+  -- there, within the room the other nodes have not claimed. Claims past their expiry are ignored
   -- (a node that stopped syncing) and dropped.
   local claims = base .. ':r'
   local others, claimers_offered = 0, oo
@@ -125,7 +132,7 @@ for i, base in ipairs(KEYS) do
   local room = math.max(limit - ahead, 0)
   local fair
   if claimers_offered > 0 then
-    fair = math.floor(room * oo / claimers_offered)
+    fair = math.max(math.floor(limit * oo / claimers_offered) - own_ahead, 0)
   else
     fair = math.floor(room / alive)
   end
