@@ -10,48 +10,53 @@ use limiter_tests::{
     daemon::{parse_metric, sum_metric, Daemon},
     redis::RedisServer,
 };
-use limiter_user::cluster::store::group;
+use limiter_user::cluster::store::{group, key_slot};
 
 /// The store's key prefix (`StoreConfig`'s default, which the daemon uses).
 pub const PREFIX: &str = "xl";
 
-/// Redis's counters at one moment (`INFO cpu commandstats stats`).
+/// Redis's counters at one moment (`INFO cpu commandstats`), summed over
+/// its servers (one, or a Redis Cluster's primaries).
 #[derive(Clone, Debug, Default)]
 pub struct RedisSample {
     pub at: Option<Instant>,
     /// Calls per command name (lower case), including the commands Lua
     /// scripts ran (Redis counts those in commandstats too).
     pub calls: BTreeMap<String, u64>,
-    /// Redis's CPU time so far (user + system), seconds.
-    pub cpu_s: f64,
+    /// Each server's CPU time so far (user + system), seconds.
+    pub cpu_s: Vec<f64>,
 }
 
 impl RedisSample {
-    /// Reads them through `redis-cli` (one `INFO` command, which the
-    /// figures below leave out).
+    /// Reads them through `redis-cli` (one `INFO` command per server,
+    /// which the figures below leave out).
     pub fn take(redis: &RedisServer) -> Self {
-        let info = redis.cli(&["info", "cpu", "commandstats"]);
         let mut sample = Self {
             at: Some(Instant::now()),
             ..Self::default()
         };
-        for line in info.lines().map(str::trim) {
-            if let Some(rest) = line.strip_prefix("cmdstat_") {
-                let Some((name, fields)) = rest.split_once(':') else {
-                    continue;
-                };
-                let calls = fields
-                    .split(',')
-                    .find_map(|f| f.strip_prefix("calls="))
-                    .and_then(|v| v.parse().ok())
-                    .unwrap_or(0);
-                sample.calls.insert(name.to_string(), calls);
-            } else if let Some(v) = line
-                .strip_prefix("used_cpu_user:")
-                .or_else(|| line.strip_prefix("used_cpu_sys:"))
-            {
-                sample.cpu_s += v.parse::<f64>().unwrap_or(0.0);
+        for port in redis.server_ports() {
+            let info = redis.cli_at(port, &["info", "cpu", "commandstats"]);
+            let mut cpu_s = 0.0;
+            for line in info.lines().map(str::trim) {
+                if let Some(rest) = line.strip_prefix("cmdstat_") {
+                    let Some((name, fields)) = rest.split_once(':') else {
+                        continue;
+                    };
+                    let calls: u64 = fields
+                        .split(',')
+                        .find_map(|f| f.strip_prefix("calls="))
+                        .and_then(|v| v.parse().ok())
+                        .unwrap_or(0);
+                    *sample.calls.entry(name.to_string()).or_default() += calls;
+                } else if let Some(v) = line
+                    .strip_prefix("used_cpu_user:")
+                    .or_else(|| line.strip_prefix("used_cpu_sys:"))
+                {
+                    cpu_s += v.parse::<f64>().unwrap_or(0.0);
+                }
             }
+            sample.cpu_s.push(cpu_s);
         }
         sample
     }
@@ -66,8 +71,11 @@ pub struct RedisLoad {
     /// `HMGET`, `HINCRBY`, `ZADD`, `TIME`, ...), the benchmark's own
     /// `INFO` and `redis-cli` connection commands left out.
     pub commands_per_s: f64,
-    /// Redis CPU, percent of one core.
+    /// Redis CPU summed over its servers, percent of one core.
     pub cpu_pct: f64,
+    /// The busiest server's CPU, percent of one core: a Redis server runs
+    /// commands on one thread, so 100 is where it stops keeping up.
+    pub busiest_cpu_pct: f64,
 }
 
 impl RedisLoad {
@@ -94,10 +102,17 @@ impl RedisLoad {
             .filter(|name| !ours.contains(&name.as_str()))
             .map(|name| delta(name))
             .sum();
+        let cpu: Vec<f64> = a
+            .cpu_s
+            .iter()
+            .zip(&b.cpu_s)
+            .map(|(a, b)| 100.0 * (b - a) / secs)
+            .collect();
         Self {
             calls_per_s: calls as f64 / secs,
             commands_per_s: others as f64 / secs,
-            cpu_pct: 100.0 * (b.cpu_s - a.cpu_s) / secs,
+            cpu_pct: cpu.iter().sum(),
+            busiest_cpu_pct: cpu.iter().copied().fold(0.0, f64::max),
         }
     }
 }
@@ -239,44 +254,92 @@ pub fn synthetic_key(i: u32) -> String {
 /// from then on. Their score is set an hour ahead of Redis's clock so they
 /// stay listed for the whole run without being rewritten (rewriting them
 /// would add to the commands measured); they carry no traffic on the
-/// measured node. Loaded with `redis-cli --pipe` (the raw protocol).
+/// measured node. Loaded with `redis-cli --pipe` (the raw protocol), to
+/// each key's server: on a Redis Cluster the primary that holds its hash
+/// slot (from `CLUSTER NODES`).
 pub fn announce_hot(redis: &RedisServer, from: u32, to: u32) {
     let time = redis.cli(&["time"]);
     let mut parts = time.split_whitespace();
     let secs: u64 = parts.next().and_then(|s| s.parse().ok()).expect("TIME");
     let score = ((secs + 3600) * 1000).to_string();
-    let mut protocol = Vec::with_capacity((to - from) as usize * 80);
+    let owners = slot_owners(redis);
+    let mut protocol: BTreeMap<u16, Vec<u8>> = BTreeMap::new();
     for i in from..to {
         let member = synthetic_key(i);
-        let key = format!("{PREFIX}:{{g{}}}:hot", group(&member));
+        let group = group(&member);
+        let key = format!("{PREFIX}:{{g{group}}}:hot");
+        let port = owners(key_slot(format!("g{group}").as_bytes()));
+        let out = protocol.entry(port).or_default();
         let args = ["ZADD", key.as_str(), score.as_str(), member.as_str()];
-        write!(protocol, "*{}\r\n", args.len()).expect("in memory");
+        write!(out, "*{}\r\n", args.len()).expect("in memory");
         for arg in args {
-            write!(protocol, "${}\r\n{arg}\r\n", arg.len()).expect("in memory");
+            write!(out, "${}\r\n{arg}\r\n", arg.len()).expect("in memory");
         }
     }
-    let mut child = redis
-        .ns()
-        .command("redis-cli")
-        .args(["-p", &limiter_tests::redis::PORT.to_string(), "--pipe"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start redis-cli --pipe");
-    child
-        .stdin
-        .take()
-        .expect("piped")
-        .write_all(&protocol)
-        .expect("feed redis-cli --pipe");
-    let out = child.wait_with_output().expect("redis-cli --pipe");
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && text.contains("errors: 0"),
-        "redis-cli --pipe failed: {text}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    for (port, protocol) in protocol {
+        let mut child = redis
+            .ns()
+            .command("redis-cli")
+            .args(["-p", &port.to_string(), "--pipe"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start redis-cli --pipe");
+        child
+            .stdin
+            .take()
+            .expect("piped")
+            .write_all(&protocol)
+            .expect("feed redis-cli --pipe");
+        let out = child.wait_with_output().expect("redis-cli --pipe");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && text.contains("errors: 0"),
+            "redis-cli -p {port} --pipe failed: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// The port of the server holding each hash slot: the only server of a
+/// single instance, or the primaries' slot ranges of a Redis Cluster's
+/// `CLUSTER NODES` (`<id> <ip>:<port>@<bus> <flags> ... <from>-<to> ...`).
+fn slot_owners(redis: &RedisServer) -> impl Fn(u16) -> u16 {
+    let ports = redis.server_ports();
+    let mut ranges: Vec<(u16, u16, u16)> = Vec::new();
+    if ports.len() > 1 {
+        let nodes = redis.cli_at(ports[0], &["cluster", "nodes"]);
+        for line in nodes.lines() {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            if fields.len() < 9 || !fields[2].contains("master") {
+                continue;
+            }
+            let port: u16 = fields[1]
+                .split('@')
+                .next()
+                .and_then(|a| a.rsplit(':').next())
+                .and_then(|p| p.parse().ok())
+                .unwrap_or_else(|| panic!("no port in CLUSTER NODES line {line:?}"));
+            for range in &fields[8..] {
+                let (a, b) = range.split_once('-').unwrap_or((range, range));
+                if let (Ok(a), Ok(b)) = (a.parse(), b.parse()) {
+                    ranges.push((a, b, port));
+                }
+            }
+        }
+        let covered: u32 = ranges.iter().map(|&(a, b, _)| u32::from(b - a) + 1).sum();
+        assert_eq!(
+            covered, 16384,
+            "CLUSTER NODES covers {covered} slots:\n{nodes}"
+        );
+    }
+    move |slot| {
+        ranges
+            .iter()
+            .find(|&&(a, b, _)| (a..=b).contains(&slot))
+            .map_or(ports[0], |&(_, _, port)| port)
+    }
 }
 
 #[cfg(test)]

@@ -16,7 +16,9 @@
 //! - **Load.** One node, T = 100 ms, with 0 (the baseline), 1,000, 10,000
 //!   and 100,000 sources (and 5,000) announced hot in Redis as another node would
 //!   (`cluster::announce_hot`): the daemon lists them and syncs every one
-//!   each tick. Redis's script calls and commands per second and its CPU,
+//!   each tick; against one `redis-server`, then (`load-cluster`) against
+//!   a Redis Cluster of 3 primaries the bench starts, which spreads the
+//!   sources' hash slots over three servers. Redis's script calls and commands per second and its CPU,
 //!   the daemon's CPU per tick, tick duration, ticks over T, ticks that
 //!   synced only part of the sources, and failed ticks. The synthetic
 //!   sources carry no traffic on the measured node, so each costs `B`
@@ -40,8 +42,8 @@ use limiter_bench::{
     e2e::plot::{line_chart, Chart, Series},
 };
 use limiter_tests::{
-    cluster_lab::{cluster_bins, redis_addr, windows, ClusterLab, BIN},
-    redis::PORT,
+    cluster_lab::{cluster_bins, redis_addr, windows, ClusterLab, BIN, REDIS_CLUSTER_ADDR},
+    redis::{RedisServer, PORT},
     wait_until,
 };
 use limiter_user::cluster::error_bound;
@@ -74,7 +76,8 @@ struct Args {
     slices: usize,
     #[arg(long, default_value_t = 3.0)]
     slice: f64,
-    /// Only one part: `error` or `load` (docs are then not written).
+    /// Only one part: `error`, `load` or `load-cluster` (docs are then
+    /// not written).
     #[arg(long)]
     only: Option<String>,
     /// One run per error case, one slice per load case, no 100,000 case
@@ -202,14 +205,36 @@ fn timeout_ms(interval_ms: u64) -> u64 {
 /// Node `i`'s cluster configuration: `cluster_lab::node_config`'s, with
 /// a timeout of `timeout_ms` for the sync interval.
 fn cluster_config(i: usize, interval_ms: u64, timeout_ms: u64) -> String {
+    let redis = format!("redis = [\"redis://{}:{PORT}\"]", redis_addr(i));
+    cluster_config_on(&redis, i, interval_ms, timeout_ms)
+}
+
+/// [`cluster_config`] with `redis` as the `[cluster]` table's Redis lines.
+fn cluster_config_on(redis: &str, i: usize, interval_ms: u64, timeout_ms: u64) -> String {
     format!(
         "[daemon]\ntick = \"100ms\"\n\n\
-         [cluster]\nredis = [\"redis://{}:{PORT}\"]\nnode = \"node-{i}\"\n\
-         sync_interval = \"{interval_ms}ms\"\ntimeout = \"{}ms\"\nthreshold = 0.25\n\n\
-         [default]\npps = {L}\nwindow = \"1s\"\nscope = \"cluster\"\ndry_run = false\n",
-        redis_addr(i),
-        timeout_ms
+         [cluster]\n{redis}\nnode = \"node-{i}\"\n\
+         sync_interval = \"{interval_ms}ms\"\ntimeout = \"{timeout_ms}ms\"\nthreshold = 0.25\n\n\
+         [default]\npps = {L}\nwindow = \"1s\"\nscope = \"cluster\"\ndry_run = false\n"
     )
+}
+
+/// The Redis of a load case.
+#[derive(Clone, Copy, PartialEq)]
+enum Redis {
+    /// One `redis-server`, the lab's.
+    Single,
+    /// A Redis Cluster of 3 primaries (`mode = "cluster"`).
+    Cluster,
+}
+
+impl Redis {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Single => "single",
+            Self::Cluster => "cluster",
+        }
+    }
 }
 
 /// A node-scoped configuration (the baseline): the same limit, no
@@ -291,6 +316,7 @@ fn run_error_case(case: ErrorCase, args: &Args, interrupted: &AtomicBool) -> Opt
 
 /// One load case's slices.
 struct LoadResult {
+    redis: Redis,
     hot: u32,
     timeout_ms: u64,
     slices: Vec<(RedisLoad, DaemonLoad)>,
@@ -307,14 +333,16 @@ impl LoadResult {
         median(&self.slices.iter().map(f).collect::<Vec<_>>())
     }
 
-    /// The medians over the slices: Redis calls/s, commands/s and CPU %,
-    /// then the daemon's CPU ms per tick, tick ms, ticks/s, and the shares
-    /// of ticks over 100 ms, partial and failed (%).
-    fn medians(&self) -> [f64; 9] {
+    /// The medians over the slices: Redis calls/s, commands/s, CPU % and
+    /// its busiest server's CPU %, then the daemon's CPU ms per tick, tick
+    /// ms, ticks/s, and the shares of ticks over 100 ms, partial and
+    /// failed (%).
+    fn medians(&self) -> [f64; 10] {
         [
             self.med(|s| s.0.calls_per_s),
             self.med(|s| s.0.commands_per_s),
             self.med(|s| s.0.cpu_pct),
+            self.med(|s| s.0.busiest_cpu_pct),
             self.med(|s| s.1.cpu_ms_per_tick),
             self.med(|s| s.1.tick_ms),
             self.med(|s| s.1.ticks_per_s),
@@ -325,11 +353,13 @@ impl LoadResult {
     }
 
     fn line(&self) -> String {
-        let [calls, cmds, cpu, tick_cpu, tick, ticks, over, partial, failed] = self.medians();
+        let [calls, cmds, cpu, busiest, tick_cpu, tick, ticks, over, partial, failed] =
+            self.medians();
         format!(
-            "{:>7} hot: Redis {calls:>6.0} calls/s {cmds:>9.0} cmds/s CPU {cpu:>5.1}%  daemon {tick_cpu:>6.2} ms CPU/tick  \
+            "{:>7} {:>7} hot: Redis {calls:>6.0} calls/s {cmds:>9.0} cmds/s CPU {cpu:>5.1}% (busiest server {busiest:>5.1}%)  daemon {tick_cpu:>6.2} ms CPU/tick  \
              tick {tick:>6.1} ms  {ticks:>4.1} ticks/s  over 100 ms {over:>5.1}%  partial {partial:>5.1}%  failed {failed:>5.1}%  synced {:.0}  \
              degraded/recovered {}/{}{}",
+            self.redis.name(),
             self.hot,
             self.synced_sources,
             self.degradations,
@@ -339,14 +369,18 @@ impl LoadResult {
     }
 
     fn json(&self) -> String {
-        let [calls, cmds, cpu, tick_cpu, tick, ticks, over, partial, failed] = self.medians();
+        let [calls, cmds, cpu, busiest, tick_cpu, tick, ticks, over, partial, failed] =
+            self.medians();
         serde_json::json!({
             "bench": "cluster", "part": "load", "interval_ms": 100, "nodes": 1,
+            "redis": self.redis.name(),
+            "redis_servers": if self.redis == Redis::Cluster { 3 } else { 1 },
             "timeout_ms": self.timeout_ms,
             "hot_sources": self.hot, "slices": self.slices.len(),
             "redis_calls_per_s": calls,
             "redis_commands_per_s": cmds,
             "redis_cpu_pct": cpu,
+            "redis_busiest_server_cpu_pct": busiest,
             "daemon_cpu_ms_per_tick": tick_cpu,
             "tick_ms": tick,
             "ticks_per_s": ticks,
@@ -361,9 +395,28 @@ impl LoadResult {
     }
 }
 
-fn run_load(args: &Args, hot: &[u32], interrupted: &AtomicBool) -> Vec<LoadResult> {
-    let mut lab = ClusterLab::new(1);
-    lab.start_daemons(|i| cluster_config(i, 100, args.load_timeout_ms));
+fn run_load(args: &Args, redis: Redis, hot: &[u32], interrupted: &AtomicBool) -> Vec<LoadResult> {
+    let mut lab = match redis {
+        Redis::Single => ClusterLab::new(1),
+        Redis::Cluster => {
+            ClusterLab::with_redis(1, RedisServer::start_cluster_announcing(REDIS_CLUSTER_ADDR))
+        }
+    };
+    let seeds: Vec<String> = lab
+        .redis
+        .urls()
+        .iter()
+        .map(|u| format!("\"{u}\""))
+        .collect();
+    lab.start_daemons(|i| match redis {
+        Redis::Single => cluster_config(i, 100, args.load_timeout_ms),
+        Redis::Cluster => cluster_config_on(
+            &format!("redis = [{}]\nmode = \"cluster\"", seeds.join(", ")),
+            i,
+            100,
+            args.load_timeout_ms,
+        ),
+    });
     let daemon = lab.daemon(0);
     daemon.wait_metric("xdp_limiter_cluster_nodes_alive", |v| v == 1.0);
     let mut announced = 0;
@@ -408,6 +461,7 @@ fn run_load(args: &Args, hot: &[u32], interrupted: &AtomicBool) -> Vec<LoadResul
         let end = DaemonSample::take(daemon);
         let after = flaps(&daemon.log());
         let result = LoadResult {
+            redis,
             hot: h,
             timeout_ms: args.load_timeout_ms,
             slices,
@@ -437,8 +491,8 @@ fn main() {
     };
     let part = |name: &str| args.only.as_deref().is_none_or(|p| p == name);
     if let Some(only) = &args.only {
-        if only != "error" && only != "load" {
-            eprintln!("--only {only:?}: expected `error` or `load`");
+        if !["error", "load", "load-cluster"].contains(&only.as_str()) {
+            eprintln!("--only {only:?}: expected `error`, `load` or `load-cluster`");
             std::process::exit(2);
         }
     }
@@ -486,19 +540,24 @@ fn main() {
             errors.push(result);
         }
     }
+    let hot: &[u32] = if !args.hot.is_empty() {
+        &args.hot
+    } else if args.quick {
+        &HOT[..HOT.len() - 1]
+    } else {
+        &HOT
+    };
     let mut loads = Vec::new();
     if part("load") && !interrupted.load(Ordering::Relaxed) {
-        let hot: &[u32] = if !args.hot.is_empty() {
-            &args.hot
-        } else if args.quick {
-            &HOT[..HOT.len() - 1]
-        } else {
-            &HOT
-        };
-        loads = run_load(&args, hot, &interrupted);
+        loads = run_load(&args, Redis::Single, hot, &interrupted);
+    }
+    let mut cluster_loads = Vec::new();
+    if part("load-cluster") && !interrupted.load(Ordering::Relaxed) {
+        cluster_loads = run_load(&args, Redis::Cluster, hot, &interrupted);
     }
     eprintln!("done in {:.0} s", started.elapsed().as_secs_f64());
-    let complete = errors.len() == 6 && loads.len() == HOT.len();
+    let complete =
+        errors.len() == 6 && loads.len() == HOT.len() && cluster_loads.len() == HOT.len();
     if args.no_docs
         || args.quick
         || args.only.is_some()
@@ -510,8 +569,14 @@ fn main() {
     }
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
     let doc = root.join("docs/benchmarks.md");
-    write_docs(&doc, &root.join("docs/img"), &args, &errors, &loads)
-        .unwrap_or_else(|e| panic!("writing {}: {e:#}", doc.display()));
+    write_docs(
+        &doc,
+        &root.join("docs/img"),
+        &args,
+        &errors,
+        &[&loads, &cluster_loads],
+    )
+    .unwrap_or_else(|e| panic!("writing {}: {e:#}", doc.display()));
     eprintln!("wrote {} and its plots", doc.display());
 }
 
@@ -524,7 +589,7 @@ fn write_docs(
     img: &Path,
     args: &Args,
     errors: &[ErrorResult],
-    loads: &[LoadResult],
+    loads: &[&[LoadResult]; 2],
 ) -> anyhow::Result<()> {
     use std::fmt::Write as _;
     std::fs::create_dir_all(img)?;
@@ -569,23 +634,31 @@ fn write_docs(
         "\n![Highest, mean and lowest window against the sync interval, 3 nodes](img/cluster-error-interval.png)\n\n\
          ![Highest, mean and lowest window against the node count, T = 100 ms](img/cluster-error-nodes.png)\n"
     )?;
-    writeln!(
-        md,
-        "#### Load: one node, T = 100 ms, sources announced hot in Redis (medians of the slices)\n\n\
-         | hot sources | Redis script calls/s | Redis commands/s | Redis CPU | daemon CPU per tick | tick (mean) | ticks/s | ticks over 100 ms | partial ticks | failed ticks | synced at the end | degraded / recovered |\n\
-         |---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
-    )?;
-    for l in loads {
-        let [calls, cmds, cpu, tick_cpu, tick, ticks, over, partial, failed] = l.medians();
+    for (redis, loads) in [Redis::Single, Redis::Cluster].into_iter().zip(loads) {
+        let title = match redis {
+            Redis::Single => "one `redis-server`",
+            Redis::Cluster => "a Redis Cluster of 3 primaries (Redis CPU summed over them)",
+        };
         writeln!(
             md,
-            "| {} | {calls:.0} | {cmds:.0} | {cpu:.1}% | {tick_cpu:.2} ms | {tick:.1} ms | {ticks:.1} | {over:.0}% | {partial:.0}% | {failed:.0}% | {:.0}{} | {} / {} |",
-            l.hot,
-            l.synced_sources,
-            if l.degraded > 0.0 { " (degraded)" } else { "" },
-            l.degradations,
-            l.recoveries
+            "#### Load: one node, T = 100 ms, sources announced hot in Redis, {title} (medians of the slices)\n\n\
+             | hot sources | Redis script calls/s | Redis commands/s | Redis CPU | busiest server's CPU | daemon CPU per tick | tick (mean) | ticks/s | ticks over 100 ms | partial ticks | failed ticks | synced at the end | degraded / recovered |\n\
+             |---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
         )?;
+        for l in loads.iter() {
+            let [calls, cmds, cpu, busiest, tick_cpu, tick, ticks, over, partial, failed] =
+                l.medians();
+            writeln!(
+                md,
+                "| {} | {calls:.0} | {cmds:.0} | {cpu:.1}% | {busiest:.1}% | {tick_cpu:.2} ms | {tick:.1} ms | {ticks:.1} | {over:.0}% | {partial:.0}% | {failed:.0}% | {:.0}{} | {} / {} |",
+                l.hot,
+                l.synced_sources,
+                if l.degraded > 0.0 { " (degraded)" } else { "" },
+                l.degradations,
+                l.recoveries
+            )?;
+        }
+        writeln!(md)?;
     }
     writeln!(md, "\n{END}")?;
     let text = std::fs::read_to_string(doc)?;
