@@ -7,9 +7,12 @@
 //! - [`cluster`]: what the cluster benchmark and the cluster demo share on
 //!   top of the multi-node lab (`cargo xtask bench cluster`, `cargo xtask
 //!   demo --cluster`).
+//! - [`current`]: the figures docs/benchmarks.md leads with, saved by
+//!   each bench in docs/data and rendered from there (`cargo xtask bench
+//!   table`).
 //! - `src/bin/`: the drivers `cargo xtask` runs: `bench-xdp`,
-//!   `bench-aggregate`, `bench-e2e`, `bench-cluster`, `demo`,
-//!   `demo-cluster` and `soak`.
+//!   `bench-aggregate`, `bench-e2e`, `bench-cluster`, `bench-table`,
+//!   `demo`, `demo-cluster` and `soak`.
 //!
 //! The eBPF programs they load are embedded by `limiter-bench-objects`;
 //! the harness they share with the integration tests (namespaces, labs,
@@ -19,6 +22,7 @@
 //! context when it lacks them.
 
 pub mod cluster;
+pub mod current;
 pub mod e2e;
 
 use std::sync::{atomic::AtomicBool, Arc};

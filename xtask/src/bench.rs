@@ -33,8 +33,9 @@ pub enum Which {
     /// daemons, one redis-server): error against the sync interval (50,
     /// 100, 250 ms) and the node count (2, 3, 5) with node scope as the
     /// baseline, and Redis and daemon load at 1,000, (5,000,) 10,000 and
-    /// 100,000 hot sources; rewrites its section of docs/benchmarks.md.
-    /// About 4 minutes.
+    /// 100,000 hot sources against one redis-server and against a Redis
+    /// Cluster of 3 primaries; rewrites its section of docs/benchmarks.md.
+    /// About 5 minutes.
     Cluster {
         /// Arguments for the benchmark (see `-- --help`).
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
@@ -42,8 +43,12 @@ pub enum Which {
     },
     /// The verifier's budget: instructions processed and load time on
     /// this machine's kernel and on each kernel lane's (qemu), against the
-    /// target of at most half the verifier's limit. About 2 minutes.
+    /// target of at most 450,000 instructions. About 2 minutes.
     Verifier,
+    /// Renders docs/benchmarks.md's "Current figures" from the runs the
+    /// benches saved in docs/data (each bench does it after a complete
+    /// run; this measures nothing).
+    Table,
 }
 
 pub fn run(which: Which) -> anyhow::Result<()> {
@@ -54,6 +59,7 @@ pub fn run(which: Which) -> anyhow::Result<()> {
         Which::Aggregate => ("bench-aggregate", Vec::new()),
         Which::E2e { args } => ("bench-e2e", args),
         Which::Cluster { args } => ("bench-cluster", args),
+        Which::Table => ("bench-table", Vec::new()),
     };
     // The e2e and cluster benchmarks run the real daemon: build it
     // (release) too.

@@ -296,7 +296,8 @@ fn build_limiter(root: &Path) -> anyhow::Result<PathBuf> {
 /// `cargo xtask bench verifier`: what the verifier spends on the program on
 /// this machine's kernel and on each lane's kernel, as JSON lines (the
 /// median load time of [`VERIFIER_RUNS`]; the instruction count does not
-/// vary), against the target of at most half the verifier's limit.
+/// vary), against the target of at most 450,000 instructions; saves them as
+/// the current figures (`bench-table --save verifier`).
 pub fn bench_verifier() -> anyhow::Result<()> {
     let root = run::workspace_root();
     let binaries = Binaries {
@@ -320,10 +321,52 @@ pub fn bench_verifier() -> anyhow::Result<()> {
         }
         lines.push((kernel.name, report.verifier_runs));
     }
+    let mut json = String::new();
     for (lane, runs) in lines {
-        println!("{}", verifier_line(lane, &runs)?);
+        let line = verifier_line(lane, &runs)?;
+        println!("{line}");
+        json.push_str(&line);
+        json.push('\n');
     }
+    save_current("verifier", &host_machine(), &json)
+}
+
+/// Saves `json` (JSON lines) as the latest run of `name` in docs/data and
+/// renders docs/benchmarks.md's current figures again (`bench-table`).
+fn save_current(name: &str, machine: &str, json: &str) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    let root = run::workspace_root();
+    run::status(
+        Command::new("cargo")
+            .current_dir(&root)
+            .args(["build", "--quiet", "--release", "-p", "limiter-bench"])
+            .args(["--bin", "bench-table"]),
+    )?;
+    let mut child = Command::new(root.join("target/release/bench-table"))
+        .current_dir(&root)
+        .args(["--save", name, "--machine", machine])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .context("starting bench-table")?;
+    child
+        .stdin
+        .take()
+        .context("bench-table's stdin")?
+        .write_all(json.as_bytes())?;
+    let status = child.wait()?;
+    anyhow::ensure!(status.success(), "bench-table --save {name}: {status}");
     Ok(())
+}
+
+/// This machine as the current figures name it: its CPUs and kernel.
+fn host_machine() -> String {
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let kernel = Command::new("uname")
+        .arg("-r")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    format!("{cpus} CPUs, kernel {kernel} (host) and the qemu lanes' kernels")
 }
 
 /// Loads per kernel in `bench verifier`.

@@ -39,6 +39,7 @@ use std::{
 use clap::Parser;
 use limiter_bench::{
     cluster::{announce_hot, median, DaemonLoad, DaemonSample, RedisLoad, RedisSample, Spread},
+    current,
     e2e::plot::{line_chart, Chart, Series},
 };
 use limiter_tests::{
@@ -568,6 +569,35 @@ fn main() {
         return;
     }
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut lines: Vec<serde_json::Value> = errors
+        .iter()
+        .map(|e| serde_json::from_str(&e.json()).expect("a JSON line"))
+        .chain(
+            loads
+                .iter()
+                .chain(&cluster_loads)
+                .map(|l| serde_json::from_str(&l.json()).expect("a JSON line")),
+        )
+        .collect();
+    for (redis, results) in [
+        ("one redis-server", &loads),
+        ("a 3-primary Redis Cluster", &cluster_loads),
+    ] {
+        if let Some(top) = results.iter().find(|l| l.hot == HOT[HOT.len() - 1]) {
+            let [.., tick, _, over, partial, _] = top.medians();
+            lines.push(current::target(
+                &format!("every tick within T at {} hot sources, {redis}", top.hot),
+                &format!(
+                    "{over:.0}% of the ticks over T (mean tick {tick:.1} ms), {partial:.0}% partial, {:.0} synced at the end",
+                    top.synced_sources
+                ),
+                Some(over == 0.0 && partial == 0.0),
+            ));
+        }
+    }
+    current::save(&root, "cluster", &machine(), &lines)
+        .and_then(|()| current::rewrite(&root))
+        .unwrap_or_else(|e| panic!("saving the current figures: {e:#}"));
     let doc = root.join("docs/benchmarks.md");
     write_docs(
         &doc,

@@ -34,6 +34,7 @@ use std::{
 };
 
 use clap::Parser;
+use limiter_bench::current;
 use limiter_bench::e2e::{
     lab::Lab,
     measure::{run_once, Timing},
@@ -307,7 +308,8 @@ fn main() {
     } else {
         Vec::new()
     };
-    for target in targets.into_iter().chain(targets_random16) {
+    let targets: Vec<report::Target> = targets.into_iter().chain(targets_random16).collect();
+    for target in &targets {
         eprintln!(
             "target: {} -> {} ({})",
             target.what,
@@ -318,6 +320,9 @@ fn main() {
                 None => "not measured",
             }
         );
+    }
+    if !args.no_docs {
+        save_current(&cells, &targets, args.pps);
     }
     if args.no_docs || !complete || args.pps != LIMIT.pps {
         return;
@@ -353,6 +358,48 @@ fn main() {
     report::write_docs(&doc, &root.join("docs/img"), &setup, &cells)
         .unwrap_or_else(|e| panic!("writing {}: {e:#}", doc.display()));
     eprintln!("wrote {} and its plots", doc.display());
+}
+
+/// Saves each traffic mode the run measured unpaced with no filter and
+/// xdp-limiter as that flood's current figures (`e2e-<mode>`, or
+/// `e2e-<mode>-<pps>pps` under another limit than the default), with the
+/// mode's targets, and renders docs/benchmarks.md's current figures.
+fn save_current(cells: &[Cell], targets: &[report::Target], pps: u64) {
+    let root = current::root();
+    let mut saved = false;
+    for mode in [Mode::Mixed, Mode::Random, Mode::Random16] {
+        let measured = |scenario: Scenario| {
+            cells
+                .iter()
+                .any(|c| c.mode == mode && c.scenario == scenario && c.load == Load::Unpaced)
+        };
+        if !(measured(Scenario::NoFilter) && measured(Scenario::XdpLimiter)) {
+            continue;
+        }
+        let mut lines: Vec<serde_json::Value> = cells
+            .iter()
+            .filter(|c| c.mode == mode)
+            .map(Cell::json)
+            .collect();
+        lines.extend(
+            targets
+                .iter()
+                .filter(|t| t.mode == mode)
+                .map(|t| current::target(t.what, &t.measured, t.met)),
+        );
+        let name = if pps == LIMIT.pps {
+            format!("e2e-{}", mode.name())
+        } else {
+            format!("e2e-{}-{pps}pps", mode.name())
+        };
+        current::save(&root, &name, &machine(), &lines)
+            .unwrap_or_else(|e| panic!("saving docs/data/{name}.jsonl: {e:#}"));
+        eprintln!("saved docs/data/{name}.jsonl");
+        saved = true;
+    }
+    if saved {
+        current::rewrite(&root).unwrap_or_else(|e| panic!("rendering the current figures: {e:#}"));
+    }
 }
 
 /// The service scenario's matrix: one cell per filter, a table row and a
@@ -437,6 +484,14 @@ fn service(args: &Args, interrupted: &AtomicBool) -> anyhow::Result<()> {
     if args.no_docs || !complete {
         return Ok(());
     }
+    let root = current::root();
+    let lines: Vec<serde_json::Value> = cells.iter().map(|c| c.json()).collect();
+    let name = match plan.flood_tool {
+        FloodTool::Generator => "service-generator",
+        FloodTool::Hping3 => "service-hping3",
+    };
+    current::save(&root, name, &machine(), &lines)?;
+    current::rewrite(&root)?;
     let doc = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../docs/benchmarks.md");
     service::write_docs(
         &doc,

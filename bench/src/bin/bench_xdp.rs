@@ -18,6 +18,7 @@ use aya::{
     maps::{IterableMap, Map, MapData, PerCpuArray},
     programs::Xdp,
 };
+use limiter_bench::current;
 use limiter_bench_objects::{baseline_program, load_baseline};
 use limiter_common::{
     Action, Counter, Outcome, Scope, DEFAULT_MAX_HOT_SOURCES, DEFAULT_MAX_SOURCES,
@@ -30,6 +31,7 @@ use limiter_user::{
     kernel::{self, push, windows::Reclaim, LoadOptions, Program},
     rules::{RuleSet, RuleSpec},
 };
+use serde_json::Value;
 
 const REPEAT: u32 = 1_000_000;
 const ROUNDS: usize = 9;
@@ -538,7 +540,24 @@ fn main() {
     }
     cases.extend(case("non_ip", lim_prog, (&arp, XDP_PASS), &arp));
 
-    report(&cases);
+    let lines = report(&cases);
+    if only.is_empty() {
+        let root = current::root();
+        current::save(&root, "xdp", &machine(), &lines)
+            .and_then(|()| current::rewrite(&root))
+            .unwrap_or_else(|e| panic!("saving the current figures: {e:#}"));
+        eprintln!("saved docs/data/xdp.jsonl and rendered docs/benchmarks.md's current figures");
+    }
+}
+
+/// This machine as the current figures name it.
+fn machine() -> String {
+    let cpus = aya::util::online_cpus().map_or(0, |c| c.len());
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    format!(
+        "{cpus} CPUs (shared), kernel {}, test runs pinned to CPU {CPU}",
+        kernel.trim()
+    )
 }
 
 /// The heavy source's frames and the flood's of `heavy_beside_spoofed_flood`
@@ -578,8 +597,10 @@ fn heavy_beside_flood(
     })
 }
 
-/// Prints the table, the targets and the JSON lines.
-fn report(cases: &[Case]) {
+/// Prints the table, the targets and the JSON lines; returns the JSON
+/// lines and the targets (`current::target`) as values.
+fn report(cases: &[Case]) -> Vec<Value> {
+    let mut targets_met = Vec::new();
     println!(
         "xdp bench: BPF_PROG_TEST_RUN on CPU {CPU}, median of {ROUNDS} rounds of {REPEAT} runs, \
          limiter and baseline rounds interleaved (single-run cases: mean of {SINGLE_FRAMES} \
@@ -651,15 +672,17 @@ fn report(cases: &[Case]) {
             continue;
         };
         let ratio = case.ns / case.baseline;
+        let met = check(case.ns, ratio);
         println!(
             "target: {what} -> {:.1} ns, {ratio:.2}x ({})",
             case.ns,
-            if check(case.ns, ratio) {
-                "met"
-            } else {
-                "MISSED"
-            }
+            if met { "met" } else { "MISSED" }
         );
+        targets_met.push(current::target(
+            what,
+            &format!("{:.1} ns, {ratio:.2}x", case.ns),
+            Some(met),
+        ));
     }
     if let Some(after) = cases.iter().find(|c| c.name == AFTER_BLOCKS) {
         let ratio = after.ns / after.baseline;
@@ -695,8 +718,14 @@ fn report(cases: &[Case]) {
                 "target: {what} -> {levelled:.1} ns vs {plain:.1} ns, {ratio:.2}x ({})",
                 if ratio <= most { "met" } else { "MISSED" }
             );
+            targets_met.push(current::target(
+                what,
+                &format!("{levelled:.1} ns vs {plain:.1} ns, {ratio:.2}x"),
+                Some(ratio <= most),
+            ));
         }
     }
+    let mut lines: Vec<Value> = Vec::new();
     for case in cases {
         let paths = case.paths.map_or(String::new(), |p| {
             format!(
@@ -704,12 +733,16 @@ fn report(cases: &[Case]) {
                 p.cheap, p.new_window, p.new_source
             )
         });
-        println!(
+        let line = format!(
             "{{\"case\":\"{}\",\"ns_per_pkt\":{:.1},\"baseline_ns_per_pkt\":{:.1},\"ratio\":{:.3}{paths}}}",
             case.name,
             case.ns,
             case.baseline,
             case.ns / case.baseline
         );
+        println!("{line}");
+        lines.push(serde_json::from_str(&line).expect("a JSON line"));
     }
+    lines.extend(targets_met);
+    lines
 }

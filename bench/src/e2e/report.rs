@@ -198,6 +198,8 @@ fn entry(stat: Stat, digits: usize) -> String {
 
 /// A checked target: what, the measured value, and whether it holds.
 pub struct Target {
+    /// The traffic it is measured on.
+    pub mode: Mode,
     pub what: &'static str,
     pub measured: String,
     pub met: Option<bool>,
@@ -270,6 +272,7 @@ pub fn targets(cells: &[Cell], pps: u64) -> Vec<Target> {
                 .zip(cost(base, mode))
                 .map(|(a, b)| a / b);
             Target {
+                mode,
                 what,
                 measured: ratio.map_or("n/a".into(), |r| format!("{r:.2}x")),
                 met: ratio.map(ok),
@@ -281,6 +284,7 @@ pub fn targets(cells: &[Cell], pps: u64) -> Vec<Target> {
     let kept = find(cells, Scenario::XdpLimiter, Mode::Random, "below")
         .map(|c| (c.stat(|r| r.light_kept).min, c.stat(|r| r.ring_loss).max));
     out.push(Target {
+        mode: Mode::Random,
         what: "random-source flood below saturation: light sources keep >= 99.9% of their packets (worst run)",
         measured: kept.map_or("n/a".into(), |(k, loss)| {
             format!("{:.3}% (ring loss {:.2}%)", k * 100.0, loss * 100.0)
@@ -303,6 +307,7 @@ pub fn targets(cells: &[Cell], pps: u64) -> Vec<Target> {
             .map(|c| c.stat(|r| r.heavy_max_error).max)
             .reduce(f64::max);
         out.push(Target {
+            mode,
             what,
             measured: error.map_or("n/a".into(), |e| format!("{:.2}%", e * 100.0)),
             met: error.map(|e| e <= 0.01),
@@ -335,6 +340,7 @@ pub fn targets_random16(cells: &[Cell]) -> Vec<Target> {
             .zip(cost(Scenario::XdpDropAll))
             .map(|(a, b)| a / b);
         out.push(Target {
+            mode: Mode::Random16,
             what,
             measured: ratio.map_or("n/a".into(), |r| format!("{r:.2}x")),
             met: ratio.map(|r| r <= 2.0),
@@ -343,6 +349,7 @@ pub fn targets_random16(cells: &[Cell]) -> Vec<Target> {
     let kept = find(cells, Scenario::XdpLimiterAgg16, Mode::Random16, "below")
         .map(|c| (c.stat(|r| r.light_kept).min, c.stat(|r| r.ring_loss).max));
     out.push(Target {
+        mode: Mode::Random16,
         what: "/16 flood below saturation, /16 aggregate: light sources keep >= 99.9% of their packets (worst run)",
         measured: kept.map_or("n/a".into(), |(k, loss)| {
             format!("{:.3}% (ring loss {:.2}%)", k * 100.0, loss * 100.0)
