@@ -208,3 +208,33 @@ fn the_daemon_syncs_over_tls_as_the_acl_user_and_never_shows_the_password() {
         daemon.stop();
     }
 }
+
+/// The login kept outside the configuration (`cluster.password_file` and
+/// `username_file`, as systemd credentials or files only root reads):
+/// the daemon syncs as the ACL user, and neither its files' text nor
+/// anything it shows holds the password.
+#[test]
+fn the_daemon_logs_in_with_the_user_and_password_of_its_secret_files() {
+    let lab = lab();
+    let pki = lab.redis.pki().clone();
+    let dir = lab.nodes[0].files.config();
+    let dir = dir.parent().expect("the configuration's directory");
+    let (password, user) = (dir.join("redis-password"), dir.join("redis-user"));
+    std::fs::write(&password, format!("{PASSWORD}\n")).unwrap();
+    std::fs::write(&user, format!("{ACL_USER}\n")).unwrap();
+    let text = config(&format!("rediss://{}:{PORT}", redis_addr(0)), &pki.ca, &pki).replace(
+        "[cluster]\n",
+        &format!(
+            "[cluster]\npassword_file = \"{}\"\nusername_file = \"{}\"\n",
+            password.display(),
+            user.display()
+        ),
+    );
+    assert!(!text.contains(PASSWORD));
+    let daemon = start(&lab, &text);
+    daemon.wait_metric("xdp_limiter_cluster_nodes_alive", |v| v == 1.0);
+    let nodes = lab.redis.cli(&["zrange", "xl:nodes", "0", "-1"]);
+    assert!(nodes.contains("node-0"), "{nodes}");
+    assert_no_password("secret files", &everything_shown(&lab, &daemon));
+    daemon.stop();
+}

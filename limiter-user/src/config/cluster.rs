@@ -149,6 +149,19 @@ pub struct ClusterSection {
     /// that of `primary_username`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub primary_password: Option<String>,
+    /// A file whose first line is the password every URL logs in with, so
+    /// the secret lives outside the configuration (a systemd credential,
+    /// a file only root reads); the URLs then carry no password.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub password_file: Option<PathBuf>,
+    /// A file whose first line is the ACL user of `password_file`; the
+    /// URLs then carry no user.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub username_file: Option<PathBuf>,
+    /// With `mode = "sentinel"`: a file whose first line is the primary's
+    /// password, instead of `primary_password`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub primary_password_file: Option<PathBuf>,
 }
 
 impl Default for ClusterSection {
@@ -169,6 +182,9 @@ impl Default for ClusterSection {
             tls_key_file: None,
             primary_username: None,
             primary_password: None,
+            password_file: None,
+            username_file: None,
+            primary_password_file: None,
         }
     }
 }
@@ -197,6 +213,9 @@ impl fmt::Debug for ClusterSection {
                 "primary_password",
                 &self.primary_password.as_ref().map(|_| "***"),
             )
+            .field("password_file", &self.password_file)
+            .field("username_file", &self.username_file)
+            .field("primary_password_file", &self.primary_password_file)
             .finish()
     }
 }
@@ -250,4 +269,14 @@ pub struct ClusterConfig {
     /// With `mode = "sentinel"`: how the primary is logged in to.
     pub primary_username: Option<String>,
     pub primary_password: Option<Secret>,
+    /// The login every URL uses, read from `password_file` (and
+    /// `username_file`); `None`: what each URL says.
+    pub login: Option<Login>,
+}
+
+/// A login read from files (`cluster.password_file`, `username_file`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Login {
+    pub username: Option<String>,
+    pub password: Secret,
 }

@@ -13,6 +13,7 @@
 
 mod cluster;
 mod schema;
+pub(crate) mod text;
 mod tls;
 mod validate;
 

@@ -1145,3 +1145,100 @@ fn bad_guards_are_rejected_with_the_field_named() {
         "default.guard_for: guard period 1day 1h is outside 5s..=24h",
     );
 }
+
+/// A file holding `text` in a fresh temporary directory.
+fn secret_file(text: &str) -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("secret");
+    std::fs::write(&path, text).unwrap();
+    (dir, path)
+}
+
+#[test]
+fn redis_logins_are_read_from_files_and_never_shown() {
+    let (_p, password) = secret_file("hunter2\n");
+    let (_u, user) = secret_file("xl-node\r\n");
+    let text = cluster_file(&format!(
+        "password_file = {:?}\nusername_file = {:?}",
+        password.display().to_string(),
+        user.display().to_string()
+    ));
+    let config = Config::parse(&text, "c.toml").unwrap();
+    let login = config.cluster.as_ref().unwrap().login.clone().unwrap();
+    assert_eq!(login.password.expose(), "hunter2");
+    assert_eq!(login.username.as_deref(), Some("xl-node"));
+    assert!(!format!("{config:?}").contains("hunter2"));
+    // The file names are what `--save` writes back, never the secret.
+    assert!(!config.file.to_toml().contains("hunter2"));
+    assert!(!super::text::holds_secret(&config.file));
+    // Behind Sentinel, the primary's password too.
+    let (_q, primary) = secret_file("primary-pw\n");
+    let text = format!(
+        "[cluster]\nredis = [\"redis://10.0.0.1:26379\"]\nmode = \"sentinel\"\n\
+         sentinel_master = \"m\"\nprimary_password_file = {:?}\n",
+        primary.display().to_string()
+    );
+    let config = Config::parse(&text, "c.toml").unwrap();
+    let cluster = config.cluster.unwrap();
+    assert_eq!(
+        cluster.primary_password.as_ref().map(Secret::expose),
+        Some("primary-pw")
+    );
+}
+
+#[test]
+fn secret_files_that_conflict_or_say_nothing_are_rejected_by_name() {
+    let (_p, password) = secret_file("hunter2\n");
+    let (_e, empty) = secret_file("\n");
+    let password = password.display().to_string();
+    let empty = empty.display().to_string();
+    rejected(
+        &cluster_file(&format!("password_file = {empty:?}")),
+        "cluster.password_file: ",
+    );
+    rejected(
+        &cluster_file(&format!("password_file = {empty:?}")),
+        "is empty",
+    );
+    rejected(
+        &cluster_file("password_file = \"/nonexistent/xl-secret\""),
+        "/nonexistent/xl-secret cannot be read",
+    );
+    rejected(
+        &cluster_file(&format!("username_file = {password:?}")),
+        "cluster.username_file: set without cluster.password_file",
+    );
+    let with_url = |url: &str, extra: &str| format!("[cluster]\nredis = [\"{url}\"]\n{extra}\n");
+    let both = with_url(
+        "redis://:inline@10.0.0.1:6379",
+        &format!("password_file = {password:?}"),
+    );
+    rejected(
+        &both,
+        "cluster.redis[0]: redis://:***@10.0.0.1:6379 carries a password",
+    );
+    let err = Config::parse(&both, "c.toml").unwrap_err().to_string();
+    assert!(!err.contains("inline"), "{err}");
+    let user = with_url(
+        "redis://xl@10.0.0.1:6379",
+        &format!("password_file = {password:?}\nusername_file = {password:?}"),
+    );
+    rejected(&user, "names a user and cluster.username_file is set");
+    rejected(
+        &cluster_file(&format!("primary_password_file = {password:?}")),
+        "cluster.primary_password_file: only applies with mode = \"sentinel\"",
+    );
+}
+
+/// `--save` keeps a file's mode; the unit's umask keeps every other file
+/// the daemon creates owner-only.
+#[test]
+fn the_shipped_unit_sets_an_owner_only_umask() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../dist/xdp-limiter.service");
+    let unit = std::fs::read_to_string(&path).expect("the unit");
+    assert!(
+        unit.lines().any(|l| l.trim() == "UMask=0077"),
+        "{}",
+        path.display()
+    );
+}

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use super::{StoreError, MAX_BUCKETS};
-use crate::config::{ClusterConfig, ClusterMode, Secret};
+use crate::config::{ClusterConfig, ClusterMode, Login, Secret};
 
 /// How to reach Redis.
 #[derive(Clone, Debug)]
@@ -43,6 +43,9 @@ pub struct StoreConfig {
     /// URLs' own are the Sentinels').
     pub primary_username: Option<String>,
     pub primary_password: Option<Secret>,
+    /// The login every URL uses instead of its own (`cluster.password_file`
+    /// and `username_file`, read).
+    pub login: Option<Login>,
 }
 
 /// The prefix of every key the daemon writes.
@@ -66,6 +69,7 @@ impl StoreConfig {
             tls: None,
             primary_username: None,
             primary_password: None,
+            login: None,
         }
     }
 
@@ -95,6 +99,7 @@ impl StoreConfig {
             }),
             primary_username: config.primary_username.clone(),
             primary_password: config.primary_password.clone(),
+            login: config.login.clone(),
         }
     }
 }

@@ -86,12 +86,22 @@ impl Store {
         let urls = &config.urls;
         let mut infos = Vec::with_capacity(urls.len());
         for url in urls {
-            let info = redis::IntoConnectionInfo::into_connection_info(url.as_str()).map_err(
+            let mut info = redis::IntoConnectionInfo::into_connection_info(url.as_str()).map_err(
                 |source| StoreError::Url {
                     url: redact_url(url),
                     source,
                 },
             )?;
+            if let Some(login) = &config.login {
+                let mut settings = info
+                    .redis_settings()
+                    .clone()
+                    .set_password(login.password.expose());
+                if let Some(user) = &login.username {
+                    settings = settings.set_username(user);
+                }
+                info = info.set_redis_settings(settings);
+            }
             infos.push(info);
         }
         // Errors name the URLs without their passwords.

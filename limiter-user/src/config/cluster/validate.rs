@@ -3,10 +3,12 @@
 //! one check of node names ([`check_node_name`]), which the store applies
 //! too.
 
+use std::path::Path;
+
 use super::{
-    parse_redis_url, ClusterConfig, ClusterMode, ClusterSection, RedisEndpoint, RedisUrl, Secret,
-    GRACE_INTERVALS, MAX_GRACE, MAX_MAX_REMOTE_SOURCES, MAX_NODE_NAME, MAX_SYNC_INTERVAL,
-    MIN_SYNC_INTERVAL, MIN_TIMEOUT,
+    parse_redis_url, redact_url, ClusterConfig, ClusterMode, ClusterSection, Login, RedisEndpoint,
+    RedisUrl, Secret, GRACE_INTERVALS, MAX_GRACE, MAX_MAX_REMOTE_SOURCES, MAX_NODE_NAME,
+    MAX_SYNC_INTERVAL, MIN_SYNC_INTERVAL, MIN_TIMEOUT,
 };
 use crate::config::{tls::TlsFiles, ConfigError};
 
@@ -92,6 +94,7 @@ impl ClusterSection {
         }
         let tls = self.tls(&redis)?;
         let (primary_username, primary_password) = self.primary_login()?;
+        let login = self.file_login()?;
         let sentinel_master = match (self.mode, &self.sentinel_master) {
             (ClusterMode::Sentinel, None) => {
                 return Err(field(
@@ -201,7 +204,56 @@ impl ClusterSection {
             tls,
             primary_username,
             primary_password,
+            login,
         })
+    }
+
+    /// `password_file` and `username_file`, read: the login of every URL,
+    /// which then carries none of its own (two logins for one connection
+    /// would leave the reader guessing which one is used).
+    fn file_login(&self) -> Result<Option<Login>, ConfigError> {
+        let Some(password_file) = &self.password_file else {
+            if self.username_file.is_some() {
+                return Err(field(
+                    "username_file",
+                    "set without cluster.password_file: give the user's password in a file too",
+                ));
+            }
+            return Ok(None);
+        };
+        for (i, url) in self.redis.iter().enumerate() {
+            if redact_url(url) != *url {
+                return Err(field(
+                    &format!("redis[{i}]"),
+                    format!(
+                        "{} carries a password and cluster.password_file is set: keep one",
+                        redact_url(url)
+                    ),
+                ));
+            }
+            let user = url
+                .split_once("://")
+                .and_then(|(_, rest)| rest.split_once('@'))
+                .is_some_and(|(login, _)| !login.is_empty());
+            if user && self.username_file.is_some() {
+                return Err(field(
+                    &format!("redis[{i}]"),
+                    format!(
+                        "{} names a user and cluster.username_file is set: keep one",
+                        redact_url(url)
+                    ),
+                ));
+            }
+        }
+        let password = read_secret(password_file).map_err(|m| field("password_file", m))?;
+        let username = match &self.username_file {
+            Some(path) => Some(read_secret(path).map_err(|m| field("username_file", m))?),
+            None => None,
+        };
+        Ok(Some(Login {
+            username,
+            password: Secret::new(password),
+        }))
     }
 
     /// The TLS files, read and checked, when the URLs are `rediss://`;
@@ -251,6 +303,10 @@ impl ClusterSection {
             for (name, set) in [
                 ("primary_username", self.primary_username.is_some()),
                 ("primary_password", self.primary_password.is_some()),
+                (
+                    "primary_password_file",
+                    self.primary_password_file.is_some(),
+                ),
             ] {
                 if set {
                     return Err(field(
@@ -264,7 +320,22 @@ impl ClusterSection {
                 }
             }
         }
-        match (&self.primary_username, &self.primary_password) {
+        let from_file = match (&self.primary_password, &self.primary_password_file) {
+            (Some(_), Some(_)) => {
+                return Err(field(
+                    "primary_password_file",
+                    "set beside cluster.primary_password: keep one",
+                ))
+            }
+            (None, Some(path)) => {
+                Some(read_secret(path).map_err(|m| field("primary_password_file", m))?)
+            }
+            _ => None,
+        };
+        match (
+            &self.primary_username,
+            &self.primary_password.clone().or(from_file),
+        ) {
             (Some(user), _) if user.is_empty() || user.contains(char::is_whitespace) => Err(field(
                 "primary_username",
                 format!("{user:?} is not an ACL user name"),
@@ -279,6 +350,21 @@ impl ClusterSection {
             (user, password) => Ok((user.clone(), password.as_deref().map(Secret::from))),
         }
     }
+}
+
+/// A secret's file: its first line, without the line end. What is wrong,
+/// as the end of a sentence that starts with the setting's name.
+fn read_secret(path: &Path) -> Result<String, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("{} cannot be read: {e}", path.display()))?;
+    let line = text.lines().next().unwrap_or_default();
+    if line.is_empty() {
+        return Err(format!(
+            "{} is empty (its first line is the secret)",
+            path.display()
+        ));
+    }
+    Ok(line.to_string())
 }
 
 /// Node names end up inside Redis keys and in other nodes' logs and
