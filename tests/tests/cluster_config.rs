@@ -112,11 +112,40 @@ fn status_and_rule_ls_show_the_cluster_and_each_rules_scope() {
         "{text}"
     );
 
-    // A cluster-scoped rule added live and saved: the file gets its scope
-    // and keeps [cluster] as written (password included).
+    // A cluster-scoped rule added live: not saved while the file, which
+    // holds a password, is readable by others (the change stays live and
+    // the file as it was, the password never in the answer); saved once
+    // the file is owner-only: it gets the scope and keeps [cluster] as
+    // written (password included).
+    let before = std::fs::read_to_string(files.config()).expect("the file");
+    let answer = refused(
+        &files,
+        &[
+            "rule",
+            "add",
+            "203.0.113.0/24",
+            "--pps",
+            "5",
+            "--scope",
+            "cluster",
+            "--save",
+        ],
+    );
+    assert!(
+        answer.contains("(live), but not saved") && answer.contains("chmod 600"),
+        "{answer}"
+    );
+    assert!(!answer.contains("s3cret"), "{answer}");
+    assert_eq!(std::fs::read_to_string(files.config()).unwrap(), before);
+    assert_eq!(json(&files, &["status"])["cluster"]["cluster_rules"], 2);
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(files.config(), std::fs::Permissions::from_mode(0o600))
+            .expect("chmod 600");
+    }
     let out = files.cli_ok(&[
         "rule",
-        "add",
+        "set",
         "203.0.113.0/24",
         "--pps",
         "5",
