@@ -118,19 +118,19 @@ fn status_and_rule_ls_show_the_cluster_and_each_rules_scope() {
     // the file is owner-only: it gets the scope and keeps [cluster] as
     // written (password included).
     let before = std::fs::read_to_string(files.config()).expect("the file");
-    let answer = refused(
-        &files,
-        &[
+    let edit = |verb| {
+        [
             "rule",
-            "add",
+            verb,
             "203.0.113.0/24",
             "--pps",
             "5",
             "--scope",
             "cluster",
             "--save",
-        ],
-    );
+        ]
+    };
+    let answer = refused(&files, &edit("add"));
     assert!(
         answer.contains("(live), but not saved") && answer.contains("chmod 600"),
         "{answer}"
@@ -143,16 +143,7 @@ fn status_and_rule_ls_show_the_cluster_and_each_rules_scope() {
         std::fs::set_permissions(files.config(), std::fs::Permissions::from_mode(0o600))
             .expect("chmod 600");
     }
-    let out = files.cli_ok(&[
-        "rule",
-        "set",
-        "203.0.113.0/24",
-        "--pps",
-        "5",
-        "--scope",
-        "cluster",
-        "--save",
-    ]);
+    let out = files.cli_ok(&edit("set"));
     assert!(out.contains("saved to"), "{out}");
     let saved = std::fs::read_to_string(files.config()).expect("the file");
     let reread = limiter_user::config::Config::load(&files.config()).expect("a valid file");
