@@ -163,3 +163,48 @@ fn cluster_shares_written_in_batches_read_back_one_by_one() {
     let (key, share) = again[n as usize - 1];
     assert_eq!(cluster::share(harness.maps(), &key).unwrap(), Some(share));
 }
+
+/// The share marks a write of shares raises: each source's cell marked
+/// until at least its share's expiry, and never lowered by a later share
+/// that expires sooner (a cell is shared by the sources that hash to
+/// it), whether the marks were read cell by cell (few shares) or whole
+/// (`cluster::SHARE_MARKS_READ_WHOLE` and more).
+#[test]
+fn share_marks_rise_and_never_fall_read_cell_by_cell_or_whole() {
+    use limiter_common::{sketch, AddressFamily, ClusterShare};
+    use limiter_user::kernel::cluster;
+    let mut harness = Harness::load();
+    let seed = harness.maps().live_config().expect("config").sketch_seed;
+    let mark = |harness: &Harness, key: &SourceKey| -> u64 {
+        let v6 = key.family() == AddressFamily::V6;
+        let at = sketch::place(&key.addr, v6, key.prefix_len, key.class, seed);
+        let cell = sketch::mark_cell(at, sketch::SHARE_CELLS);
+        harness.maps().share_marks.get(&cell, 0).expect("a mark")
+    };
+    for n in [10, 2 * cluster::SHARE_MARKS_READ_WHOLE as u32] {
+        let shares = |expires: u64| -> Vec<(SourceKey, ClusterShare)> {
+            (0..n)
+                .map(|i| {
+                    let key = SourceKey::v4((0x0b00_0000 + i).to_be_bytes());
+                    let share = ClusterShare {
+                        allowance_packets: 5,
+                        expires_ns: expires + u64::from(i),
+                    };
+                    (key, share)
+                })
+                .collect()
+        };
+        let late = shares(2_000_000_000);
+        cluster::write_shares(harness.maps_mut(), &late).expect("shares");
+        for (key, share) in &late {
+            assert!(mark(&harness, key) >= share.expires_ns, "{n}: {key:?}");
+        }
+        cluster::write_shares(harness.maps_mut(), &shares(1_000)).expect("shares");
+        for (key, share) in &late {
+            assert!(
+                mark(&harness, key) >= share.expires_ns,
+                "{n}: the mark of {key:?} fell"
+            );
+        }
+    }
+}
