@@ -628,7 +628,7 @@ fn write_docs(
     writeln!(
         md,
         "Measured {} on {}; {} runs of {:.0} s of flood per error case, {} slices of {:.0} s per load case.\n",
-        date(),
+        current::today(),
         machine(),
         args.runs,
         args.flood,
@@ -768,14 +768,6 @@ fn write_docs(
         &|c| (c.interval_ms == 100).then_some(c.nodes as f64),
     )?;
     Ok(())
-}
-
-fn date() -> String {
-    std::process::Command::new("date")
-        .args(["-u", "+%Y-%m-%d"])
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_default()
 }
 
 fn machine() -> String {

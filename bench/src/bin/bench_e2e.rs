@@ -329,7 +329,7 @@ fn main() {
     }
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
     let setup = Setup {
-        when: date(),
+        when: current::today(),
         machine: machine(),
         mix: describe(&MIXED),
         random_mix: describe(&RANDOM),
@@ -496,7 +496,7 @@ fn service(args: &Args, interrupted: &AtomicBool) -> anyhow::Result<()> {
     service::write_docs(
         &doc,
         plan.flood_tool,
-        &date(),
+        &current::today(),
         &machine(),
         &service::describe(&plan, args.service_runs),
         &cells,
@@ -527,15 +527,6 @@ fn describe(mix: &Mix) -> String {
         limiter_bench_common::traffic::FRAME_LEN
     ));
     parts.join(", ")
-}
-
-fn date() -> String {
-    Command::new("date")
-        .arg("-u")
-        .arg("+%Y-%m-%d")
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_default()
 }
 
 fn machine() -> String {

@@ -1224,6 +1224,11 @@ fn secret_files_that_conflict_or_say_nothing_are_rejected_by_name() {
         &format!("password_file = {password:?}\nusername_file = {password:?}"),
     );
     rejected(&user, "names a user and cluster.username_file is set");
+    let socket = with_url(
+        "unix:///run/redis.sock?user=xl",
+        &format!("password_file = {password:?}\nusername_file = {password:?}"),
+    );
+    rejected(&socket, "names a user and cluster.username_file is set");
     rejected(
         &cluster_file(&format!("primary_password_file = {password:?}")),
         "cluster.primary_password_file: only applies with mode = \"sentinel\"",

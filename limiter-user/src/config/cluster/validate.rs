@@ -6,9 +6,9 @@
 use std::path::Path;
 
 use super::{
-    parse_redis_url, redact_url, ClusterConfig, ClusterMode, ClusterSection, Login, RedisEndpoint,
-    RedisUrl, Secret, GRACE_INTERVALS, MAX_GRACE, MAX_MAX_REMOTE_SOURCES, MAX_NODE_NAME,
-    MAX_SYNC_INTERVAL, MIN_SYNC_INTERVAL, MIN_TIMEOUT,
+    parse_redis_url, ClusterConfig, ClusterMode, ClusterSection, Login, RedisEndpoint, RedisUrl,
+    Secret, GRACE_INTERVALS, MAX_GRACE, MAX_MAX_REMOTE_SOURCES, MAX_NODE_NAME, MAX_SYNC_INTERVAL,
+    MIN_SYNC_INTERVAL, MIN_TIMEOUT,
 };
 use crate::config::{tls::TlsFiles, ConfigError};
 
@@ -94,7 +94,7 @@ impl ClusterSection {
         }
         let tls = self.tls(&redis)?;
         let (primary_username, primary_password) = self.primary_login()?;
-        let login = self.file_login()?;
+        let login = self.file_login(&redis)?;
         let sentinel_master = match (self.mode, &self.sentinel_master) {
             (ClusterMode::Sentinel, None) => {
                 return Err(field(
@@ -211,7 +211,7 @@ impl ClusterSection {
     /// `password_file` and `username_file`, read: the login of every URL,
     /// which then carries none of its own (two logins for one connection
     /// would leave the reader guessing which one is used).
-    fn file_login(&self) -> Result<Option<Login>, ConfigError> {
+    fn file_login(&self, redis: &[RedisUrl]) -> Result<Option<Login>, ConfigError> {
         let Some(password_file) = &self.password_file else {
             if self.username_file.is_some() {
                 return Err(field(
@@ -221,27 +221,20 @@ impl ClusterSection {
             }
             return Ok(None);
         };
-        for (i, url) in self.redis.iter().enumerate() {
-            if redact_url(url) != *url {
+        for (i, url) in redis.iter().enumerate() {
+            // The parsed login: `user:password@`, or a socket's `user=` and
+            // `pass=` parameters.
+            let clash = if url.redacted() != url.url {
+                Some("carries a password and cluster.password_file is set")
+            } else if url.login.is_some() && self.username_file.is_some() {
+                Some("names a user and cluster.username_file is set")
+            } else {
+                None
+            };
+            if let Some(clash) = clash {
                 return Err(field(
                     &format!("redis[{i}]"),
-                    format!(
-                        "{} carries a password and cluster.password_file is set: keep one",
-                        redact_url(url)
-                    ),
-                ));
-            }
-            let user = url
-                .split_once("://")
-                .and_then(|(_, rest)| rest.split_once('@'))
-                .is_some_and(|(login, _)| !login.is_empty());
-            if user && self.username_file.is_some() {
-                return Err(field(
-                    &format!("redis[{i}]"),
-                    format!(
-                        "{} names a user and cluster.username_file is set: keep one",
-                        redact_url(url)
-                    ),
+                    format!("{} {clash}: keep one", url.redacted()),
                 ));
             }
         }
