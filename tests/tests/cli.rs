@@ -285,7 +285,7 @@ fn rule_add_limits_a_live_source_and_rule_rm_releases_it() {
         .files
         .cli_ok(&["rule", "add", &medium, "--pps", "1", "--window", "10s"]);
     assert!(
-        out.contains(&format!("added the rule for {medium}; rule generation 2")),
+        out.contains(&format!("added the rule for {medium} as {medium}; rule generation 2")),
         "{out}"
     );
     let got = s.lab.exchange(&receiver, PORT, &[(MEDIUM, 5)], MARKER);
@@ -301,7 +301,7 @@ fn rule_add_limits_a_live_source_and_rule_rm_releases_it() {
     assert_eq!(rules["default"]["pps"], 2);
     let text = s.files.cli_ok(&["rule", "ls"]);
     assert!(
-        text.contains("rules[1]") && text.contains("1 pps, window 10s"),
+        text.contains(&format!("{medium} ")) && text.contains("1 pps, window 10s"),
         "{text}"
     );
 
@@ -540,18 +540,18 @@ fn rule_levels_show_in_rule_ls_and_status_and_their_drops_are_counted() {
     );
     let text = s.files.cli_ok(&["rule", "ls"]);
     assert!(
-        text.lines().any(|line| line.starts_with("rules[1]")
+        text.lines().any(|line| line.starts_with("192.0.2.0/24")
             && line.ends_with("100 pps, window 10s, levels: prefix/24/48:1, source:50@1m")),
         "{text}"
     );
     let status = json(&s.files, &["status"]);
     assert_eq!(
         status["rule_levels"],
-        serde_json::json!([{"rule": "rules[1]", "levels": ["prefix/24/48:1", "source:50@1m"]}])
+        serde_json::json!([{"rule": "192.0.2.0/24", "levels": ["prefix/24/48:1", "source:50@1m"]}])
     );
     let text = s.files.cli_ok(&["status"]);
     assert!(
-        text.contains("\nrules[1] levels: prefix/24/48:1, source:50@1m\n"),
+        text.contains("\n192.0.2.0/24 levels: prefix/24/48:1, source:50@1m\n"),
         "{text}"
     );
 
@@ -565,7 +565,7 @@ fn rule_levels_show_in_rule_ls_and_status_and_their_drops_are_counted() {
     assert!((1..=10).contains(&passed), "{got:?}");
     let refused = (25 - passed) as f64;
     let level = format!(
-        "xdp_limiter_level_dropped_packets_total{{interface=\"{RX_IF}\",level=\"prefix/24/48@10s\",rule=\"rules[1]\"}}"
+        "xdp_limiter_level_dropped_packets_total{{interface=\"{RX_IF}\",level=\"prefix/24/48@10s\",rule=\"192.0.2.0/24\"}}"
     );
     assert_eq!(s.daemon.wait_metric(&level, |v| v >= refused), refused);
     let metrics = s.daemon.metrics();
@@ -573,7 +573,7 @@ fn rule_levels_show_in_rule_ls_and_status_and_their_drops_are_counted() {
         limiter_tests::daemon::parse_metric(
             &metrics,
             &format!(
-                "xdp_limiter_rule_dropped_packets_total{{interface=\"{RX_IF}\",rule=\"rules[1]\"}}"
+                "xdp_limiter_rule_dropped_packets_total{{interface=\"{RX_IF}\",rule=\"192.0.2.0/24\"}}"
             )
         ),
         Some(refused)
@@ -582,7 +582,7 @@ fn rule_levels_show_in_rule_ls_and_status_and_their_drops_are_counted() {
         limiter_tests::daemon::parse_metric(
             &metrics,
             &format!(
-                "xdp_limiter_level_dropped_packets_total{{interface=\"{RX_IF}\",level=\"source@1m\",rule=\"rules[1]\"}}"
+                "xdp_limiter_level_dropped_packets_total{{interface=\"{RX_IF}\",level=\"source@1m\",rule=\"192.0.2.0/24\"}}"
             )
         ),
         Some(0.0)
@@ -657,7 +657,7 @@ fn top_level_shows_the_aggregates_of_the_levels_it_selects() {
             (&rows[1], "192.0.3.0/24", 7),
         ] {
             assert_eq!(row["key"], key, "{selector}: {rows:?}");
-            assert_eq!(row["rule"], "rules[1]");
+            assert_eq!(row["rule"], "192.0.0.0/16");
             assert_eq!(row["level"], "prefix/24/48@1m");
             assert_eq!(row["allowance"], 600);
             assert_eq!(row["interface"], RX_IF);
@@ -675,7 +675,7 @@ fn top_level_shows_the_aggregates_of_the_levels_it_selects() {
         (&lines[0], "192.0.2.0/24", 25u64),
         (&lines[1], "192.0.3.0/24", 7),
     ] {
-        assert_eq!(fields[..3], ["rules[1]", "prefix/24/48@1m", key], "{text}");
+        assert_eq!(fields[..3], ["192.0.0.0/16", "prefix/24/48@1m", key], "{text}");
         let counted: u64 = fields[3].parse().expect("packets");
         assert!(counted.abs_diff(packets) <= 1, "{text}");
         assert_eq!(fields[4], "600", "{text}");
@@ -709,7 +709,7 @@ fn top_level_shows_the_aggregates_of_the_levels_it_selects() {
         let stderr = failing(&s.files, &["top", "--once", "--level", selector], 1);
         assert!(
             stderr.contains(why)
-                && stderr.contains("the levels in force: rules[1]: prefix/24/48@1m, rule@1m"),
+                && stderr.contains("the levels in force: 192.0.0.0/16: prefix/24/48@1m, rule@1m"),
             "{selector}: {stderr}"
         );
         assert_eq!(stderr.lines().count(), 1, "{stderr}");

@@ -102,7 +102,7 @@ fn status_and_rule_ls_show_the_cluster_and_each_rules_scope() {
     let text = files.cli_ok(&["rule", "ls"]);
     let heavy = text
         .lines()
-        .find(|l| l.starts_with("rules[1]"))
+        .find(|l| l.starts_with(&format!("{HEAVY}/32 ")))
         .unwrap_or_else(|| panic!("{text}"));
     assert!(heavy.contains(" limit   cluster "), "{text}");
     assert!(

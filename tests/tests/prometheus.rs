@@ -445,7 +445,7 @@ fn every_dashboard_query_and_alert_rule_evaluates_on_a_real_prometheus_scraping_
         scopes,
         [(
             Value::from("XdpLimiterGuardRolledBack"),
-            Value::from("rules[0]")
+            Value::from("10.100.0.0/16")
         )],
         "{firing:?}"
     );
@@ -472,8 +472,8 @@ fn evaluate(prometheus: &Prometheus) -> (Vec<String>, Vec<(String, String)>) {
         "xdp_limiter_windows_kept".to_string(),
         format!("xdp_limiter_cluster_nodes_alive{{job=\"{JOB}\"}} == 1"),
         "xdp_limiter_guard_state{scope=\"global\"} == 1".to_string(),
-        "xdp_limiter_guard_state{scope=\"rules[0]\"} == 3".to_string(),
-        "xdp_limiter_guard_rollbacks_total{scope=\"rules[0]\"} == 1".to_string(),
+        "xdp_limiter_guard_state{scope=\"10.100.0.0/16\"} == 3".to_string(),
+        "xdp_limiter_guard_rollbacks_total{scope=\"10.100.0.0/16\"} == 1".to_string(),
     ];
     let t0 = Instant::now();
     let waited = wait_until(Duration::from_secs(30), Duration::from_millis(250), || {
@@ -526,7 +526,7 @@ fn evaluate(prometheus: &Prometheus) -> (Vec<String>, Vec<(String, String)>) {
         let expected: &[&str] = match name {
             "instance" => &[TARGET],
             "interface" => &["veth-n0"],
-            "rule" => &["default", "rules[0]"],
+            "rule" => &["default", "10.100.0.0/16"],
             _ => &[],
         };
         for value in expected {

@@ -245,9 +245,14 @@ pub enum RuleCommand {
     Add(RuleArgs),
     /// Replace the rule with the same prefix and match.
     Set(RuleArgs),
-    /// Remove the rule with this prefix and match.
+    /// Remove the rule with this prefix and match, or this name.
     Rm {
-        cidr: IpNet,
+        #[arg(required_unless_present = "name", conflicts_with = "name")]
+        cidr: Option<IpNet>,
+        /// The rule's name (`rule ls` shows it), instead of its prefix
+        /// and match.
+        #[arg(long)]
+        name: Option<String>,
         #[command(flatten)]
         matches: MatchArgs,
         #[command(flatten)]
@@ -272,6 +277,11 @@ pub enum DefaultCommand {
 #[derive(Args)]
 pub struct RuleArgs {
     pub cidr: IpNet,
+    /// The rule's name (metrics, history, guards, `suggest --rule` and
+    /// `rule rm --name` use it). Unset: `add` derives one from the
+    /// prefix and match, `set` keeps the rule's.
+    #[arg(long)]
+    pub name: Option<String>,
     #[command(flatten)]
     pub matches: MatchArgs,
     #[command(flatten)]

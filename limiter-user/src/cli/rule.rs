@@ -14,12 +14,13 @@ use super::{
 use crate::{
     config::{PortsSpec, ProtocolSpec, RuleSection},
     proto::{Reply, Request, RuleEdit},
-    rules::rule_name,
+    rules::DEFAULT_RULE_NAME,
 };
 
 /// The file form of a rule from the command line.
 pub fn section(cidr: Option<IpNet>, m: &MatchArgs, l: &LimitArgs) -> RuleSection {
     RuleSection {
+        name: None,
         cidr,
         action: l.action,
         protocol: m.protocol.clone(),
@@ -42,7 +43,10 @@ pub fn section(cidr: Option<IpNet>, m: &MatchArgs, l: &LimitArgs) -> RuleSection
 /// `rule add|set|rm|ls`.
 pub fn run(command: RuleCommand) -> anyhow::Result<()> {
     let send = |args: RuleArgs, make: fn(RuleSection) -> RuleEdit| {
-        let rule = section(Some(args.cidr), &args.matches, &args.limits);
+        let rule = RuleSection {
+            name: args.name,
+            ..section(Some(args.cidr), &args.matches, &args.limits)
+        };
         edit(&args.common, make(rule))
     };
     match command {
@@ -50,10 +54,14 @@ pub fn run(command: RuleCommand) -> anyhow::Result<()> {
         RuleCommand::Set(args) => send(args, |rule| RuleEdit::Set { rule }),
         RuleCommand::Rm {
             cidr,
+            name,
             matches,
             common,
         } => {
-            let rule = section(Some(cidr), &matches, &LimitArgs::none());
+            let rule = RuleSection {
+                name,
+                ..section(cidr, &matches, &LimitArgs::none())
+            };
             edit(&common, RuleEdit::Remove { rule })
         }
         RuleCommand::Ls(args) => list(&args.socket.path, args.output),
@@ -97,9 +105,9 @@ pub fn list(socket: &Path, output: Output) -> anyhow::Result<()> {
                 "{:<10} {:<20} {:<18} {:<7} {:<7} limits",
                 "rule", "cidr", "match", "action", "scope"
             );
-            println!("{}", line(&rule_name(0), &default));
-            for (i, rule) in rules.iter().enumerate() {
-                println!("{}", line(&rule_name(i + 1), rule));
+            println!("{}", line(DEFAULT_RULE_NAME, &default));
+            for rule in &rules {
+                println!("{}", line(&rule.effective_name(), rule));
             }
         }
     }
@@ -112,6 +120,11 @@ pub fn list(socket: &Path, output: Output) -> anyhow::Result<()> {
 fn with_scope(rule: &RuleSection) -> serde_json::Result<serde_json::Value> {
     let mut value = serde_json::to_value(rule)?;
     if let Some(object) = value.as_object_mut() {
+        let name = match rule.cidr {
+            None => DEFAULT_RULE_NAME.to_string(),
+            Some(_) => rule.effective_name(),
+        };
+        object.insert("name".into(), name.into());
         object.insert("scope".into(), rule.scope.name().into());
         object.insert("levels".into(), level_strings(rule).into());
     }

@@ -72,11 +72,11 @@ mod tests {
     #[test]
     fn report_keys_round_trip_and_refuse_garbage() {
         let key = SourceKey::v4([192, 0, 2, 3]).with_class(2);
-        let text = ReportKey::new(key, "rules[1]").wire();
-        assert_eq!(text, "192.0.2.3/32#2|rules[1]");
+        let text = ReportKey::new(key, "0.0.0.0/0+udp:53").wire();
+        assert_eq!(text, "192.0.2.3/32#2|0.0.0.0/0+udp:53");
         assert_eq!(
             ReportKey::parse(&text),
-            Some(ReportKey::new(key, "rules[1]"))
+            Some(ReportKey::new(key, "0.0.0.0/0+udp:53"))
         );
         let mut v6 = SourceKey::v6([0x20, 1, 0xd, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
         v6.prefix_len = 64;

@@ -9,7 +9,7 @@ use limiter_common::{Action, Scope};
 use serde::{Deserialize, Serialize};
 
 use super::{ClusterSection, DEFAULT_METRICS_ADDR, DEFAULT_PIN_DIR, DEFAULT_SOCKET};
-use crate::rules::{LevelSpec, PROTO_ICMP, PROTO_ICMPV6, PROTO_TCP, PROTO_UDP};
+use crate::rules::{LevelSpec, DEFAULT_RULE_NAME, PROTO_ICMP, PROTO_ICMPV6, PROTO_TCP, PROTO_UDP};
 
 /// How to attach to an interface (the file's `daemon.mode`, and `run
 /// --mode`).
@@ -214,6 +214,13 @@ impl std::str::FromStr for PortsSpec {
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct RuleSection {
+    /// The rule's name: what metrics, history, guards, `status`, `top`,
+    /// `suggest` and `rule rm --name` call it. Unset: derived from the
+    /// prefix and match (`RuleSection::derived_name`) and written to the
+    /// file by the next `--save`, so it stays when the rules around it
+    /// change.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
     /// Source prefix (`[[rules]]` only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cidr: Option<IpNet>,
@@ -339,6 +346,7 @@ fn is_node(scope: &Scope) -> bool {
 impl Default for RuleSection {
     fn default() -> Self {
         Self {
+            name: None,
             cidr: None,
             action: Action::Limit,
             protocol: None,
@@ -370,6 +378,7 @@ impl RuleSection {
     /// Every key of a rule, in the file's `[default]` and `[[rules]]` and
     /// in a request's `rule`: what tests and fuzzers build rules from.
     pub const KEYS: &'static [&'static str] = &[
+        "name",
         "cidr",
         "action",
         "protocol",
@@ -396,6 +405,38 @@ impl RuleSection {
             && protocol(self) == protocol(other)
             && self.ports_range() == other.ports_range()
             && self.tcp_syn == other.tcp_syn
+    }
+
+    /// The name of a rule without one: `default`, or its prefix, then its
+    /// match (`192.0.2.0/24`, `10.0.0.0/8+udp:53`, `0.0.0.0/0+tcp:80-443+syn`):
+    /// what names it in the rules already (`same_rule`), so a rule keeps
+    /// its name whatever is added or removed around it.
+    pub fn derived_name(&self) -> String {
+        let Some(cidr) = self.cidr else {
+            return DEFAULT_RULE_NAME.to_string();
+        };
+        let mut name = cidr.trunc().to_string();
+        if let Some(protocol) = &self.protocol {
+            match protocol.number() {
+                Some(n) => name.push_str(&format!("+{}", protocol_name(n))),
+                None => name.push_str("+?"),
+            }
+        }
+        if let Some((low, high)) = self.ports_range() {
+            name.push_str(&match low == high {
+                true => format!(":{low}"),
+                false => format!(":{low}-{high}"),
+            });
+        }
+        if self.tcp_syn {
+            name.push_str("+syn");
+        }
+        name
+    }
+
+    /// The rule's name: given, or derived.
+    pub fn effective_name(&self) -> String {
+        self.name.clone().unwrap_or_else(|| self.derived_name())
     }
 
     /// Whether this rule enforces by itself (its own `dry_run`, unset
@@ -440,6 +481,17 @@ impl RuleSection {
             Some(PortsSpec::Port(p)) => Some((*p, *p)),
             Some(PortsSpec::Text(t)) => parse_ports(t),
         }
+    }
+}
+
+/// A protocol number as a derived name spells it.
+fn protocol_name(number: u8) -> String {
+    match number {
+        PROTO_TCP => "tcp".into(),
+        PROTO_UDP => "udp".into(),
+        PROTO_ICMP => "icmp".into(),
+        PROTO_ICMPV6 => "icmpv6".into(),
+        n => n.to_string(),
     }
 }
 

@@ -348,6 +348,7 @@ fn ports_parse() {
 /// A rule with every optional field set, so that each key is written.
 pub(crate) fn rule_with_every_key() -> RuleSection {
     RuleSection {
+        name: Some("every-key".into()),
         cidr: Some("192.0.2.0/24".parse().unwrap()),
         protocol: Some(ProtocolSpec::Number(PROTO_UDP)),
         ports: Some(PortsSpec::Port(53)),
@@ -1245,5 +1246,70 @@ fn the_shipped_unit_sets_an_owner_only_umask() {
         unit.lines().any(|l| l.trim() == "UMask=0077"),
         "{}",
         path.display()
+    );
+}
+
+#[test]
+fn a_rule_is_named_as_given_or_by_its_prefix_and_match() {
+    let config = Config::parse(
+        "[[rules]]\ncidr = \"10.0.0.0/8\"\npps = 5\n\n\
+         [[rules]]\ncidr = \"10.0.0.0/8\"\nprotocol = \"UDP\"\nports = \"53\"\npps = 5\n\n\
+         [[rules]]\ncidr = \"2001:db8::/32\"\nprotocol = 6\nports = \"80-443\"\ntcp_syn = true\npps = 5\n\n\
+         [[rules]]\nname = \"web\"\ncidr = \"192.0.2.0/24\"\npps = 5\n",
+        "named.toml",
+    )
+    .unwrap();
+    let names: Vec<&str> = config.rules.specs().map(|s| s.name.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "default",
+            "10.0.0.0/8",
+            "10.0.0.0/8+udp:53",
+            "2001:db8::/32+tcp:80-443+syn",
+            "web"
+        ]
+    );
+    assert_eq!(config.rules.position("web"), Some(4));
+    assert_eq!(config.rules.name(2), Some("10.0.0.0/8+udp:53"));
+}
+
+#[test]
+fn a_bad_or_taken_rule_name_is_refused_with_its_field() {
+    let rule = |name: &str, cidr: &str| {
+        format!("[[rules]]\nname = {name:?}\ncidr = \"{cidr}\"\npps = 5\n\n")
+    };
+    rejected(
+        &(rule("web", "10.0.0.0/8") + &rule("web", "10.1.0.0/16")),
+        "rules[1].name: \"web\" names rules[0] too",
+    );
+    // A given name may not take another rule's derived one.
+    rejected(
+        &(rule("10.1.0.0/16", "10.0.0.0/8") + "[[rules]]\ncidr = \"10.1.0.0/16\"\npps = 5\n"),
+        "rules[1].name: \"10.1.0.0/16\" names rules[0] too",
+    );
+    rejected(
+        &rule("a b", "10.0.0.0/8"),
+        "rules[0].name: \"a b\" is not a rule name",
+    );
+    rejected(
+        &rule("", "10.0.0.0/8"),
+        "rules[0].name: \"\" is not a rule name",
+    );
+    rejected(
+        &rule(&"x".repeat(81), "10.0.0.0/8"),
+        "is not a rule name: 1 to 80 characters",
+    );
+    rejected(
+        &rule("global", "10.0.0.0/8"),
+        "rules[0].name: \"global\" names the global guard",
+    );
+    rejected(
+        &rule("default", "10.0.0.0/8"),
+        "rules[0].name: \"default\" names the default rule",
+    );
+    rejected(
+        "[default]\nname = \"all\"\npps = 5\n",
+        "default.name: the default rule is named \"default\"",
     );
 }

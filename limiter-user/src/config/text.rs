@@ -96,8 +96,9 @@ fn merge_table(doc: &mut Table, old: &Table, new: &Table) {
 }
 
 /// `[[rules]]`: each rule of `new` takes the operator's table of an
-/// unchanged rule (in order, each once), else that of the rule at the same
-/// place when only some of its keys changed (`rule set`), else a new table.
+/// unchanged rule (in order, each once), else that of the rule matching
+/// the same traffic when only some of its keys changed (`rule set`, a
+/// name written), else a new table.
 fn merge_tables(doc: &mut ArrayOfTables, old: &ArrayOfTables, new: &ArrayOfTables) {
     let mut used = vec![false; old.len()];
     let mut out = ArrayOfTables::new();
@@ -117,11 +118,13 @@ fn merge_tables(doc: &mut ArrayOfTables, old: &ArrayOfTables, new: &ArrayOfTable
             None => None,
         };
         let table = table.or_else(|| {
-            let (old_table, table) = (old.get(index)?, doc.get(index)?);
-            if used[index] || !same_match(old_table, new_table) {
-                return None;
-            }
-            used[index] = true;
+            // The rule that matched the same traffic, here or elsewhere
+            // (a rule removed before it moved it up).
+            let i = std::iter::once(index).chain(0..old.len()).find(|&i| {
+                i < old.len() && !used[i] && old.get(i).is_some_and(|o| same_match(o, new_table))
+            })?;
+            let (old_table, table) = (old.get(i)?, doc.get(i)?);
+            used[i] = true;
             let mut table = table.clone();
             merge_table(&mut table, old_table, new_table);
             Some(table)

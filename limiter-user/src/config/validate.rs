@@ -11,7 +11,10 @@ use super::{
 use limiter_common::{Action, AddressFamily, Scope};
 
 use crate::guard::{self, Guard, GuardError};
-use crate::rules::{compile, rule_name, Limits, Match, RuleError, RuleSet, RuleSpec};
+use crate::rules::{
+    check_rule_name, compile, rule_name, Limits, Match, RuleError, RuleSet, RuleSpec,
+    DEFAULT_RULE_NAME,
+};
 
 /// The most "source limited" lines a second (or at once) the daemon may
 /// be set to write: beyond, the cap no longer protects the log.
@@ -107,6 +110,7 @@ impl FileConfig {
             .enumerate()
             .map(|(i, r)| rule_spec(r, &rule_name(i + 1), false))
             .collect::<Result<Vec<_>, _>>()?;
+        check_names(std::iter::once(&default).chain(&rules))?;
         let set = RuleSet {
             default,
             rules,
@@ -147,10 +151,48 @@ impl FileConfig {
     }
 }
 
+/// Checks that no two rules have one name (a given name may not take
+/// another rule's derived one either).
+fn check_names<'a>(specs: impl Iterator<Item = &'a RuleSpec>) -> Result<(), ConfigError> {
+    let mut seen = std::collections::HashMap::new();
+    for (position, spec) in specs.enumerate() {
+        if let Some(first) = seen.insert(spec.name.as_str(), position) {
+            return Err(field(
+                format!("{}.name", rule_name(position)),
+                format!(
+                    "{:?} names {} too: a name names one rule",
+                    spec.name,
+                    rule_name(first)
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn rule_spec(section: &RuleSection, name: &str, is_default: bool) -> Result<RuleSpec, ConfigError> {
     section
         .guard_plan(name, is_default)
         .map_err(|(name, message)| field(name, message))?;
+    let rule_name = match (&section.name, is_default) {
+        (Some(given), true) if given != DEFAULT_RULE_NAME => {
+            return Err(field(
+                format!("{name}.name"),
+                format!("the default rule is named {DEFAULT_RULE_NAME:?}, not {given:?}"),
+            ))
+        }
+        (Some(given), false) if given == DEFAULT_RULE_NAME => {
+            return Err(field(
+                format!("{name}.name"),
+                format!("{DEFAULT_RULE_NAME:?} names the default rule"),
+            ))
+        }
+        (Some(given), _) => {
+            check_rule_name(given).map_err(|e| field(format!("{name}.name"), e))?;
+            given.clone()
+        }
+        (None, _) => section.derived_name(),
+    };
     let cidr = match (is_default, section.cidr) {
         (true, Some(_)) => {
             return Err(field(
@@ -224,6 +266,7 @@ fn rule_spec(section: &RuleSection, name: &str, is_default: bool) -> Result<Rule
         pps = Some(DEFAULT_PPS);
     }
     Ok(RuleSpec {
+        name: rule_name,
         cidr,
         matches: Match {
             protocol,

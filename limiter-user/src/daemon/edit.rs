@@ -21,27 +21,41 @@ pub fn apply_rule_edit(
     edit: RuleEdit,
 ) -> Result<(FileConfig, Config, String), String> {
     let mut file = file.clone();
-    let describe = |r: &RuleSection| {
-        r.cidr.map_or_else(
-            || "the default rule".to_string(),
-            |c| format!("the rule for {c}"),
-        )
+    let removing = matches!(edit, RuleEdit::Remove { .. });
+    let describe = |r: &RuleSection| match r.cidr {
+        None if removing => format!("the rule named {}", r.effective_name()),
+        None => "the default rule".to_string(),
+        Some(c) => format!("the rule for {c}"),
     };
-    // Where the rule that `rule` names is, or the answer (with `hint`).
+    // Where the rule that `rule` names (by its name when it has no
+    // prefix, else by its prefix and match) is, or the answer (with
+    // `hint`).
     let existing = |file: &FileConfig, rule: &RuleSection, hint: &str| {
-        file.rules
-            .iter()
-            .position(|r| r.same_rule(rule))
-            .ok_or_else(|| format!("{} with that match does not exist{hint}", describe(rule)))
+        let found = match (&rule.name, rule.cidr) {
+            (Some(name), None) => file.rules.iter().position(|r| r.effective_name() == *name),
+            _ => file.rules.iter().position(|r| r.same_rule(rule)),
+        };
+        found.ok_or_else(|| match (&rule.name, rule.cidr) {
+            (Some(name), None) => {
+                let names: Vec<String> =
+                    file.rules.iter().map(RuleSection::effective_name).collect();
+                format!("no rule is named {name} (the rules: {})", names.join(", "))
+            }
+            _ => format!("{} with that match does not exist{hint}", describe(rule)),
+        })
     };
-    if let RuleEdit::Set { rule } | RuleEdit::Remove { rule } = &edit {
-        // Only the default rule has no cidr, and these cannot name it: say
-        // what is missing rather than that no such rule exists.
-        if rule.cidr.is_none() {
+    match &edit {
+        RuleEdit::Set { rule } if rule.cidr.is_none() => {
+            // Only the default rule has no cidr, and this cannot name it:
+            // say what is missing rather than that no such rule exists.
             return Err(
                 "a rule needs a cidr (the default rule is replaced with `default set`)".into(),
             );
         }
+        RuleEdit::Remove { rule } if rule.cidr.is_none() && rule.name.is_none() => {
+            return Err("a rule to remove needs a cidr or a name".into());
+        }
+        _ => {}
     }
     let what = match edit {
         RuleEdit::Add { rule } => {
@@ -54,24 +68,31 @@ pub fn apply_rule_edit(
                     describe(&rule)
                 ));
             }
-            let what = format!("added {}", describe(&rule));
+            let what = format!("added {} as {}", describe(&rule), rule.effective_name());
             file.rules.push(rule);
             what
         }
-        RuleEdit::Set { rule } => {
+        RuleEdit::Set { mut rule } => {
             let index = existing(&file, &rule, "; use `rule add`")?;
+            // A rule keeps its name unless the edit gives another.
+            if rule.name.is_none() {
+                rule.name = file.rules[index].name.clone();
+            }
             let what = format!("replaced {}", describe(&rule));
             file.rules[index] = rule;
             what
         }
         RuleEdit::Remove { rule } => {
             let index = existing(&file, &rule, "")?;
-            file.rules.remove(index);
-            format!("removed {}", describe(&rule))
+            let gone = file.rules.remove(index);
+            format!("removed {} ({})", describe(&gone), gone.effective_name())
         }
-        RuleEdit::Default { rule } => {
+        RuleEdit::Default { mut rule } => {
             if rule.cidr.is_some() {
                 return Err("the default rule covers every source; it takes no cidr".into());
+            }
+            if rule.name.is_none() {
+                rule.name = file.default.name.clone();
             }
             file.default = rule;
             "replaced the default rule".to_string()
@@ -108,6 +129,13 @@ pub fn save(path: Option<&Path>, config: &mut Config, done: &str) -> Result<Stri
         ));
     }
     let not_saved = |why: String| format!("{done} (live), but not saved: {why}");
+    // A derived name is written once and kept from then on, whatever
+    // else changes.
+    for rule in &mut config.file.rules {
+        if rule.name.is_none() {
+            rule.name = Some(rule.derived_name());
+        }
+    }
     let text = match &on_disk {
         Some(original) => {
             let before: FileConfig = toml::from_str(original)
@@ -224,7 +252,6 @@ mod tests {
         let (_dir, path, mut config) = file_with(&shipped, 0o600);
         chown(&path, Some(65534), Some(65534)).unwrap();
         add_rule(&mut config);
-        let edited = config.file.clone();
         save(Some(&path), &mut config, "added").unwrap();
         let saved = std::fs::read_to_string(&path).unwrap();
         // Every line of the shipped file is still there, in order, and the
@@ -243,7 +270,10 @@ mod tests {
         let dns = saved.find("ports = \"53\"").unwrap();
         let examples = saved.find("# Levels: limits besides").unwrap();
         assert!(dns < added && added < examples, "{saved}");
-        assert_eq!(Config::parse(&saved, "saved").unwrap().file, edited);
+        // The added rule's derived name is written, to be kept.
+        let named = saved.find("name = \"203.0.113.0/24\"").expect("its name");
+        assert!(dns < named && named < examples, "{saved}");
+        assert_eq!(Config::parse(&saved, "saved").unwrap().file, config.file);
         let meta = std::fs::metadata(&path).unwrap();
         assert_eq!(meta.mode() & 0o7777, 0o600);
         assert_eq!((meta.uid(), meta.gid()), (65534, 65534));

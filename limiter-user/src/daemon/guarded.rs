@@ -19,7 +19,6 @@ use crate::{
     config::RuleSection,
     guard::{Breach, GuardPeriod, GuardState, Plan, Sample, Step},
     proto::{GuardRollback, GuardStatus, GuardValue, RuleEdit},
-    rules::rule_name,
 };
 
 /// The scope label of the global guard.
@@ -117,7 +116,11 @@ impl Daemon {
         section: RuleSection,
         save: bool,
     ) -> Option<String> {
-        let name = rule_name(position);
+        let name = self
+            .config
+            .rules
+            .name(position)
+            .map_or_else(|| section.effective_name(), str::to_string);
         self.end_rule_guard(&section);
         // Validated with the rest of the rules: the plan reads.
         let plan = section.guard_plan(&name, position == 0).ok()??;

@@ -17,7 +17,6 @@ use crate::{
         ClusterStatus, InterfaceStatus, Reply, Request, ResponseLine, RuleEdit, RuleLevelsStatus,
         Status, TopSource,
     },
-    rules::rule_name,
 };
 
 /// What the loop does with a request. One per control request, moved
@@ -102,8 +101,8 @@ impl Daemon {
                 .chain(&self.config.rules.rules)
                 .enumerate()
                 .filter(|(_, spec)| !spec.levels.is_empty())
-                .map(|(i, spec)| RuleLevelsStatus {
-                    rule: rule_name(i),
+                .map(|(_, spec)| RuleLevelsStatus {
+                    rule: spec.name.clone(),
                     levels: spec.levels.iter().map(ToString::to_string).collect(),
                 })
                 .collect(),
@@ -173,7 +172,7 @@ impl Daemon {
                     pps: rate.offered.packets,
                     bps: rate.offered.bytes * 8,
                     dropped: rate.dropped_total.packets,
-                    rule: position.map_or_else(|| "-".to_string(), rule_name),
+                    rule: spec.map_or_else(|| "-".to_string(), |s| s.name.clone()),
                     limit_pps: spec.and_then(|s| s.limits.pps),
                     state: state.to_string(),
                 });

@@ -31,7 +31,7 @@ use crate::{
         windows::Reclaim,
         Instance, LinkCheck,
     },
-    rules::{rule_name, RuleSet},
+    rules::RuleSet,
 };
 
 /// Released sources logged by name per interface and tick; the rest are
@@ -143,7 +143,12 @@ impl Daemon {
         self.generation = generation;
         if let Ok(mut shared) = self.names.write() {
             shared.retain(|index, _| !(base..base + MAX_RULES).contains(index));
-            shared.extend((0..=rules.rules.len()).map(|i| (base + i as u32, rule_name(i))));
+            shared.extend(
+                rules
+                    .specs()
+                    .enumerate()
+                    .map(|(i, spec)| (base + i as u32, spec.name.clone())),
+            );
         }
         self.levels
             .retain(|index, _| !(base..base + MAX_RULES).contains(index));
@@ -365,14 +370,13 @@ impl Daemon {
 /// Each rule's name and its per-source packet limit (`None` for a rule
 /// that does not limit by packets), for the limit gauge.
 fn rule_limits(rules: &RuleSet) -> Vec<(String, Option<u64>)> {
-    std::iter::once(&rules.default)
-        .chain(&rules.rules)
-        .enumerate()
-        .map(|(i, spec)| {
+    rules
+        .specs()
+        .map(|spec| {
             let pps = (spec.action == limiter_common::Action::Limit)
                 .then_some(spec.limits.pps)
                 .flatten();
-            (rule_name(i), pps)
+            (spec.name.clone(), pps)
         })
         .collect()
 }
@@ -387,7 +391,7 @@ fn rule_levels(rules: &RuleSet, base: u32) -> impl Iterator<Item = RuleLevels> +
         .filter(|(_, spec)| !spec.levels.is_empty())
         .map(move |(i, spec)| RuleLevels {
             index: base + i as u32,
-            rule: rule_name(i),
+            rule: spec.name.clone(),
             labels: spec
                 .levels
                 .iter()

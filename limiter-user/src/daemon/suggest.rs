@@ -17,7 +17,7 @@ use super::{
 use crate::{
     kernel,
     proto::{LimitEffect, RuleEdit, RuleSuggestion, Suggestions},
-    rules::{rule_name, RuleSpec},
+    rules::RuleSpec,
 };
 
 /// What `suggest` asks for.
@@ -63,10 +63,9 @@ impl Daemon {
             ));
         }
         let rules = &self.config.rules;
-        let all: Vec<(String, &RuleSpec)> = std::iter::once(&rules.default)
-            .chain(&rules.rules)
-            .enumerate()
-            .map(|(i, spec)| (rule_name(i), spec))
+        let all: Vec<(String, &RuleSpec)> = rules
+            .specs()
+            .map(|spec| (spec.name.clone(), spec))
             .collect();
         let is_limit = |spec: &RuleSpec| spec.action == Action::Limit && spec.limits.pps.is_some();
         let chosen: Vec<&(String, &RuleSpec)> = match &ask.rule {
@@ -155,7 +154,12 @@ impl Daemon {
             let Some(pps) = s.proposed_pps else {
                 continue;
             };
-            let edit = if s.rule == "default" {
+            let position = self
+                .config
+                .rules
+                .position(&s.rule)
+                .ok_or_else(|| format!("{} is no longer in force", s.rule))?;
+            let edit = if position == 0 {
                 let mut rule = file.default.clone();
                 rule.pps = Some(pps);
                 if !mode_is_dry_run {
@@ -163,15 +167,9 @@ impl Daemon {
                 }
                 RuleEdit::Default { rule }
             } else {
-                let index: usize = s
-                    .rule
-                    .strip_prefix("rules[")
-                    .and_then(|r| r.strip_suffix(']'))
-                    .and_then(|r| r.parse().ok())
-                    .ok_or_else(|| format!("{}: not a rule name", s.rule))?;
                 let mut rule = file
                     .rules
-                    .get(index)
+                    .get(position - 1)
                     .cloned()
                     .ok_or_else(|| format!("{} is no longer in force", s.rule))?;
                 rule.pps = Some(pps);

@@ -19,7 +19,7 @@ use crate::{
     proto::TopAggregate,
     rules::{
         level::select::{aggregate_key, LevelSelector},
-        rule_name, RuleSpec,
+        RuleSpec,
     },
 };
 
@@ -87,13 +87,13 @@ impl Daemon {
         let in_force = || {
             let rules: Vec<String> = with_levels
                 .iter()
-                .map(|(position, spec)| {
+                .map(|(_, spec)| {
                     let labels: Vec<String> = spec
                         .levels
                         .iter()
                         .map(|l| l.label(spec.limits.window))
                         .collect();
-                    format!("{}: {}", rule_name(*position), labels.join(", "))
+                    format!("{}: {}", spec.name, labels.join(", "))
                 })
                 .collect();
             format!("the levels in force: {}", rules.join("; "))
@@ -148,7 +148,7 @@ impl Daemon {
                     .unwrap_or_default();
                 by_key.insert((rule.level_tag(), i as u8 + 1), levels.len());
                 levels.push(Chosen {
-                    rule: rule_name(position),
+                    rule: spec.name.clone(),
                     label,
                     kind,
                     level,

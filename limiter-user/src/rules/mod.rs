@@ -121,6 +121,9 @@ impl Default for Limits {
 /// One operator rule.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RuleSpec {
+    /// Its name (`config::RuleSection::effective_name`): what metrics,
+    /// history, guards and the CLI call it.
+    pub name: String,
     /// Source prefix (IPv4 or IPv6).
     pub cidr: IpNet,
     pub matches: Match,
@@ -141,6 +144,7 @@ impl RuleSpec {
     /// A `limit` rule for `cidr` at `pps` packets per second.
     pub fn limit(cidr: IpNet, pps: u64) -> Self {
         Self {
+            name: cidr.trunc().to_string(),
             cidr,
             matches: Match::default(),
             action: Action::Limit,
@@ -157,6 +161,7 @@ impl RuleSpec {
     /// A rule with `action` and no limits (allow or deny).
     pub fn with_action(cidr: IpNet, action: Action) -> Self {
         Self {
+            name: cidr.trunc().to_string(),
             cidr,
             matches: Match::default(),
             action,
@@ -228,7 +233,10 @@ impl RuleSet {
     /// and /64, 10 buckets per window, tiers on.
     pub fn with_default(default: RuleSpec) -> Self {
         Self {
-            default,
+            default: RuleSpec {
+                name: DEFAULT_RULE_NAME.into(),
+                ..default
+            },
             rules: Vec::new(),
             dry_run: false,
             v4_prefix_len: 32,
@@ -236,6 +244,23 @@ impl RuleSet {
             buckets_per_window: limiter_common::window::DEFAULT_BUCKETS_PER_WINDOW,
             tiered: true,
         }
+    }
+}
+
+impl RuleSet {
+    /// The rules in `RULES` order: the default rule, then the others.
+    pub fn specs(&self) -> impl Iterator<Item = &RuleSpec> {
+        std::iter::once(&self.default).chain(&self.rules)
+    }
+
+    /// The name of the rule at `position` (0: the default rule).
+    pub fn name(&self, position: usize) -> Option<&str> {
+        self.specs().nth(position).map(|spec| spec.name.as_str())
+    }
+
+    /// The position of the rule named `name`.
+    pub fn position(&self, name: &str) -> Option<usize> {
+        self.specs().position(|spec| spec.name == name)
     }
 }
 
@@ -386,8 +411,38 @@ pub struct Compiled {
     pub v6: Vec<(u8, [u8; 16], RuleRefs)>,
 }
 
+/// The default rule's name.
+pub const DEFAULT_RULE_NAME: &str = "default";
+/// The longest rule name: room for an IPv6 prefix and a match.
+pub const MAX_RULE_NAME: usize = 80;
+
+/// Why `name` cannot name a rule, if it cannot: 1 to [`MAX_RULE_NAME`]
+/// characters of letters, digits and `_ . : / + -` (a label, a CLI
+/// argument and a log field as it is), not `global` (the global guard's
+/// scope).
+pub fn check_rule_name(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > MAX_RULE_NAME {
+        return Err(format!(
+            "{name:?} is not a rule name: 1 to {MAX_RULE_NAME} characters"
+        ));
+    }
+    if let Some(c) = name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || "_.:/+-".contains(*c)))
+    {
+        return Err(format!(
+            "{name:?} is not a rule name: {c:?} (letters, digits and _ . : / + - only)"
+        ));
+    }
+    if name == "global" {
+        return Err("\"global\" names the global guard, not a rule".into());
+    }
+    Ok(())
+}
+
 /// `"default"` or `"rules[N]"` for index `index` of a rule set (0 =
-/// default).
+/// default): where a rule is in the file, which the configuration's
+/// errors name (a rule's name is `RuleSpec::name`).
 pub fn rule_name(index: usize) -> String {
     if index == 0 {
         "default".into()

@@ -156,7 +156,12 @@ proptest! {
                         RuleEdit::Set { rule } => {
                             prop_assert_eq!(edited.rules.len(), before.rules.len());
                             prop_assert_eq!(edited.rules.iter().filter(|r| r.same_rule(rule)).count(), 1);
-                            prop_assert!(edited.rules.contains(rule));
+                            // As sent, but for the name: the rule keeps its
+                            // own unless the edit gives one.
+                            let old = before.rules.iter().find(|r| r.same_rule(rule)).expect("set an existing rule");
+                            let name = rule.name.clone().or_else(|| old.name.clone());
+                            let want = RuleSection { name, ..rule.clone() };
+                            prop_assert!(edited.rules.contains(&want));
                         }
                         RuleEdit::Remove { rule } => {
                             prop_assert_eq!(edited.rules.len() + 1, before.rules.len());

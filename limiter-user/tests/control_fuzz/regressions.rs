@@ -83,7 +83,11 @@ fn regressions() {
         },
     ] {
         let refused = edit(edit_without_cidr).expect_err("no cidr");
-        assert!(refused.starts_with("a rule needs a cidr"), "{refused}");
+        assert!(
+            refused.starts_with("a rule needs a cidr")
+                || refused.starts_with("a rule to remove needs a cidr or a name"),
+            "{refused}"
+        );
     }
     let missing = RuleSection {
         cidr: Some("10.9.9.0/24".parse().expect("a prefix")),

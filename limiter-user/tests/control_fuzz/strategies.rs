@@ -206,6 +206,7 @@ pub(crate) fn section(
     ): Fields,
 ) -> RuleSection {
     RuleSection {
+        name: None,
         cidr,
         action,
         protocol,
