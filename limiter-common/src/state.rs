@@ -152,6 +152,26 @@ impl WindowState {
         block_tag != 0 && self.blocked_tag == block_tag && now_ns < self.blocked_until_ns
     }
 
+    /// Frames admitted per second over the complete buckets of about the
+    /// last second before `now_ns` (at least one bucket, at most `RING - 1`):
+    /// what the daemon observes of a source that has a window but no
+    /// per-CPU state. Zero for a window without a width yet.
+    pub fn recent_pps(&self, now_ns: u64) -> u64 {
+        if self.bucket_ns == 0 {
+            return 0;
+        }
+        let now_bucket = now_ns / self.bucket_ns;
+        let buckets = 1_000_000_000u64
+            .div_ceil(self.bucket_ns)
+            .clamp(1, RING as u64 - 1)
+            .min(now_bucket);
+        let packets: u64 = (now_bucket - buckets..now_bucket)
+            .map(|bucket| packets_in(self.slots[slot_of(bucket)][PACKETS], bucket))
+            .sum();
+        let span_ns = (buckets * self.bucket_ns) as u128;
+        (packets as u128 * 1_000_000_000 / span_ns.max(1)) as u64
+    }
+
     /// Whether the window counts nothing at `now_ns`: no slot counts a
     /// frame or a byte in any bucket of the longest window its bucket
     /// width allows (`RING` buckets), nor in the bucket after now (a CPU's
@@ -229,6 +249,33 @@ mod tests {
         assert!(window.idle_at(at + (RING as u64 + 1) * BUCKET));
         assert!(window.idle_at(at + 1_000 * BUCKET));
         assert!(WindowState::ZERO.idle_at(at), "never used");
+    }
+
+    #[test]
+    fn a_windows_recent_rate_is_its_last_complete_second() {
+        let now = 1_000 * BUCKET + 50_000_000;
+        let mut window = WindowState {
+            bucket_ns: BUCKET,
+            ..WindowState::ZERO
+        };
+        // 3 frames in each of the 10 buckets before now's, 40 in now's
+        // (incomplete, not counted), 99 eleven buckets back (too old).
+        for back in 1..=10 {
+            let bucket = 1_000 - back;
+            window.slots[slot_of(bucket)][PACKETS] = pack_packets(bucket, 0, 3);
+        }
+        window.slots[slot_of(1_000)][PACKETS] = pack_packets(1_000, 0, 40);
+        window.slots[slot_of(989)][PACKETS] = pack_packets(989, 0, 99);
+        assert_eq!(window.recent_pps(now), 30);
+        // A 6 s bucket (a minute's window): the last complete one, per second.
+        let wide = 6 * NS_PER_SECOND;
+        let mut minute = WindowState {
+            bucket_ns: wide,
+            ..WindowState::ZERO
+        };
+        minute.slots[slot_of(99)][PACKETS] = pack_packets(99, 0, 60);
+        assert_eq!(minute.recent_pps(100 * wide + 1), 10);
+        assert_eq!(WindowState::ZERO.recent_pps(now), 0);
     }
 
     #[test]

@@ -175,11 +175,16 @@ pub struct Suggestions {
     pub quantile: f64,
     pub headroom: f64,
     pub rules: Vec<RuleSuggestion>,
-    /// The tiers are on (`[limits] tiers`): only sources with per-CPU
-    /// state (busy, refused or near their limit) were observed, so the
-    /// distribution leans to the heavier sources.
+    /// The share of the sources past the cheap tier that the daemon's
+    /// sample holds (`daemon::known`): 1, or `2^-k` once more sources than
+    /// it holds were seen.
+    pub sampled_share: f64,
+    /// With the tiers on: the sources that touched the cheap tier in its
+    /// last epoch, all interfaces, estimated from the sketch (within
+    /// about 5 %): the light ones among them (below a rule's cheap frames)
+    /// are in no distribution.
     #[serde(default)]
-    pub hot_sources_only: bool,
+    pub active_sources: Option<u64>,
     /// With `--apply`: what the daemon did (the proposed limits set live
     /// as dry-run rules); `None` otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -189,13 +194,24 @@ pub struct Suggestions {
 /// One rule's proposal.
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 pub struct RuleSuggestion {
-    /// `default`, `rules[N]`.
+    /// The rule's name.
     pub rule: String,
     /// Its per-source packet limit in force (`None`: it limits by bytes
     /// only).
     pub current_pps: Option<u64>,
-    /// Observations (source-seconds) over `since`.
+    /// Known sources read under the rule over `since` (the sample's; of
+    /// all sources, about this over `sampled_share`).
+    pub sources: u64,
+    /// Observations over `since`: each known source once a history slot,
+    /// at its highest rate in the slot; those refused in their slot are
+    /// left out.
     pub samples: u64,
+    /// Observations of sources refused (or would-be refused) in their
+    /// slot: left out of the quantile and the effects (a flood is
+    /// refused; its offered rate is what it chooses).
+    pub refused_samples: u64,
+    /// The highest rate a refused source was observed at.
+    pub refused_max_pps: Option<u64>,
     /// The quantile's per-source rate (the upper edge of its bucket: at
     /// most 6.25 % above); `None` without samples.
     pub quantile_pps: Option<u64>,

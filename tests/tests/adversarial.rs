@@ -186,7 +186,7 @@ fn reclaim_until(harness: &mut Harness, reclaim: &mut Reclaim, windows: u64) -> 
     wait_until(Duration::from_secs(10), Duration::from_millis(200), || {
         let now = kernel::now().as_nanos() as u64;
         while !reclaim
-            .step(harness.maps_mut(), now, CAPACITY as usize)
+            .step(harness.maps_mut(), now, CAPACITY as usize, &mut Vec::new())
             .expect("reading the kept maps")
             .pass_done
         {}
@@ -495,7 +495,7 @@ fn a_flood_that_fills_the_kept_windows_is_refused_and_counted() {
     let mut reclaim = Reclaim::default();
     let now = kernel::now().as_nanos() as u64;
     while !reclaim
-        .step(harness.maps_mut(), now, CAPACITY as usize)
+        .step(harness.maps_mut(), now, CAPACITY as usize, &mut Vec::new())
         .expect("reading the kept maps")
         .pass_done
     {}

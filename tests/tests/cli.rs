@@ -285,7 +285,9 @@ fn rule_add_limits_a_live_source_and_rule_rm_releases_it() {
         .files
         .cli_ok(&["rule", "add", &medium, "--pps", "1", "--window", "10s"]);
     assert!(
-        out.contains(&format!("added the rule for {medium} as {medium}; rule generation 2")),
+        out.contains(&format!(
+            "added the rule for {medium} as {medium}; rule generation 2"
+        )),
         "{out}"
     );
     let got = s.lab.exchange(&receiver, PORT, &[(MEDIUM, 5)], MARKER);
@@ -675,7 +677,11 @@ fn top_level_shows_the_aggregates_of_the_levels_it_selects() {
         (&lines[0], "192.0.2.0/24", 25u64),
         (&lines[1], "192.0.3.0/24", 7),
     ] {
-        assert_eq!(fields[..3], ["192.0.0.0/16", "prefix/24/48@1m", key], "{text}");
+        assert_eq!(
+            fields[..3],
+            ["192.0.0.0/16", "prefix/24/48@1m", key],
+            "{text}"
+        );
         let counted: u64 = fields[3].parse().expect("packets");
         assert!(counted.abs_diff(packets) <= 1, "{text}");
         assert_eq!(fields[4], "600", "{text}");

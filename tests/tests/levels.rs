@@ -368,7 +368,7 @@ fn an_aggregate_judged_on_its_cell_gets_nothing_more_once_the_map_has_room() {
         limiter_tests::wait_until(Duration::from_secs(5), Duration::from_millis(50), || {
             let now = limiter_user::kernel::now().as_nanos() as u64;
             while !reclaim
-                .step(harness.maps_mut(), now, CAPACITY as usize)
+                .step(harness.maps_mut(), now, CAPACITY as usize, &mut Vec::new())
                 .expect("reading the kept maps")
                 .pass_done
             {}

@@ -7,11 +7,17 @@
 //! limit, the rate histograms (sources, and the /24 level's aggregate) and
 //! the limit gauge appear in a real scrape of /metrics, and every bad input is refused with nothing changed.
 //!
+//! With the tiers on, 1,000 polite sources at known rates and 5 flooders
+//! at 100 times the polite mean: the proposal is where the polite sources
+//! alone put it, within 10 %, and rests on about 1,000 sources.
+//!
 //! Tolerances: a light source sends 10 a second on a 10 ms pacing loop,
 //! so one complete second holds 9 to 11 of its frames (exact buckets below
 //! 16 pps); a heavy one 99 to 101, read back as its bucket's upper edge
-//! (at most 6.25 % above: 103 for 100). A stalled sender (the machine is
-//! shared) may put a few more in one second, hence some slack above.
+//! (at most 6.25 % above: 103 for 100). A source counts once a history
+//! slot at its highest second in the slot, so a stall of the sender (the
+//! machine is shared) shows: one of up to 200 ms puts 2 more frames of a
+//! 10 pps source in one second (13).
 
 use std::{
     io::{BufRead, BufReader, Write},
@@ -174,11 +180,11 @@ fn suggest_lands_where_the_distribution_of_per_source_rates_says() {
         (&["--quantile", "0"][..], 2, "0 is outside (0, 1]"),
         (&["--quantile", "1.5"][..], 2, "1.5 is outside (0, 1]"),
         (&["--headroom", "0.5"][..], 2, "0.5 is below 1"),
-        (&["--rule", "rules[7]"][..], 1, "no rule rules[7]"),
+        (&["--rule", "web"][..], 1, "no rule web"),
         (
-            &["--rule", "rules[0]"][..],
+            &["--rule", "198.18.0.0/15"][..],
             1,
-            "rules[0] is not a `limit` rule",
+            "198.18.0.0/15 is not a `limit` rule",
         ),
     ] {
         let err = refused(&files, args, code);
@@ -212,15 +218,23 @@ fn suggest_lands_where_the_distribution_of_per_source_rates_says() {
     let answer = suggest(&files, &["--quantile", "0.9"]);
     assert_eq!(answer["since"], "10m", "the whole history by default");
     assert_eq!(answer["horizon"], "10m");
-    assert_eq!(answer["hot_sources_only"], false, "tiers off: every source");
+    assert_eq!(answer["sampled_share"], 1.0, "every source in the sample");
+    assert_eq!(
+        answer["active_sources"],
+        Value::Null,
+        "tiers off: no sketch"
+    );
     let rule = only_rule(&answer);
     assert_eq!(rule["current_pps"], 1000);
-    in_range(&rule["samples"], 100..=u64::MAX, "samples", &answer);
-    in_range(&rule["quantile_pps"], 9..=12, "the 0.9 quantile", &answer);
-    in_range(&rule["proposed_pps"], 18..=24, "the 0.9 proposal", &answer);
-    // The proposal is above the quantile: at most 10 % of source-seconds
-    // over it, the heavy ones' (2 of 42, about 5 %, fewer counting their
-    // partial first and last seconds).
+    assert_eq!(rule["sources"], 42, "{answer:#}");
+    // Each source once a 10 s slot: 42, or twice as many if the sending
+    // crossed a slot's end.
+    in_range(&rule["samples"], 42..=84, "samples", &answer);
+    assert_eq!(rule["refused_samples"], 0, "{answer:#}");
+    in_range(&rule["quantile_pps"], 9..=13, "the 0.9 quantile", &answer);
+    in_range(&rule["proposed_pps"], 18..=26, "the 0.9 proposal", &answer);
+    // The proposal is above the quantile: at most 10 % of samples over
+    // it, the heavy ones' (2 of 42, about 5 %).
     let proposed = &rule["proposed"];
     let limited = share(proposed, "limited_sources_share");
     assert!(limited > 0.0 && limited <= 0.1, "{answer:#}");
@@ -359,4 +373,110 @@ fn suggest_lands_where_the_distribution_of_per_source_rates_says() {
     assert_eq!(status["dry_run"], false, "{status:#}");
     assert_eq!(status["guard"]["state"], "watching", "{status:#}");
     daemon.wait_metric("xdp_limiter_guard_state{scope=\"global\"}", |v| v == 1.0);
+}
+
+/// `n` addresses of 10.100.0.0/16, from 10.100.0.1 on.
+fn spread(n: usize) -> Vec<Ipv4Addr> {
+    (1..=n as u32)
+        .map(|k| Ipv4Addr::new(10, 100, (k >> 8) as u8, k as u8))
+        .collect()
+}
+
+/// The sender's namespace owns every address of 10.100.0.0/16 (a `local`
+/// route): a socket binds to any of them.
+fn lab_with_spread() -> Lab {
+    let lab = Lab::new(&[Ipv4Addr::new(192, 0, 2, 250)]);
+    lab.tx
+        .ip(&["route", "add", "local", "10.100.0.0/16", "dev", "lo"]);
+    lab
+}
+
+#[test]
+fn flooders_do_not_steer_suggest_and_it_sees_the_sources_with_windows_tiers_on() {
+    // 1,000 sockets and the daemon's: room above the usual 1,024.
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).expect("getrlimit");
+    setrlimit(Resource::RLIMIT_NOFILE, hard.min(65_536), hard).expect("setrlimit");
+
+    const POLITE: usize = 1_000;
+    const FLOODERS: usize = 5;
+    let addrs = spread(POLITE + FLOODERS);
+    // Polite source i sends 10 + i mod 21 a second (10 to 30, mean 20): each
+    // leaves the cheap tier (16 frames over two seconds) and is judged on
+    // its window alone, never hot. A flooder sends 100 times the mean, over
+    // the limit, and is refused.
+    let polite: Vec<(Ipv4Addr, u64)> = (0..POLITE)
+        .map(|i| (addrs[i], 10 + (i % 21) as u64))
+        .collect();
+    let mut all = polite.clone();
+    all.extend(addrs[POLITE..].iter().map(|a| (*a, 2_000)));
+    let lab = lab_with_spread();
+    let files = Files::new();
+    files.write_config(
+        "[daemon]\ntick = \"100ms\"\nhistory = \"1m\"\n\n\
+         [default]\npps = 1000\nwindow = \"1s\"\ndry_run = false\n",
+    );
+    let config = files.config();
+    let _daemon = Daemon::start(
+        &lab.rx,
+        &files,
+        &["-i", RX_IF, "-c", config.to_str().unwrap()],
+    );
+    // The last 3 one-second slots of each phase: after its first second,
+    // when every polite source has left the cheap tier.
+    let ask = ["--quantile", "0.999", "--since", "3s"];
+
+    send_paced(&lab, &polite, Duration::from_secs(4));
+    let alone = suggest(&files, &ask);
+    let rule = only_rule(&alone);
+    // The 30 pps sources' highest second: 29 to 33 frames (a 10 ms loop,
+    // a stall of up to 100 ms), read as its bucket's upper edge (35 at
+    // most), twice.
+    in_range(
+        &rule["quantile_pps"],
+        29..=35,
+        "the polite quantile",
+        &alone,
+    );
+    in_range(
+        &rule["proposed_pps"],
+        58..=70,
+        "the polite proposal",
+        &alone,
+    );
+    in_range(&rule["sources"], 950..=1_000, "sources known", &alone);
+    assert_eq!(rule["refused_samples"], 0, "{alone:#}");
+    assert_eq!(alone["sampled_share"], 1.0, "{alone:#}");
+    let active = alone["active_sources"]
+        .as_u64()
+        .expect("tiers on: an estimate");
+    assert!(active >= 900, "{alone:#}");
+    let polite_proposal = rule["proposed_pps"].as_u64().unwrap() as f64;
+
+    send_paced(&lab, &all, Duration::from_secs(4));
+    let flooded = suggest(&files, &ask);
+    let rule = only_rule(&flooded);
+    let proposal = rule["proposed_pps"].as_u64().expect("a proposal") as f64;
+    assert!(
+        (proposal - polite_proposal).abs() <= 0.1 * polite_proposal,
+        "flooded {proposal} vs polite alone {polite_proposal}: {flooded:#}"
+    );
+    // The flooders are counted apart, at their offered rate.
+    in_range(
+        &rule["refused_samples"],
+        1..=u64::MAX,
+        "refused samples",
+        &flooded,
+    );
+    in_range(
+        &rule["refused_max_pps"],
+        1_500..=u64::MAX,
+        "refused rate",
+        &flooded,
+    );
+    let text = files.cli_ok(&["suggest", "--quantile", "0.999", "--since", "3s"]);
+    assert!(
+        text.contains("samples of sources refused by the limit in force"),
+        "{text}"
+    );
 }

@@ -207,7 +207,7 @@ fn blocked_flood(base_prog: &Xdp) -> Vec<Case> {
     for program in [&mut flooded, &mut twin] {
         let mut reclaim = Reclaim::default();
         while !reclaim
-            .step(&mut program.maps, now, 1 << 17)
+            .step(&mut program.maps, now, 1 << 17, &mut Vec::new())
             .expect("the reclaim of the kept windows")
             .pass_done
         {}

@@ -52,15 +52,30 @@ pub fn render(s: &Suggestions) -> String {
         s.quantile,
         s.headroom
     );
+    let width = s
+        .rules
+        .iter()
+        .map(|r| r.rule.len())
+        .max()
+        .unwrap_or(0)
+        .max(10);
     text.push_str(&format!(
-        "{:<10} {:>10} {:>9} {:>12} {:>10} {:>21} {:>21}\n",
-        "rule", "limit", "samples", "quantile", "proposed", "proposed limits*", "current limits*"
+        "{:<width$} {:>10} {:>8} {:>9} {:>12} {:>10} {:>21} {:>21}\n",
+        "rule",
+        "limit",
+        "sources",
+        "samples",
+        "quantile",
+        "proposed",
+        "proposed limits*",
+        "current limits*"
     ));
     for r in &s.rules {
         text.push_str(&format!(
-            "{:<10} {:>10} {:>9} {:>12} {:>10} {:>21} {:>21}\n",
+            "{:<width$} {:>10} {:>8} {:>9} {:>12} {:>10} {:>21} {:>21}\n",
             r.rule,
             pps(r.current_pps),
+            r.sources,
             r.samples,
             pps(r.quantile_pps),
             pps(r.proposed_pps),
@@ -69,12 +84,26 @@ pub fn render(s: &Suggestions) -> String {
         ));
     }
     text.push_str(
-        "* share of source-seconds / share of packets over the limit (rates in packets per second)\n",
+        "* share of samples (each source once a history slot) / share of packets over the limit (rates in packets per second)\n",
     );
-    if s.hot_sources_only {
-        text.push_str(
-            "note: the tiers are on ([limits] tiers): only sources with per-CPU state (busy, refused or near their limit) are observed, so the distribution leans to the heavier sources; light sources below the cheap tier's threshold are not in it\n",
-        );
+    for r in s.rules.iter().filter(|r| r.refused_samples > 0) {
+        text.push_str(&format!(
+            "note: {}: {} samples of sources refused by the limit in force (at up to {} pps) are left out; if they are clients, that limit is too low for them\n",
+            r.rule,
+            r.refused_samples,
+            pps(r.refused_max_pps)
+        ));
+    }
+    if s.sampled_share < 1.0 {
+        text.push_str(&format!(
+            "note: the sources are a sample of 1 in {:.0} (chosen by a keyed hash)\n",
+            1.0 / s.sampled_share
+        ));
+    }
+    if let Some(active) = s.active_sources {
+        text.push_str(&format!(
+            "note: about {active} sources touched the cheap tier in its last second (sketch estimate); those that stay below a rule's cheap frames are in no distribution\n"
+        ));
     }
     if let Some(applied) = &s.applied {
         text.push_str(applied);
@@ -101,7 +130,10 @@ mod tests {
                 RuleSuggestion {
                     rule: "default".into(),
                     current_pps: Some(1000),
+                    sources: 3_540,
                     samples: 212_400,
+                    refused_samples: 0,
+                    refused_max_pps: None,
                     quantile_pps: Some(103),
                     proposed_pps: Some(210),
                     proposed: Some(LimitEffect {
@@ -111,16 +143,20 @@ mod tests {
                     current: Some(LimitEffect::default()),
                 },
                 RuleSuggestion {
-                    rule: "rules[1]".into(),
+                    rule: "dns".into(),
                     current_pps: Some(500),
+                    sources: 2,
                     samples: 0,
+                    refused_samples: 7,
+                    refused_max_pps: Some(2_047),
                     quantile_pps: None,
                     proposed_pps: None,
                     proposed: None,
                     current: None,
                 },
             ],
-            hot_sources_only: false,
+            sampled_share: 1.0,
+            active_sources: None,
             applied: None,
         };
         let text = render(&s);
@@ -137,22 +173,31 @@ mod tests {
         assert_eq!(
             words(lines[2]),
             [
-                "default", "1000", "212400", "103", "210", "0.02%", "/", "0.01%", "0.00%", "/",
-                "0.00%"
+                "default", "1000", "3540", "212400", "103", "210", "0.02%", "/", "0.01%", "0.00%",
+                "/", "0.00%"
             ]
         );
         assert_eq!(
             words(lines[3]),
-            ["rules[1]", "500", "0", "-", "-", "-", "-"]
+            ["dns", "500", "2", "0", "-", "-", "-", "-"]
         );
         assert!(
-            !text.contains("note:") && !text.contains("DRY-RUN"),
+            text.contains("note: dns: 7 samples of sources refused by the limit in force (at up to 2047 pps) are left out"),
             "{text}"
         );
-        s.hot_sources_only = true;
+        assert!(
+            !text.contains("sample of 1 in") && !text.contains("DRY-RUN"),
+            "{text}"
+        );
+        s.sampled_share = 0.25;
+        s.active_sources = Some(90_000);
         s.applied = Some("applied as DRY-RUN rules: default: 210 pps".into());
         let text = render(&s);
-        assert!(text.contains("note: the tiers are on"), "{text}");
+        assert!(text.contains("a sample of 1 in 4"), "{text}");
+        assert!(
+            text.contains("about 90000 sources touched the cheap tier"),
+            "{text}"
+        );
         assert!(
             text.ends_with("applied as DRY-RUN rules: default: 210 pps\n"),
             "{text}"

@@ -12,6 +12,7 @@ use limiter_common::{
     event::EPISODE_GAP_NS, names, sketch, Counter, Outcome, SourceKey, SourceTraffic,
 };
 
+use super::known::Reading;
 use crate::kernel::{
     self,
     batch::{self, Resume},
@@ -61,8 +62,9 @@ pub struct Snapshot {
     /// ended since the daemon started.
     pub active_sources: Option<ActiveSources>,
     /// The sources read this tick that offered traffic in their last
-    /// complete second: (`RULES` index, packets), one each per sweep.
-    pub samples: Vec<(u32, u64)>,
+    /// complete second or are being refused: their `RULES` index and the
+    /// read, one each per sweep.
+    pub samples: Vec<(u32, Reading)>,
 }
 
 /// One rule's sources in a sweep.
@@ -85,15 +87,15 @@ struct Acc {
 }
 
 impl Acc {
-    /// Adds a source to the sweep; its rule index and offered packets
-    /// over the last complete second (one observation for the history).
+    /// Adds a source to the sweep; its rule index and its read: offered
+    /// packets over the last complete second, refused or not, drops.
     fn add(
         &mut self,
         key: &SourceKey,
         per_cpu: &[SourceTraffic],
         now: Duration,
         top_k: usize,
-    ) -> (u32, u64) {
+    ) -> (u32, Reading) {
         let now_ns = now.as_nanos() as u64;
         let now_second = now.as_secs();
         self.tracked += 1;
@@ -126,7 +128,15 @@ impl Acc {
         if rate.limited || refused_lately {
             self.refusing.insert(*key);
         }
-        let observed = (rate.rule, rate.offered.packets);
+        let observed = (
+            rate.rule,
+            Reading {
+                key: *key,
+                pps: rate.offered.packets,
+                refused: rate.limited || refused_lately,
+                dropped_total: Some(rate.dropped_total.packets),
+            },
+        );
         if top_k == 0 {
             return observed;
         }
@@ -161,10 +171,9 @@ pub struct Sweep {
     complete: Option<Acc>,
     /// Ticks the last complete sweep took.
     pub last_sweep_ticks: u32,
-    /// This tick's observations (rule index, offered packets over the
-    /// last complete second) of the sources with traffic, handed to the
-    /// history with the snapshot: at most the tick's budget of sources.
-    samples: Vec<(u32, u64)>,
+    /// This tick's reads of the sources with traffic or refused, handed
+    /// to the known sources with the snapshot: at most the tick's budget.
+    samples: Vec<(u32, Reading)>,
     ticks: u32,
     /// Sources created (`new_source`) when the current sweep began.
     created_at_start: u64,
@@ -200,9 +209,9 @@ pub fn pass(
         sweep.resume,
         budget,
         |key, per_cpu| {
-            let (rule, packets) = current.add(key, per_cpu, now, top_k);
-            if packets > 0 {
-                samples.push((rule, packets));
+            let (rule, reading) = current.add(key, per_cpu, now, top_k);
+            if reading.pps > 0 || reading.refused {
+                samples.push((rule, reading));
             }
         },
     )
@@ -326,8 +335,8 @@ mod tests {
             0,
         );
         // The rule of the newest generation, the packets of second 99.
-        assert_eq!(observed, (5, 10));
+        assert_eq!((observed.0, observed.1.pps), (5, 10));
         // A source silent for a second offers nothing to observe.
-        assert_eq!(acc.add(&key, &[cpu(97, 7, 1, 4, 2)], now, 0).1, 0);
+        assert_eq!(acc.add(&key, &[cpu(97, 7, 1, 4, 2)], now, 0).1.pps, 0);
     }
 }

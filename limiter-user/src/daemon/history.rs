@@ -12,9 +12,13 @@
 //! a rate read back from a bucket's upper edge is at most 6.25 % above
 //! the rate observed, never below it.
 //!
+//! A rule's series counts each known source once a slot (`known`: its
+//! highest rate in the slot), apart when it was refused in the slot; a
+//! level's series counts each aggregate once a tick.
+//!
 //! Memory: a slot stores only the buckets something fell into (a sorted
-//! map), at most [`BUCKETS`] of them, so a series takes at most
-//! `SLOTS x BUCKETS x ~40 bytes` (about 1.1 MB), and the history at most
+//! map), at most [`BUCKETS`] of them twice (the refused apart), so a series
+//! takes at most `SLOTS x 2 x BUCKETS x ~40 bytes` (about 2.2 MB), and the history at most
 //! that times `rules + levels` whatever the number of sources. Real
 //! traffic fills a few dozen buckets a slot: some kilobytes a series.
 
@@ -58,11 +62,12 @@ pub struct Cell {
 }
 
 /// One slot: the slot number it holds (time since start / slot length)
-/// and its buckets.
+/// and its buckets, those of sources refused in the slot apart.
 #[derive(Clone, Debug, Default)]
 struct Slot {
     number: u64,
     cells: BTreeMap<u16, Cell>,
+    refused: BTreeMap<u16, Cell>,
 }
 
 /// One series' ring.
@@ -102,6 +107,9 @@ pub struct History {
 pub struct Distribution {
     /// Bucket -> cell, merged over the slots asked for.
     pub cells: BTreeMap<u16, Cell>,
+    /// The same, of the observations of sources refused (or would-be
+    /// refused) in their slot: left out of the quantile and the effects.
+    pub refused: BTreeMap<u16, Cell>,
 }
 
 /// What a limit would have done to a distribution.
@@ -128,13 +136,30 @@ impl History {
         self.horizon
     }
 
-    fn slot_number(&self, now: Duration) -> u64 {
+    /// The slot `now` falls in.
+    pub fn slot_number(&self, now: Duration) -> u64 {
         (now.as_millis() / self.slot.as_millis().max(1)) as u64
     }
 
     /// Records one observation of `pps` packets in a second for `key` at
     /// `now` (a monotonic time).
     pub fn observe(&mut self, key: &SeriesKey, pps: u64, now: Duration) {
+        self.add(key, pps, false, now, 1);
+    }
+
+    /// Records a source's one observation of the slot of `now`: `pps`,
+    /// among the refused sources' when `refused`.
+    pub fn observe_source(&mut self, key: &SeriesKey, pps: u64, refused: bool, now: Duration) {
+        self.add(key, pps, refused, now, 1);
+    }
+
+    /// Takes back an observation [`History::observe_source`] made in the
+    /// slot of `now` (the source's slot figure changed).
+    pub fn retract_source(&mut self, key: &SeriesKey, pps: u64, refused: bool, now: Duration) {
+        self.add(key, pps, refused, now, -1);
+    }
+
+    fn add(&mut self, key: &SeriesKey, pps: u64, refused: bool, now: Duration, sign: i8) {
         let number = self.slot_number(now);
         let ring = match self.series.get_mut(key) {
             Some(ring) => ring,
@@ -146,12 +171,30 @@ impl History {
         let slot = &mut ring.slots[(number % SLOTS) as usize];
         if slot.number != number {
             // The slot held a turn of the ring ago (or nothing): expired.
+            if sign < 0 {
+                return;
+            }
             slot.number = number;
             slot.cells.clear();
+            slot.refused.clear();
         }
-        let cell = slot.cells.entry(bucket(pps) as u16).or_default();
-        cell.count += 1;
-        cell.packets = cell.packets.saturating_add(pps);
+        let cells = if refused {
+            &mut slot.refused
+        } else {
+            &mut slot.cells
+        };
+        let at = bucket(pps) as u16;
+        let cell = cells.entry(at).or_default();
+        if sign > 0 {
+            cell.count += 1;
+            cell.packets = cell.packets.saturating_add(pps);
+        } else {
+            cell.count = cell.count.saturating_sub(1);
+            cell.packets = cell.packets.saturating_sub(pps);
+            if cell.count == 0 {
+                cells.remove(&at);
+            }
+        }
     }
 
     /// The series that have any observation.
@@ -173,13 +216,18 @@ impl History {
             .clamp(1, u128::from(SLOTS)) as u64;
         let oldest = current.saturating_sub(wanted - 1);
         for slot in &ring.slots {
-            if slot.number < oldest || slot.number > current || slot.cells.is_empty() {
+            if slot.number < oldest || slot.number > current {
                 continue;
             }
-            for (bucket, cell) in &slot.cells {
-                let into = merged.cells.entry(*bucket).or_default();
-                into.count += cell.count;
-                into.packets = into.packets.saturating_add(cell.packets);
+            for (from, into) in [
+                (&slot.cells, &mut merged.cells),
+                (&slot.refused, &mut merged.refused),
+            ] {
+                for (bucket, cell) in from {
+                    let into = into.entry(*bucket).or_default();
+                    into.count += cell.count;
+                    into.packets = into.packets.saturating_add(cell.packets);
+                }
             }
         }
         merged
@@ -190,7 +238,7 @@ impl History {
         self.series
             .values()
             .flat_map(|r| &r.slots)
-            .map(|s| s.cells.len())
+            .map(|s| s.cells.len() + s.refused.len())
             .sum()
     }
 }
@@ -198,6 +246,17 @@ impl History {
 impl Distribution {
     pub fn samples(&self) -> u64 {
         self.cells.values().map(|c| c.count).sum()
+    }
+
+    /// The refused sources' observations, left out.
+    pub fn refused_samples(&self) -> u64 {
+        self.refused.values().map(|c| c.count).sum()
+    }
+
+    /// The highest rate a refused source was observed at (its bucket's
+    /// upper edge).
+    pub fn refused_max(&self) -> Option<u64> {
+        self.refused.keys().last().map(|b| bounds(*b as usize).1)
     }
 
     pub fn packets(&self) -> u64 {

@@ -17,6 +17,7 @@ pub mod events;
 pub mod guarded;
 pub mod handle;
 pub mod history;
+pub mod known;
 pub mod level_rates;
 pub mod metrics;
 pub mod startup;

@@ -18,6 +18,7 @@ use super::{
     aggregate::{self, Snapshot, Sweep},
     events::{LevelLabels, RuleNames},
     history::{History, SeriesKey},
+    known::{Known, Reading},
     level_rates,
     metrics::{Metrics, RuleLevels},
     startup::{apply_overrides, RunOptions},
@@ -59,6 +60,9 @@ pub struct Daemon {
     /// The distribution of per-source rates over `[daemon] history`
     /// (`suggest`).
     pub(super) history: History,
+    /// A sample of the sources read past the cheap tier (`known`): what
+    /// the history counts and guards judge.
+    pub(super) known: Known,
     /// The cluster sync's live state, for `status` (`None` without
     /// `[cluster]`).
     pub(super) cluster_live: Option<super::cluster::SharedLive>,
@@ -107,6 +111,7 @@ impl Daemon {
             levels: BTreeMap::new(),
             metrics: Metrics::new(),
             history: History::new(horizon),
+            known: Known::default(),
             cluster_live: None,
             guard: None,
             rule_guards: Vec::new(),
@@ -141,6 +146,7 @@ impl Daemon {
         self.metrics.rules_pushed(base);
         self.metrics.record_rule_limits(&rule_limits(rules));
         self.generation = generation;
+        self.known.set_rules(rules);
         if let Ok(mut shared) = self.names.write() {
             shared.retain(|index, _| !(base..base + MAX_RULES).contains(index));
             shared.extend(
@@ -217,30 +223,44 @@ impl Daemon {
                     continue;
                 }
             };
+            let mut windowed = Vec::new();
             if let Err(e) = iface.reclaim.step(
                 &mut iface.instance.program.maps,
                 now_ns,
                 daemon.sources_per_tick,
+                &mut windowed,
             ) {
                 error!(iface = %iface.instance.iface, error = %e, "reading the window maps failed");
             }
             let instance = &iface.instance;
             let mut snapshot = snapshot;
             let history_now = kernel::now();
+            let now_ns = history_now.as_nanos() as u64;
+            let base = rules_base(self.generation);
             // Each rule's histogram looked up once a tick, not once a
             // source.
             let mut histograms = std::collections::HashMap::new();
-            for (rule, pps) in std::mem::take(&mut snapshot.samples) {
+            for (rule, reading) in std::mem::take(&mut snapshot.samples) {
+                self.known
+                    .observe(reading, Some((rule, base)), now_ns, &mut self.history);
                 // A source whose state predates every rule generation the
                 // daemon knows has no rule to count under.
-                let Some(key) = series.get(&rule) else {
+                let Some(key) = series.get(&rule).filter(|_| reading.pps > 0) else {
                     continue;
                 };
-                self.history.observe(key, pps, history_now);
                 histograms
                     .entry(rule)
                     .or_insert_with(|| self.metrics.source_rate_of(&instance.iface, &key.rule))
-                    .observe(pps as f64);
+                    .observe(reading.pps as f64);
+            }
+            for (key, pps) in windowed {
+                let reading = Reading {
+                    key,
+                    pps,
+                    refused: false,
+                    dropped_total: None,
+                };
+                self.known.observe(reading, None, now_ns, &mut self.history);
             }
             log_released(&instance.iface, &iface.refusing, &snapshot.refusing);
             iface.refusing.clone_from(&snapshot.refusing);
@@ -298,6 +318,8 @@ impl Daemon {
                 .record_windows(&instance.iface, &iface.reclaim, daemon.max_sources);
             iface.observed.update(snapshot);
         }
+        self.known
+            .forget_older(kernel::now().as_nanos() as u64, self.history.horizon());
         self.check_guards();
         self.metrics
             .aggregation

@@ -93,6 +93,7 @@ impl Daemon {
             );
         }
         let now = kernel::now();
+        let read_since = (now.saturating_sub(since)).as_nanos() as u64;
         let mut suggestions = Vec::with_capacity(chosen.len());
         for (name, spec) in &chosen {
             let dist = self
@@ -101,17 +102,28 @@ impl Daemon {
             let quantile_pps = dist.quantile(ask.quantile);
             let proposed_pps = quantile_pps.map(|q| propose(q, ask.headroom));
             let has = dist.samples() > 0;
+            let sources = self
+                .known
+                .iter()
+                .filter(|(_, s)| s.last_ns >= read_since && &*s.rule == name.as_str())
+                .count() as u64;
             suggestions.push(RuleSuggestion {
                 rule: name.clone(),
                 current_pps: spec.limits.pps,
+                sources,
                 samples: dist.samples(),
+                refused_samples: dist.refused_samples(),
+                refused_max_pps: dist.refused_max(),
                 quantile_pps,
                 proposed_pps,
                 proposed: proposed_pps.map(|p| effect(&dist, p)),
                 current: spec.limits.pps.filter(|_| has).map(|p| effect(&dist, p)),
             });
         }
-        if suggestions.iter().all(|s| s.samples == 0) {
+        if suggestions
+            .iter()
+            .all(|s| s.samples == 0 && s.refused_samples == 0)
+        {
             let which = ask.rule.as_deref().unwrap_or("any `limit` rule");
             return Err(format!(
                 "no history yet: no source with traffic was seen under {which} in the last {}; wait for traffic (a sweep of the sources each tick adds to it) and ask again",
@@ -129,7 +141,14 @@ impl Daemon {
             quantile: ask.quantile,
             headroom: ask.headroom,
             rules: suggestions,
-            hot_sources_only: self.config.rules.tiered,
+            sampled_share: self.known.sampled_share(),
+            active_sources: self.config.rules.tiered.then(|| {
+                self.ifaces
+                    .iter()
+                    .filter_map(|i| i.observed.snapshot()?.active_sources)
+                    .map(|a| a.estimate)
+                    .sum()
+            }),
             applied,
         })
     }

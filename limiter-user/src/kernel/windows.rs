@@ -19,7 +19,7 @@ use aya::{
     maps::{HashMap, IterableMap, MapData},
     Pod,
 };
-use limiter_common::{rules::LevelWindow, WindowState};
+use limiter_common::{rules::LevelWindow, SourceKey, WindowState};
 
 use super::{
     batch::{self, Resume},
@@ -90,8 +90,16 @@ pub struct Slice {
 
 impl Reclaim {
     /// Reads the next slice of at least `budget` windows (or the rest of
-    /// the map in turn) and deletes those idle at `now_ns`.
-    pub fn step(&mut self, maps: &mut Maps, now_ns: u64, budget: usize) -> io::Result<Slice> {
+    /// the map in turn) and deletes those idle at `now_ns`; adds to
+    /// `active` each source window read that admitted frames in about the
+    /// last second, with that rate (`WindowState::recent_pps`).
+    pub fn step(
+        &mut self,
+        maps: &mut Maps,
+        now_ns: u64,
+        budget: usize,
+        active: &mut Vec<(SourceKey, u64)>,
+    ) -> io::Result<Slice> {
         let (slice, next) = match self.phase {
             Phase::Windows => (
                 walk(
@@ -100,6 +108,12 @@ impl Reclaim {
                     &mut self.windows,
                     now_ns,
                     budget,
+                    |key: &SourceKey, window: &WindowState| {
+                        let pps = window.recent_pps(now_ns);
+                        if pps > 0 {
+                            active.push((*key, pps));
+                        }
+                    },
                 )?,
                 Phase::Aggregates,
             ),
@@ -110,6 +124,7 @@ impl Reclaim {
                     &mut self.aggregates,
                     now_ns,
                     budget,
+                    |_, _| {},
                 )?,
                 Phase::Cells,
             ),
@@ -120,6 +135,7 @@ impl Reclaim {
                     &mut self.cells,
                     now_ns,
                     budget,
+                    |_, _| {},
                 )?,
                 Phase::Windows,
             ),
@@ -135,14 +151,15 @@ impl Reclaim {
     }
 }
 
-/// The next slice of `map` from `resume`: deletes its windows idle at
-/// `now_ns`, and accounts for it in `upkeep`.
+/// The next slice of `map` from `resume`: hands each window to `observe`,
+/// deletes those idle at `now_ns`, and accounts for it in `upkeep`.
 fn walk<K: Pod, V: Kept>(
     map: &mut HashMap<MapData, K, V>,
     resume: &mut Resume,
     upkeep: &mut Upkeep,
     now_ns: u64,
     budget: usize,
+    mut observe: impl FnMut(&K, &V),
 ) -> io::Result<Slice> {
     let mut idle: Vec<K> = Vec::new();
     let (seen, next) = batch::read(
@@ -153,6 +170,8 @@ fn walk<K: Pod, V: Kept>(
         |key: &K, value: &V| {
             if value.window().idle_at(now_ns) {
                 idle.push(*key);
+            } else {
+                observe(key, value);
             }
         },
     )?;

@@ -329,7 +329,10 @@ fn a_suggest_request_and_its_answer_round_trip() {
         rules: vec![RuleSuggestion {
             rule: "default".into(),
             current_pps: Some(100),
+            sources: 4,
             samples: 10,
+            refused_samples: 1,
+            refused_max_pps: Some(511),
             quantile_pps: Some(103),
             proposed_pps: Some(210),
             proposed: Some(LimitEffect::default()),
@@ -338,7 +341,8 @@ fn a_suggest_request_and_its_answer_round_trip() {
                 limited_traffic_share: 0.01,
             }),
         }],
-        hot_sources_only: true,
+        sampled_share: 0.5,
+        active_sources: Some(1_200),
         applied: None,
     }));
     let text = serde_json::to_string(&ResponseLine::ok(reply.clone())).unwrap();

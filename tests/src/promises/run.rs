@@ -115,7 +115,7 @@ pub fn run(harness: &mut Harness, script: &Script) -> Run {
 fn upkeep(maps: &mut Maps, reclaim: &mut Reclaim) {
     let now = kernel::now().as_nanos() as u64;
     reclaim
-        .step(maps, now, 131_072)
+        .step(maps, now, 131_072, &mut Vec::new())
         .expect("the reclaim of the kept maps");
     penalty::sweep(maps, now).expect("the sweep of HOLDS");
 }
