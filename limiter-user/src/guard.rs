@@ -3,11 +3,18 @@
 //! checks every tick of a guard period after switching to enforce, and
 //! whose breach sends it back to dry-run on its own.
 //!
+//! A guard judges the sources known polite before its period began (the
+//! daemon's sample of known sources, `daemon::guarded`), each counted
+//! once whatever its rate: a flood of new sources is not among them, and
+//! one source flooding is one of them. So a limit that hurts the known
+//! clients rolls back, and a flood does not.
+//!
 //! The parser is shared by the CLI (`mode enforce --guard`), the control
 //! protocol (the daemon parses again: a request may come from anything)
 //! and the configuration (`[limits] guards`). The evaluator
-//! ([`GuardPeriod`]) is pure (it is handed the tick's figures and the
-//! time), so its tests run on made-up series of ticks.
+//! ([`GuardPeriod`]) and the rollback budget ([`RollbackBudget`]) are pure
+//! (handed the tick's figures and the time), so their tests run on
+//! made-up series of ticks.
 
 use std::{collections::VecDeque, fmt, str::FromStr, time::Duration};
 
@@ -20,24 +27,33 @@ pub const MIN_GUARD_FOR: Duration = Duration::from_secs(5);
 /// The longest: a day. A guard that should watch for longer is a
 /// monitoring alert, not a rollout.
 pub const MAX_GUARD_FOR: Duration = Duration::from_secs(24 * 3600);
-/// The rates (`dropped_share`, `dropped_pps`) are measured over the ticks
-/// of the last this long, not over the last tick alone: a tick that read
-/// a few frames (a short tick, a pause in traffic) would otherwise make a
-/// share of 1 dropped frame out of 2 look like a 50 % disaster.
+/// The rates (`dropped_share`, `dropped_pps`) are the mean of the ticks
+/// of the last this long, not the last tick alone: one tick's reads of a
+/// few sources would otherwise make one refusal look like a disaster.
 pub const WINDOW: Duration = Duration::from_secs(5);
-/// `dropped_share` is judged only once the window holds this many judged
-/// frames: below, the share is noise (and nothing much is being hurt).
-pub const MIN_JUDGED_FRAMES: u64 = 100;
+/// `dropped_share` is judged only while this many known sources are
+/// sending: below, the mean is noise (and nothing much is being hurt).
+pub const MIN_ACTIVE_SOURCES: u64 = 5;
+/// Automatic rollbacks of one scope at most in [`ROLLBACK_SPAN`]: past
+/// them a breach is announced and enforcement stays, so that enforcement
+/// cannot be made to flap (each rollback opens the door to what the
+/// limit held back).
+pub const MAX_ROLLBACKS: usize = 3;
+pub const ROLLBACK_SPAN: Duration = Duration::from_secs(3600);
 
-/// What a guard measures.
+/// What a guard measures, of the sources it judges (its known sources).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Metric {
-    /// Sources held limited, as of the last complete sweep: a count, or
-    /// (with `%`) a share of the tracked sources.
+    /// Known sources being refused: a count, or (with `%`) a share of
+    /// the known sources.
     LimitedSources,
-    /// Dropped frames over judged frames, over [`WINDOW`].
+    /// The mean over the known sources sending of the share of their
+    /// frames dropped, over [`WINDOW`]: each source weighs the same,
+    /// whatever its rate.
     DroppedShare,
-    /// Dropped frames per second, over [`WINDOW`].
+    /// Frames per second dropped of the known sources, each counted up to
+    /// what a typical one sent before the period (the 90th percentile of
+    /// their rates then), over [`WINDOW`].
     DroppedPps,
 }
 
@@ -220,20 +236,20 @@ impl Guard {
     }
 
     /// What this guard measures of `figures`, in its unit (a share as a
-    /// fraction); `None` when there is not enough to judge (no tracked
-    /// source for a share of them, fewer than [`MIN_JUDGED_FRAMES`] for a
-    /// share of frames, less than a tick's span for a rate).
+    /// fraction); `None` when there is not enough to judge (no known
+    /// source for a share of them, fewer than [`MIN_ACTIVE_SOURCES`]
+    /// sending for a share of frames, less than half a second of ticks
+    /// for a rate).
     pub fn measure(&self, figures: &Figures) -> Option<f64> {
         match self.metric {
             Metric::LimitedSources if self.share => {
-                (figures.tracked > 0).then(|| figures.limited as f64 / figures.tracked as f64)
+                (figures.known > 0).then(|| figures.limited as f64 / figures.known as f64)
             }
             Metric::LimitedSources => Some(figures.limited as f64),
-            Metric::DroppedShare => (figures.judged >= MIN_JUDGED_FRAMES)
-                .then(|| figures.dropped as f64 / figures.judged as f64),
-            Metric::DroppedPps => {
-                (figures.seconds >= 0.5).then(|| figures.dropped as f64 / figures.seconds)
+            Metric::DroppedShare => {
+                (figures.active >= MIN_ACTIVE_SOURCES).then_some(figures.dropped_share)
             }
+            Metric::DroppedPps => (figures.seconds >= 0.5).then_some(figures.dropped_pps),
         }
     }
 
@@ -280,26 +296,31 @@ pub fn check_plan(
     Ok(Some(period))
 }
 
-/// What one tick saw of the traffic a guard watches: the source counts
-/// as of now, the frame totals since the daemon started (they only grow).
+/// What one tick saw of the sources a guard judges.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Sample {
-    pub tracked: u64,
+    /// The known sources it judges.
+    pub known: u64,
+    /// Of them, being refused (or would-be refused).
     pub limited: u64,
-    /// Frames judged (passed, allowed, would-drop, dropped) so far.
-    pub judged_total: u64,
-    /// Frames dropped (limit or deny) so far.
-    pub dropped_total: u64,
+    /// Of them, read sending lately.
+    pub active: u64,
+    /// The mean over the active ones of the share of their frames
+    /// dropped.
+    pub dropped_share: f64,
+    /// Frames a second dropped of them, each counted up to its cap.
+    pub dropped_pps: f64,
 }
 
-/// The figures guards are judged on: the latest counts, and the frames of
-/// the last [`WINDOW`] of ticks.
+/// The figures guards are judged on: the latest counts, and the rates'
+/// mean over the last [`WINDOW`] of ticks.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Figures {
-    pub tracked: u64,
+    pub known: u64,
     pub limited: u64,
-    pub judged: u64,
-    pub dropped: u64,
+    pub active: u64,
+    pub dropped_share: f64,
+    pub dropped_pps: f64,
     /// The span of the window, in seconds (0 before a second tick).
     pub seconds: f64,
 }
@@ -315,6 +336,10 @@ pub enum GuardState {
     Passed = 2,
     /// A guard was breached: back to dry-run.
     RolledBack = 3,
+    /// A guard was breached, and the scope had rolled back
+    /// [`MAX_ROLLBACKS`] times within [`ROLLBACK_SPAN`]: announced,
+    /// enforcement stays.
+    Withheld = 4,
 }
 
 impl GuardState {
@@ -324,6 +349,7 @@ impl GuardState {
             GuardState::Watching => "watching",
             GuardState::Passed => "passed",
             GuardState::RolledBack => "rolled-back",
+            GuardState::Withheld => "withheld",
         }
     }
 }
@@ -393,13 +419,6 @@ impl<T: Clock> GuardPeriod<T> {
         }
     }
 
-    /// Forgets the window's samples: the counters they came from were
-    /// reset (a rule's drop counters, by a push of new rules), so the
-    /// next samples start a new window.
-    pub fn restart_window(&mut self) {
-        self.samples.clear();
-    }
-
     /// Time left in the period at `now` (zero once over).
     pub fn remaining(&self, now: T) -> Duration {
         if self.state != GuardState::Watching {
@@ -410,16 +429,19 @@ impl<T: Clock> GuardPeriod<T> {
 
     /// The figures of the window ending with the newest sample.
     pub fn figures(&self) -> Figures {
-        let (Some((first_at, first)), Some((last_at, last))) =
+        let (Some((first_at, _)), Some((last_at, last))) =
             (self.samples.front(), self.samples.back())
         else {
             return Figures::default();
         };
+        let n = self.samples.len() as f64;
+        let mean = |f: fn(&Sample) -> f64| self.samples.iter().map(|(_, s)| f(s)).sum::<f64>() / n;
         Figures {
-            tracked: last.tracked,
+            known: last.known,
             limited: last.limited,
-            judged: last.judged_total.saturating_sub(first.judged_total),
-            dropped: last.dropped_total.saturating_sub(first.dropped_total),
+            active: last.active,
+            dropped_share: mean(|s| s.dropped_share),
+            dropped_pps: mean(|s| s.dropped_pps),
             seconds: last_at.since(*first_at).as_secs_f64(),
         }
     }
@@ -432,9 +454,7 @@ impl<T: Clock> GuardPeriod<T> {
             return Step::Watching;
         }
         self.samples.push_back((now, sample));
-        // Keep the newest sample at least WINDOW old as the window's
-        // start, so the window spans WINDOW once the ticks have.
-        while self.samples.len() > 2 && now.since(self.samples[1].0) >= WINDOW {
+        while self.samples.len() > 1 && now.since(self.samples[0].0) > WINDOW {
             self.samples.pop_front();
         }
         let figures = self.figures();
@@ -460,6 +480,39 @@ impl<T: Clock> GuardPeriod<T> {
             return Step::Passed;
         }
         Step::Watching
+    }
+}
+
+/// The automatic rollbacks of one scope within the last
+/// [`ROLLBACK_SPAN`]: at most [`MAX_ROLLBACKS`].
+#[derive(Clone, Debug)]
+pub struct RollbackBudget<T> {
+    at: VecDeque<T>,
+}
+
+impl<T> Default for RollbackBudget<T> {
+    fn default() -> Self {
+        Self {
+            at: VecDeque::new(),
+        }
+    }
+}
+
+impl<T: Clock> RollbackBudget<T> {
+    /// Whether a rollback at `now` is within the budget (then counted).
+    pub fn take(&mut self, now: T) -> bool {
+        while self
+            .at
+            .front()
+            .is_some_and(|t| now.since(*t) >= ROLLBACK_SPAN)
+        {
+            self.at.pop_front();
+        }
+        if self.at.len() >= MAX_ROLLBACKS {
+            return false;
+        }
+        self.at.push_back(now);
+        true
     }
 }
 

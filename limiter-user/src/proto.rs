@@ -266,8 +266,11 @@ pub struct Status {
 pub struct GuardStatus {
     /// `global` (or a rule's name).
     pub scope: String,
-    /// `watching`, `passed` or `rolled-back`.
+    /// `watching`, `passed`, `rolled-back` or `withheld`.
     pub state: String,
+    /// The known sources the period judges (`daemon::guarded`).
+    #[serde(default)]
+    pub known_sources: u64,
     /// The guard period.
     #[serde(with = "humantime_serde")]
     pub period: Duration,

@@ -67,7 +67,10 @@ fn render_guard(guard: &GuardStatus) -> String {
     if guard.state == "watching" {
         text.push_str(&format!(", {}s left", guard.remaining_s));
     }
-    text.push('\n');
+    text.push_str(&format!(
+        ", judging {} known sources\n",
+        guard.known_sources
+    ));
     for g in &guard.guards {
         text.push_str(&format!(
             "  {:<32} last {}\n",
@@ -78,8 +81,12 @@ fn render_guard(guard: &GuardStatus) -> String {
         ));
     }
     if let Some(r) = &guard.rollback {
+        let what = match guard.state.as_str() {
+            "withheld" => "breached, rollback withheld (too many within the hour),",
+            _ => "rolled back to dry-run",
+        };
         text.push_str(&format!(
-            "  rolled back to dry-run {}s ago: {} measured {}\n",
+            "  {what} {}s ago: {} measured {}\n",
             r.ago_s, r.guard, r.measured
         ));
     }
@@ -230,6 +237,7 @@ mod tests {
             state: "watching".into(),
             period: std::time::Duration::from_secs(600),
             remaining_s: 420,
+            known_sources: 120,
             guards: vec![
                 GuardValue {
                     guard: "dropped_share <= 5%".into(),
@@ -245,7 +253,7 @@ mod tests {
             rollback: None,
         };
         let rolled = GuardStatus {
-            scope: "rules[0]".into(),
+            scope: "web".into(),
             state: "rolled-back".into(),
             remaining_s: 0,
             rollback: Some(GuardRollback {
@@ -264,13 +272,13 @@ mod tests {
         });
         assert!(
             text.contains(
-                "guard (global): watching, period 10m, 420s left\n  dropped_share <= 5%              last 0.5%\n  \
+                "guard (global): watching, period 10m, 420s left, judging 120 known sources\n  dropped_share <= 5%              last 0.5%\n  \
                  limited_sources <= 1%            last - (too little traffic to judge)\n"
             ),
             "{text}"
         );
         assert!(
-            text.contains("guard (rules[0]): rolled-back, period 10m\n")
+            text.contains("guard (web): rolled-back, period 10m, judging 120 known sources\n")
                 && text.ends_with(
                     "  rolled back to dry-run 12s ago: dropped_share <= 5% measured 20.5%\n"
                 ),

@@ -19,7 +19,7 @@ use aya::maps::{MapData, RingBuf};
 use limiter_common::{event::EPISODE_GAP_NS, EventKind, LimitEvent, SourceKey};
 use prometheus::IntCounter;
 use tokio::io::unix::AsyncFd;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 /// Rule index -> name, refreshed on every reload.
 pub type RuleNames = Arc<RwLock<BTreeMap<u32, String>>>;
@@ -343,6 +343,23 @@ pub fn guard_rolled_back(scope: &str, breach: &crate::guard::Breach) {
         threshold = %guard.show(guard.value),
         "guard breached: rolled back to dry-run ({guard}: measured {})",
         guard.show(breach.measured)
+    );
+}
+
+/// The guard event of a breach whose rollback the scope's budget withheld
+/// (`guard::MAX_ROLLBACKS` within `guard::ROLLBACK_SPAN`).
+pub fn guard_withheld(scope: &str, breach: &crate::guard::Breach) {
+    let guard = &breach.guard;
+    error!(
+        scope,
+        guard = %guard,
+        measured = %guard.show(breach.measured),
+        threshold = %guard.show(guard.value),
+        rollbacks = crate::guard::MAX_ROLLBACKS,
+        "guard breached: rollback withheld, enforcement stays ({guard}: measured {}; {} rollbacks of {scope} within {}: look before enforcing again)",
+        guard.show(breach.measured),
+        crate::guard::MAX_ROLLBACKS,
+        humantime::format_duration(crate::guard::ROLLBACK_SPAN)
     );
 }
 

@@ -2,89 +2,204 @@
 //! judged at the end of every tick, and the automatic return to dry-run
 //! when a guard is breached.
 //!
+//! A period judges its **known sources**: the sources of its scope in the
+//! daemon's sample (`known`) read in the history's horizon before the
+//! period began and never refused in it, each with its rate then. A flood
+//! of new sources is not among them; a source over the limit before is
+//! not either; one that turns to flooding is one of them, whatever its
+//! rate. So a limit that hurts the clients the daemon knew rolls back, and
+//! a flood does not. A period that begins knowing fewer than
+//! [`MIN_KNOWN`] (the daemon just started) takes in, during its first
+//! [`WINDOW`], the sources of its scope read without being refused.
+//!
 //! The global period (`mode enforce --guard`, or `[limits] guards` at
-//! start-up and on reload) is judged on every interface's figures
-//! together and rolls the global mode back. A rule's period (`rule set
-//! ... --guard`, or `guards` in its section) is judged on that rule's
-//! figures (its sources, its drop counter, against every judged frame)
-//! and rolls that rule alone back to dry-run.
+//! start-up and on reload) judges every known source and rolls the global
+//! mode back. A rule's period (`rule set ... --guard`, or `guards` in its
+//! section) judges that rule's (by its name) and rolls that rule alone
+//! back to dry-run. A scope rolls back at most `MAX_ROLLBACKS` times an
+//! hour (`RollbackBudget`); past that a breach is announced and
+//! enforcement stays.
 
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::{
+    collections::HashMap,
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
 
-use limiter_common::{rules::rules_base, Outcome};
+use limiter_common::SourceKey;
 use tracing::{error, info};
 
-use super::{events, state::Daemon};
+use super::{events, known::Known, state::Daemon};
 use crate::{
     config::RuleSection,
-    guard::{Breach, GuardPeriod, GuardState, Plan, Sample, Step},
+    guard::{Breach, GuardPeriod, GuardState, Plan, Sample, Step, WINDOW},
     proto::{GuardRollback, GuardStatus, GuardValue, RuleEdit},
 };
 
 /// The scope label of the global guard.
 pub const GLOBAL: &str = "global";
+/// A period knowing fewer sources than this when it begins takes in the
+/// polite sources read in its first [`WINDOW`].
+pub const MIN_KNOWN: usize = 10;
 
 /// What a guard period watches.
 #[derive(Clone, Debug)]
 pub enum Target {
     Global,
-    /// The rule with this prefix and match (`RuleSection::same_rule`;
-    /// no cidr: the default rule), wherever it is in the rules now.
-    Rule(Box<RuleSection>),
+    /// The rule with this name, wherever it is in the rules now.
+    Rule(String),
+}
+
+/// The sources a period judges, each with its rate before the period.
+struct Cohort {
+    members: HashMap<SourceKey, u64>,
+    /// What one member's drops count up to in `dropped_pps`: the 90th
+    /// percentile of the members' rates before the period.
+    cap: u64,
+    /// While forming (too few known at the start): until when.
+    forming_until: Option<Instant>,
+    started_ns: u64,
+}
+
+impl Cohort {
+    /// The sources of `scope` read within `lookback` before `now_ns` and
+    /// never refused in it.
+    fn known_before(known: &Known, scope: &Target, now_ns: u64, lookback: Duration) -> Self {
+        let since = now_ns.saturating_sub(lookback.as_nanos() as u64);
+        let members: HashMap<SourceKey, u64> = known
+            .iter()
+            .filter(|(_, s)| in_scope(scope, &s.rule))
+            .filter(|(_, s)| s.last_ns >= since && s.refused_ns < since)
+            .map(|(key, s)| (*key, s.pps))
+            .collect();
+        let forming_until = (members.len() < MIN_KNOWN).then(|| Instant::now() + WINDOW);
+        let mut cohort = Self {
+            members,
+            cap: 0,
+            forming_until,
+            started_ns: now_ns,
+        };
+        cohort.set_cap();
+        cohort
+    }
+
+    fn set_cap(&mut self) {
+        let mut rates: Vec<u64> = self.members.values().copied().collect();
+        rates.sort_unstable();
+        let at = (rates.len() * 9 / 10).min(rates.len().saturating_sub(1));
+        self.cap = rates.get(at).copied().unwrap_or(0).max(1);
+    }
+
+    /// While forming: takes in the sources of `scope` read since the
+    /// period began and not refused since.
+    fn form(&mut self, known: &Known, scope: &Target, now: Instant) {
+        let Some(until) = self.forming_until else {
+            return;
+        };
+        for (key, s) in known.iter() {
+            if in_scope(scope, &s.rule)
+                && s.last_ns >= self.started_ns
+                && s.refused_ns < self.started_ns
+            {
+                self.members.entry(*key).or_insert(s.pps);
+            }
+        }
+        self.set_cap();
+        if now >= until {
+            self.forming_until = None;
+        }
+    }
+
+    /// This tick's figures of the members: a read older than `fresh_ns`
+    /// says nothing of now.
+    fn sample(&self, known: &Known, now_ns: u64, fresh_ns: u64) -> Sample {
+        let mut sample = Sample {
+            known: self.members.len() as u64,
+            ..Sample::default()
+        };
+        let mut shares = 0.0;
+        for key in self.members.keys() {
+            let Some(s) = known.get(key) else {
+                continue;
+            };
+            if now_ns.saturating_sub(s.last_ns) > fresh_ns {
+                continue;
+            }
+            if s.refused {
+                sample.limited += 1;
+            }
+            if s.pps > 0 {
+                sample.active += 1;
+                shares += (s.drop_pps as f64 / s.pps as f64).min(1.0);
+                sample.dropped_pps += s.drop_pps.min(self.cap) as f64;
+            }
+        }
+        if sample.active > 0 {
+            sample.dropped_share = shares / sample.active as f64;
+        }
+        sample
+    }
+}
+
+fn in_scope(scope: &Target, rule: &str) -> bool {
+    match scope {
+        Target::Global => true,
+        Target::Rule(name) => name == rule,
+    }
 }
 
 /// A guard period of the daemon, with what it needs beyond the pure
 /// evaluator.
 pub struct GuardRun {
-    /// `global` or the rule's name when the period started.
+    /// `global` or the rule's name.
     pub(super) scope: String,
     target: Target,
     pub(super) period: GuardPeriod<Instant>,
+    cohort: Cohort,
     /// Started by a change made with `--save`: the rollback is saved
     /// too, so that a restart does not re-enforce what was just seen to
     /// hurt (a period from the file alone leaves the file to its owner).
     save: bool,
     rolled_back_at: Option<SystemTime>,
-    /// The rule generation the window's samples were read under: a push
-    /// resets the rule drop counters, and the window with them.
-    generation: u32,
 }
 
-/// Frames the kernel judged (every verdict) and dropped (limit or deny).
-const JUDGED: [Outcome; 5] = [
-    Outcome::Passed,
-    Outcome::Allowed,
-    Outcome::DryRunWouldDrop,
-    Outcome::DroppedLimit,
-    Outcome::DroppedDeny,
-];
-const DROPPED: [Outcome; 2] = [Outcome::DroppedLimit, Outcome::DroppedDeny];
+impl GuardRun {
+    /// The known sources the period judges.
+    pub(super) fn known_sources(&self) -> usize {
+        self.cohort.members.len()
+    }
+}
 
 impl Daemon {
-    fn new_run(
-        &self,
-        scope: String,
-        target: Target,
-        (guards, period): Plan,
-        save: bool,
-    ) -> GuardRun {
+    fn new_run(&self, target: Target, (guards, period): Plan, save: bool) -> GuardRun {
+        let scope = match &target {
+            Target::Global => GLOBAL.to_string(),
+            Target::Rule(name) => name.clone(),
+        };
+        let now_ns = crate::kernel::now().as_nanos() as u64;
+        let cohort = Cohort::known_before(&self.known, &target, now_ns, self.history.horizon());
         let shown: Vec<String> = guards.iter().map(ToString::to_string).collect();
-        info!(scope, guards = ?shown, period = %humantime::format_duration(period), "guard period started");
+        info!(
+            scope,
+            guards = ?shown,
+            period = %humantime::format_duration(period),
+            known_sources = cohort.members.len(),
+            "guard period started"
+        );
         self.metrics.set_guard_state(&scope, GuardState::Watching);
         GuardRun {
             scope,
             target,
             period: GuardPeriod::new(guards, period, Instant::now()),
+            cohort,
             save,
             rolled_back_at: None,
-            generation: self.generation,
         }
     }
 
     /// Replaces the global guard period: `plan` starts a new one (its
     /// guards and length), `None` ends any running one.
     pub(super) fn start_guard(&mut self, plan: Option<Plan>, save: bool) {
-        self.guard = plan.map(|plan| self.new_run(GLOBAL.into(), Target::Global, plan, save));
+        self.guard = plan.map(|plan| self.new_run(Target::Global, plan, save));
         if self.guard.is_none() {
             self.metrics.set_guard_state(GLOBAL, GuardState::None);
         }
@@ -109,41 +224,55 @@ impl Daemon {
 
     /// After an edit that set the rule at `position` to `section`: ends
     /// that rule's guard period, and starts the one it asks for, if any
-    /// (then says which: `rules[0] guarded for 10m by ...`).
+    /// (then says which: `web guarded for 10m by ...`).
     pub(super) fn start_rule_guard(
         &mut self,
         position: usize,
         section: RuleSection,
         save: bool,
     ) -> Option<String> {
-        let name = self
-            .config
-            .rules
-            .name(position)
-            .map_or_else(|| section.effective_name(), str::to_string);
-        self.end_rule_guard(&section);
+        let name = self.config.rules.name(position)?.to_string();
+        self.end_rule_guard(&name);
         // Validated with the rest of the rules: the plan reads.
         let plan = section.guard_plan(&name, position == 0).ok()??;
+        let run = self.new_run(Target::Rule(name.clone()), plan, save);
         let said = format!(
-            "{name} guarded for {} by {}",
-            humantime::format_duration(plan.1),
-            section.guards.join(", ")
+            "{name} guarded for {} by {}, judging {} known sources",
+            humantime::format_duration(run.period.period),
+            section.guards.join(", "),
+            run.cohort.members.len()
         );
-        let run = self.new_run(name, Target::Rule(Box::new(section)), plan, save);
         self.rule_guards.push(run);
         Some(said)
     }
 
-    /// Ends the guard period of the rule `section` names, if it has one.
-    pub(super) fn end_rule_guard(&mut self, section: &RuleSection) {
+    /// Ends the guard period of the rule named `name`, if it has one.
+    pub(super) fn end_rule_guard(&mut self, name: &str) {
         let metrics = &self.metrics;
         self.rule_guards.retain(|run| match &run.target {
-            Target::Rule(rule) if same(rule, section) => {
+            Target::Rule(rule) if rule == name => {
                 metrics.set_guard_state(&run.scope, GuardState::None);
                 false
             }
             _ => true,
         });
+    }
+
+    /// Ends the guard periods of rules no longer in force.
+    pub(super) fn end_gone_rule_guards(&mut self) {
+        let gone: Vec<String> = self
+            .rule_guards
+            .iter()
+            .filter_map(|run| match &run.target {
+                Target::Rule(name) if self.config.rules.position(name).is_none() => {
+                    Some(name.clone())
+                }
+                _ => None,
+            })
+            .collect();
+        for name in gone {
+            self.end_rule_guard(&name);
+        }
     }
 
     /// The position of the rule `section` names in the rules in force.
@@ -152,92 +281,71 @@ impl Daemon {
             return Some(0);
         }
         let rules = &self.config.file.rules;
-        rules.iter().position(|r| same(r, section)).map(|i| i + 1)
+        rules
+            .iter()
+            .position(|r| r.same_rule(section))
+            .map(|i| i + 1)
     }
 
-    /// The figures of this tick, all interfaces together: `rule` the
-    /// `RULES` index of a rule to read that rule's sources and drops
-    /// (else every source and every drop).
-    fn guard_sample(&self, rule: Option<u32>) -> Sample {
-        let mut sample = Sample::default();
-        for snapshot in self.ifaces.iter().filter_map(|i| i.observed.snapshot()) {
-            let sum = |outcomes: &[Outcome]| -> u64 {
-                outcomes
-                    .iter()
-                    .filter_map(|o| snapshot.outcomes.get(*o as usize))
-                    .map(|c| c.packets)
-                    .sum()
-            };
-            sample.judged_total += sum(&JUDGED);
-            match rule {
-                None => {
-                    sample.tracked += snapshot.tracked_sources;
-                    sample.limited += snapshot.limited.len() as u64;
-                    sample.dropped_total += sum(&DROPPED);
-                }
-                Some(index) => {
-                    let sources = snapshot
-                        .rule_sources
-                        .get(&index)
-                        .copied()
-                        .unwrap_or_default();
-                    sample.tracked += sources.tracked;
-                    sample.limited += sources.limited;
-                    sample.dropped_total += snapshot
-                        .rule_drops
-                        .get(index as usize)
-                        .copied()
-                        .unwrap_or(0);
-                }
-            }
-        }
-        sample
+    /// How old a source's read may be to say something of now: a few
+    /// ticks (windows are read every third).
+    fn fresh_ns(&self) -> u64 {
+        (self.config.daemon.tick * 4)
+            .max(Duration::from_secs(2))
+            .as_nanos() as u64
     }
 
     /// Judges every guard period on this tick's figures (the end of
-    /// [`Daemon::tick`]); rolls back what is breached.
+    /// [`Daemon::tick`]); rolls back what is breached, within each
+    /// scope's rollback budget.
     pub(super) fn check_guards(&mut self) {
         let now = Instant::now();
-        let sample = self.guard_sample(None);
-        if let Some(run) = self.guard.as_mut() {
-            if let Some(breach) = step(run, now, sample) {
-                let save = run.save;
-                self.roll_back(breach, save);
-            } else if run.period.state == GuardState::Passed {
-                self.metrics.set_guard_state(GLOBAL, GuardState::Passed);
-            }
-        }
+        let now_ns = crate::kernel::now().as_nanos() as u64;
+        let fresh_ns = self.fresh_ns();
+        let known = &self.known;
         let mut breached = Vec::new();
-        let mut gone = Vec::new();
-        for i in 0..self.rule_guards.len() {
-            let Target::Rule(section) = &self.rule_guards[i].target else {
-                continue;
-            };
-            let Some(position) = self.position(section) else {
-                gone.push(i);
-                continue;
-            };
-            let index = rules_base(self.generation) + position as u32;
-            let sample = self.guard_sample(Some(index));
-            let generation = self.generation;
-            let run = &mut self.rule_guards[i];
-            if run.generation != generation {
-                run.period.restart_window();
-                run.generation = generation;
-            }
+        for run in self.guard.iter_mut().chain(self.rule_guards.iter_mut()) {
+            run.cohort.form(known, &run.target, now);
+            let sample = run.cohort.sample(known, now_ns, fresh_ns);
             let was = run.period.state;
             if let Some(breach) = step(run, now, sample) {
-                breached.push((position, breach, run.save, run.scope.clone()));
+                breached.push((run.target.clone(), run.scope.clone(), breach, run.save));
             } else if was != run.period.state {
                 self.metrics.set_guard_state(&run.scope, run.period.state);
             }
         }
-        for i in gone.into_iter().rev() {
-            let run = self.rule_guards.remove(i);
-            self.metrics.set_guard_state(&run.scope, GuardState::None);
+        for (target, scope, breach, save) in breached {
+            let allowed = self
+                .rollback_budgets
+                .entry(scope.clone())
+                .or_default()
+                .take(now);
+            if !allowed {
+                events::guard_withheld(&scope, &breach);
+                self.metrics.set_guard_state(&scope, GuardState::Withheld);
+                if let Some(run) = self.run_mut(&target) {
+                    run.period.state = GuardState::Withheld;
+                }
+                continue;
+            }
+            match target {
+                Target::Global => self.roll_back(breach, save),
+                Target::Rule(name) => {
+                    if let Some(position) = self.config.rules.position(&name) {
+                        self.roll_back_rule(position, &scope, breach, save);
+                    }
+                }
+            }
         }
-        for (position, breach, save, scope) in breached {
-            self.roll_back_rule(position, &scope, breach, save);
+    }
+
+    fn run_mut(&mut self, target: &Target) -> Option<&mut GuardRun> {
+        match target {
+            Target::Global => self.guard.as_mut(),
+            Target::Rule(name) => self
+                .rule_guards
+                .iter_mut()
+                .find(|r| matches!(&r.target, Target::Rule(n) if n == name)),
         }
     }
 
@@ -322,16 +430,6 @@ impl Daemon {
     }
 }
 
-/// Whether `a` and `b` name the same rule (both the default rule, or the
-/// same prefix and match).
-fn same(a: &RuleSection, b: &RuleSection) -> bool {
-    match (a.cidr, b.cidr) {
-        (None, None) => true,
-        (Some(_), Some(_)) => a.same_rule(b),
-        _ => false,
-    }
-}
-
 /// One tick of `run`: the breach to roll back, if any; the events of a
 /// period that ends.
 fn step(run: &mut GuardRun, now: Instant, sample: Sample) -> Option<Breach> {
@@ -352,6 +450,7 @@ fn run_status(run: &GuardRun, now: Instant) -> GuardStatus {
     let period = &run.period;
     GuardStatus {
         scope: run.scope.clone(),
+        known_sources: run.cohort.members.len() as u64,
         state: period.state.as_str().to_string(),
         period: period.period,
         remaining_s: period.remaining(now).as_secs(),

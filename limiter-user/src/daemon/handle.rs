@@ -259,14 +259,20 @@ impl Daemon {
         let mode = if dry_run { "dry-run" } else { "enforce" };
         info!(mode, "mode changed through the control socket");
         let mut done = format!("mode {mode}; rule generation {generation}");
-        if let Some(period) = period {
-            done.push_str(&format!(
+        let guarded = period.map(|period| {
+            format!(
                 "; guarded for {} by {}",
                 humantime::format_duration(period),
                 limits.guards.join(", ")
+            )
+        });
+        self.start_guard(period.map(|p| (parsed, p)), save);
+        if let (Some(guarded), Some(run)) = (guarded, &self.guard) {
+            done.push_str(&format!(
+                "{guarded}, judging {} known sources",
+                run.known_sources()
             ));
         }
-        self.start_guard(period.map(|p| (parsed, p)), save);
         if save {
             return self.save(&done);
         }
@@ -279,15 +285,16 @@ impl Daemon {
     /// ends, and the edit starts the one its `guards` ask for.
     fn edit_rules(&mut self, edit: RuleEdit, save: bool) -> Result<String, String> {
         let edited = match &edit {
-            RuleEdit::Remove { rule } => Err(rule.clone()),
+            RuleEdit::Remove { .. } => None,
             RuleEdit::Add { rule } | RuleEdit::Set { rule } | RuleEdit::Default { rule } => {
-                Ok(rule.clone())
+                Some(rule.clone())
             }
         };
         let mut done = self.apply_edit(edit)?;
+        self.end_gone_rule_guards();
         match edited {
-            Err(removed) => self.end_rule_guard(&removed),
-            Ok(rule) => {
+            None => {}
+            Some(rule) => {
                 if let Some(position) = self.position(&rule) {
                     let section = match position {
                         0 => self.config.file.default.clone(),

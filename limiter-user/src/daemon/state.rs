@@ -70,6 +70,9 @@ pub struct Daemon {
     pub(super) guard: Option<super::guarded::GuardRun>,
     /// The rules' guard periods, running or the last ones.
     pub(super) rule_guards: Vec<super::guarded::GuardRun>,
+    /// Each guard scope's automatic rollbacks of the last hour.
+    pub(super) rollback_budgets:
+        std::collections::HashMap<String, crate::guard::RollbackBudget<Instant>>,
 }
 
 /// One protected interface and what the daemon has seen of it.
@@ -115,6 +118,7 @@ impl Daemon {
             cluster_live: None,
             guard: None,
             rule_guards: Vec::new(),
+            rollback_budgets: std::collections::HashMap::new(),
         }
     }
 

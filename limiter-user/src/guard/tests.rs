@@ -130,55 +130,42 @@ fn run(period: &mut GuardPeriod<Duration>, samples: &[Sample]) -> Vec<Step> {
         .collect()
 }
 
-/// A second of traffic: `judged` frames of which `dropped` dropped, on
-/// top of `before`.
-fn next(before: Sample, judged: u64, dropped: u64) -> Sample {
+/// A tick over 100 known sources, all sending: `limited` of them refused,
+/// a mean share `share` of their frames dropped, `pps` dropped a second.
+fn tick(limited: u64, share: f64, pps: f64) -> Sample {
     Sample {
-        judged_total: before.judged_total + judged,
-        dropped_total: before.dropped_total + dropped,
-        ..before
+        known: 100,
+        limited,
+        active: 100,
+        dropped_share: share,
+        dropped_pps: pps,
     }
-}
-
-fn series(per_second: &[(u64, u64)]) -> Vec<Sample> {
-    let mut s = Sample {
-        tracked: 10,
-        ..Sample::default()
-    };
-    per_second
-        .iter()
-        .map(|&(judged, dropped)| {
-            s = next(s, judged, dropped);
-            s
-        })
-        .collect()
 }
 
 #[test]
 fn a_series_under_the_guard_passes_when_the_period_ends() {
     let guards = parse_all(&["dropped_share <= 5%", "limited_sources <= 10%"]).unwrap();
     let mut period = GuardPeriod::new(guards, Duration::from_secs(6), Duration::ZERO);
-    // 1000 frames a second, 2 % dropped; one tick with 3 of 4 dropped
-    // (a tick with almost nothing in it) is diluted by the window.
-    let samples = series(&[
-        (1000, 20),
-        (4, 3),
-        (1000, 20),
-        (1000, 20),
-        (1000, 20),
-        (1000, 20),
-    ]);
+    // 2 % dropped; one tick at 7 % is diluted by the window's mean.
+    let samples = [
+        tick(1, 0.02, 10.0),
+        tick(1, 0.07, 10.0),
+        tick(1, 0.02, 10.0),
+        tick(1, 0.02, 10.0),
+        tick(1, 0.02, 10.0),
+        tick(1, 0.02, 10.0),
+    ];
     let steps = run(&mut period, &samples);
     assert_eq!(steps[..5], [Step::Watching; 5]);
     assert_eq!(steps[5], Step::Passed);
     assert_eq!(period.state, GuardState::Passed);
     assert!(period.breach.is_none());
     let share = period.last[0].expect("measured");
-    assert!(share > 0.015 && share < 0.025, "{share}");
-    assert_eq!(period.last[1], Some(0.0));
+    assert!(share > 0.015 && share < 0.05, "{share}");
+    assert_eq!(period.last[1], Some(0.01));
     // Over: later ticks change nothing, even breaching ones.
     assert_eq!(
-        period.step(Duration::from_secs(9), next(samples[5], 10, 10)),
+        period.step(Duration::from_secs(9), tick(100, 1.0, 1e6)),
         Step::Watching
     );
     assert_eq!(period.state, GuardState::Passed);
@@ -189,20 +176,21 @@ fn a_series_under_the_guard_passes_when_the_period_ends() {
 fn a_series_that_breaches_rolls_back_with_the_guard_and_value() {
     let guards = parse_all(&["limited_sources <= 50%", "dropped_share <= 5%"]).unwrap();
     let mut period = GuardPeriod::new(guards, Duration::from_secs(600), Duration::ZERO);
-    let samples = series(&[(1000, 0), (1000, 10), (1000, 400), (1000, 400)]);
+    let samples = [
+        tick(0, 0.0, 0.0),
+        tick(10, 0.01, 5.0),
+        tick(40, 0.5, 500.0),
+        tick(40, 0.5, 500.0),
+    ];
     let steps = run(&mut period, &samples);
     assert_eq!(steps[..2], [Step::Watching; 2]);
-    // Second 3: 410 dropped of 2000 judged since second 1 (20.5 %).
+    // Second 3: the mean of 0, 1 % and 50 % over the window.
     let Step::Breached(breach) = steps[2] else {
         panic!("{steps:?}");
     };
     assert_eq!(breach.guard.metric, Metric::DroppedShare);
-    assert!(
-        (breach.measured - 0.205).abs() < 1e-9,
-        "{}",
-        breach.measured
-    );
-    assert_eq!(breach.guard.show(breach.measured), "20.5%");
+    assert!((breach.measured - 0.17).abs() < 1e-9, "{}", breach.measured);
+    assert_eq!(breach.guard.show(breach.measured), "17%");
     assert_eq!(period.state, GuardState::RolledBack);
     assert_eq!(
         period.breach.map(|(_, at)| at),
@@ -213,18 +201,23 @@ fn a_series_that_breaches_rolls_back_with_the_guard_and_value() {
 }
 
 #[test]
-fn a_share_of_few_frames_is_not_judged() {
-    let guards = parse_all(&["dropped_share <= 1%"]).unwrap();
+fn a_share_of_few_sources_is_not_judged() {
+    let guards = parse_all(&["dropped_share <= 1%", "limited_sources <= 10%"]).unwrap();
     let mut period = GuardPeriod::new(guards, Duration::from_secs(600), Duration::ZERO);
-    // 99 frames in the window, all dropped: too few to judge.
-    let steps = run(&mut period, &series(&[(0, 0), (50, 50), (49, 49)]));
-    assert_eq!(steps, [Step::Watching; 3]);
-    assert_eq!(period.last, [None]);
-    // One more frame: judged, and breached.
-    let s = series(&[(0, 0), (50, 50), (49, 49), (1, 1)]);
-    let step = period.step(Duration::from_secs(4), s[3]);
+    // Four known sources sending, all refused: too few to judge a share
+    // of frames; no known source at all: no share of them either.
+    let few = Sample {
+        known: 0,
+        active: 4,
+        dropped_share: 1.0,
+        ..Sample::default()
+    };
+    assert_eq!(run(&mut period, &[few, few]), [Step::Watching; 2]);
+    assert_eq!(period.last, [None, None]);
+    // A fifth: judged, and breached.
+    let step = period.step(Duration::from_secs(3), Sample { active: 5, ..few });
     assert!(
-        matches!(step, Step::Breached(b) if b.measured == 1.0),
+        matches!(step, Step::Breached(b) if b.guard.metric == Metric::DroppedShare),
         "{step:?}"
     );
 }
@@ -233,34 +226,30 @@ fn a_share_of_few_frames_is_not_judged() {
 fn a_count_and_a_rate_breach_and_the_window_forgets_old_ticks() {
     let guards = parse_all(&["limited_sources < 2"]).unwrap();
     let mut period = GuardPeriod::new(guards, Duration::from_secs(600), Duration::ZERO);
-    let mut one = Sample {
-        limited: 1,
-        ..Sample::default()
-    };
-    assert_eq!(period.step(Duration::from_secs(1), one), Step::Watching);
-    one.limited = 2;
+    assert_eq!(
+        period.step(Duration::from_secs(1), tick(1, 0.0, 0.0)),
+        Step::Watching
+    );
     assert!(matches!(
-        period.step(Duration::from_secs(2), one),
+        period.step(Duration::from_secs(2), tick(2, 0.0, 0.0)),
         Step::Breached(b) if b.measured == 2.0
     ));
 
-    // 10 000 dropped in second 1, then nothing for longer than the
-    // window: the old burst leaves the rate.
+    // 4,000 dropped a second in second 2, then nothing for longer than
+    // the window: the old burst leaves the rate.
     let guards = parse_all(&["dropped_pps <= 1000"]).unwrap();
     let mut period = GuardPeriod::new(guards, Duration::from_secs(600), Duration::ZERO);
-    let mut per_second = vec![(0, 0), (10_000, 4_000)];
-    per_second.extend([(10, 0); 8]);
-    let steps = run(&mut period, &series(&per_second[..1]));
-    assert_eq!(steps, [Step::Watching]);
-    // Second 2: 4000 dropped over 1 s.
-    let samples = series(&per_second);
+    let mut samples = vec![tick(0, 0.0, 0.0), tick(0, 0.0, 4_000.0)];
+    samples.extend([tick(0, 0.0, 0.0); 8]);
+    assert_eq!(run(&mut period, &samples[..1]), [Step::Watching]);
+    // Second 2: the mean of 0 and 4,000.
     assert!(matches!(
         period.step(Duration::from_secs(2), samples[1]),
-        Step::Breached(b) if b.measured == 4000.0
+        Step::Breached(b) if b.measured == 2000.0
     ));
     let mut calm = GuardPeriod::new(period.guards.clone(), period.period, Duration::ZERO);
-    // The same burst well before a guard with a higher threshold, then
-    // the window slides past it.
+    // The same burst under a guard with a higher threshold, then the
+    // window slides past it.
     calm.guards[0].value = 5000.0;
     for (i, s) in samples.iter().enumerate() {
         assert_eq!(
@@ -269,11 +258,24 @@ fn a_count_and_a_rate_breach_and_the_window_forgets_old_ticks() {
         );
     }
     let figures = calm.figures();
-    assert_eq!(figures.dropped, 0);
-    assert!(figures.seconds >= WINDOW.as_secs_f64(), "{figures:?}");
-    assert!(figures.seconds <= WINDOW.as_secs_f64() + 1.0, "{figures:?}");
+    assert_eq!(figures.dropped_pps, 0.0);
+    assert!(figures.seconds <= WINDOW.as_secs_f64(), "{figures:?}");
+    assert!(figures.seconds >= WINDOW.as_secs_f64() - 1.0, "{figures:?}");
     assert_eq!(
         calm.remaining(Duration::from_secs(10)),
         Duration::from_secs(590)
     );
+}
+
+#[test]
+fn a_scope_rolls_back_at_most_three_times_an_hour() {
+    let mut budget = RollbackBudget::default();
+    let minute = Duration::from_secs(60);
+    assert!(budget.take(minute));
+    assert!(budget.take(minute * 2));
+    assert!(budget.take(minute * 3));
+    assert!(!budget.take(minute * 4), "a fourth within the hour");
+    assert!(!budget.take(minute * 60), "the first is 59 minutes old");
+    assert!(budget.take(minute * 61), "the first is an hour old");
+    assert!(!budget.take(minute * 61), "2, 3 and 61 within the hour");
 }

@@ -260,7 +260,7 @@ impl Metrics {
             guard_state: gauge(
                 &registry,
                 "xdp_limiter_guard_state",
-                "Guarded enforcement, by scope (global, or the rule's name): 0 no guard, 1 watching, 2 passed (period over, enforcing), 3 rolled back to dry-run.",
+                "Guarded enforcement, by scope (global, or the rule's name): 0 no guard, 1 watching, 2 passed (period over, enforcing), 3 rolled back to dry-run, 4 breached with the rollback withheld (3 rollbacks within the hour; enforcing).",
                 &["scope"],
             ),
             guard_rollbacks: counter(
