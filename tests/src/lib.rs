@@ -60,3 +60,14 @@ pub fn wait_until<T>(
 pub fn net(text: &str) -> ipnet::IpNet {
     text.parse().expect("valid CIDR")
 }
+
+/// Sets its flag when dropped: a sender thread's stop flag, set on the
+/// way out of a `thread::scope` body, a failed assertion included (the
+/// scope would otherwise wait for the sender forever).
+pub struct SetOnDrop<'a>(pub &'a std::sync::atomic::AtomicBool);
+
+impl Drop for SetOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}

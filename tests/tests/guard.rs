@@ -191,6 +191,7 @@ fn floods_do_not_roll_back_a_guard_and_known_sources_refused_do() {
     let (pps, stop) = (AtomicU64::new(2), AtomicBool::new(false));
     std::thread::scope(|scope| {
         scope.spawn(|| send_polite(&lab, &polite, &pps, &stop));
+        let _stop = limiter_tests::SetOnDrop(&stop);
         wait_known(&files, "default", 40);
         let out = files.cli_ok(&[
             "mode",
@@ -429,6 +430,7 @@ fn a_rules_guard_rolls_back_that_rule_alone() {
     let (pps, stop) = (AtomicU64::new(2), AtomicBool::new(false));
     std::thread::scope(|scope| {
         scope.spawn(|| send_polite(&lab, &polite, &pps, &stop));
+        let _stop = limiter_tests::SetOnDrop(&stop);
         wait_known(&files, "a", 20);
         wait_known(&files, "b", 20);
         // A flood from a new source in `a` and one in `b`: refused, not
@@ -543,6 +545,7 @@ fn a_rule_removed_between_two_others_leaves_their_history_metrics_and_guard() {
     let (pps, stop) = (AtomicU64::new(2), AtomicBool::new(false));
     std::thread::scope(|scope| {
         scope.spawn(|| send_polite(&lab, &polite, &pps, &stop));
+        let _stop = limiter_tests::SetOnDrop(&stop);
         wait_known(&files, "a", 10);
         wait_known(&files, "c", 10);
         // `c` guarded for long; and a burst it drops.

@@ -336,13 +336,15 @@ impl Drop for BpfStats {
 /// flood's source goes over it), and a node rule for the light sources'
 /// prefix at 50 pps per source with a level of 200 pps per /24 (ten
 /// sources at 40 pps fill it; one source at 80 pps goes over its own
-/// limit), guarded by `limited_sources <= 0`: the first source it limits
-/// rolls it back to dry-run (a real rollback for the dashboard's guard
-/// panels and the rollback alert).
+/// limit; ten polite ones at 10 pps in a /24 of their own). Once the
+/// daemon knows the polite ones, the rule's level is set to 50 pps per /24
+/// guarded by `limited_sources <= 0` (`lower_the_light_rule`): their /24
+/// sends 100, they are refused, and roll it back to dry-run (a real
+/// rollback for the dashboard's guard panels and the rollback alert).
 fn config() -> String {
     format!(
         "{}\n[[rules]]\ncidr = \"10.100.0.0/16\"\npps = 50\nwindow = \"1s\"\n\
-         levels = [\"prefix/24:200\"]\nguards = [\"limited_sources <= 0\"]\nguard_for = \"10m\"\n",
+         levels = [\"prefix/24:200\"]\n",
         node_config(0, 100, "1s", "100ms", "")
     )
 }
@@ -351,7 +353,49 @@ fn config() -> String {
 fn flows() -> Vec<(std::net::Ipv4Addr, u64)> {
     let mut flows = vec![(SOURCE, 500), (std::net::Ipv4Addr::new(10, 100, 1, 1), 80)];
     flows.extend((1..=10).map(|k| (std::net::Ipv4Addr::new(10, 100, 0, k), 40)));
+    flows.extend((1..=10).map(|k| (std::net::Ipv4Addr::new(10, 100, 2, k), 10)));
     flows
+}
+
+/// Once the daemon knows the light rule's 21 sources, sets its level below
+/// the polite ones' /24 under a guard that their refusal breaches.
+fn lower_the_light_rule(lab: &ClusterLab) {
+    let files = &lab.nodes[0].files;
+    let known = wait_until(Duration::from_secs(20), Duration::from_millis(250), || {
+        let out = files.cli(&[
+            "suggest",
+            "--rule",
+            "10.100.0.0/16",
+            "--since",
+            "1m",
+            "--output",
+            "json",
+        ]);
+        serde_json::from_slice::<Value>(&out.stdout)
+            .ok()
+            .and_then(|v| v["rules"][0]["sources"].as_u64())
+            .filter(|n| *n >= 21)
+    });
+    assert!(
+        known.is_some(),
+        "the light rule's sources never became known"
+    );
+    let out = files.cli_ok(&[
+        "rule",
+        "set",
+        "10.100.0.0/16",
+        "--pps",
+        "50",
+        "--window",
+        "1s",
+        "--level",
+        "prefix/24:50",
+        "--guard",
+        "limited_sources <= 0",
+        "--for",
+        "10m",
+    ]);
+    assert!(out.contains("judging"), "{out}");
 }
 
 /// Sends `flows` to node 0 until `stop`, paced in 10 ms slices.
@@ -409,6 +453,8 @@ fn every_dashboard_query_and_alert_rule_evaluates_on_a_real_prometheus_scraping_
     let stop = AtomicBool::new(false);
     let (failures, alert_states) = std::thread::scope(|scope| {
         let flood = scope.spawn(|| traffic(&lab, &stop));
+        let _stop = limiter_tests::SetOnDrop(&stop);
+        lower_the_light_rule(&lab);
         let result = evaluate(&prometheus);
         stop.store(true, Ordering::Relaxed);
         flood.join().expect("traffic");
