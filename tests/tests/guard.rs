@@ -122,6 +122,17 @@ fn send_polite(lab: &Lab, sources: &[Ipv4Addr], pps: &AtomicU64, stop: &AtomicBo
     });
 }
 
+/// Runs `body` while `sources` send politely, 2 frames a second each (the
+/// rate `body` is handed, which it may change); the senders stop with it.
+fn with_polite<R>(lab: &Lab, sources: &[Ipv4Addr], body: impl FnOnce(&AtomicU64) -> R) -> R {
+    let (pps, stop) = (AtomicU64::new(2), AtomicBool::new(false));
+    std::thread::scope(|scope| {
+        scope.spawn(|| send_polite(lab, sources, &pps, &stop));
+        let _stop = limiter_tests::SetOnDrop(&stop);
+        body(&pps)
+    })
+}
+
 /// Waits until the daemon knows `n` sources under `rule` (what `suggest`
 /// counts over the last minute).
 fn wait_known(files: &Files, rule: &str, n: u64) {
@@ -187,11 +198,7 @@ fn floods_do_not_roll_back_a_guard_and_known_sources_refused_do() {
         ),
         0.0
     );
-    let polite = polite_sources(0, 40);
-    let (pps, stop) = (AtomicU64::new(2), AtomicBool::new(false));
-    std::thread::scope(|scope| {
-        scope.spawn(|| send_polite(&lab, &polite, &pps, &stop));
-        let _stop = limiter_tests::SetOnDrop(&stop);
+    with_polite(&lab, &polite_sources(0, 40), |pps| {
         wait_known(&files, "default", 40);
         let out = files.cli_ok(&[
             "mode",
@@ -273,7 +280,6 @@ fn floods_do_not_roll_back_a_guard_and_known_sources_refused_do() {
             assert!(Instant::now() < deadline, "no rollback: {s:#}");
             std::thread::sleep(Duration::from_millis(200));
         };
-        stop.store(true, Ordering::Relaxed);
         let guard = &rolled["guard"];
         assert_eq!(guard["state"], "rolled-back", "{rolled:#}");
         assert_eq!(guard["rollback"]["guard"], "limited_sources <= 10%");
@@ -427,10 +433,7 @@ fn a_rules_guard_rolls_back_that_rule_alone() {
     let (lab, files, daemon) = start(&three_rules());
     let mut polite = polite_sources(1, 20);
     polite.extend(polite_sources(2, 20));
-    let (pps, stop) = (AtomicU64::new(2), AtomicBool::new(false));
-    std::thread::scope(|scope| {
-        scope.spawn(|| send_polite(&lab, &polite, &pps, &stop));
-        let _stop = limiter_tests::SetOnDrop(&stop);
+    with_polite(&lab, &polite, |_| {
         wait_known(&files, "a", 20);
         wait_known(&files, "b", 20);
         // A flood from a new source in `a` and one in `b`: refused, not
@@ -471,7 +474,6 @@ fn a_rules_guard_rolls_back_that_rule_alone() {
             assert!(Instant::now() < deadline, "no rollback: {s:#}");
             std::thread::sleep(Duration::from_millis(200));
         };
-        stop.store(true, Ordering::Relaxed);
         let guard = &rolled["rule_guards"][0];
         assert_eq!(guard["state"], "rolled-back", "{rolled:#}");
         assert_eq!(guard["scope"], "a");
@@ -542,10 +544,7 @@ fn a_rule_removed_between_two_others_leaves_their_history_metrics_and_guard() {
     let (lab, files, daemon) = start(&three_rules());
     let mut polite = polite_sources(1, 10);
     polite.extend(polite_sources(3, 10));
-    let (pps, stop) = (AtomicU64::new(2), AtomicBool::new(false));
-    std::thread::scope(|scope| {
-        scope.spawn(|| send_polite(&lab, &polite, &pps, &stop));
-        let _stop = limiter_tests::SetOnDrop(&stop);
+    with_polite(&lab, &polite, |_| {
         wait_known(&files, "a", 10);
         wait_known(&files, "c", 10);
         // `c` guarded for long; and a burst it drops.
@@ -614,7 +613,6 @@ fn a_rule_removed_between_two_others_leaves_their_history_metrics_and_guard() {
             String::from_utf8_lossy(&gone.stderr).contains("no rule b"),
             "{gone:?}"
         );
-        stop.store(true, Ordering::Relaxed);
     });
 }
 

@@ -1288,26 +1288,18 @@ fn a_bad_or_taken_rule_name_is_refused_with_its_field() {
         &(rule("10.1.0.0/16", "10.0.0.0/8") + "[[rules]]\ncidr = \"10.1.0.0/16\"\npps = 5\n"),
         "rules[1].name: \"10.1.0.0/16\" names rules[0] too",
     );
-    rejected(
-        &rule("a b", "10.0.0.0/8"),
-        "rules[0].name: \"a b\" is not a rule name",
-    );
-    rejected(
-        &rule("", "10.0.0.0/8"),
-        "rules[0].name: \"\" is not a rule name",
-    );
-    rejected(
-        &rule(&"x".repeat(81), "10.0.0.0/8"),
-        "is not a rule name: 1 to 80 characters",
-    );
-    rejected(
-        &rule("global", "10.0.0.0/8"),
-        "rules[0].name: \"global\" names the global guard",
-    );
-    rejected(
-        &rule("default", "10.0.0.0/8"),
-        "rules[0].name: \"default\" names the default rule",
-    );
+    for (name, error) in [
+        ("a b", "rules[0].name: \"a b\" is not a rule name"),
+        ("", "rules[0].name: \"\" is not a rule name"),
+        (&"x".repeat(81), "is not a rule name: 1 to 80 characters"),
+        ("global", "rules[0].name: \"global\" names the global guard"),
+        (
+            "default",
+            "rules[0].name: \"default\" names the default rule",
+        ),
+    ] {
+        rejected(&rule(name, "10.0.0.0/8"), error);
+    }
     rejected(
         "[default]\nname = \"all\"\npps = 5\n",
         "default.name: the default rule is named \"default\"",
