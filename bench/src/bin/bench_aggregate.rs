@@ -4,9 +4,11 @@
 //!
 //! With the tiers, a million active sources are a million shared windows
 //! (`WINDOWS`) and at most `max_hot_sources` sources with per-CPU state
-//! (`SOURCES`); the daemon's pass reads `SOURCES` only. The bench fills
-//! `WINDOWS` with 1,000,000 windows and `SOURCES` to its default cap, and
-//! times the daemon's ticks. Without the tiers every source has per-CPU
+//! (`SOURCES`); the daemon's pass reads `SOURCES` only, and the walk that
+//! reclaims idle windows reads `WINDOWS` and feeds the sample of known
+//! sources. The bench fills `WINDOWS` with 1,000,000 windows and `SOURCES`
+//! to its default cap, and times the daemon's ticks and a whole walk of
+//! the windows into the sample. Without the tiers every source has per-CPU
 //! state: the baseline fills `SOURCES` with 1,000,000 sources and times a
 //! full pass, the daemon's bounded ticks over it, the batched reads alone
 //! and reading the map one key at a time (aya's iterator, two syscalls
@@ -23,13 +25,20 @@ use std::{
 };
 
 use aya::maps::{IterableMap, MapInfo};
-use limiter_common::{Counter, SourceKey, SourceTraffic, WindowState, DEFAULT_MAX_HOT_SOURCES};
+use limiter_common::{
+    window, Counter, SourceKey, SourceTraffic, WindowState, DEFAULT_MAX_HOT_SOURCES,
+};
 use limiter_user::{
-    config::DaemonSection,
-    daemon::aggregate::{pass, Sweep},
+    config::{Config, DaemonSection},
+    daemon::{
+        aggregate::{pass, Sweep},
+        history::History,
+        known::{Known, Reading},
+    },
     kernel::{
         self,
         batch::{self, update_per_cpu},
+        windows::Reclaim,
         LoadOptions, Program,
     },
 };
@@ -138,12 +147,18 @@ fn fill_sources(program: &Program, cpus: usize, count: u32) {
 
 /// Writes a window for sources `0..count` into `program`'s `WINDOWS`.
 /// `WINDOWS` is not per-CPU: a batch then carries one value per key, which
-/// is the per-CPU batch with one CPU. Their contents do not matter to the
-/// daemon, which never reads `WINDOWS`; each holds a few frames.
+/// is the per-CPU batch with one CPU. Each counts 6 frames in each of the
+/// 15 buckets of 6 s (a minute's window) before now: every window reads
+/// as sending, 1 pps, for a minute and a half after the fill, as the
+/// walk that feeds the known sources reads it.
 fn fill_windows(program: &Program, count: u32) {
     let fd = batch::fd(program.maps.windows.map());
     let mut window = WindowState::ZERO;
-    window.bucket_ns = 100_000_000;
+    window.bucket_ns = 6_000_000_000;
+    let now_bucket = kernel::now().as_nanos() as u64 / window.bucket_ns;
+    for bucket in now_bucket - 15..now_bucket {
+        window.slots[window::slot_of(bucket)][window::PACKETS] = window::pack_packets(bucket, 0, 6);
+    }
     const CHUNK: u32 = 100_000;
     for start in (0..count).step_by(CHUNK as usize) {
         let entries: Vec<(SourceKey, Vec<WindowState>)> = (start..count.min(start + CHUNK))
@@ -306,6 +321,38 @@ fn main() {
         tracked as u32 >= SOURCES * 99 / 100 && windows as u32 >= SOURCES * 99 / 100,
         "only {tracked} sources and {windows} windows stayed in the maps"
     );
+    // What the daemon does with them: the walk that reclaims idle windows
+    // reads each, and hands those sending to the known-source sample (a
+    // keyed hash each; 1 in 64 kept at a million sources) and the history.
+    let rules = Config::parse("", "bench").expect("defaults").rules;
+    let mut sampled = 0;
+    let known_walk = measure(|| {
+        let mut known = Known::default();
+        known.set_rules(&rules);
+        let mut history = History::new(Duration::from_secs(3600));
+        let mut reclaim = Reclaim::default();
+        let now_ns = kernel::now().as_nanos() as u64;
+        let mut active = Vec::new();
+        loop {
+            let slice = reclaim
+                .step(&mut tiered.maps, now_ns, 1 << 21, &mut active)
+                .expect("walk");
+            for (key, pps) in active.drain(..) {
+                let reading = Reading {
+                    key,
+                    pps,
+                    refused: false,
+                    dropped_total: None,
+                };
+                known.observe(reading, None, now_ns, &mut history);
+            }
+            if slice.pass_done {
+                break;
+            }
+        }
+        sampled = known.len();
+    });
+    assert!(sampled > 1_000, "the walk fed {sampled} sources");
 
     let tiered_memory = map_memory(&mut tiered);
     let untiered_memory = map_memory(&mut untiered);
@@ -333,7 +380,8 @@ fn main() {
         "",
         ms(tiered_tick_max)
     );
-    row("tiers: reading the windows (not done)", &windows_read);
+    row("tiers: reading the windows (batch only)", &windows_read);
+    row("tiers: the walk, feeding the known sources", &known_walk);
     row("no tiers: full pass (batched)", &full);
     row("no tiers:   of which the batch reads", &raw);
     row("no tiers: key by key", &per_key);
@@ -377,7 +425,7 @@ fn main() {
         "{{\"bench\":\"aggregate\",\"sources\":{SOURCES},\"cpus\":{cpus},\"possible_cpus\":{possible},\
          \"tiers_windows\":{windows},\"tiers_hot_sources\":{hot_tracked},\
          \"tiers_tick_cpu_ms\":{:.1},\"tiers_tick_cpu_ms_max\":{:.1},\"tiers_sweep_ticks\":{tiered_sweep_ticks},\
-         \"tiers_windows_read_cpu_ms\":{:.1},\
+         \"tiers_windows_read_cpu_ms\":{:.1},\"tiers_known_walk_cpu_ms\":{:.1},\"tiers_known_sampled\":{sampled},\
          \"baseline_sources\":{tracked},\"baseline_pass_wall_ms\":{:.1},\"baseline_pass_cpu_ms\":{:.1},\
          \"baseline_batched_read_alone_cpu_ms\":{:.1},\"baseline_per_key_wall_ms\":{:.1},\
          \"baseline_per_key_cpu_ms\":{:.1},\"baseline_tick_cpu_ms_max\":{:.1},\"baseline_sweep_ticks\":{},\
@@ -387,6 +435,7 @@ fn main() {
         ms(tiered_tick.cpu),
         ms(tiered_tick_max),
         ms(windows_read.cpu),
+        ms(known_walk.cpu),
         ms(full.wall),
         ms(full.cpu),
         ms(raw.cpu),

@@ -54,6 +54,8 @@ pub struct Reading {
 #[derive(Clone, Debug)]
 pub struct Source {
     pub rule: Arc<str>,
+    /// The rule set `rule` was resolved under (`Known::rules_seen`).
+    rules_seen: u64,
     /// When it was first and last read (monotonic ns).
     pub first_ns: u64,
     pub last_ns: u64,
@@ -78,6 +80,9 @@ pub struct Known {
     capacity: usize,
     sources: HashMap<SourceKey, Source>,
     resolver: Resolver,
+    /// Rule sets set so far: a window's read reuses its source's rule
+    /// while the rules have not changed.
+    rules_seen: u64,
 }
 
 impl Default for Known {
@@ -94,6 +99,7 @@ impl Known {
             capacity,
             sources: HashMap::new(),
             resolver: Resolver::default(),
+            rules_seen: 0,
         }
     }
 
@@ -101,6 +107,7 @@ impl Known {
     /// resolve against them.
     pub fn set_rules(&mut self, rules: &RuleSet) {
         self.resolver = Resolver::new(rules);
+        self.rules_seen += 1;
     }
 
     /// The share of sources sampled: `2^-shift`.
@@ -147,7 +154,10 @@ impl Known {
             Some((index, base)) => index
                 .checked_sub(base)
                 .and_then(|position| self.resolver.name(position as usize)),
-            None => self.resolver.rule_of(&reading.key),
+            None => match self.sources.get(&reading.key) {
+                Some(known) if known.rules_seen == self.rules_seen => Some(known.rule.clone()),
+                _ => self.resolver.rule_of(&reading.key),
+            },
         };
         let Some(name) = name else {
             return;
@@ -158,8 +168,10 @@ impl Known {
                 return;
             }
         }
+        let rules_seen = self.rules_seen;
         let source = self.sources.entry(reading.key).or_insert_with(|| Source {
             rule: name.clone(),
+            rules_seen,
             first_ns: now_ns,
             last_ns: now_ns,
             refused_ns: 0,
@@ -170,6 +182,7 @@ impl Known {
             dropped: None,
             recorded: None,
         });
+        source.rules_seen = rules_seen;
         if source.rule != name {
             // Its rule changed (a push): its slot's record stays where it
             // was made.
