@@ -417,7 +417,7 @@ fn flooders_do_not_steer_suggest_and_it_sees_the_sources_with_windows_tiers_on()
          [default]\npps = 1000\nwindow = \"1s\"\ndry_run = false\n",
     );
     let config = files.config();
-    let _daemon = Daemon::start(
+    let daemon = Daemon::start(
         &lab.rx,
         &files,
         &["-i", RX_IF, "-c", config.to_str().unwrap()],
@@ -479,4 +479,9 @@ fn flooders_do_not_steer_suggest_and_it_sees_the_sources_with_windows_tiers_on()
         text.contains("samples of sources refused by the limit in force"),
         "{text}"
     );
+    // The sample, in a real scrape: every source, one in one.
+    assert!(daemon
+        .metric("xdp_limiter_known_sources")
+        .is_some_and(|n| n >= 1_000.0));
+    assert_eq!(daemon.metric("xdp_limiter_known_sample_one_in"), Some(1.0));
 }

@@ -324,6 +324,8 @@ impl Daemon {
         }
         self.known
             .forget_older(kernel::now().as_nanos() as u64, self.history.horizon());
+        self.metrics
+            .record_known(self.known.len(), self.known.sampled_share());
         self.check_guards();
         self.metrics
             .aggregation

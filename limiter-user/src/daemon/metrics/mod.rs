@@ -52,6 +52,8 @@ pub struct Metrics {
     windows_reclaimed: IntCounterVec,
     aggregates_kept: IntGaugeVec,
     aggregate_cells: IntGaugeVec,
+    known_sources: prometheus::IntGauge,
+    known_one_in: prometheus::IntGauge,
     aggregates_reclaimed: IntCounterVec,
     rules: IntGaugeVec,
     reattachments: IntCounterVec,
@@ -197,6 +199,22 @@ impl Metrics {
                 "xdp_limiter_aggregates_kept",
                 "Aggregates of the rules' levels (AGGREGATES, never evicted) after the daemon's last pass deleted the idle ones; at xdp_limiter_window_capacity, an aggregate without a window is judged on its level's overflow cell (outcome aggregate_full).",
                 &["interface"],
+            ),
+            known_sources: registered(
+                &registry,
+                prometheus::IntGauge::new(
+                    "xdp_limiter_known_sources",
+                    "Sources in the daemon's sample of the sources read past the cheap tier (what suggest's history counts and guards judge), 16,384 at most.",
+                )
+                .expect("valid metric"),
+            ),
+            known_one_in: registered(
+                &registry,
+                prometheus::IntGauge::new(
+                    "xdp_limiter_known_sample_one_in",
+                    "The sample of known sources holds one source in this many (1 until more than it holds were seen; a keyed hash chooses them).",
+                )
+                .expect("valid metric"),
             ),
             aggregate_cells: gauge(
                 &registry,
@@ -503,6 +521,13 @@ impl Metrics {
         self.penalties
             .with_label_values(&[iface])
             .set(running as i64);
+    }
+
+    /// The sample of known sources: how many, and one in how many.
+    pub fn record_known(&self, sources: usize, sampled_share: f64) {
+        self.known_sources.set(sources as i64);
+        self.known_one_in
+            .set((1.0 / sampled_share.max(f64::MIN_POSITIVE)).round() as i64);
     }
 
     /// Updates the kept windows and aggregates of `iface` from its
