@@ -147,16 +147,16 @@ fn fill_sources(program: &Program, cpus: usize, count: u32) {
 
 /// Writes a window for sources `0..count` into `program`'s `WINDOWS`.
 /// `WINDOWS` is not per-CPU: a batch then carries one value per key, which
-/// is the per-CPU batch with one CPU. Each counts 6 frames in each of the
-/// 15 buckets of 6 s (a minute's window) before now: every window reads
-/// as sending, 1 pps, for a minute and a half after the fill, as the
-/// walk that feeds the known sources reads it.
+/// is the per-CPU batch with one CPU. Each counts 6 frames in each of 15
+/// buckets of 6 s (a minute's window) from the one before now's: every
+/// window reads as sending, 1 pps, for over a minute after the fill, as
+/// the walk that feeds the known sources reads it.
 fn fill_windows(program: &Program, count: u32) {
     let fd = batch::fd(program.maps.windows.map());
     let mut window = WindowState::ZERO;
     window.bucket_ns = 6_000_000_000;
     let now_bucket = kernel::now().as_nanos() as u64 / window.bucket_ns;
-    for bucket in now_bucket - 15..now_bucket {
+    for bucket in now_bucket - 1..now_bucket + 14 {
         window.slots[window::slot_of(bucket)][window::PACKETS] = window::pack_packets(bucket, 0, 6);
     }
     const CHUNK: u32 = 100_000;
