@@ -97,7 +97,10 @@ fn polite_sources(third: u8, n: u8) -> Vec<Ipv4Addr> {
 }
 
 /// Sends from every source `pps` frames a second (read each round, so the
-/// test can change it), paced on a 20 ms loop, until `stop`.
+/// test can change it), paced on a 20 ms loop, until `stop`. A stalled
+/// loop (the machine is shared) sends at most one frame late, never a
+/// burst of the frames it missed: the senders stay polite however late
+/// they run.
 fn send_polite(lab: &Lab, sources: &[Ipv4Addr], pps: &AtomicU64, stop: &AtomicBool) {
     lab.tx.enter(|| {
         let sockets: Vec<UdpSocket> = sources
@@ -109,6 +112,7 @@ fn send_polite(lab: &Lab, sources: &[Ipv4Addr], pps: &AtomicU64, stop: &AtomicBo
         while !stop.load(Ordering::Relaxed) {
             let now = Instant::now();
             due += pps.load(Ordering::Relaxed) as f64 * now.duration_since(last).as_secs_f64();
+            due = due.min(1.0);
             last = now;
             while due >= 1.0 {
                 for socket in &sockets {
