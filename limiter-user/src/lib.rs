@@ -8,7 +8,8 @@
 //!   events, control socket);
 //! - `proto`: the control protocol between daemon and CLI;
 //! - `cli`: the command line (`args`) and one file per command;
-//! - `lock`, `fault`: cross-process locks and start-up fault injection.
+//! - `lock`, `fault`: cross-process locks and start-up fault injection;
+//! - `logs`: the log's format (text or JSON).
 
 pub mod cli;
 pub mod cluster;
@@ -18,5 +19,6 @@ pub mod fault;
 pub mod guard;
 pub mod kernel;
 pub mod lock;
+pub mod logs;
 pub mod proto;
 pub mod rules;

@@ -3,24 +3,27 @@
 //!
 //! Errors print as one line (`error: ...` with its causes) and exit 1.
 
-use std::{io::IsTerminal, process::ExitCode};
+use std::process::ExitCode;
 
 use clap::Parser;
-use limiter_user::cli::{
-    self,
-    args::{Cli, Command},
+use limiter_user::{
+    cli::{
+        self,
+        args::{Cli, Command},
+    },
+    logs::{self, LogFormat},
 };
 
 fn main() -> ExitCode {
     let Cli { command } = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(std::io::stderr)
-        .init();
+    let format = match &command {
+        Command::Run(args) => args
+            .log_format
+            .or_else(|| args.config.as_deref().and_then(logs::format_in_file))
+            .unwrap_or_default(),
+        _ => LogFormat::Text,
+    };
+    logs::init(format);
     let result = match command {
         Command::Run(args) => cli::run::run(args),
         Command::Status(args) => cli::status::run(&args.socket.path, args.output),

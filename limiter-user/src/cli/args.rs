@@ -104,6 +104,10 @@ pub struct RunArgs {
     /// Control socket (default: daemon.control_socket).
     #[arg(long)]
     pub control_socket: Option<PathBuf>,
+    /// The log's format: text, or one JSON object a line (default:
+    /// daemon.log_format, text).
+    #[arg(long, value_enum)]
+    pub log_format: Option<crate::logs::LogFormat>,
 }
 
 /// Where the daemon's control socket is.

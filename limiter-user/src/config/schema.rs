@@ -78,6 +78,14 @@ pub struct DaemonSection {
     /// (`xdp-limiter suggest`), 1 min to 24 h.
     #[serde(with = "humantime_serde")]
     pub history: Duration,
+    /// The log's format (`--log-format` overrides it); read at start-up
+    /// only. Written only when not the default.
+    #[serde(skip_serializing_if = "is_text")]
+    pub log_format: crate::logs::LogFormat,
+}
+
+fn is_text(format: &crate::logs::LogFormat) -> bool {
+    *format == crate::logs::LogFormat::Text
 }
 
 impl Default for DaemonSection {
@@ -97,6 +105,7 @@ impl Default for DaemonSection {
             limited_log_per_second: crate::daemon::events::DEFAULT_LIMITED_LOG_PER_SECOND,
             limited_log_burst: crate::daemon::events::DEFAULT_LIMITED_LOG_BURST,
             history: Duration::from_secs(3600),
+            log_format: crate::logs::LogFormat::Text,
         }
     }
 }

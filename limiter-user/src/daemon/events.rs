@@ -226,6 +226,7 @@ impl SharedLogCap {
 fn log_summary(summary: Option<(u64, Duration)>) {
     if let Some((suppressed, period)) = summary {
         warn!(
+            event = "limited_suppressed",
             suppressed,
             seconds = period.as_secs(),
             "{suppressed} source-limited lines suppressed in the last {}s",
@@ -309,10 +310,12 @@ fn log(iface: &str, event: &LimitEvent, names: &RuleNames, levels: &LevelLabels)
         .and_then(|names| names.get(&event.rule).cloned())
         .unwrap_or_else(|| format!("#{}", event.rule));
     info!(
+        event = "source_limited",
         iface,
         source = %event.key,
         rule,
-        level = level_label(event, levels),
+        limit_level = level_label(event, levels),
+        action = if event.dry_run() { "would-drop" } else { "drop" },
         dry_run = event.dry_run(),
         "source limited"
     );
@@ -337,6 +340,7 @@ fn level_label(event: &LimitEvent, levels: &LevelLabels) -> String {
 pub fn guard_rolled_back(scope: &str, breach: &crate::guard::Breach) {
     let guard = &breach.guard;
     warn!(
+        event = "guard_rolled_back",
         scope,
         guard = %guard,
         measured = %guard.show(breach.measured),
@@ -351,6 +355,7 @@ pub fn guard_rolled_back(scope: &str, breach: &crate::guard::Breach) {
 pub fn guard_withheld(scope: &str, breach: &crate::guard::Breach) {
     let guard = &breach.guard;
     error!(
+        event = "guard_withheld",
         scope,
         guard = %guard,
         measured = %guard.show(breach.measured),
@@ -366,6 +371,7 @@ pub fn guard_withheld(scope: &str, breach: &crate::guard::Breach) {
 /// The guard event of a period that ended with every guard kept.
 pub fn guard_passed(scope: &str, period: Duration) {
     info!(
+        event = "guard_passed",
         scope,
         period = %humantime::format_duration(period),
         "guard period passed: enforcement stays"

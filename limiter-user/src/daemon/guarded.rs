@@ -179,8 +179,9 @@ impl Daemon {
         let cohort = Cohort::known_before(&self.known, &target, now_ns, self.history.horizon());
         let shown: Vec<String> = guards.iter().map(ToString::to_string).collect();
         info!(
+            event = "guard_started",
             scope,
-            guards = ?shown,
+            guards = %shown.join(", "),
             period = %humantime::format_duration(period),
             known_sources = cohort.members.len(),
             "guard period started"

@@ -454,10 +454,11 @@ fn record_level_drops(
 fn log_released(iface: &str, before: &BTreeSet<SourceKey>, now: &BTreeSet<SourceKey>) {
     let released: Vec<&SourceKey> = before.difference(now).collect();
     for key in released.iter().take(RELEASED_LOGGED_PER_TICK) {
-        info!(iface, source = %key, "source released");
+        info!(event = "source_released", iface, source = %key, "source released");
     }
     if released.len() > RELEASED_LOGGED_PER_TICK {
         info!(
+            event = "sources_released",
             iface,
             more = released.len() - RELEASED_LOGGED_PER_TICK,
             "more sources released (not listed)"
