@@ -20,6 +20,7 @@ pub mod history;
 pub mod known;
 pub mod level_rates;
 pub mod metrics;
+mod notify;
 pub mod startup;
 pub mod state;
 pub mod suggest;
@@ -158,10 +159,21 @@ pub async fn run(options: RunOptions) -> anyhow::Result<()> {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // Answered once the interfaces really are detached.
     let mut detach_reply = None;
+    notify::ready(&format!(
+        "protecting {}, rule generation {}",
+        settings.interfaces.join(", "),
+        daemon.generation
+    ));
+    let mut watchdog = notify::Watchdog::from_env();
 
     loop {
         tokio::select! {
-            _ = tick.tick() => daemon.tick(),
+            _ = tick.tick() => {
+                daemon.tick();
+                if let Some(watchdog) = watchdog.as_mut() {
+                    watchdog.tick();
+                }
+            }
             _ = hangup.recv() => {
                 daemon.reload();
             }
@@ -179,6 +191,7 @@ pub async fn run(options: RunOptions) -> anyhow::Result<()> {
             _ = terminate.recv() => { info!("SIGTERM: stopping"); break; }
         }
     }
+    notify::stopping();
     server.abort();
     control::remove(&settings.control_socket);
     for watcher in watchers {
