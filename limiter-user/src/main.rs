@@ -53,6 +53,12 @@ fn main() -> ExitCode {
         Command::Man => cli::completions::man(),
         Command::Detach(args) => cli::detach::run(&args),
         Command::Check {
+            config: Some(path),
+            output,
+            ..
+        } => cli::check::config(&path, output),
+        Command::Check {
+            config: None,
             max_sources,
             verbose,
             functions,

@@ -116,3 +116,54 @@ fn the_shipped_unit_passes_systemd_analyze_verify() {
         out.status
     );
 }
+
+#[test]
+fn check_config_passes_a_good_file_and_names_what_is_wrong_with_a_bad_one() {
+    let files = Files::new();
+    let check = |text: &str| {
+        files.write_config(text);
+        Command::new(limiter_tests::daemon::binary())
+            .args(["check", "--config"])
+            .arg(files.config())
+            .output()
+            .expect("run check")
+    };
+    let good = check(
+        "[daemon]\ninterfaces = [\"lo\"]\n\n[default]\npps = 100\n\n\
+         [[rules]]\nname = \"dns\"\ncidr = \"0.0.0.0/0\"\nprotocol = \"udp\"\nports = \"53\"\npps = 50\n",
+    );
+    let stdout = String::from_utf8_lossy(&good.stdout);
+    assert!(good.status.success(), "{good:?}");
+    assert!(
+        stdout.contains("valid; rules default, dns; interfaces lo"),
+        "{stdout}"
+    );
+    for (text, why) in [
+        ("[default]\npps = \"fast\"\n", "pps"),
+        ("[daemon]\ninterfaces = [\"lo\"]\nnope = 1\n", "nope"),
+        ("[daemon]\ninterfaces = []\n", "no interface to protect"),
+        (
+            "[daemon]\ninterfaces = [\"lo\"]\n\n[[rules]]\ncidr = \"10.0.0.1/8\"\npps = 5\n",
+            "rules[0]",
+        ),
+    ] {
+        let out = check(text);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{text}: {stderr}");
+        assert!(
+            stderr.contains("configuration ") && stderr.contains(why),
+            "{text}: {stderr}"
+        );
+    }
+    let unit = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../dist/xdp-limiter.service"),
+    )
+    .expect("the unit");
+    assert!(
+        unit.lines().any(|l| {
+            l
+            == "ExecStartPre=/usr/local/bin/xdp-limiter check --config /etc/xdp-limiter/config.toml"
+        }),
+        "{unit}"
+    );
+}

@@ -64,6 +64,10 @@ pub enum Command {
     /// Load the XDP program through the kernel verifier (attaches nothing)
     /// and print what verifying it took on this kernel.
     Check {
+        /// Check this configuration file instead, as `run` would start
+        /// from it, loading nothing (the unit's ExecStartPre).
+        #[arg(long, short = 'c')]
+        config: Option<PathBuf>,
         /// Capacity of the per-source state maps.
         #[arg(long, default_value_t = limiter_common::DEFAULT_MAX_SOURCES)]
         max_sources: u32,
