@@ -332,19 +332,23 @@ impl Drop for BpfStats {
     }
 }
 
+/// The polite sources' rule (and its name).
+const POLITE: &str = "10.100.2.0/24";
+
 /// The lab's daemon: the default rule cluster-scoped at 100 pps (the
-/// flood's source goes over it), and a node rule for the light sources'
+/// flood's source goes over it), a node rule for the light sources'
 /// prefix at 50 pps per source with a level of 200 pps per /24 (ten
 /// sources at 40 pps fill it; one source at 80 pps goes over its own
-/// limit; ten polite ones at 10 pps in a /24 of their own). Once the
-/// daemon knows the polite ones, the rule's level is set to 50 pps per /24
-/// guarded by `limited_sources <= 0` (`lower_the_light_rule`): their /24
-/// sends 100, they are refused, and roll it back to dry-run (a real
-/// rollback for the dashboard's guard panels and the rollback alert).
+/// limit), and one for ten polite sources at 10 pps in 10.100.2.0/24.
+/// Once the daemon knows the polite ones, their rule is set to 5 pps
+/// guarded by `limited_sources <= 0` (`lower_the_polite_rule`): they are
+/// refused, and roll it back to dry-run (a real rollback for the
+/// dashboard's guard panels and the rollback alert).
 fn config() -> String {
     format!(
         "{}\n[[rules]]\ncidr = \"10.100.0.0/16\"\npps = 50\nwindow = \"1s\"\n\
-         levels = [\"prefix/24:200\"]\n",
+         levels = [\"prefix/24:200\"]\n\n\
+         [[rules]]\ncidr = \"10.100.2.0/24\"\npps = 50\nwindow = \"1s\"\n",
         node_config(0, 100, "1s", "100ms", "")
     )
 }
@@ -357,45 +361,52 @@ fn flows() -> Vec<(std::net::Ipv4Addr, u64)> {
     flows
 }
 
-/// Once the daemon knows the light rule's 21 sources, sets its level below
-/// the polite ones' /24 under a guard that their refusal breaches.
-fn lower_the_light_rule(lab: &ClusterLab) {
+/// Once the daemon knows the polite rule's 10 sources, sets it below
+/// their rate under a guard that their refusal breaches.
+fn lower_the_polite_rule(lab: &ClusterLab) {
     let files = &lab.nodes[0].files;
     let known = wait_until(Duration::from_secs(20), Duration::from_millis(250), || {
         let out = files.cli(&[
-            "suggest",
-            "--rule",
-            "10.100.0.0/16",
-            "--since",
-            "1m",
-            "--output",
-            "json",
+            "suggest", "--rule", POLITE, "--since", "1m", "--output", "json",
         ]);
         serde_json::from_slice::<Value>(&out.stdout)
             .ok()
             .and_then(|v| v["rules"][0]["sources"].as_u64())
-            .filter(|n| *n >= 21)
+            .filter(|n| *n >= 10)
     });
     assert!(
         known.is_some(),
-        "the light rule's sources never became known"
+        "the polite rule's sources never became known"
     );
     let out = files.cli_ok(&[
         "rule",
         "set",
-        "10.100.0.0/16",
+        POLITE,
         "--pps",
-        "50",
+        "5",
         "--window",
         "1s",
-        "--level",
-        "prefix/24:50",
         "--guard",
         "limited_sources <= 0",
         "--for",
         "10m",
     ]);
-    assert!(out.contains("judging"), "{out}");
+    assert!(out.contains("judging 10 known sources"), "{out}");
+    // The rollback, seen by the daemon itself before Prometheus is asked.
+    let rolled = wait_until(Duration::from_secs(20), Duration::from_millis(250), || {
+        let status: Value =
+            serde_json::from_str(&files.cli_ok(&["status", "--output", "json"])).ok()?;
+        (status["rule_guards"][0]["state"] == "rolled-back").then_some(())
+    });
+    if rolled.is_none() {
+        let log = lab.daemon(0).log();
+        let tail: Vec<&str> = log.lines().rev().take(40).collect();
+        panic!(
+            "{out}\nno rollback: {}\n{}",
+            files.cli_ok(&["status", "--output", "json"]),
+            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+        );
+    }
 }
 
 /// Sends `flows` to node 0 until `stop`, paced in 10 ms slices.
@@ -454,7 +465,7 @@ fn every_dashboard_query_and_alert_rule_evaluates_on_a_real_prometheus_scraping_
     let (failures, alert_states) = std::thread::scope(|scope| {
         let flood = scope.spawn(|| traffic(&lab, &stop));
         let _stop = limiter_tests::SetOnDrop(&stop);
-        lower_the_light_rule(&lab);
+        lower_the_polite_rule(&lab);
         let result = evaluate(&prometheus);
         stop.store(true, Ordering::Relaxed);
         flood.join().expect("traffic");
@@ -467,7 +478,7 @@ fn every_dashboard_query_and_alert_rule_evaluates_on_a_real_prometheus_scraping_
         failures.join("\n"),
         prometheus.log()
     );
-    // The light rule's guard rolled it back: that alert fires, for that
+    // The polite rule's guard rolled it back: that alert fires, for that
     // scope only. Nothing else fires; the drop share (the flood's source
     // loses 4/5 of its frames, about 40% of all) is over 25%, so that
     // alert is pending its 15 minutes: its expression matched the
@@ -491,7 +502,7 @@ fn every_dashboard_query_and_alert_rule_evaluates_on_a_real_prometheus_scraping_
         scopes,
         [(
             Value::from("XdpLimiterGuardRolledBack"),
-            Value::from("10.100.0.0/16")
+            Value::from(POLITE)
         )],
         "{firing:?}"
     );
@@ -518,8 +529,8 @@ fn evaluate(prometheus: &Prometheus) -> (Vec<String>, Vec<(String, String)>) {
         "xdp_limiter_windows_kept".to_string(),
         format!("xdp_limiter_cluster_nodes_alive{{job=\"{JOB}\"}} == 1"),
         "xdp_limiter_guard_state{scope=\"global\"} == 1".to_string(),
-        "xdp_limiter_guard_state{scope=\"10.100.0.0/16\"} == 3".to_string(),
-        "xdp_limiter_guard_rollbacks_total{scope=\"10.100.0.0/16\"} == 1".to_string(),
+        format!("xdp_limiter_guard_state{{scope=\"{POLITE}\"}} == 3"),
+        format!("xdp_limiter_guard_rollbacks_total{{scope=\"{POLITE}\"}} == 1"),
     ];
     let t0 = Instant::now();
     let waited = wait_until(Duration::from_secs(30), Duration::from_millis(250), || {
@@ -572,7 +583,7 @@ fn evaluate(prometheus: &Prometheus) -> (Vec<String>, Vec<(String, String)>) {
         let expected: &[&str] = match name {
             "instance" => &[TARGET],
             "interface" => &["veth-n0"],
-            "rule" => &["default", "10.100.0.0/16"],
+            "rule" => &["default", "10.100.0.0/16", POLITE],
             _ => &[],
         };
         for value in expected {
