@@ -4,7 +4,7 @@
 
 use std::{
     cmp::Reverse,
-    collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap},
+    collections::{BTreeSet, BinaryHeap, HashMap},
     time::Duration,
 };
 
@@ -49,9 +49,6 @@ pub struct Snapshot {
     pub refusing: BTreeSet<SourceKey>,
     /// Heaviest sources by offered packets, at most `top_k`.
     pub top: Vec<SourceRate>,
-    /// Per `RULES` index its sources' newest state resolved: the sources
-    /// tracked and limited under it (a rule's guards judge these).
-    pub rule_sources: BTreeMap<u32, RuleSources>,
     /// Per rule index (`RULES`), dropped or would-drop packets.
     pub rule_drops: Vec<u64>,
     /// Sources evicted so far, as of the last complete sweep (never less
@@ -67,18 +64,10 @@ pub struct Snapshot {
     pub samples: Vec<(u32, Reading)>,
 }
 
-/// One rule's sources in a sweep.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct RuleSources {
-    pub tracked: u64,
-    pub limited: u64,
-}
-
 /// The running totals of a sweep over the per-source map.
 #[derive(Clone, Debug, Default)]
 struct Acc {
     tracked: u64,
-    by_rule: BTreeMap<u32, RuleSources>,
     limited: BTreeSet<SourceKey>,
     refusing: BTreeSet<SourceKey>,
     /// The heaviest `top_k` so far (min-heap on offered packets).
@@ -119,10 +108,7 @@ impl Acc {
                 rate.rule = t.rule;
             }
         }
-        let by_rule = self.by_rule.entry(rate.rule).or_default();
-        by_rule.tracked += 1;
         if rate.limited {
-            by_rule.limited += 1;
             self.limited.insert(*key);
         }
         if rate.limited || refused_lately {
@@ -258,7 +244,6 @@ pub fn pass(
         limited: view.limited.clone(),
         refusing: view.refusing.clone(),
         top,
-        rule_sources: view.by_rule.clone(),
         rule_drops: read::rule_drops(maps)?,
         evictions: sweep.evictions,
         active_sources: sweep.active_sources,
