@@ -50,7 +50,7 @@ fn main() -> ExitCode {
         Command::Rule { action } => cli::rule::run(action),
         Command::Default { action } => cli::rule::default(action),
         Command::Completions { shell } => cli::completions::completions(shell),
-        Command::Man => cli::completions::man(),
+        Command::Man { dir } => cli::completions::man(dir.as_deref()),
         Command::Detach(args) => cli::detach::run(&args),
         Command::Check {
             config: Some(path),

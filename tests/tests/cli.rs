@@ -739,9 +739,21 @@ fn completions_and_the_man_page_come_from_the_clap_definition() {
     let out = run_ok(Command::new(binary()).arg("man"));
     let page = String::from_utf8_lossy(&out.stdout);
     assert!(
-        page.contains(".TH xdp-limiter") && page.contains("status"),
+        page.contains(".TH xdp-limiter 8") && page.contains("status"),
         "{page}"
     );
+    // A page per command, for the package.
+    let dir = std::env::temp_dir().join(format!("xl-man-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    run_ok(Command::new(binary()).args(["man", "--dir"]).arg(&dir));
+    let rule_add = std::fs::read_to_string(dir.join("xdp-limiter-rule-add.8")).expect("a page");
+    let pages = std::fs::read_dir(&dir).unwrap().count();
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(
+        rule_add.contains(".TH xdp-limiter-rule-add 8") && rule_add.contains("pps"),
+        "{rule_add}"
+    );
+    assert!(pages >= 15, "{pages} pages");
 }
 
 /// `tmux` drives the live view like a person at a terminal.

@@ -8,6 +8,7 @@ mod build;
 mod demo;
 mod fuzz;
 mod kernel;
+mod package;
 mod run;
 mod setup;
 mod soak;
@@ -32,6 +33,17 @@ enum Command {
         /// Build the userspace binary in debug mode instead of release.
         #[arg(long)]
         debug: bool,
+    },
+    /// The Debian package (`target/package/PROFILE/`): the binary, the
+    /// unit, the configuration as a conffile, man pages, completions, the
+    /// docs, the dashboard and the alert rules.
+    Package {
+        /// Pack the debug binary instead of a release build.
+        #[arg(long)]
+        debug: bool,
+        /// The Debian revision: `VERSION-REVISION`.
+        #[arg(long, default_value_t = 1)]
+        revision: u32,
     },
     /// The main job: a throwaway netns lab, the daemon in enforce mode, a
     /// mix of light and heavy senders, live per-source results and metrics.
@@ -87,6 +99,10 @@ fn main() -> anyhow::Result<()> {
         Command::Build { debug } => {
             setup::run()?;
             build::run(!debug)
+        }
+        Command::Package { debug, revision } => {
+            setup::run()?;
+            package::build(!debug, revision).map(drop)
         }
         Command::Demo { cluster } => {
             setup::run()?;

@@ -57,6 +57,11 @@ const DEBIAN_PACKAGES: &[&str] = &[
     // `prometheus` scraping a daemon in a lab, and `promtool` checking and
     // unit-testing dist/prometheus/alerts.yml.
     "prometheus",
+    // `cargo xtask package` (debhelper) and its checks (lintian); the
+    // install lane's Debian root (mmdebstrap).
+    "debhelper",
+    "lintian",
+    "mmdebstrap",
 ];
 /// The rustup toolchain name the eBPF build uses (defined with the rest of
 /// that build in `limiter-ebpf-build`).

@@ -14,7 +14,7 @@ use std::process::Command;
 
 use anyhow::bail;
 
-use crate::{kernel, run};
+use crate::{kernel, package, run};
 
 /// Where `limiter_tests::retry` logs a voided measurement it takes again
 /// (the same name as its `LOG_VAR`; xtask does not build the harness).
@@ -63,8 +63,9 @@ pub fn run(cargo_test_args: &[String], lane: Option<&str>) -> anyhow::Result<()>
             ])
             .args(cargo_test_args),
     )?;
-    // The daemon tests run the real binary.
-    run::status(cargo().args(["build", "-p", "limiter-user", "--bin", "xdp-limiter"]))?;
+    // The daemon tests run the real binary; the package tests read the
+    // package of it (the install itself is `--package-lane`'s).
+    let deb = package::build(false, 1)?;
     // Measurements a stalled machine voided are taken again and logged
     // here (`limiter_tests::retry`); more than one fails the suite.
     let retries = root.join("target").join("retries.log");
@@ -76,7 +77,8 @@ pub fn run(cargo_test_args: &[String], lane: Option<&str>) -> anyhow::Result<()>
         cargo()
             .args(["test", "-p", "limiter-tests"])
             .args(cargo_test_args)
-            .env(RETRY_LOG_VAR, &retries),
+            .env(RETRY_LOG_VAR, &retries)
+            .env("LIMITER_DEB", &deb),
     )?;
     // The end-to-end lab's smoke test (real traffic through the real
     // daemon, and every benchmark scenario's filter installed).

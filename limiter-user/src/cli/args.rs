@@ -56,8 +56,13 @@ pub enum Command {
         #[arg(value_enum)]
         shell: clap_complete::Shell,
     },
-    /// Print the man page (roff).
-    Man,
+    /// Print the man page (roff), or write one page per command.
+    Man {
+        /// Write `xdp-limiter.8` and a page per subcommand
+        /// (`xdp-limiter-rule-add.8`, ...) into this directory.
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+    },
     /// Stop protecting: a running daemon detaches and exits; without one,
     /// remove what `run --keep-attached` left pinned.
     Detach(DetachArgs),

@@ -36,7 +36,7 @@ pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/xdp-limiter";
 /// Where Prometheus scrapes.
 pub const DEFAULT_METRICS_ADDR: &str = "127.0.0.1:9470";
 /// Where the daemon's control socket listens unless configured otherwise.
-pub const DEFAULT_SOCKET: &str = "/run/xdp-limiter.sock";
+pub const DEFAULT_SOCKET: &str = "/run/xdp-limiter/control.sock";
 
 /// Why a configuration was rejected.
 #[derive(Debug, thiserror::Error)]
