@@ -27,6 +27,7 @@
 //! suite keeps the full sizes.
 
 use std::{
+    ffi::OsString,
     fmt::Write as _,
     fs,
     io::{BufRead, BufReader},
@@ -604,6 +605,23 @@ fn lane(
     binaries: &Binaries,
     init_script: &str,
 ) -> anyhow::Result<LaneReport> {
+    let vmlinuz = vmlinuz(kernel)?;
+    let dir = root.join("target/kernel-lane");
+    fs::create_dir_all(&dir)?;
+    let image = initramfs(&dir, kernel, binaries, init_script)?;
+    let args: Vec<OsString> = vec![
+        "-kernel".into(),
+        vmlinuz.into(),
+        "-initrd".into(),
+        image.into(),
+        "-append".into(),
+        "console=ttyS0 quiet panic=-1 rdinit=/init".into(),
+    ];
+    run_guest(kernel.name, &args, LANE_TIMEOUT)
+}
+
+/// The kernel's image in /boot, which `cargo xtask setup` installs.
+pub fn vmlinuz(kernel: &Kernel) -> anyhow::Result<PathBuf> {
     let vmlinuz = PathBuf::from(format!("/boot/vmlinuz-{}", kernel.release));
     if !vmlinuz.exists() {
         bail!(
@@ -612,33 +630,52 @@ fn lane(
             kernel.package
         );
     }
-    let dir = root.join("target/kernel-lane");
-    fs::create_dir_all(&dir)?;
-    let image = initramfs(&dir, kernel, binaries, init_script)?;
+    Ok(vmlinuz)
+}
+
+/// A guest's console, read line by line.
+pub trait Console: Default {
+    fn read(&mut self, line: &str);
+    /// The guest reached its init (or, with systemd, the lane's unit).
+    fn booted(&self) -> bool;
+}
+
+impl Console for LaneReport {
+    fn read(&mut self, line: &str) {
+        LaneReport::read(self, line);
+    }
+
+    fn booted(&self) -> bool {
+        self.booted
+    }
+}
+
+/// Boots a guest with `args` (kernel, initrd or disk, command line) and
+/// reads its console until it powers off or `timeout` passes: under KVM
+/// where it works, else under TCG.
+pub fn run_guest<C: Console>(
+    label: &str,
+    args: &[OsString],
+    timeout: Duration,
+) -> anyhow::Result<C> {
     if Path::new("/dev/kvm").exists() {
-        let report = boot(kernel, &vmlinuz, &image, Accel::Kvm)?;
-        if report.booted {
+        let report: C = boot(label, args, Accel::Kvm, timeout)?;
+        if report.booted() {
             return Ok(report);
         }
-        eprintln!(
-            "[{}] KVM did not boot the guest: falling back to TCG",
-            kernel.name
-        );
+        eprintln!("[{label}] KVM did not boot the guest: falling back to TCG");
     }
     // Multi-threaded TCG now and then crashes a kernel while it patches
     // its own text at boot (seen on 6.12: an int3 oops in
     // sched_clock_cpu, before init). Only a guest that never reached its
     // init is started again; anything after that counts.
-    let mut report = LaneReport::default();
+    let mut report = C::default();
     for attempt in 1..=TCG_BOOTS {
-        report = boot(kernel, &vmlinuz, &image, Accel::Tcg)?;
-        if report.booted {
+        report = boot(label, args, Accel::Tcg, timeout)?;
+        if report.booted() {
             break;
         }
-        eprintln!(
-            "[{}] the guest crashed before its init (boot {attempt} of {TCG_BOOTS})",
-            kernel.name
-        );
+        eprintln!("[{label}] the guest crashed before its init (boot {attempt} of {TCG_BOOTS})");
     }
     Ok(report)
 }
@@ -655,7 +692,12 @@ enum Accel {
 
 /// One qemu run; under KVM, given up (killed) when the guest has not
 /// reached its init within [`KVM_PROBE`].
-fn boot(kernel: &Kernel, vmlinuz: &Path, image: &Path, accel: Accel) -> anyhow::Result<LaneReport> {
+fn boot<C: Console>(
+    label: &str,
+    args: &[OsString],
+    accel: Accel,
+    timeout: Duration,
+) -> anyhow::Result<C> {
     let accel_args: &[&str] = match accel {
         Accel::Kvm => &["-accel", "kvm", "-cpu", "host"],
         Accel::Tcg => &["-accel", "tcg,thread=multi", "-cpu", "max"],
@@ -663,19 +705,17 @@ fn boot(kernel: &Kernel, vmlinuz: &Path, image: &Path, accel: Accel) -> anyhow::
     let mut cmd = Command::new("qemu-system-x86_64");
     cmd.args(accel_args)
         .args(["-smp", "2", "-m", "3072", "-nographic", "-no-reboot"])
-        .arg("-kernel")
-        .arg(vmlinuz)
-        .arg("-initrd")
-        .arg(image)
-        .args(["-append", "console=ttyS0 quiet panic=-1 rdinit=/init"])
+        .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     eprintln!(
-        "+ qemu-system-x86_64 ({}) {} with {}",
+        "+ qemu-system-x86_64 ({}) {}",
         if accel == Accel::Kvm { "KVM" } else { "TCG" },
-        vmlinuz.display(),
-        image.display()
+        args.iter()
+            .map(|a| a.to_string_lossy())
+            .collect::<Vec<_>>()
+            .join(" ")
     );
     let mut child = cmd
         .spawn()
@@ -697,24 +737,23 @@ fn boot(kernel: &Kernel, vmlinuz: &Path, image: &Path, accel: Accel) -> anyhow::
     }
     drop(tx);
     let started = Instant::now();
-    let mut report = LaneReport::default();
+    let mut report = C::default();
     loop {
-        let limit = if accel == Accel::Kvm && !report.booted {
+        let limit = if accel == Accel::Kvm && !report.booted() {
             KVM_PROBE
         } else {
-            LANE_TIMEOUT
+            timeout
         };
         let Some(left) = limit.checked_sub(started.elapsed()) else {
             eprintln!(
-                "[{}] timed out after {} s: stopping qemu",
-                kernel.name,
+                "[{label}] timed out after {} s: stopping qemu",
                 limit.as_secs()
             );
             break;
         };
         match rx.recv_timeout(left) {
             Ok(line) => {
-                println!("[{}] {line}", kernel.name);
+                println!("[{label}] {line}");
                 report.read(&line);
             }
             Err(mpsc::RecvTimeoutError::Timeout) => continue,

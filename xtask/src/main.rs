@@ -9,6 +9,7 @@ mod demo;
 mod fuzz;
 mod kernel;
 mod package;
+mod package_lane;
 mod run;
 mod setup;
 mod soak;
@@ -85,8 +86,12 @@ enum Command {
     Test {
         /// Run only the kernel lane, on this kernel (6.1, 6.12, or all):
         /// the kernel tests and a daemon smoke test in qemu.
-        #[arg(long, value_name = "KERNEL")]
+        #[arg(long, value_name = "KERNEL", conflicts_with = "package_lane")]
         kernel: Option<String>,
+        /// Run only the package lane: the .deb installed, reloaded,
+        /// upgraded, removed and purged on Debian 12 with systemd in qemu.
+        #[arg(long)]
+        package_lane: bool,
         /// Extra arguments for `cargo test` (e.g. a test name filter).
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         cargo_test_args: Vec<String>,
@@ -122,9 +127,13 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Test {
             kernel,
+            package_lane,
             cargo_test_args,
         } => {
             setup::run()?;
+            if package_lane {
+                return package_lane::run();
+            }
             test::run(&cargo_test_args, kernel.as_deref())
         }
     }

@@ -40,10 +40,8 @@ const MAINTAINER: &str = "xdp-limiter developers <xdp-limiter@users.noreply.gith
 pub fn build(release: bool, revision: u32) -> anyhow::Result<PathBuf> {
     let root = run::workspace_root();
     let profile = if release { "release" } else { "debug" };
-    let mut cargo = Command::new("cargo");
-    cargo
-        .current_dir(&root)
-        .args(["build", "-p", "limiter-user", "--bin", NAME]);
+    let mut cargo = run::cargo();
+    cargo.args(["build", "-p", "limiter-user", "--bin", NAME]);
     if release {
         cargo.arg("--release");
     }

@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 mod url;
 mod validate;
 
+pub(crate) use self::validate::hostname;
 pub use self::{
     url::{parse_redis_url, redact_secrets, redact_url, RedisEndpoint, RedisUrl},
     validate::check_node_name,

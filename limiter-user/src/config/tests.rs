@@ -297,10 +297,12 @@ fn the_shipped_levels_example_is_valid_once_uncommented() {
     );
 }
 
-/// `ProtectSystem=full` makes /etc read-only: the unit must allow the
-/// directory of the file it runs with, or `--save` fails.
+/// `ProtectSystem=strict` makes the whole file system read-only: the
+/// unit must allow the directory of the file it runs with (or `--save`
+/// fails), the default pin directory's bpffs (or pinning fails) and the
+/// runtime directory of the default control socket and the locks.
 #[test]
-fn the_shipped_unit_lets_save_write_its_configuration_directory() {
+fn the_shipped_unit_lets_the_daemon_write_what_it_writes() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../dist/xdp-limiter.service");
     let unit = std::fs::read_to_string(&path).expect("the unit");
     let value = |key: &str| {
@@ -316,16 +318,23 @@ fn the_shipped_unit_lets_save_write_its_configuration_directory() {
         .nth(1)
         .expect("ExecStart names --config");
     let dir = Path::new(config).parent().expect("a directory");
-    assert_eq!(value("ProtectSystem"), vec!["full"]);
-    let writable: Vec<&str> = value("ReadWritePaths")
+    assert_eq!(value("ProtectSystem"), vec!["strict"]);
+    let writable: Vec<&Path> = value("ReadWritePaths")
         .iter()
         .flat_map(|v| v.split_whitespace())
+        .map(Path::new)
         .collect();
-    assert!(
-        writable.iter().any(|w| Path::new(w) == dir),
-        "ReadWritePaths {writable:?} lacks {}",
-        dir.display()
-    );
+    let pins = Path::new(DEFAULT_PIN_DIR);
+    for needed in [dir, pins.parent().expect("bpffs")] {
+        assert!(
+            writable.contains(&needed),
+            "ReadWritePaths {writable:?} lacks {}",
+            needed.display()
+        );
+    }
+    let runtime = Path::new("/run").join(value("RuntimeDirectory").join(""));
+    assert_eq!(Path::new(DEFAULT_SOCKET).parent(), Some(runtime.as_path()));
+    assert_eq!(Path::new(crate::lock::LOCK_DIR), runtime);
 }
 
 #[test]

@@ -387,9 +387,11 @@ pub fn check_node_name(name: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// This machine's hostname (of the daemon's UTS namespace).
-fn hostname() -> std::io::Result<String> {
-    Ok(std::fs::read_to_string("/proc/sys/kernel/hostname")?
+/// This machine's hostname (of the daemon's UTS namespace), from
+/// uname(2): the unit's `ProcSubset=pid` hides /proc/sys.
+pub(crate) fn hostname() -> std::io::Result<String> {
+    Ok(nix::unistd::gethostname()?
+        .to_string_lossy()
         .trim()
         .to_string())
 }

@@ -41,9 +41,7 @@ pub fn instance_token() -> String {
             .map_or(0, |d| d.as_nanos() as u64);
         random = nanos.to_le_bytes();
     }
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_string())
-        .unwrap_or_default();
+    let host = crate::config::hostname().unwrap_or_default();
     let hex: String = random.iter().map(|b| format!("{b:02x}")).collect();
     let host: String = host.chars().take(64).collect();
     format!("{host}:{}:{hex}", std::process::id())
