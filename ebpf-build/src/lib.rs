@@ -96,6 +96,36 @@ pub fn cargo(root: &Path, subcommand: &str, packages: &[&str]) -> Command {
     cmd
 }
 
+/// Host `cargo` (`$CARGO` when cargo started the caller) run from the
+/// workspace root, without the variables cargo set for the calling
+/// process (a test, a build script, `cargo run`): a dependency's build
+/// script that watches one (ring watches `CARGO_MANIFEST_DIR`) would
+/// otherwise rebuild, and relink the binary, there and again at the next
+/// plain `cargo build`.
+pub fn host_cargo() -> Command {
+    let mut cmd = Command::new(env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    cmd.current_dir(workspace_root());
+    for (name, _) in env::vars_os() {
+        let name = name.to_string_lossy();
+        if name.starts_with("CARGO_PKG_")
+            || name.starts_with("CARGO_BIN_")
+            || [
+                "CARGO_MANIFEST_DIR",
+                "CARGO_MANIFEST_PATH",
+                "CARGO_CRATE_NAME",
+                "CARGO_PRIMARY_PACKAGE",
+                "CARGO_TARGET_TMPDIR",
+                "CARGO_RUSTC_CURRENT_DIR",
+                "OUT_DIR",
+            ]
+            .contains(&name.as_ref())
+        {
+            cmd.env_remove(name.as_ref());
+        }
+    }
+    cmd
+}
+
 /// Where a release build of the eBPF crates puts its objects.
 pub fn objects_dir(root: &Path) -> PathBuf {
     root.join(TARGET_DIR).join(TARGET).join("release")

@@ -41,9 +41,8 @@ pub fn binary() -> PathBuf {
                 return path;
             }
             let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-            let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-            let mut build = Command::new(cargo);
-            build.current_dir(&root).args([
+            let mut build = limiter_ebpf_build::host_cargo();
+            build.args([
                 "build",
                 "--quiet",
                 "-p",
@@ -51,28 +50,6 @@ pub fn binary() -> PathBuf {
                 "--bin",
                 "xdp-limiter",
             ]);
-            // Without the variables cargo sets for this test process: a
-            // dependency's build script that watches one (ring watches
-            // CARGO_MANIFEST_DIR) would otherwise be rebuilt here, and
-            // again by the next plain `cargo build`.
-            for (name, _) in std::env::vars_os() {
-                let name = name.to_string_lossy();
-                if name.starts_with("CARGO_PKG_")
-                    || name.starts_with("CARGO_BIN_")
-                    || [
-                        "CARGO_MANIFEST_DIR",
-                        "CARGO_MANIFEST_PATH",
-                        "CARGO_CRATE_NAME",
-                        "CARGO_PRIMARY_PACKAGE",
-                        "CARGO_TARGET_TMPDIR",
-                        "CARGO_RUSTC_CURRENT_DIR",
-                        "OUT_DIR",
-                    ]
-                    .contains(&name.as_ref())
-                {
-                    build.env_remove(name.as_ref());
-                }
-            }
             run_ok(&mut build);
             root.join("target/debug/xdp-limiter")
         })

@@ -40,7 +40,7 @@ const MAINTAINER: &str = "xdp-limiter developers <xdp-limiter@users.noreply.gith
 pub fn build(release: bool, revision: u32) -> anyhow::Result<PathBuf> {
     let root = run::workspace_root();
     let profile = if release { "release" } else { "debug" };
-    let mut cargo = run::cargo();
+    let mut cargo = limiter_ebpf_build::host_cargo();
     cargo.args(["build", "-p", "limiter-user", "--bin", NAME]);
     if release {
         cargo.arg("--release");

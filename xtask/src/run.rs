@@ -50,29 +50,3 @@ pub fn stdout_ok(cmd: &mut Command) -> Option<String> {
         .filter(|out| out.status.success())
         .map(|out| String::from_utf8_lossy(&out.stdout).into_owned())
 }
-
-/// `cargo` in the workspace without the variables cargo set for this
-/// process (`cargo xtask` runs under `cargo run`): a dependency's build
-/// script that watches one (ring watches `CARGO_MANIFEST_DIR`) would
-/// otherwise rebuild, and relink the binary, here and again at the next
-/// plain `cargo build`.
-pub fn cargo() -> Command {
-    let mut cmd = Command::new("cargo");
-    cmd.current_dir(workspace_root());
-    for (name, _) in std::env::vars_os() {
-        let name = name.to_string_lossy();
-        if name.starts_with("CARGO_PKG_")
-            || name.starts_with("CARGO_BIN_")
-            || [
-                "CARGO_MANIFEST_DIR",
-                "CARGO_MANIFEST_PATH",
-                "CARGO_CRATE_NAME",
-                "CARGO_PRIMARY_PACKAGE",
-            ]
-            .contains(&name.as_ref())
-        {
-            cmd.env_remove(name.as_ref());
-        }
-    }
-    cmd
-}
