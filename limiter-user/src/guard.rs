@@ -34,6 +34,9 @@ pub const WINDOW: Duration = Duration::from_secs(5);
 /// `dropped_share` is judged only while this many known sources are
 /// sending: below, the mean is noise (and nothing much is being hurt).
 pub const MIN_ACTIVE_SOURCES: u64 = 5;
+/// The scope label of the global guard (a rule's guard is labelled by the
+/// rule's name, which can never be `global`).
+pub const GLOBAL: &str = "global";
 /// Automatic rollbacks of one scope at most in [`ROLLBACK_SPAN`]: past
 /// them a breach is announced and enforcement stays, so that enforcement
 /// cannot be made to flap (each rollback opens the door to what the

@@ -17,7 +17,10 @@ pub(crate) mod text;
 mod tls;
 mod validate;
 
-use std::path::{Path, PathBuf};
+use std::{
+    path::{Path, PathBuf},
+    time::Duration,
+};
 
 pub use cluster::*;
 pub use schema::*;
@@ -35,6 +38,15 @@ pub const MAX_SOURCES: u32 = 1 << 24;
 pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/xdp-limiter";
 /// Where Prometheus scrapes.
 pub const DEFAULT_METRICS_ADDR: &str = "127.0.0.1:9470";
+/// The "source limited" lines per second the daemon writes at most by
+/// default, all interfaces together.
+pub const DEFAULT_LIMITED_LOG_PER_SECOND: u32 = 10;
+/// The lines it may write at once by default, above the rate, after a
+/// quiet spell.
+pub const DEFAULT_LIMITED_LOG_BURST: u32 = 20;
+/// The shortest and longest horizon `[daemon] history` takes.
+pub const MIN_HORIZON: Duration = Duration::from_secs(60);
+pub const MAX_HORIZON: Duration = Duration::from_secs(24 * 3600);
 /// Where the daemon's control socket listens unless configured otherwise.
 pub const DEFAULT_SOCKET: &str = "/run/xdp-limiter/control.sock";
 

@@ -102,8 +102,8 @@ impl Default for DaemonSection {
             sources_per_tick: 131_072,
             keep_attached: false,
             control_socket: PathBuf::from(DEFAULT_SOCKET),
-            limited_log_per_second: crate::daemon::events::DEFAULT_LIMITED_LOG_PER_SECOND,
-            limited_log_burst: crate::daemon::events::DEFAULT_LIMITED_LOG_BURST,
+            limited_log_per_second: super::DEFAULT_LIMITED_LOG_PER_SECOND,
+            limited_log_burst: super::DEFAULT_LIMITED_LOG_BURST,
             history: Duration::from_secs(3600),
             log_format: crate::logs::LogFormat::Text,
         }

@@ -70,7 +70,7 @@ impl FileConfig {
             ));
         }
         {
-            use crate::daemon::history::{MAX_HORIZON, MIN_HORIZON};
+            use super::{MAX_HORIZON, MIN_HORIZON};
             if d.history < MIN_HORIZON || d.history > MAX_HORIZON {
                 return Err(field(
                     "daemon.history",

@@ -117,12 +117,6 @@ impl Handler {
     }
 }
 
-/// The "source limited" lines per second the daemon writes at most by
-/// default, all interfaces together.
-pub const DEFAULT_LIMITED_LOG_PER_SECOND: u32 = 10;
-/// The lines it may write at once by default, above the rate, after a
-/// quiet spell.
-pub const DEFAULT_LIMITED_LOG_BURST: u32 = 20;
 /// How often the number of lines the cap held back is logged (when any
 /// were).
 pub const SUMMARY_PERIOD: Duration = Duration::from_secs(10);

@@ -31,12 +31,10 @@ use tracing::{error, info};
 use super::{events, known::Known, state::Daemon};
 use crate::{
     config::RuleSection,
-    guard::{Breach, GuardPeriod, GuardState, Plan, Sample, Step, WINDOW},
+    guard::{Breach, GuardPeriod, GuardState, Plan, Sample, Step, GLOBAL, WINDOW},
     proto::{GuardRollback, GuardStatus, GuardValue, RuleEdit},
 };
 
-/// The scope label of the global guard.
-pub const GLOBAL: &str = "global";
 /// A period knowing fewer sources than this when it begins takes in the
 /// polite sources read in its first [`WINDOW`].
 pub const MIN_KNOWN: usize = 10;

@@ -30,9 +30,6 @@ pub const SLOTS: u64 = 60;
 /// Buckets at most: 16 exact ones (0..16 pps), then 16 a power of two up
 /// to 2^32 pps (above any line rate; larger rates land in the last).
 pub const BUCKETS: usize = 16 + 16 * 28;
-/// The shortest and longest horizon `[daemon] history` takes.
-pub const MIN_HORIZON: Duration = Duration::from_secs(60);
-pub const MAX_HORIZON: Duration = Duration::from_secs(24 * 3600);
 
 /// The bucket of a rate in packets per second.
 pub fn bucket(pps: u64) -> usize {

@@ -338,7 +338,7 @@ impl Metrics {
         .set(1);
         // The global series exist from start-up, so dashboards and alerts
         // see 0 rather than nothing.
-        m.set_guard_state(super::guarded::GLOBAL, crate::guard::GuardState::None);
+        m.set_guard_state(crate::guard::GLOBAL, crate::guard::GuardState::None);
         m
     }
 
