@@ -24,6 +24,7 @@ mod notify;
 pub mod startup;
 pub mod state;
 pub mod suggest;
+mod tick;
 pub mod top_levels;
 
 use tokio::signal::unix::{signal, SignalKind};

@@ -1,7 +1,7 @@
 //! The daemon's state: the configuration in force, one [`Iface`] per
 //! protected interface, the rule generation they all run and the names of
 //! its rules, and the metrics. Every change of rules goes through
-//! [`Daemon::push`]; every tick through [`Daemon::tick`].
+//! [`Daemon::push`]; every tick through `Daemon::tick` (`tick.rs`).
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -12,32 +12,26 @@ use limiter_common::{
     rules::{rules_base, MAX_RULES},
     Outcome, SourceKey,
 };
-use tracing::{debug, error, info, warn};
+use tracing::{error, info, warn};
 
 use super::{
-    aggregate::{self, Snapshot, Sweep},
+    aggregate::{Snapshot, Sweep},
     events::{LevelLabels, RuleNames},
-    history::{History, SeriesKey},
-    known::{Known, Reading},
-    level_rates,
+    history::History,
+    known::Known,
     metrics::{Metrics, RuleLevels},
     startup::{apply_overrides, RunOptions},
 };
 use crate::{
     config::{self, Config},
     kernel::{
-        self, penalty,
         push::{push_all, PushError},
         read,
         windows::Reclaim,
-        Instance, LinkCheck,
+        Instance,
     },
     rules::RuleSet,
 };
-
-/// Released sources logged by name per interface and tick; the rest are
-/// counted in one line.
-const RELEASED_LOGGED_PER_TICK: usize = 16;
 
 /// Everything the running daemon holds.
 pub struct Daemon {
@@ -186,152 +180,6 @@ impl Daemon {
         (position <= self.config.rules.rules.len()).then_some(position)
     }
 
-    /// One aggregation tick: every interface's link checked (re-attached to
-    /// a re-created interface), then its next sweep slice read and
-    /// exported.
-    pub(super) fn tick(&mut self) {
-        let started = Instant::now();
-        let names = self.names();
-        // One series key per rule index, built once a tick (not once a
-        // source).
-        let series: std::collections::HashMap<u32, SeriesKey> = names
-            .iter()
-            .map(|(index, name)| (*index, SeriesKey::rule(name)))
-            .collect();
-        let daemon = &self.config.daemon;
-        for iface in &mut self.ifaces {
-            check_link(&mut iface.instance, daemon.mode);
-            let now_ns = kernel::now().as_nanos() as u64;
-            let swept = match penalty::sweep(&mut iface.instance.program.maps, now_ns) {
-                Ok(swept) => {
-                    if !swept.complete {
-                        debug!(iface = %iface.instance.iface, counted = swept.penalties, "the sweep of HOLDS stopped at its cap (the map is churning); the penalties gauge is a floor this tick");
-                    }
-                    Some(swept)
-                }
-                Err(e) => {
-                    error!(iface = %iface.instance.iface, error = %e, "sweeping the penalties failed");
-                    None
-                }
-            };
-            let instance = &iface.instance;
-            let snapshot = match aggregate::pass(
-                &instance.program.maps,
-                daemon.top_k,
-                &mut iface.sweep,
-                daemon.sources_per_tick,
-            ) {
-                Ok(snapshot) => snapshot,
-                Err(e) => {
-                    error!(iface = %instance.iface, error = %e, "aggregation failed");
-                    continue;
-                }
-            };
-            let mut windowed = Vec::new();
-            if let Err(e) = iface.reclaim.step(
-                &mut iface.instance.program.maps,
-                now_ns,
-                daemon.sources_per_tick,
-                &mut windowed,
-            ) {
-                error!(iface = %iface.instance.iface, error = %e, "reading the window maps failed");
-            }
-            let instance = &iface.instance;
-            let mut snapshot = snapshot;
-            let history_now = kernel::now();
-            let now_ns = history_now.as_nanos() as u64;
-            let base = rules_base(self.generation);
-            // Each rule's histogram looked up once a tick, not once a
-            // source.
-            let mut histograms = std::collections::HashMap::new();
-            for (rule, reading) in std::mem::take(&mut snapshot.samples) {
-                self.known
-                    .observe(reading, Some((rule, base)), now_ns, &mut self.history);
-                // A source whose state predates every rule generation the
-                // daemon knows has no rule to count under.
-                let Some(key) = series.get(&rule).filter(|_| reading.pps > 0) else {
-                    continue;
-                };
-                histograms
-                    .entry(rule)
-                    .or_insert_with(|| self.metrics.source_rate_of(&instance.iface, &key.rule))
-                    .observe(reading.pps as f64);
-            }
-            for (key, pps) in windowed {
-                let reading = Reading {
-                    key,
-                    pps,
-                    refused: false,
-                    dropped_total: None,
-                };
-                self.known.observe(reading, None, now_ns, &mut self.history);
-            }
-            log_released(&instance.iface, &iface.refusing, &snapshot.refusing);
-            iface.refusing.clone_from(&snapshot.refusing);
-            self.metrics.record(
-                &instance.iface,
-                &snapshot,
-                daemon.max_hot_sources,
-                self.config.rules.rules.len() + 1,
-                &names,
-                instance.program.run_stats(),
-            );
-            record_level_drops(&mut self.metrics, instance, &self.levels);
-            if !self.levels.is_empty() {
-                match level_rates::read(
-                    instance,
-                    self.levels.values(),
-                    self.generation,
-                    daemon.sources_per_tick,
-                    history_now.as_nanos() as u64,
-                ) {
-                    Ok((live, rates)) => {
-                        let keys: Vec<SeriesKey> = live
-                            .iter()
-                            .map(|l| SeriesKey {
-                                rule: l.rule.to_string(),
-                                level: Some(l.label.to_string()),
-                            })
-                            .collect();
-                        for (at, pps) in rates {
-                            self.history
-                                .observe(&keys[at], pps.ceil() as u64, history_now);
-                            self.metrics.observe_level_rate(
-                                &instance.iface,
-                                live[at].rule,
-                                live[at].label,
-                                pps,
-                            );
-                        }
-                    }
-                    Err(e) => {
-                        error!(iface = %instance.iface, error = %e, "reading the aggregates' rates failed")
-                    }
-                }
-            }
-            self.metrics.record_link(
-                &instance.iface,
-                instance.reattachments,
-                instance.link.is_attached(),
-            );
-            if let Some(swept) = swept {
-                self.metrics
-                    .record_penalties(&instance.iface, swept.penalties);
-            }
-            self.metrics
-                .record_windows(&instance.iface, &iface.reclaim, daemon.max_sources);
-            iface.observed.update(snapshot);
-        }
-        self.known
-            .forget_older(kernel::now().as_nanos() as u64, self.history.horizon());
-        self.metrics
-            .record_known(self.known.len(), self.known.sampled_share());
-        self.check_guards();
-        self.metrics
-            .aggregation
-            .observe(started.elapsed().as_secs_f64());
-    }
-
     /// Re-reads the configuration file and pushes it; a bad file is
     /// rejected with the reason logged and the running configuration stays
     /// in force. The new generation, or `None` when nothing changed.
@@ -430,7 +278,7 @@ fn rule_levels(rules: &RuleSet, base: u32) -> impl Iterator<Item = RuleLevels> +
 
 /// Reads the level counters of the rules in `levels` on `instance` (only
 /// those: most rules have none) and exports them.
-fn record_level_drops(
+pub(super) fn record_level_drops(
     metrics: &mut Metrics,
     instance: &Instance,
     levels: &BTreeMap<u32, RuleLevels>,
@@ -446,60 +294,6 @@ fn record_level_drops(
     }
 }
 
-/// Logs the sources whose episode of refusals ended: no CPU holds them and
-/// none refused them for a second ("limited" comes from the kernel's
-/// events, see events.rs, whose episodes end the same way): a few per tick
-/// by name, the rest as a count, so a spoofed flood ending cannot flood
-/// the log.
-fn log_released(iface: &str, before: &BTreeSet<SourceKey>, now: &BTreeSet<SourceKey>) {
-    let released: Vec<&SourceKey> = before.difference(now).collect();
-    for key in released.iter().take(RELEASED_LOGGED_PER_TICK) {
-        info!(event = "source_released", iface, source = %key, "source released");
-    }
-    if released.len() > RELEASED_LOGGED_PER_TICK {
-        info!(
-            event = "sources_released",
-            iface,
-            more = released.len() - RELEASED_LOGGED_PER_TICK,
-            "more sources released (not listed)"
-        );
-    }
-}
-
-/// Keeps an instance attached to the interface of its name (re-attaching
-/// to a re-created one), logging each change of state once.
-fn check_link(instance: &mut Instance, mode: config::AttachMode) {
-    let before = instance.link;
-    let iface = instance.iface.clone();
-    match instance.check_link(mode) {
-        Ok(LinkCheck::Reattached) => {
-            info!(
-                iface,
-                mode = instance.attachment.as_str(),
-                "re-attached to the re-created interface"
-            )
-        }
-        Ok(LinkCheck::InterfaceGone) if before != LinkCheck::InterfaceGone => {
-            warn!(
-                iface,
-                "the interface vanished; protection resumes when it is back"
-            )
-        }
-        Ok(LinkCheck::Unpinned) if before != LinkCheck::Unpinned => warn!(
-            iface,
-            "the pinned link was removed by someone else (xdp-limiter detach?); not re-attaching"
-        ),
-        Ok(_) => {}
-        Err(e) => {
-            // Retried every tick; said once until the state changes.
-            if before != LinkCheck::InterfaceGone {
-                error!(iface, error = %e, "re-attaching to the re-created interface failed; retrying every tick");
-            }
-            instance.link = LinkCheck::InterfaceGone;
-        }
-    }
-}
-
 /// What the last aggregation passes saw of one interface.
 #[derive(Default)]
 pub struct Observed {
@@ -509,7 +303,7 @@ pub struct Observed {
 }
 
 impl Observed {
-    fn update(&mut self, snapshot: Snapshot) {
+    pub(super) fn update(&mut self, snapshot: Snapshot) {
         let now = Instant::now();
         let sum = |s: &Snapshot, outcomes: &[Outcome]| -> u64 {
             outcomes
