@@ -185,8 +185,7 @@ fn a_source_on_one_node_only_gets_the_whole_limit_there_not_l_over_3() {
     // the node admits a freed bucket's room at once, and a window after
     // such a clump dips by what the clump admitted (the floor counts
     // it); how often that happens in 2 s of windows has no bound the
-    // design gives (means of 934 to 995 over 30 runs, 943 once in a
-    // fresh-clone suite), while each window's floor is one.
+    // design gives, while each window's floor is one.
     let from = first + 15;
     let to = first + (duration.as_millis() / BIN.as_millis()) as usize - 1;
     let sums = windows(&node0[from.min(node0.len())..to.min(node0.len())], W_BINS);
