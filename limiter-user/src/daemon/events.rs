@@ -10,8 +10,8 @@
 //! a metric and summed up in one line per [`SUMMARY_PERIOD`].
 
 use std::{
-    collections::{BTreeMap, HashMap},
-    sync::{Arc, Mutex, RwLock},
+    collections::HashMap,
+    sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
@@ -21,11 +21,7 @@ use prometheus::IntCounter;
 use tokio::io::unix::AsyncFd;
 use tracing::{error, info, warn};
 
-/// Rule index -> name, refreshed on every reload.
-pub type RuleNames = Arc<RwLock<BTreeMap<u32, String>>>;
-/// Rule index -> its levels' labels (`LevelSpec::label`), for the rules
-/// with levels, refreshed on every reload.
-pub type LevelLabels = Arc<RwLock<BTreeMap<u32, Vec<String>>>>;
+use super::rule_table::{RuleTable, SharedRuleTable};
 
 /// Logs the events of one interface until the task is dropped.
 ///
@@ -35,7 +31,7 @@ pub type LevelLabels = Arc<RwLock<BTreeMap<u32, Vec<String>>>>;
 pub fn watch(
     iface: String,
     ring: RingBuf<MapData>,
-    (names, levels): (RuleNames, LevelLabels),
+    rules: SharedRuleTable,
     cluster: Option<tokio::sync::mpsc::Sender<LimitEvent>>,
     cap: SharedLogCap,
 ) -> tokio::task::JoinHandle<()> {
@@ -44,7 +40,7 @@ pub fn watch(
         // always returns that same fd; the AsyncFd owns the ring buffer.
         let registered =
             unsafe { AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE) };
-        let mut handler = Handler::new(iface.clone(), names, cap).with_levels(levels);
+        let mut handler = Handler::new(iface.clone(), rules, cap);
         let mut ring = match registered {
             Ok(ring) => ring,
             Err(e) => {
@@ -80,28 +76,19 @@ pub fn watch(
 /// episode ([`Episodes`]), within the cap all interfaces share.
 pub struct Handler {
     iface: String,
-    names: RuleNames,
-    levels: LevelLabels,
+    rules: SharedRuleTable,
     episodes: Episodes,
     cap: SharedLogCap,
 }
 
 impl Handler {
-    pub fn new(iface: String, names: RuleNames, cap: SharedLogCap) -> Self {
+    pub fn new(iface: String, rules: SharedRuleTable, cap: SharedLogCap) -> Self {
         Self {
             iface,
-            names,
-            levels: LevelLabels::default(),
+            rules,
             episodes: Episodes::default(),
             cap,
         }
-    }
-
-    /// The same handler, naming the level that refused a source from
-    /// `levels`.
-    pub fn with_levels(mut self, levels: LevelLabels) -> Self {
-        self.levels = levels;
-        self
     }
 
     /// Logs `event`, arrived at `now`, if it starts an episode and the cap
@@ -112,7 +99,7 @@ impl Handler {
             return;
         }
         if self.cap.admit(now) {
-            log(&self.iface, event, &self.names, &self.levels);
+            log(&self.iface, event, &self.rules);
         }
     }
 }
@@ -297,18 +284,19 @@ pub fn parse(bytes: &[u8]) -> Option<LimitEvent> {
     Some(unsafe { bytes.as_ptr().cast::<LimitEvent>().read_unaligned() })
 }
 
-fn log(iface: &str, event: &LimitEvent, names: &RuleNames, levels: &LevelLabels) {
-    let rule = names
-        .read()
-        .ok()
-        .and_then(|names| names.get(&event.rule).cloned())
-        .unwrap_or_else(|| format!("#{}", event.rule));
+fn log(iface: &str, event: &LimitEvent, rules: &SharedRuleTable) {
+    let Ok(table) = rules.read() else {
+        return;
+    };
+    let rule = table
+        .name(event.rule)
+        .map_or_else(|| format!("#{}", event.rule), str::to_string);
     info!(
         event = "source_limited",
         iface,
         source = %event.key,
         rule,
-        limit_level = level_label(event, levels),
+        limit_level = level_label(event, &table),
         action = if event.dry_run() { "would-drop" } else { "drop" },
         dry_run = event.dry_run(),
         "source limited"
@@ -317,15 +305,13 @@ fn log(iface: &str, event: &LimitEvent, names: &RuleNames, levels: &LevelLabels)
 
 /// Which limit refused the event's source, as the metrics label it:
 /// `source` for its own limit, else its rule's level (`#N` if unknown).
-fn level_label(event: &LimitEvent, levels: &LevelLabels) -> String {
+fn level_label(event: &LimitEvent, table: &RuleTable) -> String {
     let Some(level) = event.level() else {
         return "source".into();
     };
-    levels
-        .read()
-        .ok()
-        .and_then(|levels| levels.get(&event.rule)?.get(level).cloned())
-        .unwrap_or_else(|| format!("#{level}"))
+    table
+        .level_label(event.rule, level)
+        .map_or_else(|| format!("#{level}"), str::to_string)
 }
 
 /// The guard event of a rollback (`crate::guard`): which guard of
@@ -378,11 +364,8 @@ mod tests {
 
     #[test]
     fn a_refusal_is_named_after_the_limit_that_made_it() {
-        let levels = LevelLabels::default();
-        levels
-            .write()
-            .expect("labels")
-            .insert(3, vec!["prefix/24/48@1s".into(), "rule@1m".into()]);
+        let mut levels = RuleTable::default();
+        levels.insert(3, "web", &["prefix/24/48@1s", "rule@1m"]);
         let event = LimitEvent::new(SourceKey::v4([192, 0, 2, 1]), 3, 1_000, false);
         assert_eq!(level_label(&event, &levels), "source");
         assert_eq!(level_label(&event.with_level(2), &levels), "rule@1m");
@@ -431,7 +414,7 @@ mod tests {
         let counter = IntCounter::new("suppressed", "test").expect("counter");
         let start = Instant::now();
         let shared = cap(10, 20, &counter, start);
-        let names = RuleNames::default();
+        let names = SharedRuleTable::default();
         // Two interfaces share the one cap.
         let mut eth0 = Handler::new("eth0".into(), names.clone(), shared.clone());
         let mut eth1 = Handler::new("eth1".into(), names, shared.clone());

@@ -21,6 +21,7 @@ pub mod known;
 pub mod level_rates;
 pub mod metrics;
 mod notify;
+pub mod rule_table;
 pub mod startup;
 pub mod state;
 pub mod suggest;
@@ -113,7 +114,7 @@ pub async fn run(options: RunOptions) -> anyhow::Result<()> {
             token,
             &settings.pin_dir,
             &ifaces,
-            daemon.names.clone(),
+            daemon.rules.clone(),
             cluster_rx,
             daemon.metrics.cluster.clone(),
             live.clone(),
@@ -142,7 +143,7 @@ pub async fn run(options: RunOptions) -> anyhow::Result<()> {
             Some(ring) => watchers.push(events::watch(
                 instance.iface.clone(),
                 ring,
-                (daemon.names.clone(), daemon.level_labels.clone()),
+                daemon.rules.clone(),
                 cluster_events.clone(),
                 log_cap.clone(),
             )),

@@ -3,23 +3,17 @@
 //! its rules, and the metrics. Every change of rules goes through
 //! [`Daemon::push`]; every tick through `Daemon::tick` (`tick.rs`).
 
-use std::{
-    collections::{BTreeMap, BTreeSet},
-    time::Instant,
-};
+use std::{collections::BTreeSet, time::Instant};
 
-use limiter_common::{
-    rules::{rules_base, MAX_RULES},
-    Outcome, SourceKey,
-};
+use limiter_common::{rules::rules_base, Outcome, SourceKey};
 use tracing::{error, info, warn};
 
 use super::{
     aggregate::{Snapshot, Sweep},
-    events::{LevelLabels, RuleNames},
     history::History,
     known::Known,
     metrics::{Metrics, RuleLevels},
+    rule_table::SharedRuleTable,
     startup::{apply_overrides, RunOptions},
 };
 use crate::{
@@ -41,15 +35,9 @@ pub struct Daemon {
     pub(super) ifaces: Vec<Iface>,
     /// The rule generation every interface runs.
     pub(super) generation: u32,
-    /// `RULES` index -> rule name, for the live generation and the one
-    /// before it (each in its own half), shared with the event watchers:
-    /// counters and events of either resolve to a name.
-    pub(super) names: RuleNames,
-    /// As `names`, each rule's levels' labels, for the event log.
-    pub(super) level_labels: LevelLabels,
-    /// `RULES` index -> its rule's levels, for the rules of both
-    /// generations that have any (the `level` labels of the metrics).
-    pub(super) levels: BTreeMap<u32, RuleLevels>,
+    /// The rules of the live generation and the one before it, by
+    /// `RULES` index, shared with the event watchers and the cluster sync.
+    pub(super) rules: SharedRuleTable,
     pub(super) metrics: Metrics,
     /// The distribution of per-source rates over `[daemon] history`
     /// (`suggest`).
@@ -103,9 +91,7 @@ impl Daemon {
             config,
             ifaces: instances.into_iter().map(Iface::new).collect(),
             generation: 0,
-            names: RuleNames::default(),
-            level_labels: LevelLabels::default(),
-            levels: BTreeMap::new(),
+            rules: SharedRuleTable::default(),
             metrics: Metrics::new(),
             history: History::new(horizon),
             known: Known::default(),
@@ -132,7 +118,9 @@ impl Daemon {
                 self.metrics
                     .record_rule_drops(&instance.iface, &drops, &names);
             }
-            record_level_drops(&mut self.metrics, instance, &self.levels);
+            if let Ok(table) = self.rules.read() {
+                record_level_drops(&mut self.metrics, instance, table.levels());
+            }
         }
         let mut maps: Vec<_> = self
             .ifaces
@@ -145,32 +133,15 @@ impl Daemon {
         self.metrics.record_rule_limits(&rule_limits(rules));
         self.generation = generation;
         self.known.set_rules(rules);
-        if let Ok(mut shared) = self.names.write() {
-            shared.retain(|index, _| !(base..base + MAX_RULES).contains(index));
-            shared.extend(
-                rules
-                    .specs()
-                    .enumerate()
-                    .map(|(i, spec)| (base + i as u32, spec.name.clone())),
-            );
-        }
-        self.levels
-            .retain(|index, _| !(base..base + MAX_RULES).contains(index));
-        self.levels
-            .extend(rule_levels(rules, base).map(|r| (r.index, r)));
-        if let Ok(mut shared) = self.level_labels.write() {
-            shared.retain(|index, _| !(base..base + MAX_RULES).contains(index));
-            shared.extend(rule_levels(rules, base).map(|r| (r.index, r.labels)));
+        if let Ok(mut table) = self.rules.write() {
+            table.replace(rules, base);
         }
         Ok(generation)
     }
 
     /// The names of both generations' rule indices.
     pub(super) fn names(&self) -> Vec<(u32, String)> {
-        self.names
-            .read()
-            .map(|n| n.iter().map(|(i, name)| (*i, name.clone())).collect())
-            .unwrap_or_default()
+        self.rules.read().map(|t| t.names()).unwrap_or_default()
     }
 
     /// The position of `RULES` index `index` in the live rule set (0: the
@@ -257,33 +228,14 @@ fn rule_limits(rules: &RuleSet) -> Vec<(String, Option<u64>)> {
         .collect()
 }
 
-/// The rules of `rules` pushed at `base` that have levels: each one's
-/// `RULES` index, name, and levels' labels (their windows defaulting to
-/// the rule's).
-fn rule_levels(rules: &RuleSet, base: u32) -> impl Iterator<Item = RuleLevels> + '_ {
-    std::iter::once(&rules.default)
-        .chain(&rules.rules)
-        .enumerate()
-        .filter(|(_, spec)| !spec.levels.is_empty())
-        .map(move |(i, spec)| RuleLevels {
-            index: base + i as u32,
-            rule: spec.name.clone(),
-            labels: spec
-                .levels
-                .iter()
-                .map(|level| level.label(spec.limits.window))
-                .collect(),
-        })
-}
-
 /// Reads the level counters of the rules in `levels` on `instance` (only
 /// those: most rules have none) and exports them.
-pub(super) fn record_level_drops(
+pub(super) fn record_level_drops<'a>(
     metrics: &mut Metrics,
     instance: &Instance,
-    levels: &BTreeMap<u32, RuleLevels>,
+    levels: impl Iterator<Item = &'a RuleLevels>,
 ) {
-    for rule in levels.values() {
+    for rule in levels {
         match read::rule_level_drops(&instance.program.maps, rule.index) {
             Ok(drops) => metrics.record_level_drops(&instance.iface, rule, &drops),
             Err(e) => {

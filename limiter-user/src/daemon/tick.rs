@@ -112,13 +112,16 @@ impl Daemon {
     /// and its histogram (only rules with levels: most have none).
     fn observe_levels(&mut self, i: usize, now_ns: u64) {
         let instance = &self.ifaces[i].instance;
-        record_level_drops(&mut self.metrics, instance, &self.levels);
-        if self.levels.is_empty() {
+        let Ok(table) = self.rules.read() else {
+            return;
+        };
+        record_level_drops(&mut self.metrics, instance, table.levels());
+        if !table.has_levels() {
             return;
         }
         let read = level_rates::read(
             instance,
-            self.levels.values(),
+            table.levels(),
             self.generation,
             self.config.daemon.sources_per_tick,
             now_ns,

@@ -45,10 +45,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use limiter_common::{
-    rules::{rules_base, MAX_RULES},
-    EventKind, LimitEvent, Rule, Scope,
-};
+use limiter_common::{rules::rules_base, EventKind, LimitEvent, Rule, Scope};
 use tokio::sync::mpsc;
 use tracing::warn;
 
@@ -61,7 +58,7 @@ use self::{
     timing::{next_cap, TickPlan},
     tracking::{Reports, Tracking},
 };
-use super::{events::RuleNames, metrics::ClusterMetrics};
+use super::{metrics::ClusterMetrics, rule_table::SharedRuleTable};
 use crate::{
     cluster::{
         tick::{kernel_state, share_expiry, Phase},
@@ -117,7 +114,7 @@ pub struct Sync {
     link: Link,
     /// Each protected interface's maps, opened from their pins.
     kernel: ShareWriter,
-    names: RuleNames,
+    rules: SharedRuleTable,
     events: mpsc::Receiver<LimitEvent>,
     tracking: Tracking,
     standing: Standing,
@@ -143,7 +140,7 @@ pub fn start(
     token: String,
     pin_dir: &Path,
     ifaces: &[String],
-    names: RuleNames,
+    rules: SharedRuleTable,
     events: mpsc::Receiver<LimitEvent>,
     metrics: ClusterMetrics,
     live: SharedLive,
@@ -160,7 +157,7 @@ pub fn start(
         kernel: ShareWriter::new(opened, config.sync_interval),
         link: Link::new(token),
         config,
-        names,
+        rules,
         events,
         standing: Standing::default(),
         hot: HotCursor::default(),
@@ -400,17 +397,17 @@ impl Sync {
             return HashMap::new();
         };
         let base = rules_base(config.generation);
-        let Ok(names) = self.names.read() else {
+        let Ok(table) = self.rules.read() else {
             return HashMap::new();
         };
-        names
-            .range(base..base + MAX_RULES)
-            .filter_map(|(&index, name)| maps.rule(index).ok().map(|rule| (name.clone(), rule)))
+        table
+            .generation(base)
+            .filter_map(|(index, name)| maps.rule(index).ok().map(|rule| (name.to_string(), rule)))
             .filter(|(_, rule)| rule.scope() == Some(Scope::Cluster))
             .collect()
     }
 
     fn rule_name(&self, index: u32) -> Option<String> {
-        self.names.read().ok()?.get(&index).cloned()
+        self.rules.read().ok()?.name(index).map(str::to_string)
     }
 }
