@@ -77,6 +77,10 @@ pub struct Metrics {
     pub cluster: ClusterMetrics,
     /// Last kernel totals per series, to turn totals into increments.
     last: HashMap<String, u64>,
+    /// The kernel's last drop totals of each interface's `RULES` index,
+    /// and of each of an index's levels: a push forgets its half's.
+    rule_drops_last: HashMap<(String, u32), u64>,
+    level_drops_last: HashMap<(String, u32, usize), u64>,
 }
 
 /// `metric`, registered with `registry` (so none can be left out).
@@ -326,6 +330,8 @@ impl Metrics {
             ),
             cluster: ClusterMetrics::new(&registry),
             last: HashMap::new(),
+            rule_drops_last: HashMap::new(),
+            level_drops_last: HashMap::new(),
             registry,
         };
         gauge(
@@ -384,8 +390,10 @@ impl Metrics {
     pub fn record_rule_drops(&mut self, iface: &str, drops: &[u64], rule_names: &[(u32, String)]) {
         for (index, name) in rule_names {
             let total = drops.get(*index as usize).copied().unwrap_or(0);
-            let key = format!("rule_drops{iface}[{index}]");
-            let last = self.last.insert(key, total).unwrap_or(0);
+            let last = self
+                .rule_drops_last
+                .insert((iface.to_string(), *index), total)
+                .unwrap_or(0);
             let delta = total.saturating_sub(last);
             self.rule_drops
                 .with_label_values(&[iface, name])
@@ -400,9 +408,10 @@ impl Metrics {
     pub fn record_level_drops(&mut self, iface: &str, rule: &RuleLevels, drops: &[u64]) {
         for (level, label) in rule.labels.iter().enumerate().take(MAX_LEVELS) {
             let total = drops.get(level).copied().unwrap_or(0);
-            // The index last, as `rules_pushed` reads it.
-            let key = format!("level_drops{level}:{iface}[{}]", rule.index);
-            let last = self.last.insert(key, total).unwrap_or(0);
+            let last = self
+                .level_drops_last
+                .insert((iface.to_string(), rule.index, level), total)
+                .unwrap_or(0);
             self.level_drops
                 .with_label_values(&[iface, &rule.rule, label])
                 .inc_by(total.saturating_sub(last));
@@ -412,14 +421,11 @@ impl Metrics {
     /// A push zeroed the `RULES` half starting at `base` for its new
     /// generation: its counts start again from nothing.
     pub fn rules_pushed(&mut self, base: u32) {
-        self.last.retain(|key, _| {
-            let index = key
-                .strip_prefix("rule_drops")
-                .or_else(|| key.strip_prefix("level_drops"))
-                .and_then(|rest| rest.rsplit_once('['))
-                .and_then(|(_, index)| index.strip_suffix(']')?.parse::<u32>().ok());
-            !index.is_some_and(|i| (base..base + MAX_RULES).contains(&i))
-        });
+        let half = base..base + MAX_RULES;
+        self.rule_drops_last
+            .retain(|(_, index), _| !half.contains(index));
+        self.level_drops_last
+            .retain(|(_, index, _), _| !half.contains(index));
     }
 
     /// Updates the metrics of `iface` from a pass: `rules` are in force,
