@@ -26,7 +26,7 @@ use std::{
 };
 
 use limiter_common::SourceKey;
-use tracing::{error, info};
+use tracing::{error, info, warn};
 
 use super::{events, known::Known, state::Daemon};
 use crate::{
@@ -168,6 +168,16 @@ impl GuardRun {
 }
 
 impl Daemon {
+    /// At start-up: with `[limits] guards` and enforce, a guard period
+    /// (the file was validated, so the plan reads), and each rule's.
+    pub(super) fn start_configured_guards(&mut self) {
+        match self.config.file.limits.guard_plan() {
+            Ok(plan) => self.start_guard(plan, false),
+            Err(e) => warn!(error = %e, "the configuration's guards do not read; no guard period"),
+        }
+        self.start_rule_guards();
+    }
+
     fn new_run(&self, target: Target, (guards, period): Plan, save: bool) -> GuardRun {
         let scope = match &target {
             Target::Global => GLOBAL.to_string(),

@@ -69,16 +69,12 @@ pub async fn run(options: RunOptions) -> anyhow::Result<()> {
     // heartbeats under is refused (the two would each claim the whole
     // limit of a source).
     let token = cluster::instance_token();
-    if let Some(cluster_config) = &config.cluster {
-        if let Err(e) = cluster::claim_node_name(cluster_config, &token).await {
-            drop(control_rx);
-            control_server.stop().await;
-            control::remove(&settings.control_socket);
-            return Err(e);
-        }
+    let protected = match &config.cluster {
+        Some(cluster_config) => cluster::claim_node_name(cluster_config, &token).await,
+        None => Ok(()),
     }
-
-    let mut daemon = match startup::protect_all(options, config) {
+    .and_then(|()| startup::protect_all(options, config));
+    let mut daemon = match protected {
         Ok(daemon) => daemon,
         Err(e) => {
             drop(control_rx);
@@ -87,73 +83,18 @@ pub async fn run(options: RunOptions) -> anyhow::Result<()> {
             return Err(e);
         }
     };
-    for iface in &daemon.ifaces {
-        info!(iface = %iface.instance.iface, mode = iface.instance.attachment.as_str(), generation = daemon.generation, "protecting");
-    }
-    // `[limits] guards` with enforce: a guard period from start-up (the
-    // file was validated, so the plan reads).
-    match daemon.config.file.limits.guard_plan() {
-        Ok(plan) => daemon.start_guard(plan, false),
-        Err(e) => warn!(error = %e, "the configuration's guards do not read; no guard period"),
-    }
-    daemon.start_rule_guards();
+    daemon.start_configured_guards();
 
     // The cluster sync, with [cluster]: cluster-hot events reach it from
     // every interface's watcher.
     let (cluster_tx, cluster_rx) = tokio::sync::mpsc::channel(cluster::EVENT_QUEUE);
-    let mut cluster_task = None;
-    if let Some(cluster_config) = daemon.config.cluster.clone() {
-        let live = cluster::SharedLive::default();
-        let ifaces: Vec<String> = daemon
-            .ifaces
-            .iter()
-            .map(|i| i.instance.iface.clone())
-            .collect();
-        match cluster::start(
-            cluster_config,
-            token,
-            &settings.pin_dir,
-            &ifaces,
-            daemon.rules.clone(),
-            cluster_rx,
-            daemon.metrics.cluster.clone(),
-            live.clone(),
-        ) {
-            Ok(task) => {
-                daemon.cluster_live = Some(live);
-                cluster_task = Some(task);
-                info!("cluster sync started");
-            }
-            Err(e) => {
-                warn!(error = %e, "cannot start the cluster sync; cluster rules fall back in the kernel")
-            }
-        }
-    }
+    let cluster_task = start_cluster(&mut daemon, token, cluster_rx);
     let cluster_events = cluster_task.as_ref().map(|_| cluster_tx);
-    let log_cap = events::SharedLogCap::new(events::LogCap::new(
-        settings.limited_log_per_second,
-        settings.limited_log_burst,
-        daemon.metrics.limited_log_suppressed.clone(),
-        std::time::Instant::now(),
-    ));
-    let mut watchers = vec![events::summarise(log_cap.clone())];
-    for iface in &mut daemon.ifaces {
-        let instance = &mut iface.instance;
-        match instance.program.maps.events.take() {
-            Some(ring) => watchers.push(events::watch(
-                instance.iface.clone(),
-                ring,
-                daemon.rules.clone(),
-                cluster_events.clone(),
-                log_cap.clone(),
-            )),
-            None => {
-                warn!(iface = %instance.iface, "no event ring buffer; limit events are not logged")
-            }
-        }
-    }
-
-    let server = metrics::serve(listener, daemon.metrics.registry.clone());
+    // Every task stopped with the daemon: the sync, the watchers, the
+    // metrics endpoint.
+    let mut tasks = start_watchers(&mut daemon, cluster_events);
+    tasks.extend(cluster_task);
+    tasks.push(metrics::serve(listener, daemon.metrics.registry.clone()));
     info!(addr = %settings.metrics_addr, "serving metrics on /metrics");
     info!(socket = %settings.control_socket.display(), "control socket ready");
 
@@ -161,11 +102,7 @@ pub async fn run(options: RunOptions) -> anyhow::Result<()> {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // Answered once the interfaces really are detached.
     let mut detach_reply = None;
-    notify::ready(&format!(
-        "protecting {}, rule generation {}",
-        settings.interfaces.join(", "),
-        daemon.generation
-    ));
+    notify::ready_protecting(&settings.interfaces, daemon.generation);
     let mut watchdog = notify::Watchdog::from_env();
 
     loop {
@@ -194,35 +131,102 @@ pub async fn run(options: RunOptions) -> anyhow::Result<()> {
         }
     }
     notify::stopping();
-    server.abort();
     control::remove(&settings.control_socket);
-    for watcher in watchers {
-        watcher.abort();
-    }
-    if let Some(task) = cluster_task {
-        task.abort();
-    }
+    tasks.iter().for_each(tokio::task::JoinHandle::abort);
     let failed = startup::shutdown(
         daemon.into_instances(),
         settings.keep_attached && detach_reply.is_none(),
     );
     if let Some(reply) = detach_reply {
-        let _ = reply.send(if failed.is_empty() {
-            ResponseLine::ok(Reply::Done {
-                message: format!(
-                    "detached {} and stopped the daemon",
-                    settings.interfaces.join(", ")
-                ),
-            })
-        } else {
-            ResponseLine::error(format!(
-                "the daemon stopped, but detaching failed: {}",
-                failed.join("; ")
-            ))
-        });
+        let _ = reply.send(detached(&settings.interfaces, &failed));
     }
     // Requests still queued get "shutting down"; answers in flight are written.
     drop(control_rx);
     control_server.stop().await;
     Ok(())
+}
+
+/// Starts the cluster sync of `daemon`'s `[cluster]`, if it has one,
+/// heartbeating as `token` and fed cluster-hot events by `events`. A sync
+/// that cannot start leaves cluster rules to the kernel's fallback.
+fn start_cluster(
+    daemon: &mut Daemon,
+    token: String,
+    events: tokio::sync::mpsc::Receiver<limiter_common::LimitEvent>,
+) -> Option<tokio::task::JoinHandle<()>> {
+    let cluster_config = daemon.config.cluster.clone()?;
+    let live = cluster::SharedLive::default();
+    let ifaces: Vec<String> = daemon
+        .ifaces
+        .iter()
+        .map(|i| i.instance.iface.clone())
+        .collect();
+    match cluster::start(
+        cluster_config,
+        token,
+        &daemon.config.daemon.pin_dir,
+        &ifaces,
+        daemon.rules.clone(),
+        events,
+        daemon.metrics.cluster.clone(),
+        live.clone(),
+    ) {
+        Ok(task) => {
+            daemon.cluster_live = Some(live);
+            info!("cluster sync started");
+            Some(task)
+        }
+        Err(e) => {
+            warn!(error = %e, "cannot start the cluster sync; cluster rules fall back in the kernel");
+            None
+        }
+    }
+}
+
+/// One event watcher per interface (its "source limited" lines within the
+/// log cap all interfaces share; cluster-hot events to `cluster`), and
+/// the task that sums up what the cap held back.
+fn start_watchers(
+    daemon: &mut Daemon,
+    cluster: Option<tokio::sync::mpsc::Sender<limiter_common::LimitEvent>>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let settings = &daemon.config.daemon;
+    let log_cap = events::SharedLogCap::new(events::LogCap::new(
+        settings.limited_log_per_second,
+        settings.limited_log_burst,
+        daemon.metrics.limited_log_suppressed.clone(),
+        std::time::Instant::now(),
+    ));
+    let mut watchers = vec![events::summarise(log_cap.clone())];
+    for iface in &mut daemon.ifaces {
+        let instance = &mut iface.instance;
+        match instance.program.maps.events.take() {
+            Some(ring) => watchers.push(events::watch(
+                instance.iface.clone(),
+                ring,
+                daemon.rules.clone(),
+                cluster.clone(),
+                log_cap.clone(),
+            )),
+            None => {
+                warn!(iface = %instance.iface, "no event ring buffer; limit events are not logged")
+            }
+        }
+    }
+    watchers
+}
+
+/// The answer to `detach` once the daemon stopped: `failed` holds the
+/// interfaces whose detaching failed, with why.
+fn detached(interfaces: &[String], failed: &[String]) -> ResponseLine {
+    if failed.is_empty() {
+        ResponseLine::ok(Reply::Done {
+            message: format!("detached {} and stopped the daemon", interfaces.join(", ")),
+        })
+    } else {
+        ResponseLine::error(format!(
+            "the daemon stopped, but detaching failed: {}",
+            failed.join("; ")
+        ))
+    }
 }

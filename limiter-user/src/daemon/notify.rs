@@ -41,6 +41,15 @@ pub fn ready(status: &str) {
     send(&[NotifyState::Ready, NotifyState::Status(status)]);
 }
 
+/// Ready, with the status `systemctl status` shows: the interfaces
+/// protected and the rule generation they run.
+pub fn ready_protecting(interfaces: &[String], generation: u32) {
+    ready(&format!(
+        "protecting {}, rule generation {generation}",
+        interfaces.join(", ")
+    ));
+}
+
 /// Stopping.
 pub fn stopping() {
     send(&[NotifyState::Stopping]);

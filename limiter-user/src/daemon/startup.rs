@@ -118,6 +118,9 @@ pub fn protect_all(options: RunOptions, config: Config) -> anyhow::Result<Daemon
             return Err(e).with_context(|| format!("protecting {iface}"));
         }
     }
+    for iface in &daemon.ifaces {
+        info!(iface = %iface.instance.iface, mode = iface.instance.attachment.as_str(), generation = daemon.generation, "protecting");
+    }
     Ok(daemon)
 }
 
