@@ -7,7 +7,7 @@ use prometheus::{
 
 use crate::cluster::store::{ErrorKind, StoreError};
 
-use super::{counter, gauge, registered};
+use super::registry::{counter, gauge, registered};
 
 /// The cluster sync's metrics (`daemon::cluster`), cheap handles the
 /// sync task keeps (prometheus metrics are shared, clones update the same
