@@ -56,15 +56,11 @@ impl Connections {
         }
     }
 
-    /// Live connections (for tests and logs).
+    /// Live connections.
+    #[cfg(test)]
     pub fn len(&mut self) -> usize {
         self.reap();
         self.order.len()
-    }
-
-    /// Whether none is live.
-    pub fn is_empty(&mut self) -> bool {
-        self.len() == 0
     }
 
     /// Waits for the next connection to end (pending forever when none is

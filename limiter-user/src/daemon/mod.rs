@@ -9,24 +9,24 @@
 //! in place.
 
 pub mod aggregate;
-pub mod cluster;
-pub mod conns;
-pub mod control;
-pub mod edit;
+mod cluster;
+mod conns;
+mod control;
+mod edit;
 pub mod events;
-pub mod guarded;
-pub mod handle;
+mod guarded;
+mod handle;
 pub mod history;
 pub mod known;
-pub mod level_rates;
-pub mod metrics;
+mod level_rates;
+mod metrics;
 mod notify;
-pub mod rule_table;
-pub mod startup;
-pub mod state;
-pub mod suggest;
+mod rule_table;
+mod startup;
+mod state;
+mod suggest;
 mod tick;
-pub mod top_levels;
+mod top_levels;
 
 use tokio::signal::unix::{signal, SignalKind};
 use tracing::{info, warn};

@@ -15,6 +15,7 @@ use limiter_common::{
 
 use super::{Maps, MapsError};
 
+#[cfg(any(test, feature = "test-util"))]
 /// The key a source's share is stored under: its key with the rule's
 /// `budget` byte as class, as its window is keyed (and as a cluster-hot
 /// event names it).

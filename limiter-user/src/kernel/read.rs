@@ -8,8 +8,10 @@ use aya::maps::IterableMap;
 use limiter_common::{
     names,
     rules::{LevelWindow, MAX_LEVELS},
-    sketch, Counter, LevelKey, Outcome, SourceKey, SourceTraffic, WindowState,
+    sketch, Counter, LevelKey, Outcome,
 };
+#[cfg(any(test, feature = "test-util"))]
+use limiter_common::{SourceKey, SourceTraffic, WindowState};
 
 use super::{
     batch,
@@ -24,6 +26,7 @@ pub fn total(per_cpu: &[Counter]) -> Counter {
         .fold(Counter::default(), |acc, c| acc.merged(*c))
 }
 
+#[cfg(any(test, feature = "test-util"))]
 /// Offered traffic since creation, summed over CPUs.
 pub fn offered(per_cpu: &[SourceTraffic]) -> Counter {
     per_cpu
@@ -31,6 +34,7 @@ pub fn offered(per_cpu: &[SourceTraffic]) -> Counter {
         .fold(Counter::default(), |acc, t| acc.merged(t.total))
 }
 
+#[cfg(any(test, feature = "test-util"))]
 /// Dropped (or would-be dropped) traffic since creation, summed over CPUs.
 pub fn dropped(per_cpu: &[SourceTraffic]) -> Counter {
     per_cpu
@@ -38,6 +42,7 @@ pub fn dropped(per_cpu: &[SourceTraffic]) -> Counter {
         .fold(Counter::default(), |acc, t| acc.merged(t.dropped))
 }
 
+#[cfg(any(test, feature = "test-util"))]
 /// Every tracked source with its per-CPU offered traffic (one key at a
 /// time: for tests and small maps; the daemon reads in batches).
 pub fn sources(maps: &Maps) -> Result<BTreeMap<SourceKey, Vec<SourceTraffic>>, MapsError> {
@@ -48,6 +53,7 @@ pub fn sources(maps: &Maps) -> Result<BTreeMap<SourceKey, Vec<SourceTraffic>>, M
         .map_err(MapsError::on(names::SOURCES))
 }
 
+#[cfg(any(test, feature = "test-util"))]
 /// Every source's admission window.
 pub fn windows(maps: &Maps) -> Result<BTreeMap<SourceKey, WindowState>, MapsError> {
     maps.windows
@@ -91,6 +97,7 @@ pub fn rule_drops(maps: &Maps) -> Result<Vec<u64>, MapsError> {
         .collect()
 }
 
+#[cfg(any(test, feature = "test-util"))]
 /// Dropped (or would-drop) frames per `RULES` index and level (index
 /// `rule * MAX_LEVELS + level`), summed over CPUs.
 pub fn level_drops(maps: &Maps) -> Result<Vec<u64>, MapsError> {

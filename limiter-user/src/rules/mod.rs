@@ -158,6 +158,7 @@ impl RuleSpec {
         }
     }
 
+    #[cfg(any(test, feature = "test-util"))]
     /// A rule with `action` and no limits (allow or deny).
     pub fn with_action(cidr: IpNet, action: Action) -> Self {
         Self {
@@ -229,6 +230,7 @@ pub struct RuleSet {
 }
 
 impl RuleSet {
+    #[cfg(any(test, feature = "test-util"))]
     /// Only a default rule, with what an empty `[limits]` gives: keyed /32
     /// and /64, 10 buckets per window, tiers on.
     pub fn with_default(default: RuleSpec) -> Self {

@@ -23,8 +23,7 @@ mod http;
 mod registry;
 
 pub use cluster::ClusterMetrics;
-pub use http::{bind, render, serve, MAX_CONNECTIONS};
-pub use registry::RATE_BUCKETS;
+pub use http::{bind, serve};
 
 /// A `RULES` index whose rule has levels: the rule's name and its
 /// levels' `level` labels (`LevelSpec::label`), in the rule's order.
@@ -229,6 +228,7 @@ impl Metrics {
 impl Metrics {
     /// Observes one source rate (packets over its last complete second)
     /// of `rule` on `iface`.
+    #[cfg(test)]
     pub fn observe_source_rate(&self, iface: &str, rule: &str, pps: u64) {
         self.source_rate_of(iface, rule).observe(pps as f64);
     }

@@ -1,4 +1,4 @@
-use super::*;
+use super::{http::render, *};
 
 /// The value of eth0's level series of `rule` and `level`, if any.
 fn level_drops(metrics: &Metrics, rule: &str, level: &str) -> Option<u64> {
