@@ -453,7 +453,7 @@ fn fifty_thousand_light_sources_stay_unsynced_and_redis_load_follows_the_formula
 /// or later (`normal`, the windows of `total` from bin `from`) within what
 /// `floor` gives each, as scenario 1; and the windows straddling
 /// the recovery (`straddling`) at most 1.1L: Redis lost the outage's
-/// counts, and without the recovery cap (`daemon::cluster`: the fallback cap for a window)
+/// counts, and without the recovery cap (`daemon::sync`: the fallback cap for a window)
 /// the first claims would hand out `L` again on top of what the fallback
 /// had admitted.
 fn assert_normal_after(

@@ -11,7 +11,7 @@
 //!   Lua script, node heartbeats, the hot listing), for a single instance,
 //!   a primary behind Sentinel or a Redis Cluster.
 //!
-//! The daemon's sync task (`daemon::cluster`) and the kernel's enforcement
+//! The daemon's sync task (`daemon::sync`) and the kernel's enforcement
 //! build on these.
 
 pub mod key;

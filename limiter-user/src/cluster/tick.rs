@@ -1,4 +1,4 @@
-//! The pure parts of the daemon's cluster sync tick (`daemon::cluster`),
+//! The pure parts of the daemon's cluster sync tick (`daemon::sync`),
 //! with no I/O so they are tested on the host: turning the kernel's
 //! counters into per-sync deltas ([`AdmittedTracker`], [`OfferedTracker`]),
 //! the degraded state machine ([`Health`]) and what the kernel is told in each
@@ -10,7 +10,7 @@
 //! could count twice what Redis did receive, and an outage's counts would
 //! land in one bucket long after they happened). Only a tick that failed
 //! before sending anything hands its deltas to the next report, and only
-//! while the node is not degraded (`daemon::cluster`).
+//! while the node is not degraded (`daemon::sync`).
 
 use std::time::{Duration, Instant};
 
@@ -175,7 +175,7 @@ impl Health {
 /// nodes`, a sharp drop for a node carrying most of a source) after one or
 /// two slow or failed ticks. Ten, not three: a share kept unchanged (a
 /// source not synced this tick) is rewritten only when it nears its
-/// expiry (`daemon::cluster::shares::share_due`), so a tick writes about a
+/// expiry (`daemon::sync::shares::share_due`), so a tick writes about a
 /// ninth of the tracked sources' shares, not all. While failing, three
 /// intervals, so shares outlive the failing ticks by little: a node
 /// degraded with no grace period is in the fallback within 3 intervals.

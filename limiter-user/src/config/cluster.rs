@@ -3,7 +3,7 @@
 //! back). The file form ([`ClusterSection`], what serde reads and `--save`
 //! writes back) and its validated form ([`ClusterConfig`], what the daemon
 //! runs with). An absent section means no cluster: every rule is then
-//! node-scoped. The sync itself lives in `crate::daemon::cluster` and
+//! node-scoped. The sync itself lives in `crate::daemon::sync` and
 //! `crate::cluster`; this module only decides what an operator may write:
 //! the two forms here, their validation in `validate`, the Redis URLs in
 //! `url` (passwords never reach a log or `status`: [`RedisUrl::redacted`],

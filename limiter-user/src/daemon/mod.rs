@@ -9,7 +9,6 @@
 //! in place.
 
 pub mod aggregate;
-mod cluster;
 mod conns;
 mod control;
 mod edit;
@@ -25,6 +24,7 @@ mod rule_table;
 mod startup;
 mod state;
 mod suggest;
+mod sync;
 mod tick;
 mod top_levels;
 
@@ -68,9 +68,9 @@ pub async fn run(options: RunOptions) -> anyhow::Result<()> {
     // Before anything is attached: a node name another live daemon
     // heartbeats under is refused (the two would each claim the whole
     // limit of a source).
-    let token = cluster::instance_token();
+    let token = sync::instance_token();
     let protected = match &config.cluster {
-        Some(cluster_config) => cluster::claim_node_name(cluster_config, &token).await,
+        Some(cluster_config) => sync::claim_node_name(cluster_config, &token).await,
         None => Ok(()),
     }
     .and_then(|()| startup::protect_all(options, config));
@@ -87,7 +87,7 @@ pub async fn run(options: RunOptions) -> anyhow::Result<()> {
 
     // The cluster sync, with [cluster]: cluster-hot events reach it from
     // every interface's watcher.
-    let (cluster_tx, cluster_rx) = tokio::sync::mpsc::channel(cluster::EVENT_QUEUE);
+    let (cluster_tx, cluster_rx) = tokio::sync::mpsc::channel(sync::EVENT_QUEUE);
     let cluster_task = start_cluster(&mut daemon, token, cluster_rx);
     let cluster_events = cluster_task.as_ref().map(|_| cluster_tx);
     // Every task stopped with the daemon: the sync, the watchers, the
@@ -155,13 +155,13 @@ fn start_cluster(
     events: tokio::sync::mpsc::Receiver<limiter_common::LimitEvent>,
 ) -> Option<tokio::task::JoinHandle<()>> {
     let cluster_config = daemon.config.cluster.clone()?;
-    let live = cluster::SharedLive::default();
+    let live = sync::SharedLive::default();
     let ifaces: Vec<String> = daemon
         .ifaces
         .iter()
         .map(|i| i.instance.iface.clone())
         .collect();
-    match cluster::start(
+    match sync::start(
         cluster_config,
         token,
         &daemon.config.daemon.pin_dir,

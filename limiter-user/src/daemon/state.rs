@@ -47,7 +47,7 @@ pub struct Daemon {
     pub(super) known: Known,
     /// The cluster sync's live state, for `status` (`None` without
     /// `[cluster]`).
-    pub(super) cluster_live: Option<super::cluster::SharedLive>,
+    pub(super) cluster_live: Option<super::sync::SharedLive>,
     /// The global guard period, running or the last one (`guarded`).
     pub(super) guard: Option<super::guarded::GuardRun>,
     /// The rules' guard periods, running or the last ones.

@@ -114,7 +114,7 @@ pub struct ClusterStatus {
     pub live: Option<Box<ClusterLive>>,
 }
 
-/// What the cluster sync last saw (`daemon::cluster`).
+/// What the cluster sync last saw (`daemon::sync`).
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
 pub struct ClusterLive {
     /// Nodes alive at the last heartbeat (the last known while Redis

@@ -138,7 +138,7 @@ impl Store {
                 // its role; the connection then goes to that address. After
                 // a failover the old address refuses writes or is gone: the
                 // sync loop drops the store on a failed tick and connects
-                // again through the Sentinels (`daemon::cluster`).
+                // again through the Sentinels (`daemon::sync`).
                 let client = bounded("connect", timeout * 4, sentinels.async_get_client())
                     .await?
                     .map_err(connect_err)?;

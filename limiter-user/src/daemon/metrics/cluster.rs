@@ -9,7 +9,7 @@ use crate::cluster::store::{ErrorKind, StoreError};
 
 use super::registry::{counter, gauge, registered};
 
-/// The cluster sync's metrics (`daemon::cluster`), cheap handles the
+/// The cluster sync's metrics (`daemon::sync`), cheap handles the
 /// sync task keeps (prometheus metrics are shared, clones update the same
 /// series).
 #[derive(Clone)]
