@@ -17,7 +17,7 @@ use super::{
 use crate::{
     kernel,
     proto::{LimitEffect, RuleEdit, RuleSuggestion, Suggestions},
-    rules::RuleSpec,
+    rules::{RuleSet, RuleSpec},
 };
 
 /// What `suggest` asks for.
@@ -42,60 +42,13 @@ impl Daemon {
     /// Answers `suggest`, or says what is wrong with the request.
     pub(super) fn suggest(&mut self, ask: Ask) -> Result<Suggestions, String> {
         let horizon = self.history.horizon();
-        let since = ask.since.unwrap_or(horizon);
-        if since.is_zero() || since > horizon {
-            return Err(format!(
-                "--since {} is outside the history the daemon keeps: above zero and at most {} (`[daemon] history`)",
-                humantime::format_duration(since),
-                humantime::format_duration(horizon)
-            ));
-        }
-        if !(ask.quantile > 0.0 && ask.quantile <= 1.0) {
-            return Err(format!(
-                "--quantile {} is outside (0, 1] (0.999: the rate 99.9 % of source-seconds stay at or below)",
-                ask.quantile
-            ));
-        }
-        if !(ask.headroom >= 1.0 && ask.headroom.is_finite()) {
-            return Err(format!(
-                "--headroom {} is below 1 (the proposal is the quantile's rate times it)",
-                ask.headroom
-            ));
-        }
-        let rules = &self.config.rules;
-        let all: Vec<(String, &RuleSpec)> = rules
-            .specs()
-            .map(|spec| (spec.name.clone(), spec))
-            .collect();
-        let is_limit = |spec: &RuleSpec| spec.action == Action::Limit && spec.limits.pps.is_some();
-        let chosen: Vec<&(String, &RuleSpec)> = match &ask.rule {
-            Some(name) => {
-                let Some(found) = all.iter().find(|(n, _)| n == name) else {
-                    let names: Vec<&str> = all.iter().map(|(n, _)| n.as_str()).collect();
-                    return Err(format!(
-                        "no rule {name}: the rules in force are {}",
-                        names.join(", ")
-                    ));
-                };
-                if !is_limit(found.1) {
-                    return Err(format!(
-                        "{name} is not a `limit` rule with a packet limit (action {}): suggest proposes packet limits",
-                        found.1.action.name()
-                    ));
-                }
-                vec![found]
-            }
-            None => all.iter().filter(|(_, spec)| is_limit(spec)).collect(),
-        };
-        if chosen.is_empty() {
-            return Err(
-                "no rule in force is a `limit` rule with a packet limit: nothing to suggest".into(),
-            );
-        }
+        let since = asked_since(&ask, horizon)?;
+        let chosen = chosen(&self.config.rules, ask.rule.as_deref())?;
         let now = kernel::now();
         let read_since = (now.saturating_sub(since)).as_nanos() as u64;
         let mut suggestions = Vec::with_capacity(chosen.len());
-        for (name, spec) in &chosen {
+        for spec in chosen {
+            let name = &spec.name;
             let dist = self
                 .history
                 .distribution(&SeriesKey::rule(name), since, now);
@@ -217,4 +170,61 @@ impl Daemon {
             done.join("; ")
         ))
     }
+}
+
+/// The question's bounds checked (`since` within the history kept, the
+/// quantile in (0, 1], the headroom at least 1); the span asked about.
+fn asked_since(ask: &Ask, horizon: Duration) -> Result<Duration, String> {
+    let since = ask.since.unwrap_or(horizon);
+    if since.is_zero() || since > horizon {
+        return Err(format!(
+            "--since {} is outside the history the daemon keeps: above zero and at most {} (`[daemon] history`)",
+            humantime::format_duration(since),
+            humantime::format_duration(horizon)
+        ));
+    }
+    if !(ask.quantile > 0.0 && ask.quantile <= 1.0) {
+        return Err(format!(
+            "--quantile {} is outside (0, 1] (0.999: the rate 99.9 % of source-seconds stay at or below)",
+            ask.quantile
+        ));
+    }
+    if !(ask.headroom >= 1.0 && ask.headroom.is_finite()) {
+        return Err(format!(
+            "--headroom {} is below 1 (the proposal is the quantile's rate times it)",
+            ask.headroom
+        ));
+    }
+    Ok(since)
+}
+
+/// The rules a question is about: the one it names, which must be a
+/// `limit` rule with a packet limit, or every such rule in force.
+fn chosen<'a>(rules: &'a RuleSet, only: Option<&str>) -> Result<Vec<&'a RuleSpec>, String> {
+    let is_limit = |spec: &RuleSpec| spec.action == Action::Limit && spec.limits.pps.is_some();
+    let chosen: Vec<&RuleSpec> = match only {
+        Some(name) => {
+            let Some(found) = rules.specs().find(|spec| spec.name == name) else {
+                let names: Vec<&str> = rules.specs().map(|spec| spec.name.as_str()).collect();
+                return Err(format!(
+                    "no rule {name}: the rules in force are {}",
+                    names.join(", ")
+                ));
+            };
+            if !is_limit(found) {
+                return Err(format!(
+                    "{name} is not a `limit` rule with a packet limit (action {}): suggest proposes packet limits",
+                    found.action.name()
+                ));
+            }
+            vec![found]
+        }
+        None => rules.specs().filter(|spec| is_limit(spec)).collect(),
+    };
+    if chosen.is_empty() {
+        return Err(
+            "no rule in force is a `limit` rule with a packet limit: nothing to suggest".into(),
+        );
+    }
+    Ok(chosen)
 }
