@@ -19,7 +19,7 @@ use crate::{
     proto::TopAggregate,
     rules::{
         level::select::{aggregate_key, LevelSelector},
-        RuleSpec,
+        RuleSet, RuleSpec,
     },
 };
 
@@ -75,51 +75,7 @@ impl Daemon {
         selector: &str,
         limit: usize,
     ) -> Result<Vec<TopAggregate>, String> {
-        let rules = &self.config.rules;
-        let with_levels: Vec<(usize, &RuleSpec)> = std::iter::once(&rules.default)
-            .chain(&rules.rules)
-            .enumerate()
-            .filter(|(_, spec)| !spec.levels.is_empty())
-            .collect();
-        if with_levels.is_empty() {
-            return Err(NO_LEVELS.to_string());
-        }
-        let in_force = || {
-            let rules: Vec<String> = with_levels
-                .iter()
-                .map(|(_, spec)| {
-                    let labels: Vec<String> = spec
-                        .levels
-                        .iter()
-                        .map(|l| l.label(spec.limits.window))
-                        .collect();
-                    format!("{}: {}", spec.name, labels.join(", "))
-                })
-                .collect();
-            format!("the levels in force: {}", rules.join("; "))
-        };
-        let selector: LevelSelector = selector
-            .parse()
-            .map_err(|e| format!("{e}; {}", in_force()))?;
-        // (position of the rule, the rule, index of the level in it)
-        let chosen: Vec<(usize, &RuleSpec, usize)> = with_levels
-            .iter()
-            .flat_map(|(position, spec)| {
-                spec.levels
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, l)| {
-                        selector.matches(&l.per, l.window.unwrap_or(spec.limits.window))
-                    })
-                    .map(move |(i, _)| (*position, *spec, i))
-            })
-            .collect();
-        if chosen.is_empty() {
-            return Err(format!(
-                "no level in force matches `{selector}`; {}",
-                in_force()
-            ));
-        }
+        let chosen = chosen_levels(&self.config.rules, selector)?;
         let base = rules_base(self.generation);
         let now_ns = kernel::now().as_nanos() as u64;
         let mut rows: Vec<Found> = Vec::new();
@@ -198,6 +154,59 @@ impl Daemon {
             })
             .collect())
     }
+}
+
+/// The levels `selector` chooses among the rules in force, as (position
+/// of the rule, the rule, index of the level in it); or why none: no rule
+/// has levels, the selector does not read, or it matches none (with the
+/// levels in force named).
+fn chosen_levels<'a>(
+    rules: &'a RuleSet,
+    selector: &str,
+) -> Result<Vec<(usize, &'a RuleSpec, usize)>, String> {
+    let with_levels: Vec<(usize, &RuleSpec)> = std::iter::once(&rules.default)
+        .chain(&rules.rules)
+        .enumerate()
+        .filter(|(_, spec)| !spec.levels.is_empty())
+        .collect();
+    if with_levels.is_empty() {
+        return Err(NO_LEVELS.to_string());
+    }
+    let in_force = || {
+        let rules: Vec<String> = with_levels
+            .iter()
+            .map(|(_, spec)| {
+                let labels: Vec<String> = spec
+                    .levels
+                    .iter()
+                    .map(|l| l.label(spec.limits.window))
+                    .collect();
+                format!("{}: {}", spec.name, labels.join(", "))
+            })
+            .collect();
+        format!("the levels in force: {}", rules.join("; "))
+    };
+    let selector: LevelSelector = selector
+        .parse()
+        .map_err(|e| format!("{e}; {}", in_force()))?;
+    // (position of the rule, the rule, index of the level in it)
+    let chosen: Vec<(usize, &RuleSpec, usize)> = with_levels
+        .iter()
+        .flat_map(|(position, spec)| {
+            spec.levels
+                .iter()
+                .enumerate()
+                .filter(|(_, l)| selector.matches(&l.per, l.window.unwrap_or(spec.limits.window)))
+                .map(move |(i, _)| (*position, *spec, i))
+        })
+        .collect();
+    if chosen.is_empty() {
+        return Err(format!(
+            "no level in force matches `{selector}`; {}",
+            in_force()
+        ));
+    }
+    Ok(chosen)
 }
 
 #[cfg(test)]
