@@ -8,26 +8,7 @@ use super::*;
 /// Validates `set` and compiles it so its rules land at `RULES[base..]`,
 /// for a machine with `cpus` possible CPUs (which sizes leases).
 pub fn compile(set: &RuleSet, base: u32, cpus: u32) -> Result<Compiled, RuleError> {
-    if set.buckets_per_window == 0 || set.buckets_per_window > MAX_BUCKETS_PER_WINDOW {
-        return Err(RuleError::Buckets(set.buckets_per_window));
-    }
-    if set.v4_prefix_len > 32 {
-        return Err(RuleError::KeyPrefix {
-            family: AddressFamily::V4,
-            len: set.v4_prefix_len,
-            max: 32,
-        });
-    }
-    if set.v6_prefix_len > 128 {
-        return Err(RuleError::KeyPrefix {
-            family: AddressFamily::V6,
-            len: set.v6_prefix_len,
-            max: 128,
-        });
-    }
-    if set.rules.len() + 1 > (MAX_RULES - 1) as usize {
-        return Err(RuleError::TooManyRules);
-    }
+    check_set(set)?;
     // Index 0 is the default rule, covering both families. A full port
     // range is no port match.
     let normalized: Vec<RuleSpec> = std::iter::once(&set.default)
@@ -38,32 +19,8 @@ pub fn compile(set: &RuleSet, base: u32, cpus: u32) -> Result<Compiled, RuleErro
         })
         .collect();
     let all: Vec<&RuleSpec> = normalized.iter().collect();
-    for (i, spec) in all.iter().enumerate().skip(1) {
-        if spec.cidr != spec.cidr.trunc() {
-            return Err(RuleError::HostBits {
-                rule: rule_name(i),
-                cidr: spec.cidr,
-            });
-        }
-        check_prefix(spec, &rule_name(i), set)?;
-    }
-    for (i, a) in all.iter().enumerate().skip(1) {
-        if let Some(j) = (1..i).find(|&j| all[j].cidr == a.cidr && all[j].matches == a.matches) {
-            return Err(RuleError::Duplicate {
-                rule: rule_name(i),
-                other: rule_name(j),
-            });
-        }
-    }
-    let mut classes: Vec<Match> = Vec::new();
-    for spec in &all[1..] {
-        if !spec.matches.is_any() && !classes.contains(&spec.matches) {
-            classes.push(spec.matches);
-        }
-    }
-    if classes.len() > MAX_CLASSES {
-        return Err(RuleError::TooManyClasses);
-    }
+    check_rules(&all, set)?;
+    let classes = classes_of(&all)?;
     let budget_of = |m: &Match| -> u8 {
         classes
             .iter()
@@ -110,6 +67,86 @@ pub fn compile(set: &RuleSet, base: u32, cpus: u32) -> Result<Compiled, RuleErro
         space: &space,
     };
 
+    let (v4, v6) = routes(&resolver, &all, base)?;
+    Ok(Compiled {
+        config,
+        rules,
+        v4,
+        v6,
+    })
+}
+
+/// The set's own bounds: buckets per window, the key prefixes, the
+/// number of rules.
+fn check_set(set: &RuleSet) -> Result<(), RuleError> {
+    if set.buckets_per_window == 0 || set.buckets_per_window > MAX_BUCKETS_PER_WINDOW {
+        return Err(RuleError::Buckets(set.buckets_per_window));
+    }
+    if set.v4_prefix_len > 32 {
+        return Err(RuleError::KeyPrefix {
+            family: AddressFamily::V4,
+            len: set.v4_prefix_len,
+            max: 32,
+        });
+    }
+    if set.v6_prefix_len > 128 {
+        return Err(RuleError::KeyPrefix {
+            family: AddressFamily::V6,
+            len: set.v6_prefix_len,
+            max: 128,
+        });
+    }
+    if set.rules.len() + 1 > (MAX_RULES - 1) as usize {
+        return Err(RuleError::TooManyRules);
+    }
+    Ok(())
+}
+
+/// Each rule's prefix (no host bits, within the key's), and no two rules
+/// with the same prefix and match.
+fn check_rules(all: &[&RuleSpec], set: &RuleSet) -> Result<(), RuleError> {
+    for (i, spec) in all.iter().enumerate().skip(1) {
+        if spec.cidr != spec.cidr.trunc() {
+            return Err(RuleError::HostBits {
+                rule: rule_name(i),
+                cidr: spec.cidr,
+            });
+        }
+        check_prefix(spec, &rule_name(i), set)?;
+    }
+    for (i, a) in all.iter().enumerate().skip(1) {
+        if let Some(j) = (1..i).find(|&j| all[j].cidr == a.cidr && all[j].matches == a.matches) {
+            return Err(RuleError::Duplicate {
+                rule: rule_name(i),
+                other: rule_name(j),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The distinct matches of the rules (the default's excepted), in order:
+/// each is a budget class of the frame space.
+fn classes_of(all: &[&RuleSpec]) -> Result<Vec<Match>, RuleError> {
+    let mut classes: Vec<Match> = Vec::new();
+    for spec in &all[1..] {
+        if !spec.matches.is_any() && !classes.contains(&spec.matches) {
+            classes.push(spec.matches);
+        }
+    }
+    if classes.len() > MAX_CLASSES {
+        return Err(RuleError::TooManyClasses);
+    }
+    Ok(classes)
+}
+
+/// The trie entries: every rule prefix and the two default routes, each
+/// with the rule each frame class of it resolves to.
+fn routes(
+    resolver: &Resolver,
+    all: &[&RuleSpec],
+    base: u32,
+) -> Result<(Routes<4>, Routes<16>), RuleError> {
     // Every rule prefix, plus the two default routes.
     let mut prefixes: Vec<IpNet> = vec![
         "0.0.0.0/0".parse().expect("valid"),
@@ -129,12 +166,7 @@ pub fn compile(set: &RuleSet, base: u32, cpus: u32) -> Result<Compiled, RuleErro
             IpNet::V6(net) => v6.push((net.prefix_len(), net.network().octets(), refs)),
         }
     }
-    Ok(Compiled {
-        config,
-        rules,
-        v4,
-        v6,
-    })
+    Ok((v4, v6))
 }
 
 /// What rule `index` of a set is and does, as a number: its prefix and

@@ -409,9 +409,13 @@ pub struct Compiled {
     /// `Config` without its generation (the pusher sets that).
     pub config: Config,
     pub rules: Vec<Rule>,
-    pub v4: Vec<(u8, [u8; 4], RuleRefs)>,
-    pub v6: Vec<(u8, [u8; 16], RuleRefs)>,
+    pub v4: Routes<4>,
+    pub v6: Routes<16>,
 }
+
+/// A family's trie entries: prefix length, network address, and the rule
+/// each frame class of the prefix resolves to.
+pub type Routes<const N: usize> = Vec<(u8, [u8; N], RuleRefs)>;
 
 /// The default rule's name.
 pub const DEFAULT_RULE_NAME: &str = "default";
