@@ -220,33 +220,7 @@ fn check_prefix(spec: &RuleSpec, name: &str, set: &RuleSet) -> Result<(), RuleEr
 }
 
 fn compile_rule(spec: &RuleSpec, name: &str, buckets: u32, cpus: u32) -> Result<Rule, RuleError> {
-    let m = &spec.matches;
-    if m.protocol == Some(0) {
-        return Err(RuleError::ProtocolZero { rule: name.into() });
-    }
-    if let Some((min, max)) = m.ports {
-        if min > max {
-            return Err(RuleError::PortsReversed {
-                rule: name.into(),
-                min,
-                max,
-            });
-        }
-        if let Some(protocol) = m.protocol.filter(|p| *p != PROTO_TCP && *p != PROTO_UDP) {
-            return Err(RuleError::PortsNeedTcpOrUdp {
-                rule: name.into(),
-                protocol,
-            });
-        }
-    }
-    if m.tcp_syn {
-        if let Some(protocol) = m.protocol.filter(|p| *p != PROTO_TCP) {
-            return Err(RuleError::SynNeedsTcp {
-                rule: name.into(),
-                protocol,
-            });
-        }
-    }
+    check_match(&spec.matches, name)?;
     let limits = &spec.limits;
     if limits.window < MIN_WINDOW || limits.window > MAX_WINDOW {
         return Err(RuleError::Window {
@@ -325,6 +299,38 @@ fn compile_rule(spec: &RuleSpec, name: &str, buckets: u32, cpus: u32) -> Result<
     rule.lease_packets = lease_packets;
     rule.set_scope(spec.scope);
     Ok(rule)
+}
+
+/// A rule's match: a protocol other than 0, ports in order and only with
+/// TCP or UDP, SYN only with TCP.
+fn check_match(m: &Match, name: &str) -> Result<(), RuleError> {
+    if m.protocol == Some(0) {
+        return Err(RuleError::ProtocolZero { rule: name.into() });
+    }
+    if let Some((min, max)) = m.ports {
+        if min > max {
+            return Err(RuleError::PortsReversed {
+                rule: name.into(),
+                min,
+                max,
+            });
+        }
+        if let Some(protocol) = m.protocol.filter(|p| *p != PROTO_TCP && *p != PROTO_UDP) {
+            return Err(RuleError::PortsNeedTcpOrUdp {
+                rule: name.into(),
+                protocol,
+            });
+        }
+    }
+    if m.tcp_syn {
+        if let Some(protocol) = m.protocol.filter(|p| *p != PROTO_TCP) {
+            return Err(RuleError::SynNeedsTcp {
+                rule: name.into(),
+                protocol,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// What a cluster-scoped rule may be in this first version (documented in

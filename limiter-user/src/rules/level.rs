@@ -240,55 +240,9 @@ pub(super) fn compile_levels(
                 window,
             });
         }
-        let kind = match level.per {
-            LevelPer::Source => LevelKind::Source,
-            LevelPer::Rule => LevelKind::Rule,
-            LevelPer::Pair => LevelKind::Pair,
-            LevelPer::Destination { v4, v6 } => {
-                for (family, len, most) in [("IPv4", v4, 32), ("IPv6", v6, 128)] {
-                    if len > most {
-                        return Err(RuleError::LevelPrefix {
-                            level: field(i),
-                            family,
-                            len,
-                            key: most,
-                        });
-                    }
-                }
-                LevelKind::Destination
-            }
-            LevelPer::Prefix { v4, v6 } => {
-                for (family, len, key) in [("IPv4", v4, v4_key), ("IPv6", v6, v6_key)] {
-                    if len > key {
-                        return Err(RuleError::LevelPrefix {
-                            level: field(i),
-                            family,
-                            len,
-                            key,
-                        });
-                    }
-                }
-                LevelKind::Prefix
-            }
-        };
-        if level.pps == 0 {
-            return Err(RuleError::Zero {
-                rule: field(i),
-                what: "pps",
-            });
-        }
+        let kind = level_kind(level, &field(i), (v4_key, v6_key))?;
         let window_ns = window.as_nanos() as u64;
-        let value = u128::from(level.pps) * u128::from(window_ns) / 1_000_000_000
-            + u128::from(level.burst_packets);
-        if value > u128::from(MAX_PACKETS) {
-            return Err(RuleError::TooLarge {
-                rule: field(i),
-                what: "packets",
-                value,
-                max: MAX_PACKETS,
-            });
-        }
-        let allowance = (value as u64).max(1);
+        let allowance = level_allowance(level, window_ns, &field(i))?;
         let (v4, v6) = match level.per {
             LevelPer::Prefix { v4, v6 } | LevelPer::Destination { v4, v6 } => (v4, v6),
             _ => (0, 0),
@@ -313,6 +267,69 @@ pub(super) fn compile_levels(
         (fair / FAIR_SHARES).max(1)
     };
     Ok((levels, fair_packets))
+}
+
+/// What a level is keyed by, its prefixes within what the key can hold
+/// (a destination's within the address, a source prefix within the
+/// rule's key).
+fn level_kind(
+    level: &LevelSpec,
+    field: &str,
+    (v4_key, v6_key): (u8, u8),
+) -> Result<LevelKind, RuleError> {
+    Ok(match level.per {
+        LevelPer::Source => LevelKind::Source,
+        LevelPer::Rule => LevelKind::Rule,
+        LevelPer::Pair => LevelKind::Pair,
+        LevelPer::Destination { v4, v6 } => {
+            for (family, len, most) in [("IPv4", v4, 32), ("IPv6", v6, 128)] {
+                if len > most {
+                    return Err(RuleError::LevelPrefix {
+                        level: field.to_string(),
+                        family,
+                        len,
+                        key: most,
+                    });
+                }
+            }
+            LevelKind::Destination
+        }
+        LevelPer::Prefix { v4, v6 } => {
+            for (family, len, key) in [("IPv4", v4, v4_key), ("IPv6", v6, v6_key)] {
+                if len > key {
+                    return Err(RuleError::LevelPrefix {
+                        level: field.to_string(),
+                        family,
+                        len,
+                        key,
+                    });
+                }
+            }
+            LevelKind::Prefix
+        }
+    })
+}
+
+/// A level's packets a window (`pps` over the window plus its burst, at
+/// least 1), refused at 0 pps and above what the kernel counts.
+fn level_allowance(level: &LevelSpec, window_ns: u64, field: &str) -> Result<u64, RuleError> {
+    if level.pps == 0 {
+        return Err(RuleError::Zero {
+            rule: field.to_string(),
+            what: "pps",
+        });
+    }
+    let value = u128::from(level.pps) * u128::from(window_ns) / 1_000_000_000
+        + u128::from(level.burst_packets);
+    if value > u128::from(MAX_PACKETS) {
+        return Err(RuleError::TooLarge {
+            rule: field.to_string(),
+            what: "packets",
+            value,
+            max: MAX_PACKETS,
+        });
+    }
+    Ok((value as u64).max(1))
 }
 
 #[cfg(test)]
