@@ -22,76 +22,8 @@ fn field(name: &str, message: impl Into<String>) -> ConfigError {
 impl ClusterSection {
     /// Checks every field; errors name it (`cluster.sync_interval`).
     pub fn validate(&self) -> Result<ClusterConfig, ConfigError> {
-        if self.redis.is_empty() {
-            return Err(field(
-                "redis",
-                "no Redis URL; give one (redis://host:6379) or remove [cluster]",
-            ));
-        }
-        let mut redis = Vec::with_capacity(self.redis.len());
-        for (i, text) in self.redis.iter().enumerate() {
-            let url = parse_redis_url(text).map_err(|m| field(&format!("redis[{i}]"), m))?;
-            if let Some(j) = redis.iter().position(|u: &RedisUrl| u.url == url.url) {
-                return Err(field(
-                    &format!("redis[{i}]"),
-                    format!("{} is listed twice (also redis[{j}])", url.redacted()),
-                ));
-            }
-            redis.push(url);
-        }
-        match self.mode {
-            ClusterMode::Single if redis.len() > 1 => {
-                return Err(field(
-                    "redis",
-                    format!(
-                        "{} URLs with mode = \"single\": a single instance has one URL \
-                         (several are the seed nodes of a Redis Cluster: mode = \"cluster\")",
-                        redis.len()
-                    ),
-                ))
-            }
-            ClusterMode::Cluster | ClusterMode::Sentinel => {
-                let what = match self.mode {
-                    ClusterMode::Cluster => "a Redis Cluster",
-                    _ => "a Sentinel",
-                };
-                for (i, url) in redis.iter().enumerate() {
-                    if matches!(url.endpoint, RedisEndpoint::Unix { .. }) {
-                        return Err(field(
-                            &format!("redis[{i}]"),
-                            format!(
-                                "{}: {what} is reached over TCP (redis://host:port), \
-                                 not a Unix socket",
-                                url.redacted()
-                            ),
-                        ));
-                    }
-                    if self.mode == ClusterMode::Sentinel {
-                        // The client logs in to every Sentinel with one
-                        // login: a different one would be ignored.
-                        if url.login != redis[0].login {
-                            return Err(field(
-                                &format!("redis[{i}]"),
-                                format!(
-                                    "{}: logs in to its Sentinel differently from redis[0] ({}); \
-                                     the Sentinels share one user and password",
-                                    url.redacted(),
-                                    redis[0].redacted()
-                                ),
-                            ));
-                        }
-                        continue;
-                    }
-                    if url.db != 0 {
-                        return Err(field(
-                            &format!("redis[{i}]"),
-                            format!("{}: a Redis Cluster has only database 0", url.redacted()),
-                        ));
-                    }
-                }
-            }
-            ClusterMode::Single => {}
-        }
+        let redis = self.redis_urls()?;
+        self.check_mode(&redis)?;
         let tls = self.tls(&redis)?;
         let (primary_username, primary_password) = self.primary_login()?;
         let login = self.file_login(&redis)?;
@@ -140,56 +72,7 @@ impl ClusterSection {
                 host
             }
         };
-        if self.sync_interval < MIN_SYNC_INTERVAL || self.sync_interval > MAX_SYNC_INTERVAL {
-            return Err(field(
-                "sync_interval",
-                format!("{:?} is outside 10ms..=10s", self.sync_interval),
-            ));
-        }
-        if self.timeout < MIN_TIMEOUT || self.timeout >= self.sync_interval {
-            return Err(field(
-                "timeout",
-                format!(
-                    "{:?} must be at least 1ms and shorter than cluster.sync_interval ({:?}): \
-                     a sync tick never outlasts its interval",
-                    self.timeout, self.sync_interval
-                ),
-            ));
-        }
-        // Written so that NaN fails too.
-        if !(self.threshold > 0.0 && self.threshold <= 1.0) {
-            return Err(field(
-                "threshold",
-                format!(
-                    "{} is outside (0, 1]: the fraction of a source's limit on this node \
-                     past which it is synced",
-                    self.threshold
-                ),
-            ));
-        }
-        if !(1..=MAX_MAX_REMOTE_SOURCES).contains(&self.max_remote_sources) {
-            return Err(field(
-                "max_remote_sources",
-                format!(
-                    "{} is outside 1..={MAX_MAX_REMOTE_SOURCES}: the most sources this node \
-                     tracks because other nodes listed them hot (each costs under a kilobyte \
-                     of daemon memory and a sync per tick)",
-                    self.max_remote_sources
-                ),
-            ));
-        }
-        let min_grace = self.sync_interval * GRACE_INTERVALS;
-        if self.grace < min_grace || self.grace > MAX_GRACE {
-            return Err(field(
-                "grace",
-                format!(
-                    "{:?} is outside {min_grace:?}..=1h: at least {GRACE_INTERVALS} x \
-                     cluster.sync_interval (a node is degraded after {GRACE_INTERVALS} failed \
-                     syncs)",
-                    self.grace
-                ),
-            ));
-        }
+        self.check_timing()?;
         Ok(ClusterConfig {
             redis,
             mode: self.mode,
@@ -206,6 +89,143 @@ impl ClusterSection {
             primary_password,
             login,
         })
+    }
+
+    /// The `redis` URLs, each parsed, none twice.
+    fn redis_urls(&self) -> Result<Vec<RedisUrl>, ConfigError> {
+        if self.redis.is_empty() {
+            return Err(field(
+                "redis",
+                "no Redis URL; give one (redis://host:6379) or remove [cluster]",
+            ));
+        }
+        let mut redis = Vec::with_capacity(self.redis.len());
+        for (i, text) in self.redis.iter().enumerate() {
+            let url = parse_redis_url(text).map_err(|m| field(&format!("redis[{i}]"), m))?;
+            if let Some(j) = redis.iter().position(|u: &RedisUrl| u.url == url.url) {
+                return Err(field(
+                    &format!("redis[{i}]"),
+                    format!("{} is listed twice (also redis[{j}])", url.redacted()),
+                ));
+            }
+            redis.push(url);
+        }
+        Ok(redis)
+    }
+
+    /// The URLs as the mode wants them: one for a single instance; TCP for
+    /// a Redis Cluster or Sentinels, database 0 for a Cluster, one login
+    /// for every Sentinel.
+    fn check_mode(&self, redis: &[RedisUrl]) -> Result<(), ConfigError> {
+        match self.mode {
+            ClusterMode::Single if redis.len() > 1 => {
+                return Err(field(
+                    "redis",
+                    format!(
+                        "{} URLs with mode = \"single\": a single instance has one URL \
+                     (several are the seed nodes of a Redis Cluster: mode = \"cluster\")",
+                        redis.len()
+                    ),
+                ))
+            }
+            ClusterMode::Cluster | ClusterMode::Sentinel => {
+                let what = match self.mode {
+                    ClusterMode::Cluster => "a Redis Cluster",
+                    _ => "a Sentinel",
+                };
+                for (i, url) in redis.iter().enumerate() {
+                    if matches!(url.endpoint, RedisEndpoint::Unix { .. }) {
+                        return Err(field(
+                            &format!("redis[{i}]"),
+                            format!(
+                                "{}: {what} is reached over TCP (redis://host:port), \
+                             not a Unix socket",
+                                url.redacted()
+                            ),
+                        ));
+                    }
+                    if self.mode == ClusterMode::Sentinel {
+                        // The client logs in to every Sentinel with one
+                        // login: a different one would be ignored.
+                        if url.login != redis[0].login {
+                            return Err(field(
+                                &format!("redis[{i}]"),
+                                format!(
+                                    "{}: logs in to its Sentinel differently from redis[0] ({}); \
+                                 the Sentinels share one user and password",
+                                    url.redacted(),
+                                    redis[0].redacted()
+                                ),
+                            ));
+                        }
+                        continue;
+                    }
+                    if url.db != 0 {
+                        return Err(field(
+                            &format!("redis[{i}]"),
+                            format!("{}: a Redis Cluster has only database 0", url.redacted()),
+                        ));
+                    }
+                }
+            }
+            ClusterMode::Single => {}
+        }
+        Ok(())
+    }
+
+    /// The sync's timing and thresholds within their bounds.
+    fn check_timing(&self) -> Result<(), ConfigError> {
+        if self.sync_interval < MIN_SYNC_INTERVAL || self.sync_interval > MAX_SYNC_INTERVAL {
+            return Err(field(
+                "sync_interval",
+                format!("{:?} is outside 10ms..=10s", self.sync_interval),
+            ));
+        }
+        if self.timeout < MIN_TIMEOUT || self.timeout >= self.sync_interval {
+            return Err(field(
+                "timeout",
+                format!(
+                    "{:?} must be at least 1ms and shorter than cluster.sync_interval ({:?}): \
+                 a sync tick never outlasts its interval",
+                    self.timeout, self.sync_interval
+                ),
+            ));
+        }
+        // Written so that NaN fails too.
+        if !(self.threshold > 0.0 && self.threshold <= 1.0) {
+            return Err(field(
+                "threshold",
+                format!(
+                    "{} is outside (0, 1]: the fraction of a source's limit on this node \
+                 past which it is synced",
+                    self.threshold
+                ),
+            ));
+        }
+        if !(1..=MAX_MAX_REMOTE_SOURCES).contains(&self.max_remote_sources) {
+            return Err(field(
+                "max_remote_sources",
+                format!(
+                    "{} is outside 1..={MAX_MAX_REMOTE_SOURCES}: the most sources this node \
+                 tracks because other nodes listed them hot (each costs under a kilobyte \
+                 of daemon memory and a sync per tick)",
+                    self.max_remote_sources
+                ),
+            ));
+        }
+        let min_grace = self.sync_interval * GRACE_INTERVALS;
+        if self.grace < min_grace || self.grace > MAX_GRACE {
+            return Err(field(
+                "grace",
+                format!(
+                    "{:?} is outside {min_grace:?}..=1h: at least {GRACE_INTERVALS} x \
+                 cluster.sync_interval (a node is degraded after {GRACE_INTERVALS} failed \
+                 syncs)",
+                    self.grace
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// `password_file` and `username_file`, read: the login of every URL,
