@@ -32,75 +32,7 @@ impl FileConfig {
     /// kernel) so that only a configuration that can be pushed is accepted.
     pub fn validate(self) -> Result<Config, ConfigError> {
         let file = self.clone();
-        let d = &self.daemon;
-        if d.max_sources == 0 || d.max_sources > MAX_SOURCES {
-            return Err(field(
-                "daemon.max_sources",
-                format!("{} is outside 1..={MAX_SOURCES}", d.max_sources),
-            ));
-        }
-        if d.max_hot_sources == 0 || d.max_hot_sources > MAX_SOURCES {
-            return Err(field(
-                "daemon.max_hot_sources",
-                format!("{} is outside 1..={MAX_SOURCES}", d.max_hot_sources),
-            ));
-        }
-        if d.tick < Duration::from_millis(100) || d.tick > Duration::from_secs(60) {
-            return Err(field(
-                "daemon.tick",
-                format!("{:?} is outside 100ms..=60s", d.tick),
-            ));
-        }
-        if d.sources_per_tick < 4096 {
-            return Err(field(
-                "daemon.sources_per_tick",
-                format!("{} is below 4096", d.sources_per_tick),
-            ));
-        }
-        if d.limited_log_per_second > MAX_LOG_LINES {
-            return Err(field(
-                "daemon.limited_log_per_second",
-                format!("{} is above {MAX_LOG_LINES}", d.limited_log_per_second),
-            ));
-        }
-        if d.limited_log_burst == 0 || d.limited_log_burst > MAX_LOG_LINES {
-            return Err(field(
-                "daemon.limited_log_burst",
-                format!("{} is outside 1..={MAX_LOG_LINES}", d.limited_log_burst),
-            ));
-        }
-        {
-            use super::{MAX_HORIZON, MIN_HORIZON};
-            if d.history < MIN_HORIZON || d.history > MAX_HORIZON {
-                return Err(field(
-                    "daemon.history",
-                    format!(
-                        "{} is outside 1m..=24h (the horizon of the per-source rate history)",
-                        humantime::format_duration(d.history)
-                    ),
-                ));
-            }
-        }
-        if !d.control_socket.is_absolute() {
-            return Err(field(
-                "daemon.control_socket",
-                format!("{} is not an absolute path", d.control_socket.display()),
-            ));
-        }
-        if !d.pin_dir.is_absolute() {
-            return Err(field(
-                "daemon.pin_dir",
-                format!("{} is not an absolute path", d.pin_dir.display()),
-            ));
-        }
-        for (i, iface) in d.interfaces.iter().enumerate() {
-            if iface.is_empty() || iface.len() > 15 || iface.contains(['/', ' ']) {
-                return Err(field(
-                    format!("daemon.interfaces[{i}]"),
-                    format!("{iface:?} is not an interface name"),
-                ));
-            }
-        }
+        check_daemon(&self.daemon)?;
         self.limits.guard_plan()?;
         let cluster = self.cluster.as_ref().map(|c| c.validate()).transpose()?;
         let default = rule_spec(&self.default, &rule_name(0), true)?;
@@ -170,11 +102,83 @@ fn check_names<'a>(specs: impl Iterator<Item = &'a RuleSpec>) -> Result<(), Conf
     Ok(())
 }
 
-fn rule_spec(section: &RuleSection, name: &str, is_default: bool) -> Result<RuleSpec, ConfigError> {
-    section
-        .guard_plan(name, is_default)
-        .map_err(|(name, message)| field(name, message))?;
-    let rule_name = match (&section.name, is_default) {
+/// `[daemon]`'s fields within their bounds.
+fn check_daemon(d: &super::DaemonSection) -> Result<(), ConfigError> {
+    if d.max_sources == 0 || d.max_sources > MAX_SOURCES {
+        return Err(field(
+            "daemon.max_sources",
+            format!("{} is outside 1..={MAX_SOURCES}", d.max_sources),
+        ));
+    }
+    if d.max_hot_sources == 0 || d.max_hot_sources > MAX_SOURCES {
+        return Err(field(
+            "daemon.max_hot_sources",
+            format!("{} is outside 1..={MAX_SOURCES}", d.max_hot_sources),
+        ));
+    }
+    if d.tick < Duration::from_millis(100) || d.tick > Duration::from_secs(60) {
+        return Err(field(
+            "daemon.tick",
+            format!("{:?} is outside 100ms..=60s", d.tick),
+        ));
+    }
+    if d.sources_per_tick < 4096 {
+        return Err(field(
+            "daemon.sources_per_tick",
+            format!("{} is below 4096", d.sources_per_tick),
+        ));
+    }
+    if d.limited_log_per_second > MAX_LOG_LINES {
+        return Err(field(
+            "daemon.limited_log_per_second",
+            format!("{} is above {MAX_LOG_LINES}", d.limited_log_per_second),
+        ));
+    }
+    if d.limited_log_burst == 0 || d.limited_log_burst > MAX_LOG_LINES {
+        return Err(field(
+            "daemon.limited_log_burst",
+            format!("{} is outside 1..={MAX_LOG_LINES}", d.limited_log_burst),
+        ));
+    }
+    {
+        use super::{MAX_HORIZON, MIN_HORIZON};
+        if d.history < MIN_HORIZON || d.history > MAX_HORIZON {
+            return Err(field(
+                "daemon.history",
+                format!(
+                    "{} is outside 1m..=24h (the horizon of the per-source rate history)",
+                    humantime::format_duration(d.history)
+                ),
+            ));
+        }
+    }
+    if !d.control_socket.is_absolute() {
+        return Err(field(
+            "daemon.control_socket",
+            format!("{} is not an absolute path", d.control_socket.display()),
+        ));
+    }
+    if !d.pin_dir.is_absolute() {
+        return Err(field(
+            "daemon.pin_dir",
+            format!("{} is not an absolute path", d.pin_dir.display()),
+        ));
+    }
+    for (i, iface) in d.interfaces.iter().enumerate() {
+        if iface.is_empty() || iface.len() > 15 || iface.contains(['/', ' ']) {
+            return Err(field(
+                format!("daemon.interfaces[{i}]"),
+                format!("{iface:?} is not an interface name"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The rule's name: given (checked; `default` for the default rule
+/// only) or derived from its prefix and match.
+fn name_of(section: &RuleSection, name: &str, is_default: bool) -> Result<String, ConfigError> {
+    Ok(match (&section.name, is_default) {
         (Some(given), true) if given != DEFAULT_RULE_NAME => {
             return Err(field(
                 format!("{name}.name"),
@@ -192,18 +196,17 @@ fn rule_spec(section: &RuleSection, name: &str, is_default: bool) -> Result<Rule
             given.clone()
         }
         (None, _) => section.derived_name(),
-    };
-    let cidr = match (is_default, section.cidr) {
-        (true, Some(_)) => {
-            return Err(field(
-                format!("{name}.cidr"),
-                "the default rule covers every source; remove cidr",
-            ))
-        }
-        (true, None) => "0.0.0.0/0".parse().expect("valid"),
-        (false, None) => return Err(field(format!("{name}.cidr"), "missing")),
-        (false, Some(cidr)) => cidr,
-    };
+    })
+}
+
+/// A port range, first and last.
+type PortRange = (u16, u16);
+
+/// The rule's protocol (by name or number) and ports (one or a range).
+fn match_of(
+    section: &RuleSection,
+    name: &str,
+) -> Result<(Option<u8>, Option<PortRange>), ConfigError> {
     let protocol = match &section.protocol {
         None => None,
         Some(spec) => Some(spec.number().ok_or_else(|| {
@@ -227,6 +230,26 @@ fn rule_spec(section: &RuleSection, name: &str, is_default: bool) -> Result<Rule
             )
         })?),
     };
+    Ok((protocol, ports))
+}
+
+fn rule_spec(section: &RuleSection, name: &str, is_default: bool) -> Result<RuleSpec, ConfigError> {
+    section
+        .guard_plan(name, is_default)
+        .map_err(|(name, message)| field(name, message))?;
+    let rule_name = name_of(section, name, is_default)?;
+    let cidr = match (is_default, section.cidr) {
+        (true, Some(_)) => {
+            return Err(field(
+                format!("{name}.cidr"),
+                "the default rule covers every source; remove cidr",
+            ))
+        }
+        (true, None) => "0.0.0.0/0".parse().expect("valid"),
+        (false, None) => return Err(field(format!("{name}.cidr"), "missing")),
+        (false, Some(cidr)) => cidr,
+    };
+    let (protocol, ports) = match_of(section, name)?;
     // TOML integers are signed 64-bit: a larger count (the control
     // socket's JSON can carry one, and an allow rule ignores its rates)
     // could never be saved to the file.
