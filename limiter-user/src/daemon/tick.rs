@@ -48,14 +48,19 @@ impl Daemon {
     /// the guards judged.
     pub(super) fn tick(&mut self) {
         let started = Instant::now();
-        let series = self.series_by_index();
+        // The rules' names read once a tick, not once an interface.
+        let names = self.names();
+        let series: HashMap<u32, SeriesKey> = names
+            .iter()
+            .map(|(index, name)| (*index, SeriesKey::rule(name)))
+            .collect();
         for i in 0..self.ifaces.len() {
             let Some(mut reads) = read(&mut self.ifaces[i], &self.config.daemon) else {
                 continue;
             };
             self.observe_sources(i, &mut reads, &series);
             self.observe_levels(i, reads.now_ns);
-            self.record(i, reads);
+            self.record(i, reads, &names);
         }
         self.known
             .forget_older(kernel::now().as_nanos() as u64, self.history.horizon());
@@ -65,15 +70,6 @@ impl Daemon {
         self.metrics
             .aggregation
             .observe(started.elapsed().as_secs_f64());
-    }
-
-    /// One series key per rule index, built once a tick (not once a
-    /// source).
-    fn series_by_index(&self) -> HashMap<u32, SeriesKey> {
-        self.names()
-            .iter()
-            .map(|(index, name)| (*index, SeriesKey::rule(name)))
-            .collect()
     }
 
     /// The sources read: each into the known sample (and through it the
@@ -147,8 +143,7 @@ impl Daemon {
 
     /// What the tick read, exported; the sources whose episode ended
     /// logged; the pass kept for `status` and `top`.
-    fn record(&mut self, i: usize, reads: Reads) {
-        let names = self.names();
+    fn record(&mut self, i: usize, reads: Reads, names: &[(u32, String)]) {
         let daemon = &self.config.daemon;
         let iface = &mut self.ifaces[i];
         let instance = &iface.instance;
@@ -159,7 +154,7 @@ impl Daemon {
             &reads.snapshot,
             daemon.max_hot_sources,
             self.config.rules.rules.len() + 1,
-            &names,
+            names,
             instance.program.run_stats(),
         );
         self.metrics.record_link(
