@@ -64,8 +64,7 @@ pub fn run(which: Which) -> anyhow::Result<()> {
     // The e2e and cluster benchmarks run the real daemon: build it
     // (release) too.
     run::status(
-        Command::new("cargo")
-            .current_dir(&root)
+        run::cargo()
             .args(["build", "--quiet", "--release"])
             .args(["-p", "limiter-user", "-p", "limiter-bench"])
             .args(["--bin", "xdp-limiter", "--bin", bin]),

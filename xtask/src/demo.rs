@@ -10,8 +10,7 @@ pub fn run(cluster: bool) -> anyhow::Result<()> {
     let bin = if cluster { "demo-cluster" } else { "demo" };
     let root = run::workspace_root();
     run::status(
-        Command::new("cargo")
-            .current_dir(&root)
+        run::cargo()
             .args([
                 "build",
                 "--quiet",

@@ -8,8 +8,7 @@ use crate::run;
 pub fn run(frames: usize, seed: Option<u64>) -> anyhow::Result<()> {
     let root = run::workspace_root();
     run::status(
-        Command::new("cargo")
-            .current_dir(&root)
+        run::cargo()
             .args(["build", "--quiet", "--release", "-p", "limiter-tests"])
             .args(["--bin", "fuzz"]),
     )?;

@@ -250,8 +250,8 @@ struct Binaries {
 /// twice).
 fn build(root: &Path) -> anyhow::Result<Binaries> {
     let limiter = build_limiter(root)?;
-    let mut cmd = Command::new("cargo");
-    cmd.current_dir(root).args([
+    let mut cmd = run::cargo();
+    cmd.args([
         "test",
         "-p",
         "limiter-tests",
@@ -284,13 +284,7 @@ fn build(root: &Path) -> anyhow::Result<Binaries> {
 
 /// Builds the `xdp-limiter` binary (dev profile); its path.
 fn build_limiter(root: &Path) -> anyhow::Result<PathBuf> {
-    run::status(Command::new("cargo").current_dir(root).args([
-        "build",
-        "-p",
-        "limiter-user",
-        "--bin",
-        "xdp-limiter",
-    ]))?;
+    run::status(run::cargo().args(["build", "-p", "limiter-user", "--bin", "xdp-limiter"]))?;
     Ok(root.join("target/debug/xdp-limiter"))
 }
 
@@ -338,8 +332,7 @@ fn save_current(name: &str, machine: &str, json: &str) -> anyhow::Result<()> {
     use std::io::Write as _;
     let root = run::workspace_root();
     run::status(
-        Command::new("cargo")
-            .current_dir(&root)
+        run::cargo()
             .args(["build", "--quiet", "--release", "-p", "limiter-bench"])
             .args(["--bin", "bench-table"]),
     )?;

@@ -16,6 +16,15 @@ pub fn workspace_root() -> PathBuf {
         .to_path_buf()
 }
 
+/// Host `cargo` at the workspace root without the variables `cargo xtask`
+/// set for xtask: every suite step builds with one environment, so a
+/// dependency's build script that watches one (ring watches
+/// `CARGO_MANIFEST_DIR`) does not rebuild it, and relink every test
+/// binary, each time a step and the tests' own builds alternate.
+pub fn cargo() -> Command {
+    limiter_ebpf_build::host_cargo()
+}
+
 fn describe(cmd: &Command) -> String {
     let mut line = cmd.get_program().to_string_lossy().into_owned();
     for arg in cmd.get_args() {

@@ -10,8 +10,7 @@ use crate::run;
 pub fn run(minutes: f64) -> anyhow::Result<()> {
     let root = run::workspace_root();
     run::status(
-        Command::new("cargo")
-            .current_dir(&root)
+        run::cargo()
             .args(["build", "--quiet", "--release"])
             .args(["-p", "limiter-user", "-p", "limiter-bench"])
             .args(["--bin", "xdp-limiter", "--bin", "soak"]),

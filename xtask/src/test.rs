@@ -10,11 +10,35 @@
 //! Kernel and netns tests need root; the suite refuses to run without it
 //! rather than skipping them.
 
-use std::process::Command;
+use std::time::{Duration, Instant};
 
 use anyhow::bail;
 
 use crate::{kernel, package, run};
+
+/// Each step's wall time, printed when the run ends (passed or not), so
+/// a run shows where its budget went.
+#[derive(Default)]
+struct Steps(Vec<(&'static str, Duration)>);
+
+impl Steps {
+    fn time<T>(&mut self, name: &'static str, step: impl FnOnce() -> T) -> T {
+        let started = Instant::now();
+        let out = step();
+        self.0.push((name, started.elapsed()));
+        out
+    }
+}
+
+impl Drop for Steps {
+    fn drop(&mut self) {
+        let total: Duration = self.0.iter().map(|(_, took)| *took).sum();
+        eprintln!("suite steps ({:.0} s):", total.as_secs_f64());
+        for (name, took) in &self.0 {
+            eprintln!("  {name:<24} {:>5.0} s", took.as_secs_f64());
+        }
+    }
+}
 
 /// Where `limiter_tests::retry` logs a voided measurement it takes again
 /// (the same name as its `LOG_VAR`; xtask does not build the harness).
@@ -29,43 +53,44 @@ pub fn run(cargo_test_args: &[String], lane: Option<&str>) -> anyhow::Result<()>
     if let Some(name) = lane {
         return kernel::run(&kernel::select(name)?);
     }
-    let root = run::workspace_root();
-    let cargo = || {
-        let mut cmd = Command::new("cargo");
-        cmd.current_dir(&root);
-        cmd
-    };
-    run::status(cargo().args(["fmt", "--all", "--check"]))?;
-    run::status(cargo().args(["clippy", "--all-targets", "--", "-D", "warnings"]))?;
+    let mut steps = Steps::default();
+    let cargo = run::cargo;
+    steps.time("fmt", || {
+        run::status(cargo().args(["fmt", "--all", "--check"]))
+    })?;
+    steps.time("clippy", || {
+        run::status(cargo().args(["clippy", "--all-targets", "--", "-D", "warnings"]))
+    })?;
     // The kernel crates (the product's and the benchmark's) on their real
     // target, with the toolchain, flags and feature allowance of the
     // builds that embed them.
-    run::status(
-        limiter_ebpf_build::cargo(&root, "clippy", &["limiter-ebpf", "limiter-bench-ebpf"])
-            .args(["--", "-D", "warnings"]),
-    )?;
+    let root = run::workspace_root();
+    steps.time("clippy (eBPF)", || {
+        run::status(
+            limiter_ebpf_build::cargo(&root, "clippy", &["limiter-ebpf", "limiter-bench-ebpf"])
+                .args(["--", "-D", "warnings"]),
+        )
+    })?;
     // Host unit tests first, then the kernel and netns tests, so the run
     // closes on the tests that exercise the real kernel.
-    run::status(
-        cargo()
-            .args([
-                "test",
-                "-p",
-                "limiter-common",
-                "-p",
-                "limiter-bench-common",
-                "-p",
-                "limiter-ebpf-build",
-                "-p",
-                "limiter-user",
-                "-p",
-                "xtask",
-            ])
-            .args(cargo_test_args),
-    )?;
+    steps.time("unit tests", || {
+        run::status(
+            cargo()
+                .args(["test", "-p", "limiter-common", "-p", "limiter-bench-common"])
+                .args([
+                    "-p",
+                    "limiter-ebpf-build",
+                    "-p",
+                    "limiter-user",
+                    "-p",
+                    "xtask",
+                ])
+                .args(cargo_test_args),
+        )
+    })?;
     // The daemon tests run the real binary; the package tests read the
     // package of it (the install itself is `--package-lane`'s).
-    let deb = package::build(false, 1)?;
+    let deb = steps.time("package", || package::build(false, 1))?;
     // Measurements a stalled machine voided are taken again and logged
     // here (`limiter_tests::retry`); more than one fails the suite.
     let retries = root.join("target").join("retries.log");
@@ -73,21 +98,25 @@ pub fn run(cargo_test_args: &[String], lane: Option<&str>) -> anyhow::Result<()>
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.into()),
         _ => {}
     }
-    run::status(
-        cargo()
-            .args(["test", "-p", "limiter-tests"])
-            .args(cargo_test_args)
-            .env(RETRY_LOG_VAR, &retries)
-            .env("LIMITER_DEB", &deb),
-    )?;
+    steps.time("kernel and netns tests", || {
+        run::status(
+            cargo()
+                .args(["test", "-p", "limiter-tests"])
+                .args(cargo_test_args)
+                .env(RETRY_LOG_VAR, &retries)
+                .env("LIMITER_DEB", &deb),
+        )
+    })?;
     // The end-to-end lab's smoke test (real traffic through the real
     // daemon, and every benchmark scenario's filter installed).
-    run::status(
-        cargo()
-            .args(["test", "-p", "limiter-bench"])
-            .args(cargo_test_args)
-            .env(RETRY_LOG_VAR, &retries),
-    )?;
+    steps.time("end-to-end lab", || {
+        run::status(
+            cargo()
+                .args(["test", "-p", "limiter-bench"])
+                .args(cargo_test_args)
+                .env(RETRY_LOG_VAR, &retries),
+        )
+    })?;
     let retried: Vec<String> = match std::fs::read_to_string(&retries) {
         Ok(text) => text.lines().map(str::to_owned).collect(),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
@@ -112,7 +141,9 @@ pub fn run(cargo_test_args: &[String], lane: Option<&str>) -> anyhow::Result<()>
         );
         return Ok(());
     }
-    kernel::run(&kernel::select(kernel::DEFAULT_LANE)?)
+    steps.time("kernel lane", || {
+        kernel::run(&kernel::select(kernel::DEFAULT_LANE)?)
+    })
 }
 
 /// Effective uid 0, read from /proc so xtask needs no libc binding.
