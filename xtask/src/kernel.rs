@@ -23,8 +23,9 @@
 //! [`GUEST_SPOOFED_SOURCES`] sources instead (`LIMITER_SPOOFED_SOURCES`),
 //! and their floods against a [`GUEST_FLOOD_PPS`] limit
 //! (`LIMITER_FLOOD_PPS`), and the small limits' flood with
-//! [`GUEST_SMALL_FLOOD`] sources per rule (`LIMITER_SMALL_FLOOD`); the host
-//! suite keeps the full sizes.
+//! [`GUEST_SMALL_FLOOD`] sources per rule (`LIMITER_SMALL_FLOOD`), and
+//! the matching model's first [`GUEST_MODEL_SETS`] rule sets
+//! (`LIMITER_MODEL_SETS`); the host suite keeps the full sizes.
 
 use std::{
     ffi::OsString,
@@ -113,6 +114,11 @@ pub const GUEST_FLOOD_PPS: u32 = 1_000;
 /// The spoofed sources per rule of the small limits' flood in the guest
 /// (20,000 on the host).
 pub const GUEST_SMALL_FLOOD: u32 = 5_000;
+
+/// The rule sets the matching model tries in the guest (300 on the
+/// host, the same seed: the guest's are the host's first 100): each
+/// set is a push and 48 test runs, 0.1 s under emulation.
+pub const GUEST_MODEL_SETS: usize = 100;
 
 /// How long a KVM guest may take to reach its init before the lane falls
 /// back to software emulation.
@@ -380,6 +386,7 @@ fn verifier_init() -> String {
         .replace("@CHURN@", "0")
         .replace("@FLOOD@", "0")
         .replace("@SMALL@", "0")
+        .replace("@SETS@", "0")
 }
 
 /// The guest's line with `xdp-limiter check --output json`'s figures.
@@ -451,6 +458,7 @@ insmod /lib/modules/$(uname -r)/veth.ko || echo "LANE NOTE no veth module"
 ip link set lo up
 export HOME=/tmp RUST_BACKTRACE=1 XDP_LIMITER_BIN=/bin/xdp-limiter
 export LIMITER_SPOOFED_SOURCES=@CHURN@ LIMITER_FLOOD_PPS=@FLOOD@ LIMITER_SMALL_FLOOD=@SMALL@
+export LIMITER_MODEL_SETS=@SETS@
 cd /tmp
 @TESTS@
 echo "LANE DONE"
@@ -471,6 +479,7 @@ fn test_init() -> String {
         .replace("@CHURN@", &GUEST_SPOOFED_SOURCES.to_string())
         .replace("@FLOOD@", &GUEST_FLOOD_PPS.to_string())
         .replace("@SMALL@", &GUEST_SMALL_FLOOD.to_string())
+        .replace("@SETS@", &GUEST_MODEL_SETS.to_string())
 }
 
 /// Busybox applets the init uses (not `ip`: iproute2's own is copied).
