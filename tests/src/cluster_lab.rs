@@ -29,7 +29,7 @@ use std::{
     time::{Duration, Instant, SystemTime},
 };
 
-use limiter_user::kernel::{cluster, maps::Maps, pins};
+use limiter_user::kernel::{cluster, pins, Maps};
 
 use crate::{
     daemon::{Daemon, Files},

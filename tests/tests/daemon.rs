@@ -1103,7 +1103,7 @@ fn a_detach_takes_the_program_off_whoever_holds_its_link() {
     use aya::programs::links::{FdLink, PinnedLink};
     use limiter_user::{
         config::AttachMode,
-        kernel::{attach, LoadOptions},
+        kernel::{Instance, LoadOptions},
     };
     let lab = Lab::three_senders();
     let files = Files::new();
@@ -1112,7 +1112,7 @@ fn a_detach_takes_the_program_off_whoever_holds_its_link() {
             max_sources: 1024,
             ..LoadOptions::default()
         };
-        let mut instance = attach::load(RX_IF, &files.pin_dir, options).expect("load");
+        let mut instance = Instance::load(RX_IF, &files.pin_dir, options).expect("load");
         instance.attach(AttachMode::Native).expect("attach");
         let pin = files.pin_dir.join(RX_IF).join("link");
         let held = FdLink::from(PinnedLink::from_pin(&pin).expect("the pinned link"));

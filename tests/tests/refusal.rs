@@ -4,16 +4,13 @@
 //! the minutes of retries aya makes at its default log level. The refusing
 //! program is a test object every verifier finds too large
 //! (`limiter-bench-objects`' oversized program), loaded through the
-//! product's own load path (`kernel::object::load_xdp`).
+//! product's own load path (`kernel::load_xdp`).
 
 use std::time::Instant;
 
 use aya::EbpfLoader;
 use limiter_bench_objects::OVERSIZED_OBJECT;
-use limiter_user::kernel::{
-    object::{kernel_release, load_xdp, OLDEST_TESTED_KERNEL},
-    LoadError,
-};
+use limiter_user::kernel::{kernel_release, load_xdp, LoadError, OLDEST_TESTED_KERNEL};
 
 #[test]
 fn a_refused_program_gets_one_message_naming_kernel_program_reason_and_oldest_kernel() {

@@ -20,8 +20,7 @@ use serde::Serialize;
 
 use super::Output;
 use crate::kernel::{
-    self,
-    object::kernel_release,
+    self, kernel_release,
     verifier::{self, FunctionCost},
     LoadError, LoadOptions,
 };

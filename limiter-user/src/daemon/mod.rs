@@ -39,7 +39,7 @@ pub use self::{
     top_levels::NO_LEVELS,
 };
 use crate::{
-    kernel::attach::AttachError,
+    kernel::AttachError,
     lock,
     proto::{Reply, ResponseLine},
 };

@@ -12,7 +12,7 @@ use super::state::Daemon;
 use crate::{
     config::{self, AttachMode, Config, DaemonSection},
     fault,
-    kernel::{attach, Instance, LoadOptions},
+    kernel::{Instance, LoadOptions},
 };
 
 /// Options of `xdp-limiter run` that override the file.
@@ -96,7 +96,7 @@ pub fn protect_all(options: RunOptions, config: Config) -> anyhow::Result<Daemon
             max_hot_sources: Some(settings.max_hot_sources),
             ..LoadOptions::default()
         };
-        match attach::load(iface, &settings.pin_dir, options) {
+        match Instance::load(iface, &settings.pin_dir, options) {
             Ok(instance) => instances.push(instance),
             Err(e) => {
                 abandon(instances);

@@ -118,44 +118,11 @@ impl LinkCheck {
     }
 }
 
-/// Loads the program for `iface` against its pinned maps (adopting
-/// existing ones, creating and pinning the others). Nothing is attached
-/// yet: the caller pushes the rules into the maps first, then calls
-/// [`Instance::attach`], so a fresh attach enforces from its first frame.
-pub fn load(iface: &str, pin_dir: &Path, options: LoadOptions) -> Result<Instance, AttachError> {
-    if !nix::unistd::geteuid().is_root() {
-        return Err(AttachError::NotRoot);
-    }
-    nix::net::if_::if_nametoindex(iface).map_err(|_| AttachError::NoInterface(iface.into()))?;
-    pins::ensure_bpffs(pin_dir)?;
-    let dir = pins::iface_dir(pin_dir, iface);
-    pins::check_adoptable(pin_dir, &dir)?;
-    pins::drop_incompatible_pins(&dir, &options);
-    let maps_dir = pins::maps_dir(&dir);
-    pins::create_private_dir(&maps_dir)?;
-    let found_link = dir.join("link").exists();
-    let program = object::load(&LoadOptions {
-        pins: pins::map_pins(&maps_dir),
-        ..options
-    })
-    .map_err(|e| AttachError::Load(e.to_string()))?;
-    fault::stop_at(fault::Step::Loaded);
-    Ok(Instance {
-        iface: iface.into(),
-        program,
-        attachment: Attachment::Loaded,
-        found_link,
-        dir,
-        reattachments: 0,
-        link: LinkCheck::Attached,
-    })
-}
-
 /// The index of the interface the XDP link pinned at `path` is attached
 /// to: 0 once that interface is gone (the link is defunct); `None` when
 /// nothing is pinned there or the kernel does not say. Read from the
 /// link's `/proc/self/fdinfo` entry (`ifindex:`), found by its link id.
-pub fn pinned_link_ifindex(path: &Path) -> Option<u32> {
+fn pinned_link_ifindex(path: &Path) -> Option<u32> {
     let link = FdLink::from(PinnedLink::from_pin(path).ok()?);
     let id = link.info().ok()?.id().to_string();
     for entry in fs::read_dir("/proc/self/fdinfo").ok()?.flatten() {
@@ -176,6 +143,39 @@ pub fn pinned_link_ifindex(path: &Path) -> Option<u32> {
 }
 
 impl Instance {
+    /// Loads the program for `iface` against its pinned maps (adopting
+    /// existing ones, creating and pinning the others). Nothing is attached
+    /// yet: the caller pushes the rules into the maps first, then calls
+    /// [`Instance::attach`], so a fresh attach enforces from its first frame.
+    pub fn load(iface: &str, pin_dir: &Path, options: LoadOptions) -> Result<Self, AttachError> {
+        if !nix::unistd::geteuid().is_root() {
+            return Err(AttachError::NotRoot);
+        }
+        nix::net::if_::if_nametoindex(iface).map_err(|_| AttachError::NoInterface(iface.into()))?;
+        pins::ensure_bpffs(pin_dir)?;
+        let dir = pins::iface_dir(pin_dir, iface);
+        pins::check_adoptable(pin_dir, &dir)?;
+        pins::drop_incompatible_pins(&dir, &options);
+        let maps_dir = pins::maps_dir(&dir);
+        pins::create_private_dir(&maps_dir)?;
+        let found_link = dir.join("link").exists();
+        let program = object::load(&LoadOptions {
+            pins: pins::map_pins(&maps_dir),
+            ..options
+        })
+        .map_err(|e| AttachError::Load(e.to_string()))?;
+        fault::stop_at(fault::Step::Loaded);
+        Ok(Instance {
+            iface: iface.into(),
+            program,
+            attachment: Attachment::Loaded,
+            found_link,
+            dir,
+            reattachments: 0,
+            link: LinkCheck::Attached,
+        })
+    }
+
     /// Attaches the loaded program: onto the pinned link if there is one
     /// (one `bpf_link_update`: no moment without protection), else freshly
     /// in `mode`, pinning the new link.

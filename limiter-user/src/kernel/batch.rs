@@ -64,7 +64,7 @@ pub enum Resume {
 /// As [`for_each_per_cpu`], from `from`, stopping once at least `budget`
 /// entries were read. Returns how many were read and where to go on
 /// (`None`: the end of the map was reached).
-pub fn read_per_cpu<K: Pod, V: Pod>(
+pub(crate) fn read_per_cpu<K: Pod, V: Pod>(
     fd: BorrowedFd<'_>,
     cpus: usize,
     from: Resume,

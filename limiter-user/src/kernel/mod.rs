@@ -8,23 +8,32 @@
 //! The daemon, the CLI's `check` and `detach`, and the tests build on this
 //! module; nothing here knows about the daemon's loop or the control
 //! protocol.
+//!
+//! Its doors: the loading and attaching machinery (`object`, `maps`,
+//! `attach`, `sys`) is private behind the types and functions re-exported
+//! here; the operations on a loaded program's maps are modules of their
+//! own (`read::sources`, `push::push`, `cluster::share`, ...), each
+//! showing only what the daemon, the CLI and the tests call.
 
-pub mod attach;
+mod attach;
 pub mod batch;
 pub mod cluster;
-pub mod maps;
-pub mod object;
+mod maps;
+mod object;
 pub mod penalty;
 pub mod pins;
 pub mod push;
 pub mod read;
-pub mod sys;
+mod sys;
 pub mod verifier;
 pub mod windows;
 
-pub use attach::{Attachment, Instance, LinkCheck};
+pub use attach::{AttachError, Attachment, Instance, LinkCheck};
 pub use maps::Maps;
-pub use object::{load, LoadError, LoadOptions, Program, EBPF_OBJECT};
+pub use object::{
+    kernel_release, load, load_xdp, LoadError, LoadOptions, Program, Refusal, Verified,
+    EBPF_OBJECT, OLDEST_TESTED_KERNEL,
+};
 
 /// Why a map of the program could not be opened, read or written.
 #[derive(Debug, thiserror::Error)]

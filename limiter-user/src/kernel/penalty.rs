@@ -20,7 +20,7 @@ const BPF_EXIST: u64 = 2;
 
 /// Whether `key` is blocked at `now_ns` by the rule at `RULES` index
 /// `rule_index` (its window is keyed by the rule's budget).
-pub fn is_blocked(maps: &Maps, key: &SourceKey, rule_index: u32, now_ns: u64) -> bool {
+pub(crate) fn is_blocked(maps: &Maps, key: &SourceKey, rule_index: u32, now_ns: u64) -> bool {
     let Ok(rule) = maps.rule(rule_index) else {
         return false;
     };

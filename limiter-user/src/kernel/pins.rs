@@ -65,7 +65,7 @@ pub fn iface_dir(pin_dir: &Path, iface: &str) -> PathBuf {
 
 /// Mode of the directories the daemon creates, and of bpffs when the
 /// daemon mounts it: only root may see or place pins.
-pub const PRIVATE_MODE: u32 = 0o700;
+pub(crate) const PRIVATE_MODE: u32 = 0o700;
 
 /// `statfs` magic of bpffs.
 const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
@@ -127,7 +127,7 @@ pub fn maps_dir(iface_dir: &Path) -> PathBuf {
 
 /// Creates `dir` and any missing parent with mode 0700 (an existing one
 /// is left as it is; [`check_adoptable`] judged it).
-pub fn create_private_dir(dir: &Path) -> Result<(), PinError> {
+pub(crate) fn create_private_dir(dir: &Path) -> Result<(), PinError> {
     fs::DirBuilder::new()
         .recursive(true)
         .mode(PRIVATE_MODE)
@@ -241,7 +241,7 @@ fn spec_mismatch(path: &Path, spec: &MapSpec) -> Option<String> {
 /// version must have the table's type, key size and value size. Nothing
 /// missing is an error (it is created afresh), and nothing is changed: a
 /// refused start leaves the pins, and any protection they hold, in place.
-pub fn check_adoptable(pin_dir: &Path, iface_dir: &Path) -> Result<(), PinError> {
+pub(crate) fn check_adoptable(pin_dir: &Path, iface_dir: &Path) -> Result<(), PinError> {
     check_trusted(pin_dir, true)?;
     check_trusted(iface_dir, true)?;
     check_trusted(&iface_dir.join("link"), false)?;
@@ -275,7 +275,7 @@ pub fn check_adoptable(pin_dir: &Path, iface_dir: &Path) -> Result<(), PinError>
 /// whose capacity differs (`max_sources` changed). Run after
 /// [`check_adoptable`], which refuses maps of this version of another type
 /// or key or value size.
-pub fn drop_incompatible_pins(iface_dir: &Path, options: &LoadOptions) {
+pub(crate) fn drop_incompatible_pins(iface_dir: &Path, options: &LoadOptions) {
     let current = maps_dir(iface_dir);
     if let Ok(entries) = fs::read_dir(iface_dir) {
         for entry in entries.filter_map(Result::ok) {
@@ -292,7 +292,7 @@ pub fn drop_incompatible_pins(iface_dir: &Path, options: &LoadOptions) {
 
 /// Where each pinned map of this layout lives in `maps_dir`, for
 /// [`LoadOptions::pins`](super::LoadOptions::pins).
-pub fn map_pins(maps_dir: &Path) -> Vec<(&'static str, PathBuf)> {
+pub(crate) fn map_pins(maps_dir: &Path) -> Vec<(&'static str, PathBuf)> {
     PINNED
         .iter()
         .map(|spec| (spec.name, maps_dir.join(spec.name)))
@@ -323,7 +323,7 @@ fn drop_mismatched_sizes(maps_dir: &Path, options: &LoadOptions) {
 /// before it is unpinned (so the program is off when this returns, even
 /// if something else holds the link), then the maps of every layout
 /// version. Missing pins are fine.
-pub fn remove_pins(dir: &Path) -> Result<(), PinError> {
+pub(crate) fn remove_pins(dir: &Path) -> Result<(), PinError> {
     let link = dir.join("link");
     if let Ok(fd) = sys::obj_get(&link) {
         // A link whose interface is gone is detached already; either way
@@ -383,13 +383,13 @@ fn remove_dir_of_pins(dir: &Path) -> Result<(), PinError> {
 
 /// Whether anything of an interface is pinned in `dir` (its link or its
 /// maps).
-pub fn is_pinned(dir: &Path) -> bool {
+pub(crate) fn is_pinned(dir: &Path) -> bool {
     dir.join("link").exists() || MapData::from_pin(maps_dir(dir).join(names::CONFIG)).is_ok()
 }
 
 /// The interfaces with a directory of pins under `pin_dir` (none if it
 /// does not exist).
-pub fn pinned_interfaces(pin_dir: &Path) -> Vec<String> {
+pub(crate) fn pinned_interfaces(pin_dir: &Path) -> Vec<String> {
     fs::read_dir(pin_dir)
         .map(|entries| {
             entries

@@ -77,7 +77,7 @@ pub fn outcomes(maps: &Maps) -> Result<BTreeMap<&'static str, Vec<Counter>>, Map
 }
 
 /// Each outcome's counter summed over CPUs, in `Outcome` order.
-pub fn outcome_totals(maps: &Maps) -> Result<Vec<Counter>, MapsError> {
+pub(crate) fn outcome_totals(maps: &Maps) -> Result<Vec<Counter>, MapsError> {
     let outcomes = outcomes(maps)?;
     Ok(Outcome::ALL
         .iter()
@@ -114,7 +114,7 @@ pub fn level_drops(maps: &Maps) -> Result<Vec<u64>, MapsError> {
 /// Dropped (or would-drop) frames per level of the `RULES` index `rule`,
 /// summed over CPUs: its [`MAX_LEVELS`] entries of `LEVEL_DROPS` only (the
 /// daemon reads the rules that have levels, not the whole map, each tick).
-pub fn rule_level_drops(maps: &Maps, rule: u32) -> Result<[u64; MAX_LEVELS], MapsError> {
+pub(crate) fn rule_level_drops(maps: &Maps, rule: u32) -> Result<[u64; MAX_LEVELS], MapsError> {
     let mut drops = [0; MAX_LEVELS];
     for (level, total) in drops.iter_mut().enumerate() {
         let values = maps
@@ -141,7 +141,7 @@ pub fn aggregates(
 
 /// As [`aggregates`], visiting at most `cap` entries (a per-tick budget);
 /// whether it reached the end.
-pub fn aggregates_capped(
+pub(crate) fn aggregates_capped(
     maps: &Maps,
     cap: usize,
     each: impl FnMut(&LevelKey, &LevelWindow),

@@ -56,7 +56,7 @@ struct LinkDetachAttr {
 }
 
 /// Opens the BPF object pinned at `path` (`BPF_OBJ_GET`).
-pub fn obj_get(path: &Path) -> io::Result<OwnedFd> {
+pub(super) fn obj_get(path: &Path) -> io::Result<OwnedFd> {
     let name = CString::new(path.as_os_str().as_bytes())
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
     let mut attr = ObjGetAttr {
@@ -77,7 +77,7 @@ pub fn obj_get(path: &Path) -> io::Result<OwnedFd> {
 /// holds a reference to the link (otherwise the link, and the program on
 /// the interface, live until the last reference goes; bpffs drops an
 /// unlinked pin's only after an RCU grace period).
-pub fn link_detach(link: impl AsFd) -> io::Result<()> {
+pub(super) fn link_detach(link: impl AsFd) -> io::Result<()> {
     let mut attr = LinkDetachAttr {
         link_fd: link.as_fd().as_raw_fd() as u32,
     };
