@@ -325,10 +325,11 @@ fn main() {
     // reads each, and hands those sending to the known-source sample (a
     // keyed hash each; 1 in 64 kept at a million sources) and the history.
     let rules = Config::parse("", "bench").expect("defaults").rules;
+    let compiled = limiter_user::rules::compile(&rules, 0, 1).expect("the default rule");
     let mut sampled = 0;
     let known_walk = measure(|| {
         let mut known = Known::default();
-        known.set_rules(&rules);
+        known.set_rules(&rules, &compiled, 0);
         let mut history = History::new(Duration::from_secs(3600));
         let mut reclaim = Reclaim::default();
         let now_ns = kernel::now().as_nanos() as u64;

@@ -26,10 +26,10 @@ use std::{
 };
 
 use ipnet::IpNet;
-use limiter_common::{rules::NO_RULE, SourceKey};
+use limiter_common::{rules::NO_RULE, RuleRefs, SourceKey};
 
 use super::history::{History, SeriesKey};
-use crate::rules::{compile, RuleSet};
+use crate::rules::{Compiled, RuleSet};
 
 /// Sources held at most.
 pub const CAPACITY: usize = 16_384;
@@ -103,10 +103,10 @@ impl Known {
         }
     }
 
-    /// The rules in force (after every push): names and window keys
-    /// resolve against them.
-    pub fn set_rules(&mut self, rules: &RuleSet) {
-        self.resolver = Resolver::new(rules);
+    /// The rules in force (after every push: `compiled` the tables the
+    /// push wrote at `base`): names and window keys resolve against them.
+    pub fn set_rules(&mut self, rules: &RuleSet, compiled: &Compiled, base: u32) {
+        self.resolver = Resolver::new(rules, compiled, base);
         self.rules_seen += 1;
     }
 
@@ -273,21 +273,26 @@ struct Resolver {
 }
 
 impl Resolver {
-    fn new(rules: &RuleSet) -> Self {
+    /// From the tables a push compiled for `rules` at `base` (their
+    /// `RULES` indices less `base` are the rules' positions).
+    fn new(rules: &RuleSet, compiled: &Compiled, base: u32) -> Self {
         let names = rules.specs().map(|s| Arc::from(s.name.as_str())).collect();
-        let Ok(compiled) = compile(rules, 0, 1) else {
-            return Self::default();
-        };
         let budgets = compiled.rules.iter().map(|r| r.budget).collect();
+        let positions = |refs: &RuleRefs| -> Vec<u32> {
+            refs.rules
+                .iter()
+                .map(|&r| if r == NO_RULE { NO_RULE } else { r - base })
+                .collect()
+        };
         let mut prefixes: Vec<(IpNet, Vec<u32>)> = Vec::new();
         for (len, addr, refs) in &compiled.v4 {
             if let Ok(net) = ipnet::Ipv4Net::new((*addr).into(), *len) {
-                prefixes.push((net.into(), refs.rules.to_vec()));
+                prefixes.push((net.into(), positions(refs)));
             }
         }
         for (len, addr, refs) in &compiled.v6 {
             if let Ok(net) = ipnet::Ipv6Net::new((*addr).into(), *len) {
-                prefixes.push((net.into(), refs.rules.to_vec()));
+                prefixes.push((net.into(), positions(refs)));
             }
         }
         prefixes.sort_by_key(|(net, _)| std::cmp::Reverse(net.prefix_len()));
@@ -316,10 +321,23 @@ impl Resolver {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Config;
+    use crate::{config::Config, rules::compile};
 
     fn rules(text: &str) -> RuleSet {
         Config::parse(text, "t.toml").unwrap().rules
+    }
+
+    /// The base of the second half of `RULES`, where a push's tables
+    /// hold indices that are not the rules' positions.
+    const BASE: u32 = limiter_common::rules::rules_base(1);
+
+    fn resolver(set: &RuleSet) -> Resolver {
+        Resolver::new(set, &compile(set, BASE, 1).unwrap(), BASE)
+    }
+
+    fn set_rules(known: &mut Known, text: &str) {
+        let set = rules(text);
+        known.set_rules(&set, &compile(&set, BASE, 1).unwrap(), BASE);
     }
 
     fn reading(key: SourceKey, pps: u64, refused: bool, dropped: Option<u64>) -> Reading {
@@ -337,7 +355,8 @@ mod tests {
             "[[rules]]\nname = \"net\"\ncidr = \"10.0.0.0/8\"\npps = 5\n\n\
              [[rules]]\nname = \"dns\"\ncidr = \"10.0.0.0/8\"\nprotocol = \"udp\"\nports = \"53\"\npps = 5\n",
         );
-        let resolver = Resolver::new(&set);
+        assert_ne!(BASE, 0);
+        let resolver = resolver(&set);
         let inside = SourceKey::v4([10, 1, 2, 3]);
         assert_eq!(resolver.rule_of(&inside).as_deref(), Some("net"));
         assert_eq!(
@@ -354,7 +373,7 @@ mod tests {
     fn a_source_counts_once_a_slot_at_its_highest_rate_and_refused_apart() {
         let mut history = History::new(Duration::from_secs(60));
         let mut known = Known::default();
-        known.set_rules(&rules("[default]\npps = 100\n"));
+        set_rules(&mut known, "[default]\npps = 100\n");
         let key = SourceKey::v4([192, 0, 2, 1]);
         let second = 1_000_000_000u64;
         let at = 100 * second;
@@ -403,7 +422,7 @@ mod tests {
     fn the_sample_stays_within_its_capacity_and_uniform() {
         let mut history = History::new(Duration::from_secs(60));
         let mut known = Known::with_capacity(1_000);
-        known.set_rules(&rules("[default]\npps = 100\n"));
+        set_rules(&mut known, "[default]\npps = 100\n");
         for i in 0..100_000u32 {
             let key = SourceKey::v4(i.to_be_bytes());
             known.observe(

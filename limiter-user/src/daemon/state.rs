@@ -127,12 +127,13 @@ impl Daemon {
             .iter_mut()
             .map(|i| &mut i.instance.program.maps)
             .collect();
-        let generation = push_all(&mut maps, rules)?;
+        let pushed = push_all(&mut maps, rules)?;
+        let generation = pushed.generation;
         let base = rules_base(generation);
         self.metrics.rules_pushed(base);
         self.metrics.record_rule_limits(&rule_limits(rules));
         self.generation = generation;
-        self.known.set_rules(rules);
+        self.known.set_rules(rules, &pushed.compiled, base);
         if let Ok(mut table) = self.rules.write() {
             table.replace(rules, base);
         }

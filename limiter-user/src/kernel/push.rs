@@ -49,12 +49,21 @@ fn set_config(maps: &mut Maps, config: Config) -> Result<(), MapsError> {
 
 /// Validates `set` and makes it live on one instance; the new generation.
 pub fn push(maps: &mut Maps, set: &RuleSet) -> Result<u32, PushError> {
-    push_all(&mut [maps], set)
+    push_all(&mut [maps], set).map(|pushed| pushed.generation)
+}
+
+/// A rule set made live: its generation and the tables compiled for it
+/// (what the kernel now reads; the daemon resolves window keys to rules
+/// with them rather than compiling the set again).
+#[derive(Debug)]
+pub struct Pushed {
+    pub generation: u32,
+    pub compiled: Compiled,
 }
 
 /// Validates `set` and makes it live on every instance as one generation
-/// (one more than the newest live one), or on none; the new generation.
-pub fn push_all(instances: &mut [&mut Maps], set: &RuleSet) -> Result<u32, PushError> {
+/// (one more than the newest live one), or on none.
+pub fn push_all(instances: &mut [&mut Maps], set: &RuleSet) -> Result<Pushed, PushError> {
     let mut live = Vec::with_capacity(instances.len());
     for maps in instances.iter() {
         live.push(maps.live_config()?);
@@ -89,7 +98,10 @@ pub fn push_all(instances: &mut [&mut Maps], set: &RuleSet) -> Result<u32, PushE
             return Err(e.into());
         }
     }
-    Ok(generation)
+    Ok(Pushed {
+        generation,
+        compiled,
+    })
 }
 
 /// Writes generation `generation`'s half on one instance whose live
