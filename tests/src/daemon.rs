@@ -338,12 +338,30 @@ impl Daemon {
         fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    /// Waits (bounded) until the log contains `needle`.
+    /// Waits (bounded) until the log contains `needle`. When it never
+    /// does, the panic shows the log and the daemon's frame and event
+    /// counters, which tell frames that never reached the program from
+    /// events the daemon did not log.
     pub fn wait_log(&self, needle: &str) {
         let said = wait_until(Duration::from_secs(10), Duration::from_millis(20), || {
             self.log().contains(needle).then_some(())
         });
-        assert!(said.is_some(), "log never said {needle:?}:\n{}", self.log());
+        if said.is_none() {
+            let counters: Vec<String> = self
+                .try_metrics()
+                .unwrap_or_default()
+                .lines()
+                .filter(|l| {
+                    !l.starts_with('#') && (l.contains("packets_total") || l.contains("event"))
+                })
+                .map(str::to_string)
+                .collect();
+            panic!(
+                "log never said {needle:?}:\n{}\ncounters:\n{}",
+                self.log(),
+                counters.join("\n")
+            );
+        }
     }
 
     /// Thread ids of the daemon (e.g. to pin them).
