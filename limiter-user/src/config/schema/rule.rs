@@ -9,7 +9,9 @@ use limiter_common::{Action, Scope};
 use serde::{Deserialize, Serialize};
 
 use super::FieldError;
-use crate::rules::{LevelSpec, DEFAULT_RULE_NAME, PROTO_ICMP, PROTO_ICMPV6, PROTO_TCP, PROTO_UDP};
+use crate::rules::{
+    LevelSpec, Limits, DEFAULT_RULE_NAME, PROTO_ICMP, PROTO_ICMPV6, PROTO_TCP, PROTO_UDP,
+};
 
 /// A protocol by name or number.
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
@@ -206,7 +208,9 @@ fn is_node(scope: &Scope) -> bool {
 }
 
 impl Default for RuleSection {
+    /// A rule's limits default as [`Limits`] does.
     fn default() -> Self {
+        let limits = Limits::default();
         Self {
             name: None,
             cidr: None,
@@ -214,12 +218,12 @@ impl Default for RuleSection {
             protocol: None,
             ports: None,
             tcp_syn: false,
-            pps: None,
-            bytes_per_second: None,
-            burst_packets: 0,
-            burst_bytes: 0,
-            window: Duration::from_secs(1),
-            block: None,
+            pps: limits.pps,
+            bytes_per_second: limits.bytes_per_second,
+            burst_packets: limits.burst_packets,
+            burst_bytes: limits.burst_bytes,
+            window: limits.window,
+            block: limits.block,
             dry_run: None,
             scope: Scope::Node,
             levels: Vec::new(),
