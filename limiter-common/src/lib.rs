@@ -20,6 +20,7 @@ extern crate std;
 pub mod cluster;
 pub mod event;
 pub mod keys;
+pub mod lists;
 pub mod maps;
 pub mod rules;
 pub mod sketch;

@@ -35,6 +35,8 @@ pub enum Sizing {
     Sources = 1,
     /// `max_hot_sources`: sources with per-CPU state.
     HotSources = 2,
+    /// Twice `max_list_prefixes`: the list tries.
+    Lists = 3,
 }
 
 /// The BPF map type of a [`MapSpec`] (what the key size means depends on it).
@@ -114,6 +116,7 @@ impl MapSpec {
             (_, Sizing::Sources) => Some(max_sources),
             (_, Sizing::HotSources) => Some(max_hot_sources),
             (_, Sizing::Fixed) => Some(self.max_entries),
+            (_, Sizing::Lists) => None,
         }
     }
 
@@ -251,7 +254,7 @@ mod tests {
 
     #[test]
     fn the_daemon_pins_the_state_and_rule_maps() {
-        let pinned: [&str; 17] = PINNED.map(|spec| spec.name);
+        let pinned: [&str; 22] = PINNED.map(|spec| spec.name);
         assert_eq!(
             pinned,
             [
@@ -267,6 +270,11 @@ mod tests {
                 "PRESSURE",
                 "PREFIXES_V4",
                 "PREFIXES_V6",
+                "LISTS_V4",
+                "LISTS_V6",
+                "LIST_HITS",
+                "BANS_V4",
+                "BANS_V6",
                 "SKETCH",
                 "SHARE_MARKS",
                 "HOLDS",
@@ -288,6 +296,8 @@ mod tests {
         assert_eq!(PRESSURE.expected_max_entries(1000, 10), Some(1));
         assert_eq!(SHARE_MARKS.expected_max_entries(1000, 10), Some(1 << 16));
         assert_eq!(PREFIXES_V4.expected_max_entries(1000, 10), None);
+        assert_eq!(LISTS_V4.expected_max_entries(1000, 10), None);
+        assert_eq!(LISTS_V4.sizing, Sizing::Lists);
         assert_eq!(
             CLUSTER_SHARES.expected_max_entries(1000, 10),
             Some(DEFAULT_MAX_CLUSTER_SOURCES)
@@ -303,14 +313,14 @@ mod tests {
     #[test]
     fn sizes_of_the_layout() {
         // The sizes a pinned map of this layout version has.
-        let sizes: [(&str, u32, u32); 17] = PINNED.map(|s| (s.name, s.key_size, s.value_size));
+        let sizes: [(&str, u32, u32); 22] = PINNED.map(|s| (s.name, s.key_size, s.value_size));
         assert_eq!(
             sizes,
             [
                 ("SOURCES", 20, 184),
                 ("WINDOWS", 20, 296),
                 ("STATS", 4, 16),
-                ("CONFIG", 4, 80),
+                ("CONFIG", 4, 84),
                 ("RULES", 4, 328),
                 ("RULE_DROPS", 4, 8),
                 ("LEVEL_DROPS", 4, 8),
@@ -319,6 +329,11 @@ mod tests {
                 ("PRESSURE", 4, 8),
                 ("PREFIXES_V4", 9, 132),
                 ("PREFIXES_V6", 21, 132),
+                ("LISTS_V4", 9, 4),
+                ("LISTS_V6", 21, 4),
+                ("LIST_HITS", 4, 16),
+                ("BANS_V4", 8, 64),
+                ("BANS_V6", 20, 64),
                 ("SKETCH", 4, 16),
                 ("SHARE_MARKS", 4, 8),
                 ("HOLDS", 20, 16),

@@ -92,11 +92,16 @@ pub enum Outcome {
     /// aggregates were), so nothing is admitted twice; the refusing side
     /// (counted here besides its verdict).
     FullSeeded = 16,
+    /// The frame's source is banned (`xdp-limiter ban`, fail2ban,
+    /// CrowdSec): refused as a deny (counted here besides its verdict).
+    /// A list's frames count under their verdict (`Allowed`,
+    /// `DroppedDeny`) and in their list's `LIST_HITS`.
+    Banned = 17,
 }
 
 impl Outcome {
     /// Number of outcomes: the `STATS` array length.
-    pub const COUNT: u32 = 17;
+    pub const COUNT: u32 = 18;
 
     /// Every outcome, in index order.
     pub const ALL: [Outcome; Self::COUNT as usize] = [
@@ -117,6 +122,7 @@ impl Outcome {
         Outcome::HoldFailed,
         Outcome::AggregateFull,
         Outcome::FullSeeded,
+        Outcome::Banned,
     ];
 
     /// The verdicts, `Passed` through `Malformed`: every frame counts under
@@ -143,6 +149,7 @@ impl Outcome {
             Outcome::HoldFailed => "hold_failed",
             Outcome::AggregateFull => "aggregate_full",
             Outcome::FullSeeded => "full_seeded",
+            Outcome::Banned => "banned",
         }
     }
 }

@@ -3,6 +3,7 @@
 //!
 //! - `config`: the TOML file's form and its validation;
 //! - `rules`: operator rules compiled into what the kernel reads;
+//! - `lists`: `[[lists]]` read from files and merged into trie entries;
 //! - `kernel`: loading, maps, pins, attaching, pushing, reading back;
 //! - `daemon`: `xdp-limiter run` (state, loop, aggregation, metrics,
 //!   events, control socket);
@@ -18,6 +19,7 @@ pub mod daemon;
 pub mod fault;
 pub mod guard;
 pub mod kernel;
+pub mod lists;
 pub mod lock;
 pub mod logs;
 pub mod proto;

@@ -9,7 +9,7 @@
 //! was.
 //!
 //! Lines that would change the state if accepted (`mode`, `reload`,
-//! `unblock`, `detach`, and rule edits the library accepts) are not sent,
+//! `unblock`, `detach`, `ban`, `unban`, and rule edits the library accepts) are not sent,
 //! except behind another request on one connection, where they must not be
 //! executed. The seed is fixed: a failure names the line and reproduces.
 
@@ -143,6 +143,7 @@ struct State {
     generation: u32,
     dry_run: bool,
     rules: usize,
+    bans: usize,
     /// Name, attach mode and program id of each interface.
     interfaces: Vec<(String, limiter_user::kernel::Attachment, u32)>,
     /// The `rule-list` reply.
@@ -164,6 +165,7 @@ impl State {
             generation: status.generation,
             dry_run: status.dry_run,
             rules: status.rules,
+            bans: status.bans,
             interfaces: status
                 .interfaces
                 .iter()
@@ -184,6 +186,7 @@ enum Expect {
     Status,
     Top,
     RuleList,
+    Bans,
 }
 
 /// The answer `line` must get from a daemon running `file`, as the
@@ -202,9 +205,15 @@ fn predict(line: &str, file: &FileConfig) -> Option<Expect> {
             Err(message) => Some(Expect::Refused(message)),
             Ok(_) => None,
         },
-        Ok(Request::Mode { .. } | Request::Reload | Request::Unblock { .. } | Request::Detach) => {
-            None
-        }
+        Ok(Request::Bans) => Some(Expect::Bans),
+        Ok(
+            Request::Mode { .. }
+            | Request::Reload
+            | Request::Unblock { .. }
+            | Request::Detach
+            | Request::Ban { .. }
+            | Request::Unban { .. },
+        ) => None,
         // Its answer depends on the traffic seen (and with `apply` it
         // changes the rules): tests/tests/suggest.rs checks it.
         Ok(Request::Suggest { .. }) => None,
@@ -223,6 +232,9 @@ impl Expect {
                 assert_eq!(&now, before, "{line:?}: the state changed");
             }
             (Expect::Top, Response::Ok(Reply::Top { .. })) => {}
+            (Expect::Bans, Response::Ok(Reply::Bans { bans })) => {
+                assert!(bans.is_empty(), "{line:?}: a ban appeared: {bans:?}")
+            }
             (Expect::RuleList, Response::Ok(reply)) => {
                 assert_eq!(reply, &before.rule_list, "{line:?}: the rules changed")
             }
@@ -239,13 +251,14 @@ struct Tally {
     status: usize,
     top: usize,
     rule_list: usize,
+    bans: usize,
     /// Would change the state: not sent.
     skipped: usize,
 }
 
 impl Tally {
     fn sent(&self) -> usize {
-        self.refused_parse + self.refused_edit + self.status + self.top + self.rule_list
+        self.refused_parse + self.refused_edit + self.status + self.top + self.rule_list + self.bans
     }
 
     fn count(&mut self, expect: &Expect, line: &str) {
@@ -255,6 +268,7 @@ impl Tally {
             Expect::Status => self.status += 1,
             Expect::Top => self.top += 1,
             Expect::RuleList => self.rule_list += 1,
+            Expect::Bans => self.bans += 1,
         }
     }
 }

@@ -433,16 +433,18 @@ fn the_verifier_work_by_function_adds_up_to_the_kernels_figure() {
 /// The map table in `limiter_common::maps` describes the loaded program:
 /// every map it defines and no other, with the kernel's own figures for
 /// type, key and value sizes and capacity (`max_sources` and
-/// `max_hot_sources` for the maps sized by them). The kernel crate checks names and sizes when it
+/// `max_hot_sources` for the maps sized by them, twice `max_list_prefixes`
+/// for the list tries). The kernel crate checks names and sizes when it
 /// builds; this checks what the kernel made of them.
 #[test]
 fn the_loaded_maps_are_the_table() {
     use aya::maps::MapType;
     use limiter_common::maps::{MapKind, Sizing, ALL};
-    let (max_sources, max_hot_sources) = (1_000, 100);
+    let (max_sources, max_hot_sources, max_list_prefixes) = (1_000, 100, 10);
     let capacity = |sizing| match sizing {
         Sizing::Sources => Some(max_sources),
         Sizing::HotSources => Some(max_hot_sources),
+        Sizing::Lists => Some(2 * max_list_prefixes),
         Sizing::Fixed => None,
     };
     // The object as the kernel creates its maps, before the product's

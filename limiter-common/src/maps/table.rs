@@ -146,6 +146,32 @@ macro_rules! for_each_map {
             PREFIXES_V6(prefixes_v6): LpmTrie<$crate::rules::PrefixKeyV6, $crate::RuleRefs>,
                 Fixed(4096), pinned;
 
+            /// IPv4 prefixes of the `[[lists]]`, in two halves like the rule
+            /// tries (`lists`): `rules::PrefixKeyV4` -> `ListRef`. Twice
+            /// `max_list_prefixes`: the next lists are written beside the live
+            /// ones. Full, a list load fails as a whole and the live lists stay.
+            LISTS_V4(lists_v4): LpmTrie<$crate::rules::PrefixKeyV4, $crate::lists::ListRef>,
+                Lists($crate::lists::DEFAULT_MAX_LIST_PREFIXES * 2), pinned;
+
+            /// IPv6 prefixes of the `[[lists]]` (`rules::PrefixKeyV6`) -> `ListRef`.
+            LISTS_V6(lists_v6): LpmTrie<$crate::rules::PrefixKeyV6, $crate::lists::ListRef>,
+                Lists($crate::lists::DEFAULT_MAX_LIST_PREFIXES * 2), pinned;
+
+            /// Frames judged by each list (index: the list's position in the
+            /// configuration), per CPU.
+            LIST_HITS(list_hits): PerCpuArray<u32, $crate::Counter>,
+                Fixed($crate::lists::MAX_LISTS as u32), pinned;
+
+            /// IPv4 bans: the prefix's address -> `Ban` (its end by the kernel's
+            /// clock). Pinned: bans outlive the daemon. Full, a new ban is
+            /// refused with an error (`lists::MAX_BANS`).
+            BANS_V4(bans_v4): LpmTrie<[u8; 4], $crate::lists::Ban>,
+                Fixed($crate::lists::MAX_BANS), pinned;
+
+            /// IPv6 bans: the prefix's address -> `Ban`.
+            BANS_V6(bans_v6): LpmTrie<[u8; 16], $crate::lists::Ban>,
+                Fixed($crate::lists::MAX_BANS), pinned;
+
             /// Ring buffer of `LimitEvent`s (its capacity in bytes): "source
             /// limited" events for the daemon's log, and "cluster hot" reports
             /// for its cluster sync.

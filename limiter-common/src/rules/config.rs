@@ -38,7 +38,14 @@ pub struct Config {
     /// Non-zero: a rule has a level keyed by the destination, so the
     /// kernel keeps each frame's destination address ([`Config::destinations`]).
     pub(super) destinations: u8,
-    pub(super) _pad: u8,
+    /// Bit 0: the live lists hold IPv4 prefixes; bit 1: IPv6 ones
+    /// ([`Config::lists`]). Kept across rule pushes.
+    pub(super) lists: u8,
+    /// The half of the list tries the kernel reads (`lists`).
+    pub list_half: u8,
+    /// Non-zero: the ban tries may hold bans ([`Config::bans`]).
+    pub(super) bans: u8,
+    pub(super) _pad: [u8; 2],
 }
 
 impl Config {
@@ -59,8 +66,44 @@ impl Config {
             tiered: 0,
             cheap_max: 0,
             destinations: 0,
-            _pad: 0,
+            lists: 0,
+            list_half: 0,
+            bans: 0,
+            _pad: [0; 2],
         }
+    }
+
+    /// Whether the live lists hold prefixes of IPv4 (`v4`) or IPv6
+    /// sources: only then does a frame look its source up in them.
+    #[inline(always)]
+    pub const fn lists(&self, v4: bool) -> bool {
+        self.lists & if v4 { 1 } else { 2 } != 0
+    }
+
+    /// Which families the live lists hold prefixes of, in half `half`.
+    pub fn set_lists(&mut self, v4: bool, v6: bool, half: u8) {
+        self.lists = u8::from(v4) | (u8::from(v6) << 1);
+        self.list_half = half;
+    }
+
+    /// Whether a ban may exist: only then does a frame look its source up
+    /// in the ban tries.
+    #[inline(always)]
+    pub const fn bans(&self) -> bool {
+        self.bans != 0
+    }
+
+    pub fn set_bans(&mut self, bans: bool) {
+        self.bans = u8::from(bans);
+    }
+
+    /// This configuration with `live`'s lists and bans: a rule push
+    /// changes neither.
+    pub fn keep_lists_of(mut self, live: &Config) -> Self {
+        self.lists = live.lists;
+        self.list_half = live.list_half;
+        self.bans = live.bans;
+        self
     }
 
     /// Whether a live rule has a level keyed by the destination: only then

@@ -170,7 +170,7 @@ fn abi_sizes_have_no_implicit_padding() {
     assert_eq!(size_of::<TrafficClass>(), 8);
     assert_eq!(
         size_of::<Config>(),
-        4 + 4 + 16 + 16 + 8 * MAX_CLASSES + 4 + 1 + 1 + 2
+        4 + 4 + 16 + 16 + 8 * MAX_CLASSES + 4 + 1 + 1 + 1 + 3 + 2
     );
     assert_eq!(size_of::<RuleRefs>(), 4 * FRAME_CLASSES);
 }

@@ -4,7 +4,7 @@
 //! hold, lease and rule cache), `window` (the shared window: `limit`),
 //! `cluster` (a cluster-scoped rule's allowance and hot reports),
 //! `level` (a rule's further levels: aggregates and other windows), and
-//! `verdict` (what the frame becomes and how a refusal is counted);
+//! `lists` (lists and bans, judged first), `verdict` (what the frame becomes and how a refusal is counted);
 //! `scratch` holds the per-CPU scratch they build large values in.
 //!
 //! The design (costs by path, first frames, tiers, cluster scope, and why
@@ -15,6 +15,7 @@ mod cluster;
 mod hot;
 mod key;
 mod level;
+mod lists;
 mod scratch;
 mod tier;
 mod verdict;
@@ -43,6 +44,9 @@ pub fn judge(ctx: &XdpContext, packet: &Packet, len: u64) -> Verdict {
     let Some(config) = CONFIG.get(0) else {
         return pass(Outcome::Passed);
     };
+    if let Some(verdict) = lists::listed(config, &packet.source, now, len) {
+        return verdict;
+    }
     if config.generation == 0 {
         // No rules loaded yet: count each address, pass everything.
         hot::record_offered(&packet.source, now, len);

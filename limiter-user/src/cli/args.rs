@@ -35,6 +35,13 @@ pub enum Command {
     Mode(ModeArgs),
     /// Lift the penalties of every source inside a prefix, now.
     Unblock(UnblockArgs),
+    /// Drop every frame from a prefix for a while, whatever the rules say
+    /// (an allow list still passes it): fail2ban's and CrowdSec's way in.
+    Ban(BanArgs),
+    /// Lift the ban of exactly this prefix.
+    Unban(UnblockArgs),
+    /// The bans in force, the soonest to end first.
+    Bans(ReadArgs),
     /// Make the daemon re-read its configuration file.
     Reload(SocketArg),
     /// Propose a per-source limit per rule from the distribution of
@@ -250,6 +257,45 @@ pub struct UnblockArgs {
     pub cidr: IpNet,
     #[command(flatten)]
     pub socket: SocketArg,
+}
+
+/// `ban`.
+#[derive(Args)]
+pub struct BanArgs {
+    /// The prefix (an address is a /32 or /128).
+    pub cidr: IpNet,
+    /// How long: a duration (`90s`, `1h`, `2d`), whole seconds (`3600`,
+    /// as fail2ban's `<bantime>`), or `forever` (also `-1`): until
+    /// unbanned.
+    #[arg(long = "for", value_name = "DURATION", value_parser = ban_duration)]
+    pub duration: BanFor,
+    /// Why, shown by `bans` (at most 47 bytes kept).
+    #[arg(long, default_value = "")]
+    pub reason: String,
+    #[command(flatten)]
+    pub socket: SocketArg,
+}
+
+/// How long a ban lasts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BanFor {
+    Until(Duration),
+    Forever,
+}
+
+fn ban_duration(text: &str) -> Result<BanFor, String> {
+    match text {
+        "forever" | "-1" => return Ok(BanFor::Forever),
+        _ => {}
+    }
+    let duration = match text.parse::<u64>() {
+        Ok(seconds) => Duration::from_secs(seconds),
+        Err(_) => humantime::parse_duration(text).map_err(|e| format!("{text:?}: {e}"))?,
+    };
+    if duration.is_zero() {
+        return Err("a ban lasts more than zero (or `forever`)".into());
+    }
+    Ok(BanFor::Until(duration))
 }
 
 #[derive(Subcommand)]

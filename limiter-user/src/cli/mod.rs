@@ -4,6 +4,7 @@
 //! reply, as text for people or JSON for scripts (`--output json`).
 
 mod args;
+mod bans;
 mod check;
 mod client;
 mod completions;
@@ -45,6 +46,9 @@ pub fn dispatch(command: Command) -> anyhow::Result<()> {
         },
         Command::Mode(args) => mode::run(&args),
         Command::Unblock(args) => unblock::run(&args),
+        Command::Ban(args) => bans::ban(&args),
+        Command::Unban(args) => bans::unban(&args),
+        Command::Bans(args) => bans::list(&args.socket.path, args.output),
         Command::Reload(args) => reload::run(&args),
         Command::Suggest(args) => suggest::run(&args),
         Command::Rule { action } => rule::run(action),

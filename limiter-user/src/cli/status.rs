@@ -52,6 +52,32 @@ pub fn render(status: &Status) -> String {
     for guard in status.guard.iter().chain(&status.rule_guards) {
         text.push_str(&render_guard(guard));
     }
+    text.push_str(&render_lists(status));
+    text
+}
+
+/// The lists and the bans: a line per list, then the bans' count (none
+/// of it without lists or bans).
+fn render_lists(status: &Status) -> String {
+    let mut text = String::new();
+    if status.lists.is_empty() && status.bans == 0 {
+        return text;
+    }
+    if !status.lists.is_empty() {
+        text.push_str(&format!(
+            "{:<20} {:<6} {:>10} {:>14}
+",
+            "list", "action", "prefixes", "frames"
+        ));
+    }
+    for list in &status.lists {
+        text.push_str(&format!(
+            "{:<20} {:<6} {:>10} {:>14}
+",
+            list.name, list.action, list.prefixes, list.packets
+        ));
+    }
+    text.push_str(&format!("bans: {} in force\n", status.bans));
     text
 }
 
@@ -161,6 +187,28 @@ mod tests {
             "{text}"
         );
         assert!(!render(&Status::default()).contains("levels"));
+    }
+
+    #[test]
+    fn the_human_form_shows_each_list_and_the_bans() {
+        let status = Status {
+            lists: vec![crate::proto::ListStatus {
+                name: "spamhaus".into(),
+                action: "deny".into(),
+                prefixes: 1200,
+                packets: 77,
+                ..Default::default()
+            }],
+            bans: 3,
+            ..Status::default()
+        };
+        let text = render(&status);
+        let line = text.lines().find(|l| l.starts_with("spamhaus")).unwrap();
+        assert_eq!(
+            line.split_whitespace().collect::<Vec<_>>(),
+            ["spamhaus", "deny", "1200", "77"]
+        );
+        assert!(text.ends_with("bans: 3 in force\n"), "{text}");
     }
 
     #[test]

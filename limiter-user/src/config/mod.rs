@@ -36,6 +36,8 @@ pub const DEFAULT_PPS: u64 = 1000;
 pub const MAX_SOURCES: u32 = 1 << 24;
 /// Where state maps and links are pinned.
 pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/xdp-limiter";
+/// Where the daemon keeps its bans across restarts.
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/xdp-limiter";
 /// Where Prometheus scrapes.
 pub const DEFAULT_METRICS_ADDR: &str = "127.0.0.1:9470";
 /// The "source limited" lines per second the daemon writes at most by

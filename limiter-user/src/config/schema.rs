@@ -30,9 +30,39 @@ pub struct FileConfig {
     pub limits: LimitsSection,
     pub default: RuleSection,
     pub rules: Vec<RuleSection>,
+    /// `[[lists]]`: prefixes allowed or denied before any rule.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub lists: Vec<ListSection>,
     /// `[cluster]`; absent: no cluster, every rule is node-scoped.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cluster: Option<ClusterSection>,
+}
+
+/// What a list does with the frames of the sources it holds.
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum ListKind {
+    /// Passed, judged by no rule and no ban.
+    Allow,
+    /// Dropped.
+    Deny,
+}
+
+/// A `[[lists]]` entry: a named set of prefixes to allow or deny, from a
+/// file (re-read on reload) and/or written here.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ListSection {
+    /// Its name in `status` and the metrics.
+    pub name: String,
+    pub action: ListKind,
+    /// One prefix a line (`#`/`;` comments, ipset-save lines); relative
+    /// to the configuration file's directory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file: Option<PathBuf>,
+    /// Prefixes written in the configuration.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub prefixes: Vec<String>,
 }
 
 /// `[daemon]`: how the daemon runs. Changing these needs a restart.
@@ -54,6 +84,14 @@ pub struct DaemonSection {
     /// CPU. With `limits.tiers = false` every source has per-CPU state, so
     /// this is then the number of sources tracked.
     pub max_hot_sources: u32,
+    /// Prefixes of one family (IPv4, IPv6) across all `[[lists]]` at
+    /// once, per interface. The list tries allocate per prefix (about 90
+    /// bytes an IPv4 one, docs/configuration.md), so an unused capacity
+    /// costs nothing.
+    pub max_list_prefixes: u32,
+    /// Where the daemon keeps what outlives it: the bans (`bans.json`).
+    /// Empty: nowhere (bans then last while the pinned maps do).
+    pub state_dir: PathBuf,
     /// Aggregation period.
     #[serde(with = "humantime_serde")]
     pub tick: Duration,
@@ -94,6 +132,8 @@ impl Default for DaemonSection {
             metrics_addr: DEFAULT_METRICS_ADDR.parse().expect("valid address"),
             max_sources: limiter_common::DEFAULT_MAX_SOURCES,
             max_hot_sources: limiter_common::DEFAULT_MAX_HOT_SOURCES,
+            max_list_prefixes: limiter_common::lists::DEFAULT_MAX_LIST_PREFIXES,
+            state_dir: PathBuf::from(super::DEFAULT_STATE_DIR),
             tick: Duration::from_secs(1),
             top_k: 20,
             sources_per_tick: 131_072,

@@ -20,6 +20,36 @@ use crate::rules::{
 /// be set to write: beyond, the cap no longer protects the log.
 const MAX_LOG_LINES: u32 = 10_000;
 
+/// The `[[lists]]` entries' own fields (their files are read when the
+/// daemon loads them, `crate::lists`).
+fn check_lists(lists: &[super::ListSection]) -> Result<(), ConfigError> {
+    use limiter_common::lists::MAX_LISTS;
+    if lists.len() > MAX_LISTS {
+        return Err(field("lists", format!("at most {MAX_LISTS} lists")));
+    }
+    for (i, list) in lists.iter().enumerate() {
+        let at = format!("lists[{i}]");
+        if let Err(message) = check_rule_name(&list.name) {
+            return Err(field(format!("{at}.name"), message));
+        }
+        if lists[..i].iter().any(|other| other.name == list.name) {
+            return Err(field(
+                format!("{at}.name"),
+                format!("another list is named {:?}", list.name),
+            ));
+        }
+        if list.file.is_none() && list.prefixes.is_empty() {
+            return Err(field(at, "a list needs a `file`, `prefixes` or both"));
+        }
+        for (j, prefix) in list.prefixes.iter().enumerate() {
+            if let Err((_, message)) = crate::lists::parse(prefix) {
+                return Err(field(format!("{at}.prefixes[{j}]"), message));
+            }
+        }
+    }
+    Ok(())
+}
+
 fn field(field: impl Into<String>, message: impl Into<String>) -> ConfigError {
     ConfigError::Field {
         field: field.into(),
@@ -33,6 +63,7 @@ impl FileConfig {
     pub fn validate(self) -> Result<Config, ConfigError> {
         let file = self.clone();
         check_daemon(&self.daemon)?;
+        check_lists(&self.lists)?;
         self.limits.guard_plan()?;
         let cluster = self.cluster.as_ref().map(|c| c.validate()).transpose()?;
         let default = rule_spec(&self.default, &rule_name(0), true)?;

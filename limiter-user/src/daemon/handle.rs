@@ -61,6 +61,22 @@ impl Daemon {
                         .to_string()
                 }),
             Request::Unblock { cidr } => self.unblock(&cidr).map(done),
+            Request::Ban {
+                cidr,
+                duration,
+                reason,
+            } => self
+                .ban(
+                    cidr,
+                    duration,
+                    &reason,
+                    limiter_common::lists::BanOrigin::Cli,
+                )
+                .map(done),
+            Request::Unban { cidr } => self
+                .unban(cidr, limiter_common::lists::BanOrigin::Cli)
+                .map(done),
+            Request::Bans => self.bans().map(|bans| Reply::Bans { bans }),
             Request::Rules { edit, save } => self.edit_rules(edit, save).map(done),
             Request::Mode {
                 dry_run,
@@ -138,6 +154,8 @@ impl Daemon {
             },
             guard,
             rule_guards,
+            lists: self.list_status(),
+            bans: self.bans().map_or(0, |bans| bans.len()),
         }
     }
 

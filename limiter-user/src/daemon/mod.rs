@@ -9,6 +9,7 @@
 //! in place.
 
 pub mod aggregate;
+mod bans;
 mod conns;
 mod control;
 mod edit;
@@ -18,6 +19,7 @@ mod handle;
 pub mod history;
 pub mod known;
 mod level_rates;
+mod lists;
 mod metrics;
 mod notify;
 mod rule_table;

@@ -94,6 +94,7 @@ pub fn protect_all(options: RunOptions, config: Config) -> anyhow::Result<Daemon
         let options = LoadOptions {
             max_sources: settings.max_sources,
             max_hot_sources: Some(settings.max_hot_sources),
+            max_list_prefixes: settings.max_list_prefixes,
             ..LoadOptions::default()
         };
         match Instance::load(iface, &settings.pin_dir, options) {
@@ -111,6 +112,15 @@ pub fn protect_all(options: RunOptions, config: Config) -> anyhow::Result<Daemon
         abandon(daemon.into_instances());
         return Err(e).context("pushing the rules");
     }
+    let lists = daemon.config.file.lists.clone();
+    if let Err(e) = daemon
+        .read_lists(&lists)
+        .and_then(|read| daemon.load_lists(read))
+    {
+        abandon(daemon.into_instances());
+        return Err(e.context("loading the lists"));
+    }
+    daemon.restore_bans();
     for i in 0..daemon.ifaces.len() {
         if let Err(e) = daemon.ifaces[i].instance.attach(settings.mode) {
             let iface = daemon.ifaces[i].instance.iface.clone();

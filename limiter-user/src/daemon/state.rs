@@ -55,6 +55,8 @@ pub struct Daemon {
     /// Each guard scope's automatic rollbacks of the last hour.
     pub(super) rollback_budgets:
         std::collections::HashMap<String, crate::guard::RollbackBudget<Instant>>,
+    /// The `[[lists]]` the kernel holds.
+    pub(super) live_lists: super::lists::LiveLists,
 }
 
 /// One protected interface and what the daemon has seen of it.
@@ -99,6 +101,7 @@ impl Daemon {
             guard: None,
             rule_guards: Vec::new(),
             rollback_budgets: std::collections::HashMap::new(),
+            live_lists: super::lists::LiveLists::default(),
         }
     }
 
@@ -184,6 +187,15 @@ impl Daemon {
                 return None;
             }
         };
+        // Read before anything changes: a list that cannot be read
+        // rejects the reload.
+        let lists = match self.read_lists(&fresh.file.lists) {
+            Ok(lists) => lists,
+            Err(e) => {
+                error!(error = %e, "SIGHUP: configuration rejected; the running one stays in force");
+                return None;
+            }
+        };
         if fresh.daemon != self.config.daemon {
             warn!("SIGHUP: [daemon] settings changed; they take effect on restart");
         }
@@ -197,6 +209,9 @@ impl Daemon {
                 return None;
             }
         };
+        if let Err(e) = self.load_lists(lists) {
+            error!(error = %e, "SIGHUP: loading the lists failed; the lists loaded before stay in force");
+        }
         info!(
             rules = fresh.rules.rules.len() + 1,
             "SIGHUP: configuration reloaded"

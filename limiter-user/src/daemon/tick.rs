@@ -62,6 +62,8 @@ impl Daemon {
             self.observe_levels(i, reads.now_ns);
             self.record(i, reads, &names);
         }
+        self.record_list_hits();
+        self.sweep_bans();
         self.known
             .forget_older(kernel::now().as_nanos() as u64, self.history.horizon());
         self.metrics

@@ -3,7 +3,7 @@
 //! bpffs (`pins`), attaching to an interface and adopting what an earlier
 //! daemon pinned (`attach`), pushing rules (`push`), reading the
 //! counters back (`read`, `batch`), writing what the cluster sync
-//! decides (`cluster`), and the verifier's cost by function (`verifier`).
+//! decides (`cluster`), writing lists and bans (`lists`, `bans`), and the verifier's cost by function (`verifier`).
 //!
 //! The daemon, the CLI's `check` and `detach`, and the tests build on this
 //! module; nothing here knows about the daemon's loop or the control
@@ -16,8 +16,10 @@
 //! showing only what the daemon, the CLI and the tests call.
 
 mod attach;
+pub mod bans;
 pub mod batch;
 pub mod cluster;
+pub mod lists;
 mod maps;
 mod object;
 pub mod penalty;

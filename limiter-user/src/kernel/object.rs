@@ -12,6 +12,7 @@ use aya::{
     Ebpf, EbpfLoader, VerifierLogLevel,
 };
 use limiter_common::{
+    lists::DEFAULT_MAX_LIST_PREFIXES,
     maps::{self, MapSpec, Sizing},
     names, DEFAULT_MAX_HOT_SOURCES, DEFAULT_MAX_SOURCES,
 };
@@ -145,6 +146,9 @@ pub struct LoadOptions {
     /// Capacity of the per-CPU state (`SOURCES`: hot sources); `None`:
     /// `max_sources`. The default is the daemon's (`daemon.max_hot_sources`).
     pub max_hot_sources: Option<u32>,
+    /// Prefixes of one family across all lists (`daemon.max_list_prefixes`):
+    /// the list tries hold twice as many (`LISTS_V4`).
+    pub max_list_prefixes: u32,
     /// Maps taken from a pin instead of created, by name (a map not pinned
     /// at its path yet is created and pinned there): how the daemon adopts
     /// the state of an earlier one.
@@ -156,6 +160,7 @@ impl Default for LoadOptions {
         Self {
             max_sources: DEFAULT_MAX_SOURCES,
             max_hot_sources: Some(DEFAULT_MAX_HOT_SOURCES),
+            max_list_prefixes: DEFAULT_MAX_LIST_PREFIXES,
             pins: Vec::new(),
         }
     }
@@ -188,7 +193,11 @@ pub fn load(options: &LoadOptions) -> Result<Program, LoadError> {
     let mut loader = EbpfLoader::new();
     for spec in &maps::ALL {
         if spec.sizing != Sizing::Fixed {
-            if let Some(entries) = options.expected_max_entries(spec) {
+            let entries = match spec.sizing {
+                Sizing::Lists => Some(options.max_list_prefixes.saturating_mul(2)),
+                _ => options.expected_max_entries(spec),
+            };
+            if let Some(entries) = entries {
                 loader.map_max_entries(spec.name, entries);
             }
         }

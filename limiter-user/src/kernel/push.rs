@@ -41,7 +41,7 @@ pub enum PushError {
     Maps(#[from] MapsError),
 }
 
-fn set_config(maps: &mut Maps, config: Config) -> Result<(), MapsError> {
+pub(crate) fn set_config(maps: &mut Maps, config: Config) -> Result<(), MapsError> {
     maps.config
         .set(0, config, 0)
         .map_err(MapsError::on(names::CONFIG))
@@ -89,7 +89,8 @@ pub fn push_all(instances: &mut [&mut Maps], set: &RuleSet) -> Result<Pushed, Pu
         .find(|seed| *seed != 0)
         .unwrap_or_else(random_seed);
     for i in 0..instances.len() {
-        if let Err(e) = set_config(instances[i], config) {
+        // The lists and bans are not the rules': each instance keeps its own.
+        if let Err(e) = set_config(instances[i], config.keep_lists_of(&live[i])) {
             // Put back the instances already switched (best effort: the
             // same write just failed on another instance).
             for (maps, old) in instances[..i].iter_mut().zip(&live) {

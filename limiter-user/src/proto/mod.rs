@@ -33,6 +33,8 @@ pub const REQUEST_KEYS: &[&str] = &[
     "quantile",
     "headroom",
     "apply",
+    "duration",
+    "reason",
 ];
 
 /// A request, as sent: `{"version":1,"command":"status"}`.
@@ -86,6 +88,23 @@ pub enum Request {
     Rules { edit: RuleEdit, save: bool },
     /// Lift the penalties of every source inside `cidr`.
     Unblock { cidr: ipnet::IpNet },
+    /// Drop every frame from `cidr` for `duration` (`None`: until
+    /// unbanned), whatever the rules say (an allow list still passes).
+    Ban {
+        cidr: ipnet::IpNet,
+        #[serde(
+            default,
+            with = "humantime_serde",
+            skip_serializing_if = "Option::is_none"
+        )]
+        duration: Option<Duration>,
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        reason: String,
+    },
+    /// Lift the ban of exactly `cidr`.
+    Unban { cidr: ipnet::IpNet },
+    /// The bans in force, answered with [`Reply::Bans`].
+    Bans,
     /// A limit per `limit` rule (or the one named) from the distribution
     /// of per-source rates over `since`: the `quantile`'s rate times
     /// `headroom`; with `apply`, set live as a dry-run rule. Answered with
@@ -159,6 +178,24 @@ pub enum Reply {
     },
     /// `suggest`: a proposal per rule.
     Suggestions(Box<Suggestions>),
+    /// `bans`: the bans in force, the soonest to end first.
+    Bans {
+        bans: Vec<BanStatus>,
+    },
+}
+
+/// One ban in force.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+pub struct BanStatus {
+    pub cidr: ipnet::IpNet,
+    /// Time left, in whole seconds (`None`: until unbanned).
+    pub remaining_s: Option<u64>,
+    /// How long ago it was set, in whole seconds.
+    pub age_s: u64,
+    /// `cli` (fail2ban's action too) or `crowdsec`.
+    pub origin: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub reason: String,
 }
 
 /// `suggest`'s answer: what was asked, and a proposal per rule.

@@ -37,6 +37,27 @@ pub struct Status {
     /// started), running or the last ones.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rule_guards: Vec<GuardStatus>,
+    /// The `[[lists]]` loaded, in configuration order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub lists: Vec<ListStatus>,
+    /// Bans in force.
+    #[serde(default)]
+    pub bans: usize,
+}
+
+/// One list: what it holds and what it judged (all interfaces).
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+pub struct ListStatus {
+    pub name: String,
+    /// `allow` or `deny`.
+    pub action: String,
+    /// Distinct prefixes it holds in the kernel.
+    pub prefixes: usize,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file: Option<std::path::PathBuf>,
+    /// Frames it judged since it was loaded.
+    pub packets: u64,
+    pub bytes: u64,
 }
 
 /// `status`'s `guard` block: a guard period (`crate::guard`).

@@ -277,6 +277,15 @@ fn request_keys_are_the_keys_requests_have() {
         Request::Unblock {
             cidr: "192.0.2.0/24".parse().unwrap(),
         },
+        Request::Ban {
+            cidr: "192.0.2.0/24".parse().unwrap(),
+            duration: Some(Duration::from_secs(60)),
+            reason: "sshd".into(),
+        },
+        Request::Unban {
+            cidr: "192.0.2.0/24".parse().unwrap(),
+        },
+        Request::Bans,
         Request::Suggest {
             rule: Some("default".into()),
             since: Some(Duration::from_secs(3600)),

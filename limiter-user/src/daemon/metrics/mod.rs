@@ -20,10 +20,12 @@ use crate::kernel::windows::Reclaim;
 
 mod cluster;
 mod http;
+mod lists;
 mod registry;
 
 pub use cluster::ClusterMetrics;
 pub use http::{bind, serve};
+pub use lists::{action_name, BanChange, ListMetrics};
 
 /// A `RULES` index whose rule has levels: the rule's name and its
 /// levels' `level` labels (`LevelSpec::label`), in the rule's order.
@@ -76,6 +78,8 @@ pub struct Metrics {
     /// The cluster sync's metrics (registered whether or not `[cluster]`
     /// is configured, so dashboards see zeros rather than gaps).
     pub cluster: ClusterMetrics,
+    /// The lists' and bans' metrics.
+    pub lists: ListMetrics,
     /// Last kernel totals per series, to turn totals into increments.
     last: HashMap<String, u64>,
     /// The kernel's last drop totals of each interface's `RULES` index,

@@ -267,6 +267,7 @@ impl Metrics {
                 &["rule"],
             ),
             cluster: ClusterMetrics::new(&registry),
+            lists: super::ListMetrics::new(&registry),
             last: HashMap::new(),
             rule_drops_last: HashMap::new(),
             level_drops_last: HashMap::new(),

@@ -1,0 +1,151 @@
+//! The `[[lists]]` in force: read and merged (`crate::lists`), written to
+//! every interface at start-up and on reload (only when what they hold
+//! changed; the old lists judge until the new ones are complete,
+//! `kernel::lists`), counted each tick and shown by `status`.
+
+use std::{path::PathBuf, time::Instant};
+
+use limiter_common::{lists::ListAction, Counter};
+use tracing::{info, warn};
+
+use super::{metrics::action_name, state::Daemon};
+use crate::{
+    config::ListSection,
+    kernel::{self, Maps},
+    lists::{self, List, Merged},
+    proto::ListStatus,
+};
+
+/// The lists the kernel holds: each one's name, action, file and
+/// distinct prefixes, and the entries written (to skip a reload that
+/// changes nothing).
+#[derive(Default)]
+pub struct LiveLists {
+    lists: Vec<(String, ListAction, Option<PathBuf>, usize)>,
+    merged: Option<Merged>,
+}
+
+/// Lists read and merged, not yet written.
+pub struct ReadLists {
+    lists: Vec<List>,
+    merged: Merged,
+    started: Instant,
+}
+
+impl Daemon {
+    /// Reads `sections`' files (relative ones beside the configuration
+    /// file) and merges them: nothing is written yet.
+    pub(super) fn read_lists(&self, sections: &[ListSection]) -> anyhow::Result<ReadLists> {
+        let started = Instant::now();
+        let base = self.options.config.as_deref().and_then(|p| p.parent());
+        let lists = lists::read_all(sections, base)?;
+        let merged = lists::merge(&lists, self.config.daemon.max_list_prefixes)?;
+        Ok(ReadLists {
+            lists,
+            merged,
+            started,
+        })
+    }
+
+    /// Makes `read` the lists of every interface.
+    pub(super) fn load_lists(&mut self, read: ReadLists) -> anyhow::Result<()> {
+        let ReadLists {
+            lists,
+            merged,
+            started,
+        } = read;
+        let changed = self.live_lists.merged.as_ref() != Some(&merged);
+        if changed {
+            // What the lists judged so far is counted under their names.
+            self.record_list_hits();
+            let mut instances: Vec<&mut Maps> = self
+                .ifaces
+                .iter_mut()
+                .map(|i| &mut i.instance.program.maps)
+                .collect();
+            kernel::lists::load_all(&mut instances, &merged)?;
+            for maps in instances {
+                if let Err(e) = kernel::lists::reset_hits(maps) {
+                    warn!(error = %e, "cannot zero the lists' counters");
+                }
+            }
+            self.metrics.lists.forget_hits();
+        }
+        self.live_lists.lists = lists
+            .into_iter()
+            .zip(&merged.counts)
+            .map(|(list, count)| (list.name, list.action, list.file, *count))
+            .collect();
+        let seconds = started.elapsed().as_secs_f64();
+        let loaded: Vec<_> = self
+            .live_lists
+            .lists
+            .iter()
+            .map(|(name, action, _, count)| (name.clone(), *action, *count))
+            .collect();
+        self.metrics.lists.loaded(&loaded, seconds);
+        if changed {
+            info!(
+                lists = loaded.len(),
+                ipv4_prefixes = merged.v4.len(),
+                ipv6_prefixes = merged.v6.len(),
+                seconds = format!("{seconds:.2}"),
+                "lists loaded"
+            );
+        }
+        self.live_lists.merged = Some(merged);
+        Ok(())
+    }
+
+    fn list_names(&self) -> Vec<(String, ListAction)> {
+        self.live_lists
+            .lists
+            .iter()
+            .map(|(name, action, _, _)| (name.clone(), *action))
+            .collect()
+    }
+
+    /// Each interface's list counters into the metrics (once a tick).
+    pub(super) fn record_list_hits(&mut self) {
+        let names = self.list_names();
+        if names.is_empty() {
+            return;
+        }
+        for iface in &self.ifaces {
+            match kernel::lists::hits(&iface.instance.program.maps, names.len()) {
+                Ok(hits) => self
+                    .metrics
+                    .lists
+                    .record_hits(&iface.instance.iface, &hits, &names),
+                Err(e) => {
+                    warn!(iface = %iface.instance.iface, error = %e, "cannot read the lists' counters")
+                }
+            }
+        }
+    }
+
+    /// `status`'s lists: what each holds and judged, all interfaces.
+    pub(super) fn list_status(&self) -> Vec<ListStatus> {
+        let mut totals = vec![Counter::default(); self.live_lists.lists.len()];
+        for iface in &self.ifaces {
+            if let Ok(hits) = kernel::lists::hits(&iface.instance.program.maps, totals.len()) {
+                for (total, hit) in totals.iter_mut().zip(hits) {
+                    *total = total.merged(hit);
+                }
+            }
+        }
+        self.live_lists
+            .lists
+            .iter()
+            .zip(totals)
+            .map(|((name, action, file, prefixes), total)| ListStatus {
+                name: name.clone(),
+                action: action_name(*action).to_string(),
+                prefixes: *prefixes,
+                file: file.clone(),
+                packets: total.packets,
+                bytes: total.bytes,
+            })
+            .collect()
+    }
+}
