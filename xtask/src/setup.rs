@@ -57,6 +57,9 @@ const DEBIAN_PACKAGES: &[&str] = &[
     // `prometheus` scraping a daemon in a lab, and `promtool` checking and
     // unit-testing dist/prometheus/alerts.yml.
     "prometheus",
+    // The fail2ban feed's test (tests/tests/lists/feeds.rs): a private
+    // fail2ban-server driving the shipped action.
+    "fail2ban",
     // `cargo xtask package` (debhelper) and its checks (lintian); the
     // install lane's Debian root (mmdebstrap).
     "debhelper",
@@ -74,6 +77,7 @@ pub fn run() -> anyhow::Result<()> {
     quiet_service("redis-server")?;
     quiet_service("nginx")?;
     quiet_service("prometheus")?;
+    quiet_service("fail2ban")?;
     link_toolchain()?;
     let llvm_major = llvm_major()?;
     let prefix = llvm_shim(llvm_major)?;
@@ -108,7 +112,7 @@ fn install_debian_packages() -> anyhow::Result<()> {
 }
 
 /// Stops and disables the system's `name` service (redis-server, nginx,
-/// prometheus)
+/// prometheus, fail2ban)
 /// if the package's install started or enabled it: nothing of the tests
 /// needs it, and a server on 6379, 80 or 9090 left running would take memory
 /// and confuse a reader of `ss -ltn` (the tests' and benchmarks' servers

@@ -39,7 +39,7 @@ pub enum Command {
     /// (an allow list still passes it): fail2ban's and CrowdSec's way in.
     Ban(BanArgs),
     /// Lift the ban of exactly this prefix.
-    Unban(UnblockArgs),
+    Unban(UnbanArgs),
     /// The bans in force, the soonest to end first.
     Bans(ReadArgs),
     /// Make the daemon re-read its configuration file.
@@ -254,6 +254,7 @@ fn parse_guard(text: &str) -> Result<crate::guard::Guard, String> {
 #[derive(Args)]
 pub struct UnblockArgs {
     /// Sources inside this prefix (an address is a /32 or /128).
+    #[arg(value_parser = prefix)]
     pub cidr: IpNet,
     #[command(flatten)]
     pub socket: SocketArg,
@@ -263,6 +264,7 @@ pub struct UnblockArgs {
 #[derive(Args)]
 pub struct BanArgs {
     /// The prefix (an address is a /32 or /128).
+    #[arg(value_parser = prefix)]
     pub cidr: IpNet,
     /// How long: a duration (`90s`, `1h`, `2d`), whole seconds (`3600`,
     /// as fail2ban's `<bantime>`), or `forever` (also `-1`): until
@@ -274,6 +276,28 @@ pub struct BanArgs {
     pub reason: String,
     #[command(flatten)]
     pub socket: SocketArg,
+}
+
+/// `unban`.
+#[derive(Args)]
+pub struct UnbanArgs {
+    /// The banned prefix, exactly as banned (an address is a /32 or
+    /// /128).
+    #[arg(value_parser = prefix)]
+    pub cidr: IpNet,
+    /// Succeed when there is no such ban (it may have ended on its own:
+    /// fail2ban's action uses this).
+    #[arg(long)]
+    pub missing_ok: bool,
+    #[command(flatten)]
+    pub socket: SocketArg,
+}
+
+/// A prefix, or an address as its /32 or /128 (as fail2ban passes it).
+fn prefix(text: &str) -> Result<IpNet, String> {
+    text.parse::<IpNet>()
+        .or_else(|_| text.parse::<std::net::IpAddr>().map(IpNet::from))
+        .map_err(|_| format!("{text:?} is not an address or a CIDR prefix"))
 }
 
 /// How long a ban lasts.

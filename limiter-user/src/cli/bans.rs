@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use super::{
-    args::{BanArgs, BanFor, UnblockArgs},
+    args::{BanArgs, BanFor, UnbanArgs},
     client, Output,
 };
 use crate::proto::{BanStatus, Reply, Request};
@@ -25,8 +25,14 @@ pub fn ban(args: &BanArgs) -> anyhow::Result<()> {
     )
 }
 
-pub fn unban(args: &UnblockArgs) -> anyhow::Result<()> {
-    client::done(&args.socket.path, Request::Unban { cidr: args.cidr })
+pub fn unban(args: &UnbanArgs) -> anyhow::Result<()> {
+    client::done(
+        &args.socket.path,
+        Request::Unban {
+            cidr: args.cidr,
+            missing_ok: args.missing_ok,
+        },
+    )
 }
 
 pub fn list(socket: &Path, output: Output) -> anyhow::Result<()> {

@@ -95,13 +95,22 @@ impl Daemon {
         Ok(())
     }
 
-    /// Lifts the ban of exactly `cidr` on every interface.
-    pub(super) fn unban(&mut self, cidr: IpNet, origin: BanOrigin) -> Result<String, String> {
+    /// Lifts the ban of exactly `cidr` on every interface (no such ban is
+    /// an error unless `missing_ok`).
+    pub(super) fn unban(
+        &mut self,
+        cidr: IpNet,
+        missing_ok: bool,
+        origin: BanOrigin,
+    ) -> Result<String, String> {
         let cidr = cidr.trunc();
         let mut found = false;
         for iface in &mut self.ifaces {
             found |= kernel::bans::unban(&mut iface.instance.program.maps, cidr)
                 .map_err(|e| format!("unbanning {cidr} failed: {e}"))?;
+        }
+        if !found && missing_ok {
+            return Ok(format!("{cidr} was not banned"));
         }
         if !found {
             return Err(format!("{cidr} is not banned (`bans` lists the bans)"));

@@ -73,8 +73,8 @@ impl Daemon {
                     limiter_common::lists::BanOrigin::Cli,
                 )
                 .map(done),
-            Request::Unban { cidr } => self
-                .unban(cidr, limiter_common::lists::BanOrigin::Cli)
+            Request::Unban { cidr, missing_ok } => self
+                .unban(cidr, missing_ok, limiter_common::lists::BanOrigin::Cli)
                 .map(done),
             Request::Bans => self.bans().map(|bans| Reply::Bans { bans }),
             Request::Rules { edit, save } => self.edit_rules(edit, save).map(done),

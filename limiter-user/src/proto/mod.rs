@@ -35,6 +35,7 @@ pub const REQUEST_KEYS: &[&str] = &[
     "apply",
     "duration",
     "reason",
+    "missing_ok",
 ];
 
 /// A request, as sent: `{"version":1,"command":"status"}`.
@@ -101,8 +102,13 @@ pub enum Request {
         #[serde(default, skip_serializing_if = "String::is_empty")]
         reason: String,
     },
-    /// Lift the ban of exactly `cidr`.
-    Unban { cidr: ipnet::IpNet },
+    /// Lift the ban of exactly `cidr`; with `missing_ok`, no ban of it
+    /// is not an error.
+    Unban {
+        cidr: ipnet::IpNet,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        missing_ok: bool,
+    },
     /// The bans in force, answered with [`Reply::Bans`].
     Bans,
     /// A limit per `limit` rule (or the one named) from the distribution

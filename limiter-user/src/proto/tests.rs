@@ -284,6 +284,7 @@ fn request_keys_are_the_keys_requests_have() {
         },
         Request::Unban {
             cidr: "192.0.2.0/24".parse().unwrap(),
+            missing_ok: true,
         },
         Request::Bans,
         Request::Suggest {
