@@ -24,6 +24,16 @@ pub const DEFAULT_MAX_LIST_PREFIXES: u32 = 1 << 20;
 /// Bans of one family the kernel holds (`BANS_V4`, `BANS_V6`). The tries
 /// allocate per entry, so the capacity costs nothing until used.
 pub const MAX_BANS: u32 = 1 << 18;
+/// Words of `LISTED_24S`: a bit for each of the 2^24 IPv4 /24s (2 MiB).
+pub const SPAN_WORDS: u32 = 1 << 18;
+
+/// The `LISTED_24S` word and bit of the /24 of IPv4 address `addr`
+/// (host order).
+#[inline(always)]
+pub const fn span_bit(addr: u32) -> (u32, u64) {
+    (addr >> 14, 1 << ((addr >> 8) & 63))
+}
+
 /// A ban's end meaning "until unbanned".
 pub const BAN_FOREVER: u64 = u64::MAX;
 
@@ -176,6 +186,15 @@ mod tests {
         let reason = "é".repeat(30);
         let ban = Ban::new(0, 1, BanOrigin::Cli, &reason);
         assert_eq!(ban.reason(), "é".repeat(23));
+    }
+
+    #[test]
+    fn each_slash_24_has_its_own_bit() {
+        assert_eq!(span_bit(0), (0, 1));
+        assert_eq!(span_bit(0x0000_01ff), (0, 2));
+        assert_eq!(span_bit(0x0000_3f00), (0, 1 << 63));
+        assert_eq!(span_bit(0x0000_4000), (1, 1));
+        assert_eq!(span_bit(u32::MAX), (SPAN_WORDS - 1, 1 << 63));
     }
 
     #[test]

@@ -254,7 +254,7 @@ mod tests {
 
     #[test]
     fn the_daemon_pins_the_state_and_rule_maps() {
-        let pinned: [&str; 22] = PINNED.map(|spec| spec.name);
+        let pinned: [&str; 23] = PINNED.map(|spec| spec.name);
         assert_eq!(
             pinned,
             [
@@ -272,6 +272,7 @@ mod tests {
                 "PREFIXES_V6",
                 "LISTS_V4",
                 "LISTS_V6",
+                "LISTED_24S",
                 "LIST_HITS",
                 "BANS_V4",
                 "BANS_V6",
@@ -313,7 +314,7 @@ mod tests {
     #[test]
     fn sizes_of_the_layout() {
         // The sizes a pinned map of this layout version has.
-        let sizes: [(&str, u32, u32); 22] = PINNED.map(|s| (s.name, s.key_size, s.value_size));
+        let sizes: [(&str, u32, u32); 23] = PINNED.map(|s| (s.name, s.key_size, s.value_size));
         assert_eq!(
             sizes,
             [
@@ -331,6 +332,7 @@ mod tests {
                 ("PREFIXES_V6", 21, 132),
                 ("LISTS_V4", 9, 4),
                 ("LISTS_V6", 21, 4),
+                ("LISTED_24S", 4, 8),
                 ("LIST_HITS", 4, 16),
                 ("BANS_V4", 8, 64),
                 ("BANS_V6", 20, 64),

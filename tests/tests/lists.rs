@@ -101,13 +101,15 @@ fn lists_judge_before_the_rules_and_the_longest_prefix_of_any_list_decides() {
     assert_eq!(passed(&mut harness, v4("192.0.2.200"), 10), 0);
     assert_eq!(passed(&mut harness, v6("2001:db8:1:2::9"), 10), 0);
     assert_eq!(passed(&mut harness, v4("203.0.113.9"), 10), 0);
+    // The /24 of a listed prefix, outside it: the trie says no.
+    assert_eq!(passed(&mut harness, v4("192.0.2.100"), 1), 1);
     // A source in no list: its rule, and within it nothing is dropped.
     assert_eq!(passed(&mut harness, v4("198.51.100.77"), 5), 5);
     assert_eq!(passed(&mut harness, v4("198.51.100.77"), 5), 0);
 
     let hits = kernel_lists::hits(harness.maps(), 2).unwrap();
-    assert_eq!((hits[0].packets, hits[1].packets), (100, 30));
-    assert_eq!(harness.outcome_total(Outcome::Allowed).packets, 100);
+    assert_eq!((hits[0].packets, hits[1].packets), (101, 30));
+    assert_eq!(harness.outcome_total(Outcome::Allowed).packets, 101);
     assert_eq!(harness.outcome_total(Outcome::DroppedDeny).packets, 30);
     // No listed frame reached the per-source state.
     assert_eq!(harness.sources().len(), 1);
@@ -163,6 +165,10 @@ fn new_lists_replace_the_old_ones_all_or_nothing() {
 fn a_ban_drops_until_its_end_by_the_kernels_clock_and_an_allow_list_wins() {
     let mut harness = Harness::load();
     harness.push(&limit(1000));
+    load(
+        &mut harness,
+        &merge(&[list("office", ListAction::Allow, &["192.0.2.0/24"])], 10).unwrap(),
+    );
     let now = coarse_now().as_nanos() as u64;
     let end = now + 300_000_000;
     let ban = Ban::new(now, end, BanOrigin::Cli, "test");
@@ -170,10 +176,6 @@ fn a_ban_drops_until_its_end_by_the_kernels_clock_and_an_allow_list_wins() {
     let forever = Ban::new(now, BAN_FOREVER, BanOrigin::Crowdsec, "");
     bans::ban(harness.maps_mut(), net("2001:db8:5::/48"), &forever).unwrap();
     bans::ban(harness.maps_mut(), net("192.0.2.7/32"), &forever).unwrap();
-    load(
-        &mut harness,
-        &merge(&[list("office", ListAction::Allow, &["192.0.2.0/24"])], 10).unwrap(),
-    );
 
     assert_eq!(passed(&mut harness, v4("198.51.100.9"), 10), 0);
     assert_eq!(passed(&mut harness, v6("2001:db8:5:1::1"), 10), 0);

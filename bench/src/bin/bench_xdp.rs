@@ -307,6 +307,102 @@ fn limiter(tiered: bool) -> Program {
     program
 }
 
+/// Prefixes in the bench's deny list.
+const LISTED: u32 = 1_000_000;
+
+/// The address ranges the other cases' frames come from: no listed prefix
+/// may cover them.
+const UNLISTED: [(Ipv4Addr, u32); 12] = [
+    (Ipv4Addr::new(203, 0, 113, 0), 256),
+    (Ipv4Addr::new(198, 51, 100, 0), 256),
+    (Ipv4Addr::new(192, 0, 2, 0), 256),
+    (Ipv4Addr::new(14, 0, 0, 0), 1 << 25),
+    (Ipv4Addr::new(10, 0, 0, 0), 1 << 24),
+    (Ipv4Addr::new(11, 0, 0, 0), 1 << 24),
+    (Ipv4Addr::new(12, 0, 0, 0), 1 << 24),
+    (Ipv4Addr::new(13, 0, 0, 0), 1 << 24),
+    (Ipv4Addr::new(16, 0, 0, 0), 1 << 24),
+    (Ipv4Addr::new(198, 18, 0, 0), 1 << 17),
+    (Ipv4Addr::new(100, 64, 0, 0), 1 << 22),
+    (Ipv4Addr::new(172, 16, 0, 0), 1 << 16),
+];
+
+/// `LISTED` distinct IPv4 prefixes spread over the whole space, shaped
+/// like the public block lists (FireHOL level 1-3, Spamhaus DROP): seven
+/// in ten single addresses, two a /24, one a /16 to /23; none covering
+/// the other cases' sources; and 233.252.0.0/24 (the denied case's) and
+/// 233.252.1.7 (a neighbour of `under_limit_list_1m_neighbour`'s source,
+/// in its /24: that source walks the trie).
+fn deny_list() -> Vec<ipnet::IpNet> {
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let mut seen = std::collections::HashSet::new();
+    let mut out = vec![net("233.252.0.0/24"), net("233.252.1.7/32")];
+    while out.len() < LISTED as usize {
+        let r = next();
+        let len = match r % 10 {
+            0..=6 => 32,
+            7 | 8 => 24,
+            _ => 16 + (r >> 8) as u8 % 8,
+        };
+        let prefix = ipnet::Ipv4Net::new(Ipv4Addr::from((r >> 32) as u32), len)
+            .expect("a prefix length")
+            .trunc();
+        let (start, end) = (u32::from(prefix.network()), u32::from(prefix.broadcast()));
+        let clear = UNLISTED.iter().all(|(base, size)| {
+            let (b, e) = (u32::from(*base), u32::from(*base) + (size - 1));
+            end < b || start > e
+        });
+        if clear && seen.insert(prefix) {
+            out.push(prefix.into());
+        }
+    }
+    out
+}
+
+/// The tiered limiter with `deny_list()` loaded; how long reading it into
+/// trie entries and loading them took, and what the kernel accounts its
+/// trie at (`memlock` in the map's fdinfo).
+fn listed() -> (Program, Duration, u64) {
+    use limiter_common::lists::ListAction;
+    use limiter_user::lists::{merge, List};
+    let mut program = kernel::load(&LoadOptions {
+        max_hot_sources: Some(DEFAULT_MAX_HOT_SOURCES),
+        ..LoadOptions::default()
+    })
+    .expect("load limiter");
+    push::push(&mut program.maps, &rules(true)).expect("push rules");
+    let prefixes = deny_list();
+    let started = Instant::now();
+    let list = List {
+        name: "deny".into(),
+        action: ListAction::Deny,
+        file: None,
+        prefixes,
+    };
+    let merged = merge(&[list], LISTED).expect("the list fits");
+    kernel::lists::load_all(&mut [&mut program.maps], &merged).expect("load the list");
+    let took = started.elapsed();
+    let memlock = memlock(program.maps.lists_v4.map());
+    (program, took, memlock)
+}
+
+/// The bytes the kernel accounts a map at (`memlock:` in its fdinfo).
+fn memlock(map: &MapData) -> u64 {
+    use std::os::fd::{AsFd, AsRawFd};
+    let fd = map.fd().as_fd().as_raw_fd();
+    let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}")).unwrap_or_default();
+    info.lines()
+        .find_map(|l| l.strip_prefix("memlock:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
 /// How many frames took each tier's way, from the limiter's outcome
 /// counters.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -369,6 +465,8 @@ fn main() {
     let mut base = load_baseline();
     let mut lim = limiter(true);
     let mut untiered = limiter(false);
+    let lists_wanted = only.is_empty() || only.iter().any(|o| o.contains("_list_1m"));
+    let mut with_list = lists_wanted.then(listed);
     let base_prog: &Xdp = baseline_program(&mut base);
 
     let under = udp(Ipv4Addr::new(203, 0, 113, 1));
@@ -378,6 +476,8 @@ fn main() {
     let under_levels = udp(Ipv4Addr::new(14, 0, 0, 1));
     let over_levels = udp(Ipv4Addr::new(15, 0, 0, 1));
     let arp = packets::arp();
+    let denied = udp(Ipv4Addr::new(233, 252, 0, 1));
+    let neighbour = udp(Ipv4Addr::new(233, 252, 1, 1));
     // Every single-run case has addresses of its own, which neither
     // program has seen: the baseline's map keeps what earlier cases
     // inserted.
@@ -416,11 +516,18 @@ fn main() {
         .collect();
 
     let (lim_stats, untiered_stats) = (Stats::of(&lim), Stats::of(&untiered));
+    let list_load = with_list
+        .as_ref()
+        .map(|(_, took, memlock)| (*took, *memlock));
     let lim_prog: &Xdp = lim.xdp();
     let untiered_prog: &Xdp = untiered.xdp();
+    let listed_prog: Option<&Xdp> = with_list.as_mut().map(|(program, _, _)| &*program.xdp());
     // Warm up: create the known sources (past the cheap tier, so that they
     // have per-CPU state) and push `over` past its limit.
-    for program in [lim_prog, untiered_prog, base_prog] {
+    for program in [lim_prog, untiered_prog, base_prog]
+        .into_iter()
+        .chain(listed_prog)
+    {
         for frame in [
             &under,
             &under_shared,
@@ -428,6 +535,7 @@ fn main() {
             &allowed,
             &under_levels,
             &over_levels,
+            &neighbour,
         ] {
             test_run(program, frame, 1_000).expect("warm up");
         }
@@ -486,6 +594,38 @@ fn main() {
     .into_iter()
     .flatten()
     .collect();
+    if let Some(listed_prog) = listed_prog {
+        cases.extend(
+            [
+                case(
+                    "under_limit_list_1m",
+                    listed_prog,
+                    (&under, XDP_PASS),
+                    &under,
+                ),
+                case(
+                    "over_limit_drop_list_1m",
+                    listed_prog,
+                    (&over, XDP_DROP),
+                    &over,
+                ),
+                case(
+                    "denylisted_list_1m",
+                    listed_prog,
+                    (&denied, XDP_DROP),
+                    &denied,
+                ),
+                case(
+                    "under_limit_list_1m_neighbour",
+                    listed_prog,
+                    (&neighbour, XDP_PASS),
+                    &neighbour,
+                ),
+            ]
+            .into_iter()
+            .flatten(),
+        );
+    }
 
     // A single-run case whose frames must all pass on both programs.
     let all_pass = |name, (program, stats): (&Xdp, &Stats), frames: &Frames| {
@@ -540,7 +680,31 @@ fn main() {
     }
     cases.extend(case("non_ip", lim_prog, (&arp, XDP_PASS), &arp));
 
-    let lines = report(&cases);
+    let mut lines = report(&cases);
+    if let Some((took, memlock)) = list_load {
+        let met = took < Duration::from_secs(10);
+        let value = format!(
+            "{:.1} s, the IPv4 trie {:.0} MiB ({} B a prefix)",
+            took.as_secs_f64(),
+            memlock as f64 / (1 << 20) as f64,
+            memlock / u64::from(LISTED)
+        );
+        println!(
+            "target: {LISTED} deny prefixes read and loaded < 10 s -> {value} ({})",
+            if met { "met" } else { "MISSED" }
+        );
+        let line = format!(
+            "{{\"case\":\"list_load_1m\",\"prefixes\":{LISTED},\"seconds\":{:.2},\"memlock_bytes\":{memlock}}}",
+            took.as_secs_f64()
+        );
+        println!("{line}");
+        lines.push(serde_json::from_str(&line).expect("a JSON line"));
+        lines.push(current::target(
+            "1M deny prefixes loaded < 10 s",
+            &value,
+            Some(met),
+        ));
+    }
     if only.is_empty() {
         let root = current::root();
         current::save(&root, "xdp", &machine(), &lines)
@@ -710,6 +874,18 @@ fn report(cases: &[Case]) -> Vec<Value> {
             "over_limit_drop_levels",
             "over_limit_drop",
             1.05,
+        ),
+        (
+            "known source under limit with 1M prefixes in a deny list <= 1.15x the same case without lists",
+            "under_limit_list_1m",
+            "under_limit",
+            1.15,
+        ),
+        (
+            "known source over limit (held) with 1M prefixes in a deny list <= 1.15x the same case without lists",
+            "over_limit_drop_list_1m",
+            "over_limit_drop",
+            1.15,
         ),
     ] {
         if let (Some(levelled), Some(plain)) = (ns(levelled), ns(plain)) {

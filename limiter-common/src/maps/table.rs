@@ -157,6 +157,13 @@ macro_rules! for_each_map {
             LISTS_V6(lists_v6): LpmTrie<$crate::rules::PrefixKeyV6, $crate::lists::ListRef>,
                 Lists($crate::lists::DEFAULT_MAX_LIST_PREFIXES * 2), pinned;
 
+            /// Which IPv4 /24s any list prefix touches, a bit each (word: the
+            /// address's top 18 bits, bit: the next 6): a source whose /24 no
+            /// list touches skips the trie walk. A superset of the live lists'
+            /// /24s while they switch (`lists::v4_spans`).
+            LISTED_24S(listed_24s): Array<u32, u64>,
+                Fixed($crate::lists::SPAN_WORDS), pinned;
+
             /// Frames judged by each list (index: the list's position in the
             /// configuration), per CPU.
             LIST_HITS(list_hits): PerCpuArray<u32, $crate::Counter>,

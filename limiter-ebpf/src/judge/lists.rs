@@ -4,13 +4,13 @@
 
 use aya_ebpf::{bindings::xdp_action::XDP_DROP, maps::lpm_trie::Key};
 use limiter_common::{
-    lists::ListAction,
+    lists::{span_bit, ListAction},
     rules::{prefix_key_v4, prefix_key_v6, PREFIX_HALF_BITS},
     AddressFamily, Config, Outcome, SourceKey,
 };
 
 use super::verdict::{pass, Verdict};
-use crate::maps::{self, BANS_V4, BANS_V6, LISTS_V4, LISTS_V6, LIST_HITS};
+use crate::maps::{self, BANS_V4, BANS_V6, LISTED_24S, LISTS_V4, LISTS_V6, LIST_HITS};
 
 /// The verdict of the lists and bans on a frame of `len` bytes from
 /// `source` at `now`; `None` when none of them holds it.
@@ -18,7 +18,7 @@ use crate::maps::{self, BANS_V4, BANS_V6, LISTS_V4, LISTS_V6, LIST_HITS};
 pub(super) fn listed(config: &Config, source: &SourceKey, now: u64, len: u64) -> Option<Verdict> {
     let v4 = source.family() == AddressFamily::V4;
     let addr = &source.addr;
-    if config.lists(v4) {
+    if config.lists(v4) && (!v4 || span_listed(addr)) {
         // The live half (`Config::list_half`) and the whole address.
         let half = u32::from(config.list_half);
         let entry = if v4 {
@@ -53,6 +53,15 @@ pub(super) fn listed(config: &Config, source: &SourceKey, now: u64, len: u64) ->
         }
     }
     None
+}
+
+/// Whether a list prefix touches the /24 of IPv4 address `addr`: one
+/// array word instead of a trie walk (a walk costs about 80 ns with a
+/// million prefixes, docs/benchmarks.md).
+#[inline(always)]
+fn span_listed(addr: &[u8; 16]) -> bool {
+    let (word, bit) = span_bit(u32::from_be_bytes([addr[0], addr[1], addr[2], addr[3]]));
+    LISTED_24S.get(word).is_some_and(|w| w & bit != 0)
 }
 
 /// A frame a deny list or a ban refuses: dropped, or passed and counted
