@@ -366,8 +366,8 @@ fn deny_list() -> Vec<ipnet::IpNet> {
 }
 
 /// The tiered limiter with `deny_list()` loaded; how long reading it into
-/// trie entries and loading them took, and what the kernel accounts its
-/// trie at (`memlock` in the map's fdinfo).
+/// trie entries and loading them took, and the memory its trie takes (the
+/// larger of the kernel's slab growth and the map's `memlock`).
 fn listed() -> (Program, Duration, u64) {
     use limiter_common::lists::ListAction;
     use limiter_user::lists::{merge, List};
@@ -386,10 +386,28 @@ fn listed() -> (Program, Duration, u64) {
         prefixes,
     };
     let merged = merge(&[list], LISTED).expect("the list fits");
+    let before = kernel_memory();
     kernel::lists::load_all(&mut [&mut program.maps], &merged).expect("load the list");
     let took = started.elapsed();
+    let grown = kernel_memory().saturating_sub(before);
     let memlock = memlock(program.maps.lists_v4.map());
-    (program, took, memlock)
+    (program, took, memlock.max(grown))
+}
+
+/// The kernel's slab and vmalloc'd memory (bytes, from /proc/meminfo):
+/// where a trie's nodes live. Its growth over a load is what the trie
+/// really takes (the map's `memlock` counts entries, not the trie's inner
+/// nodes or the allocator's rounding).
+fn kernel_memory() -> u64 {
+    let info = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let field = |name: &str| -> u64 {
+        info.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .unwrap_or(0)
+            * 1024
+    };
+    field("Slab:") + field("VmallocUsed:")
 }
 
 /// The bytes the kernel accounts a map at (`memlock:` in its fdinfo).
@@ -684,7 +702,7 @@ fn main() {
     if let Some((took, memlock)) = list_load {
         let met = took < Duration::from_secs(10);
         let value = format!(
-            "{:.1} s, the IPv4 trie {:.0} MiB ({} B a prefix)",
+            "{:.1} s, the IPv4 trie {:.0} MiB ({} B a prefix, slab growth)",
             took.as_secs_f64(),
             memlock as f64 / (1 << 20) as f64,
             memlock / u64::from(LISTED)
@@ -694,7 +712,7 @@ fn main() {
             if met { "met" } else { "MISSED" }
         );
         let line = format!(
-            "{{\"case\":\"list_load_1m\",\"prefixes\":{LISTED},\"seconds\":{:.2},\"memlock_bytes\":{memlock}}}",
+            "{{\"case\":\"list_load_1m\",\"prefixes\":{LISTED},\"seconds\":{:.2},\"memory_bytes\":{memlock}}}",
             took.as_secs_f64()
         );
         println!("{line}");

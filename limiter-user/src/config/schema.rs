@@ -85,9 +85,10 @@ pub struct DaemonSection {
     /// this is then the number of sources tracked.
     pub max_hot_sources: u32,
     /// Prefixes of one family (IPv4, IPv6) across all `[[lists]]` at
-    /// once, per interface. The list tries allocate per prefix (about 90
-    /// bytes an IPv4 one, docs/configuration.md), so an unused capacity
-    /// costs nothing.
+    /// once, per interface. The list tries allocate per prefix (about 127
+    /// bytes an IPv4 one with the trie's inner nodes, twice while a new set
+    /// is loaded; docs/configuration.md), so an unused capacity costs
+    /// nothing.
     pub max_list_prefixes: u32,
     /// Where the daemon keeps what outlives it: the bans (`bans.json`).
     /// Empty: nowhere (bans then last while the pinned maps do).
