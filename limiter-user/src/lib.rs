@@ -3,6 +3,7 @@
 //!
 //! - `config`: the TOML file's form and its validation;
 //! - `rules`: operator rules compiled into what the kernel reads;
+//! - `crowdsec`: the CrowdSec bouncer (the local API's decision stream);
 //! - `lists`: `[[lists]]` read from files and merged into trie entries;
 //! - `kernel`: loading, maps, pins, attaching, pushing, reading back;
 //! - `daemon`: `xdp-limiter run` (state, loop, aggregation, metrics,
@@ -15,6 +16,7 @@
 pub mod cli;
 pub mod cluster;
 pub mod config;
+pub mod crowdsec;
 pub mod daemon;
 pub mod fault;
 pub mod guard;

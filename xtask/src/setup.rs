@@ -60,6 +60,9 @@ const DEBIAN_PACKAGES: &[&str] = &[
     // The fail2ban feed's test (tests/tests/lists/feeds.rs): a private
     // fail2ban-server driving the shipped action.
     "fail2ban",
+    // The CrowdSec bouncer's test: a private local API (`crowdsec -no-cs`)
+    // and `cscli` adding and deleting decisions.
+    "crowdsec",
     // `cargo xtask package` (debhelper) and its checks (lintian); the
     // install lane's Debian root (mmdebstrap).
     "debhelper",
@@ -73,15 +76,50 @@ const BPF_LINKER_VERSION: &str = "0.13.0";
 const LIB_DIR: &str = "/usr/lib/x86_64-linux-gnu";
 
 pub fn run() -> anyhow::Result<()> {
+    crowdsec_offline()?;
     install_debian_packages()?;
     quiet_service("redis-server")?;
     quiet_service("nginx")?;
     quiet_service("prometheus")?;
     quiet_service("fail2ban")?;
+    quiet_service("crowdsec")?;
     link_toolchain()?;
     let llvm_major = llvm_major()?;
     let prefix = llvm_shim(llvm_major)?;
     install_bpf_linker(llvm_major, &prefix)?;
+    Ok(())
+}
+
+/// crowdsec's install registers with CrowdSec's online API unless its
+/// credentials file says not to (the package's README.Debian): with no
+/// internet the registration fails and leaves the package half
+/// configured. The opt-out is a comment in that file, written before the
+/// install (and a half-configured package from an earlier try is
+/// configured again).
+fn crowdsec_offline() -> anyhow::Result<()> {
+    let dir = Path::new("/etc/crowdsec");
+    let credentials = dir.join("online_api_credentials.yaml");
+    let empty = std::fs::metadata(&credentials).map_or(true, |m| m.len() == 0);
+    if empty {
+        std::fs::create_dir_all(dir)?;
+        std::fs::write(
+            &credentials,
+            "# no Central API registration (written by cargo xtask setup: offline machine)\n",
+        )?;
+    }
+    let half_configured = run::stdout_ok(Command::new("dpkg-query").args([
+        "-W",
+        "-f=${db:Status-Abbrev}",
+        "crowdsec",
+    ]))
+    .is_some_and(|status| status.starts_with("iF") || status.starts_with("iU"));
+    if half_configured {
+        run::status(
+            Command::new("dpkg")
+                .args(["--configure", "-a"])
+                .env("DEBIAN_FRONTEND", "noninteractive"),
+        )?;
+    }
     Ok(())
 }
 
@@ -112,7 +150,7 @@ fn install_debian_packages() -> anyhow::Result<()> {
 }
 
 /// Stops and disables the system's `name` service (redis-server, nginx,
-/// prometheus, fail2ban)
+/// prometheus, fail2ban, crowdsec)
 /// if the package's install started or enabled it: nothing of the tests
 /// needs it, and a server on 6379, 80 or 9090 left running would take memory
 /// and confuse a reader of `ss -ltn` (the tests' and benchmarks' servers

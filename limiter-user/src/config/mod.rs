@@ -27,6 +27,24 @@ pub use schema::*;
 pub use tls::{PemFile, TlsFiles};
 pub use validate::{check_cluster_in_force, check_frame_sizes};
 
+/// `[crowdsec]` validated: the local API's address and the bouncer's key.
+#[derive(Clone, PartialEq)]
+pub struct CrowdsecConfig {
+    pub api_url: hyper::Uri,
+    pub api_key: String,
+    pub poll_interval: Duration,
+}
+
+impl std::fmt::Debug for CrowdsecConfig {
+    // The key is a secret: never in a log.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CrowdsecConfig")
+            .field("api_url", &self.api_url)
+            .field("poll_interval", &self.poll_interval)
+            .finish_non_exhaustive()
+    }
+}
+
 use crate::rules::{RuleError, RuleSet};
 
 /// Default per-source packet rate of the built-in default rule.
@@ -79,6 +97,9 @@ pub struct Config {
     /// The daemon keeps the one it started with across reloads (a change
     /// takes effect on restart, as `[daemon]` does).
     pub cluster: Option<ClusterConfig>,
+    /// `[crowdsec]` validated, its key read; `None`: no bouncer. Kept
+    /// across reloads, as `[daemon]` is.
+    pub crowdsec: Option<CrowdsecConfig>,
     pub file: FileConfig,
     /// The file's text as the daemon last read or wrote it (`None`: no
     /// file): `--save` refuses to overwrite a file that changed since.

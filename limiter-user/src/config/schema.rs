@@ -36,6 +36,28 @@ pub struct FileConfig {
     /// `[cluster]`; absent: no cluster, every rule is node-scoped.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cluster: Option<ClusterSection>,
+    /// `[crowdsec]`; absent: no CrowdSec bouncer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub crowdsec: Option<CrowdsecSection>,
+}
+
+/// `[crowdsec]`: follow a CrowdSec local API's decisions into bans.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct CrowdsecSection {
+    /// The local API, `http://HOST:PORT/` (CrowdSec's default is
+    /// http://127.0.0.1:8080/).
+    pub api_url: String,
+    /// A file holding the bouncer's key (`cscli bouncers add NAME`).
+    pub api_key_file: PathBuf,
+    /// How often to poll the decision stream (1 s to 1 h; default 10 s,
+    /// as CrowdSec's own bouncers).
+    #[serde(default = "default_poll_interval", with = "humantime_serde")]
+    pub poll_interval: Duration,
+}
+
+fn default_poll_interval() -> Duration {
+    Duration::from_secs(10)
 }
 
 /// What a list does with the frames of the sources it holds.

@@ -1314,3 +1314,74 @@ fn a_bad_or_taken_rule_name_is_refused_with_its_field() {
         "default.name: the default rule is named \"default\"",
     );
 }
+
+#[test]
+fn lists_are_checked_by_their_fields() {
+    let list = |body: &str| format!("[[lists]]\n{body}\n");
+    let config = Config::parse(
+        &list(
+            "name = \"office\"\naction = \"allow\"\nprefixes = [\"192.0.2.0/24\", \"2001:db8::1\"]",
+        ),
+        "t",
+    )
+    .unwrap();
+    assert_eq!(config.file.lists.len(), 1);
+    rejected(
+        &list("name = \"x\"\naction = \"deny\""),
+        "lists[0]: a list needs a `file`, `prefixes` or both",
+    );
+    rejected(
+        &list("name = \"x\"\naction = \"deny\"\nprefixes = [\"10.0.0.0/8\", \"ten\"]"),
+        "lists[0].prefixes[1]: `ten` is not an address or a CIDR prefix",
+    );
+    rejected(
+        &(list("name = \"x\"\naction = \"deny\"\nfile = \"a\"")
+            + &list("name = \"x\"\naction = \"allow\"\nfile = \"b\"")),
+        "lists[1].name: another list is named \"x\"",
+    );
+    rejected(
+        &list("name = \"x\"\naction = \"drop\"\nfile = \"a\""),
+        "unknown variant `drop`",
+    );
+}
+
+#[test]
+fn crowdsec_needs_an_http_url_and_a_key() {
+    let dir = std::env::temp_dir().join(format!("xdp-limiter-cs-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let key = dir.join("key");
+    std::fs::write(&key, "secret-key\n").unwrap();
+    let section = |url: &str, key: &std::path::Path, extra: &str| {
+        format!(
+            "[crowdsec]\napi_url = \"{url}\"\napi_key_file = \"{}\"\n{extra}",
+            key.display()
+        )
+    };
+    let config = Config::parse(&section("http://127.0.0.1:8080/", &key, ""), "t").unwrap();
+    let crowdsec = config.crowdsec.unwrap();
+    assert_eq!(crowdsec.api_key, "secret-key");
+    assert_eq!(crowdsec.poll_interval, std::time::Duration::from_secs(10));
+    assert!(
+        !format!("{crowdsec:?}").contains("secret"),
+        "the key stays out of logs"
+    );
+    rejected(
+        &section("https://lapi:8080/", &key, ""),
+        "crowdsec.api_url: \"https://lapi:8080/\": an http://HOST:PORT/ URL",
+    );
+    rejected(
+        &section("http://127.0.0.1:8080/", &dir.join("absent"), ""),
+        "crowdsec.api_key_file: cannot read",
+    );
+    std::fs::write(&key, "\n").unwrap();
+    rejected(
+        &section("http://127.0.0.1:8080/", &key, ""),
+        "crowdsec.api_key_file: ",
+    );
+    std::fs::write(&key, "k").unwrap();
+    rejected(
+        &section("http://127.0.0.1:8080/", &key, "poll_interval = \"100ms\""),
+        "crowdsec.poll_interval: 100ms is outside 1s..1h",
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}

@@ -20,6 +20,52 @@ use crate::rules::{
 /// be set to write: beyond, the cap no longer protects the log.
 const MAX_LOG_LINES: u32 = 10_000;
 
+/// `[crowdsec]`: an `http://` URL, a readable key file, a sane interval.
+fn check_crowdsec(section: &super::CrowdsecSection) -> Result<super::CrowdsecConfig, ConfigError> {
+    let api_url: hyper::Uri = section
+        .api_url
+        .parse()
+        .map_err(|e| field("crowdsec.api_url", format!("{:?}: {e}", section.api_url)))?;
+    if api_url.scheme_str() != Some("http") || api_url.authority().is_none() {
+        return Err(field(
+            "crowdsec.api_url",
+            format!(
+                "{:?}: an http://HOST:PORT/ URL of the local API (https is not supported: \
+                 run the bouncer beside the local API)",
+                section.api_url
+            ),
+        ));
+    }
+    let key = std::fs::read_to_string(&section.api_key_file).map_err(|e| {
+        field(
+            "crowdsec.api_key_file",
+            format!("cannot read {}: {e}", section.api_key_file.display()),
+        )
+    })?;
+    let api_key = key.trim().to_string();
+    if api_key.is_empty() {
+        return Err(field(
+            "crowdsec.api_key_file",
+            format!(
+                "{} is empty: put the key of `cscli bouncers add NAME` in it",
+                section.api_key_file.display()
+            ),
+        ));
+    }
+    let interval = section.poll_interval;
+    if interval < Duration::from_secs(1) || interval > Duration::from_secs(3600) {
+        return Err(field(
+            "crowdsec.poll_interval",
+            format!("{} is outside 1s..1h", humantime::format_duration(interval)),
+        ));
+    }
+    Ok(super::CrowdsecConfig {
+        api_url,
+        api_key,
+        poll_interval: interval,
+    })
+}
+
 /// The `[[lists]]` entries' own fields (their files are read when the
 /// daemon loads them, `crate::lists`).
 fn check_lists(lists: &[super::ListSection]) -> Result<(), ConfigError> {
@@ -66,6 +112,7 @@ impl FileConfig {
         check_lists(&self.lists)?;
         self.limits.guard_plan()?;
         let cluster = self.cluster.as_ref().map(|c| c.validate()).transpose()?;
+        let crowdsec = self.crowdsec.as_ref().map(check_crowdsec).transpose()?;
         let default = rule_spec(&self.default, &rule_name(0), true)?;
         let rules = self
             .rules
@@ -108,6 +155,7 @@ impl FileConfig {
             daemon: self.daemon,
             rules: set,
             cluster,
+            crowdsec,
             file,
             text: None,
         })

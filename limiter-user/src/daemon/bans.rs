@@ -123,6 +123,81 @@ impl Daemon {
         Ok(format!("unbanned {cidr}"))
     }
 
+    /// A CrowdSec poll's answer: its bans set, its ended decisions' bans
+    /// lifted (only bans CrowdSec set), and after a `startup` poll the
+    /// CrowdSec bans it no longer holds lifted. One line per ban, or one
+    /// for the whole answer when it is large (a startup poll can carry
+    /// tens of thousands).
+    pub(super) fn apply_crowdsec(&mut self, batch: crate::crowdsec::Batch) {
+        const LINES: usize = 20;
+        let origin = origin_name(BanOrigin::Crowdsec);
+        let held: Vec<BanEntry> = self
+            .ifaces
+            .first()
+            .and_then(|i| kernel::bans::list(&i.instance.program.maps).ok())
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|e| e.ban.origin() == BanOrigin::Crowdsec)
+            .collect();
+        let mut lift: Vec<IpNet> = batch
+            .unban
+            .iter()
+            .filter(|net| held.iter().any(|e| e.net == **net))
+            .copied()
+            .collect();
+        if batch.complete {
+            lift.extend(
+                held.iter()
+                    .map(|e| e.net)
+                    .filter(|net| !batch.ban.iter().any(|(n, _, _)| n == net)),
+            );
+        }
+        let loud = lift.len() + batch.ban.len() <= LINES;
+        let mut lifted = 0;
+        for net in lift {
+            let mut found = false;
+            for iface in &mut self.ifaces {
+                found |=
+                    kernel::bans::unban(&mut iface.instance.program.maps, net).unwrap_or(false);
+            }
+            if found {
+                lifted += 1;
+                self.metrics.lists.ban_changed(BanChange::Unban, origin);
+                if loud {
+                    info!(cidr = %net, origin, "unbanned");
+                }
+            }
+        }
+        let now = now_ns();
+        let mut banned = 0;
+        for (net, left, scenario) in &batch.ban {
+            let expires = now.saturating_add(left.as_nanos().min(u128::from(u64::MAX)) as u64);
+            match self.write_ban(*net, &Ban::new(now, expires, BanOrigin::Crowdsec, scenario)) {
+                Ok(()) => {
+                    banned += 1;
+                    self.metrics.lists.ban_changed(BanChange::Ban, origin);
+                    if loud {
+                        let until = format!(
+                            "for {}",
+                            humantime::format_duration(Duration::from_secs(left.as_secs()))
+                        );
+                        info!(cidr = %net, until, reason = scenario.as_str(), origin, "banned");
+                    }
+                }
+                Err(e) => warn!(error = %e, origin, "cannot set a ban"),
+            }
+        }
+        if !loud {
+            info!(
+                banned,
+                lifted, origin, "bans set and lifted from the decision stream"
+            );
+        }
+        if banned + lifted > 0 {
+            self.bans_changed();
+        }
+    }
+
     /// The bans in force (the first interface's: every interface holds the
     /// same), the soonest to end first.
     pub(super) fn bans(&self) -> Result<Vec<BanStatus>, String> {

@@ -96,6 +96,13 @@ pub async fn run(options: RunOptions) -> anyhow::Result<()> {
     // metrics endpoint.
     let mut tasks = start_watchers(&mut daemon, cluster_events);
     tasks.extend(cluster_task);
+    // The CrowdSec bouncer, with [crowdsec]: its answers reach the loop.
+    let (crowdsec_tx, mut crowdsec_rx) = tokio::sync::mpsc::channel(4);
+    if let Some(crowdsec) = daemon.config.crowdsec.clone() {
+        info!(api = %crowdsec.api_url, "following the CrowdSec local API's decisions");
+        let polls = daemon.metrics.lists.crowdsec_polls.clone();
+        tasks.push(crate::crowdsec::start(crowdsec, crowdsec_tx.clone(), polls));
+    }
     tasks.push(metrics::serve(listener, daemon.metrics.registry.clone()));
     info!(addr = %settings.metrics_addr, "serving metrics on /metrics");
     info!(socket = %settings.control_socket.display(), "control socket ready");
@@ -118,6 +125,7 @@ pub async fn run(options: RunOptions) -> anyhow::Result<()> {
             _ = hangup.recv() => {
                 daemon.reload();
             }
+            Some(batch) = crowdsec_rx.recv() => daemon.apply_crowdsec(batch),
             Some(command) = control_rx.recv() => match daemon.handle(command.request) {
                 Handled::Answer(response) => {
                     let _ = command.reply.send(response);
@@ -133,6 +141,7 @@ pub async fn run(options: RunOptions) -> anyhow::Result<()> {
         }
     }
     notify::stopping();
+    drop(crowdsec_tx);
     control::remove(&settings.control_socket);
     tasks.iter().for_each(tokio::task::JoinHandle::abort);
     let failed = startup::shutdown(

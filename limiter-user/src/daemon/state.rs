@@ -202,6 +202,9 @@ impl Daemon {
         if fresh.cluster != self.config.cluster {
             warn!("SIGHUP: [cluster] settings changed; they take effect on restart");
         }
+        if fresh.crowdsec != self.config.crowdsec {
+            warn!("SIGHUP: [crowdsec] settings changed; they take effect on restart");
+        }
         let generation = match self.push(&fresh.rules) {
             Ok(generation) => generation,
             Err(e) => {

@@ -268,3 +268,218 @@ fn fail2ban_bans_and_unbans_through_the_shipped_action() {
     let log = fs::read_to_string(files.dir.join("fail2ban.log")).unwrap_or_default();
     assert!(!log.contains("ERROR"), "{log}");
 }
+
+/// A CrowdSec local API of Debian's crowdsec, alone (`-no-cs`: no
+/// agent), with everything under `dir` and listening on 127.0.0.1:8080 of
+/// namespace `ns`; a bouncer registered with key `KEY`.
+struct Lapi {
+    server: Server,
+    dir: std::path::PathBuf,
+    ns: String,
+}
+
+const KEY: &str = "xdp-limiter-test-bouncer-key-0123456789";
+
+impl Lapi {
+    fn start(ns: &limiter_tests::netns::NetNs, dir: std::path::PathBuf) -> Self {
+        fs::create_dir_all(dir.join("data")).unwrap();
+        let d = dir.display();
+        fs::write(
+            dir.join("config.yaml"),
+            format!(
+                "common:\n  daemonize: false\n  log_media: stdout\n  log_level: info\n  working_dir: .\n\
+                 config_paths:\n  config_dir: {d}/\n  data_dir: {d}/data/\n  simulation_path: {d}/simulation.yaml\n  \
+                 hub_dir: {d}/hub/\n  index_path: {d}/hub/.index.json\n  notification_dir: {d}/notifications/\n  \
+                 plugin_dir: /usr/lib/crowdsec/plugins/\ncrowdsec_service:\n  acquisition_path: {d}/acquis.yaml\n\
+                 cscli:\n  output: human\n  color: \"no\"\ndb_config:\n  log_level: info\n  type: sqlite\n  \
+                 db_path: {d}/data/crowdsec.db\n  use_wal: false\napi:\n  client:\n    insecure_skip_verify: false\n    \
+                 credentials_path: {d}/local_api_credentials.yaml\n  server:\n    log_level: info\n    \
+                 listen_uri: 127.0.0.1:8080\n    profiles_path: {d}/profiles.yaml\n    console_path: {d}/console.yaml\n    \
+                 trusted_ips:\n      - 127.0.0.1\n      - ::1\nprometheus:\n  enabled: false\n"
+            ),
+        )
+        .unwrap();
+        fs::write(
+            dir.join("profiles.yaml"),
+            "name: default_ip_remediation\nfilters:\n - Alert.Remediation == true && Alert.GetScope() == \"Ip\"\n\
+             decisions:\n - type: ban\n   duration: 4h\non_success: break\n",
+        )
+        .unwrap();
+        fs::write(
+            dir.join("simulation.yaml"),
+            "simulation: false\nexclusions: []\n",
+        )
+        .unwrap();
+        let lapi = |program: &str| {
+            let mut cmd = Command::new("nsenter");
+            cmd.arg(format!("--net=/run/netns/{}", ns.name()))
+                .arg(program)
+                .arg("-c")
+                .arg(dir.join("config.yaml"))
+                .current_dir(&dir);
+            cmd
+        };
+        let credentials = dir.join("local_api_credentials.yaml");
+        for args in [
+            vec![
+                "machines",
+                "add",
+                "test",
+                "--password",
+                "TestPassw0rdTestPassw0rd",
+                "-f",
+                credentials.to_str().unwrap(),
+                "--url",
+                "http://127.0.0.1:8080/",
+            ],
+            vec!["bouncers", "add", "xdp-limiter", "-k", KEY, "-o", "raw"],
+        ] {
+            let out = lapi("cscli")
+                .args(&args)
+                .output()
+                .expect("cscli (cargo xtask setup installs crowdsec)");
+            assert!(
+                out.status.success(),
+                "cscli {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let server = Server(
+            lapi("crowdsec")
+                .arg("-no-cs")
+                .stdin(std::process::Stdio::null())
+                .stdout(fs::File::create(dir.join("lapi.log")).unwrap())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .expect("crowdsec"),
+        );
+        let mut lapi = Self {
+            server,
+            dir,
+            ns: ns.name().to_string(),
+        };
+        let health = wait_until(Duration::from_secs(20), Duration::from_millis(20), || {
+            if let Ok(Some(status)) = lapi.server.0.try_wait() {
+                panic!("crowdsec exited ({status}): {}", lapi.log());
+            }
+            let answer = ns.enter(|| {
+                ureq::get("http://127.0.0.1:8080/health")
+                    .timeout(Duration::from_secs(1))
+                    .call()
+                    .ok()
+                    .map(|r| r.status())
+            });
+            (answer == Some(200)).then_some(())
+        });
+        assert!(
+            health.is_some(),
+            "the local API never answered: {}",
+            lapi.log()
+        );
+        lapi
+    }
+
+    fn log(&self) -> String {
+        fs::read_to_string(self.dir.join("lapi.log")).unwrap_or_default()
+    }
+
+    /// `cscli decisions <args>` through the running local API.
+    fn decisions(&self, args: &[&str]) {
+        let out = Command::new("nsenter")
+            .arg(format!("--net=/run/netns/{}", self.ns))
+            .args(["cscli", "-c"])
+            .arg(self.dir.join("config.yaml"))
+            .arg("decisions")
+            .args(args)
+            .current_dir(&self.dir)
+            .output()
+            .expect("cscli");
+        assert!(
+            out.status.success(),
+            "cscli decisions {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+#[test]
+fn crowdsec_decisions_become_bans_and_their_deletion_lifts_them() {
+    let lab = Lab::three_senders();
+    let files = Files::new();
+    fs::write(files.dir.join("blocked.txt"), "").unwrap();
+    let lapi = Lapi::start(&lab.rx, files.dir.join("crowdsec"));
+    fs::write(files.dir.join("bouncer.key"), format!("{KEY}\n")).unwrap();
+    files.write_config(&format!(
+        "{}\n[crowdsec]\napi_url = \"http://127.0.0.1:8080/\"\napi_key_file = \"{}\"\npoll_interval = \"1s\"\n",
+        config(&files),
+        files.dir.join("bouncer.key").display()
+    ));
+    let receiver = lab.receiver(PORT);
+    let daemon = start(&lab, &files);
+
+    lapi.decisions(&[
+        "add",
+        "--ip",
+        &HEAVY.to_string(),
+        "--duration",
+        "1h",
+        "--reason",
+        "ssh-bf",
+    ]);
+    lapi.decisions(&[
+        "add",
+        "--range",
+        "203.0.113.0/24",
+        "--duration",
+        "2h",
+        "--reason",
+        "scan",
+    ]);
+    let banned = wait_until(Duration::from_secs(15), Duration::from_millis(100), || {
+        let all = bans(&files);
+        (all.len() == 2).then_some(all)
+    })
+    .unwrap_or_else(|| panic!("no bans: {}", daemon.log()));
+    let heavy = banned
+        .iter()
+        .find(|b| b["cidr"] == format!("{HEAVY}/32"))
+        .expect("HEAVY banned");
+    assert_eq!(
+        (heavy["origin"].as_str(), heavy["reason"].as_str()),
+        (Some("crowdsec"), Some("ssh-bf"))
+    );
+    assert!(
+        (3590..=3600).contains(&heavy["remaining_s"].as_u64().unwrap()),
+        "{heavy}"
+    );
+    assert!(banned.iter().any(|b| b["cidr"] == "203.0.113.0/24"));
+    assert_eq!(through(&lab, &receiver, HEAVY, 5), 0);
+    assert_eq!(through(&lab, &receiver, MEDIUM, 5), 5);
+
+    // A deleted decision lifts its ban; a CLI ban CrowdSec never set stays.
+    files.cli_ok(&["ban", &MEDIUM.to_string(), "--for", "1h"]);
+    lapi.decisions(&["delete", "--ip", &HEAVY.to_string()]);
+    let lifted = wait_until(Duration::from_secs(15), Duration::from_millis(100), || {
+        let all = bans(&files);
+        (!all.iter().any(|b| b["cidr"] == format!("{HEAVY}/32"))).then_some(all)
+    })
+    .unwrap_or_else(|| panic!("the ban stayed: {}", daemon.log()));
+    assert_eq!(lifted.len(), 2, "{lifted:?}");
+    assert_eq!(through(&lab, &receiver, HEAVY, 5), 5);
+    assert!(
+        daemon
+            .metric("xdp_limiter_crowdsec_polls_total{result=\"ok\"}")
+            .unwrap()
+            >= 2.0
+    );
+    assert_eq!(
+        daemon
+            .metric("xdp_limiter_crowdsec_polls_total{result=\"error\"}")
+            .unwrap_or(0.0),
+        0.0
+    );
+    assert_eq!(
+        daemon.metric("xdp_limiter_ban_changes_total{change=\"unban\",origin=\"crowdsec\"}"),
+        Some(1.0)
+    );
+}

@@ -40,6 +40,8 @@ pub struct ListMetrics {
     load_seconds: Gauge,
     bans: IntGauge,
     ban_changes: IntCounterVec,
+    /// The CrowdSec bouncer's polls of the local API, by result.
+    pub crowdsec_polls: IntCounterVec,
     /// The kernel's last totals per interface and list index.
     last: HashMap<(String, usize), Counter>,
 }
@@ -86,6 +88,12 @@ impl ListMetrics {
                 "xdp_limiter_ban_changes_total",
                 "Bans added, lifted and ended, by change and origin.",
                 &["change", "origin"],
+            ),
+            crowdsec_polls: counter(
+                registry,
+                "xdp_limiter_crowdsec_polls_total",
+                "Polls of the CrowdSec local API's decision stream, by result (ok, error).",
+                &["result"],
             ),
             last: HashMap::new(),
         }
