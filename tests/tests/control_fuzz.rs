@@ -9,7 +9,7 @@
 //! was.
 //!
 //! Lines that would change the state if accepted (`mode`, `reload`,
-//! `unblock`, `detach`, `ban`, `unban`, and rule edits the library accepts) are not sent,
+//! `unblock`, `detach`, `ban`, `unban`, list edits, and rule edits the library accepts) are not sent,
 //! except behind another request on one connection, where they must not be
 //! executed. The seed is fixed: a failure names the line and reproduces.
 
@@ -212,7 +212,8 @@ fn predict(line: &str, file: &FileConfig) -> Option<Expect> {
             | Request::Unblock { .. }
             | Request::Detach
             | Request::Ban { .. }
-            | Request::Unban { .. },
+            | Request::Unban { .. }
+            | Request::ListEdit { .. },
         ) => None,
         // Its answer depends on the traffic seen (and with `apply` it
         // changes the rules): tests/tests/suggest.rs checks it.

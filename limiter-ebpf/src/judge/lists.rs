@@ -1,6 +1,6 @@
 //! Lists and bans, judged before the rules (`limiter_common::lists`): an
 //! allow list passes the frame, a deny list or an active ban refuses it;
-//! each a flag test unless the daemon loaded some.
+//! a flag test unless the daemon loaded some.
 
 use aya_ebpf::{bindings::xdp_action::XDP_DROP, maps::lpm_trie::Key};
 use limiter_common::{
@@ -10,12 +10,48 @@ use limiter_common::{
 };
 
 use super::verdict::{pass, Verdict};
-use crate::maps::{self, BANS_V4, BANS_V6, LISTED_24S, LISTS_V4, LISTS_V6, LIST_HITS};
+use crate::maps::{self, BANS_V4, BANS_V6, CONFIG, LISTED_24S, LISTS_V4, LISTS_V6, LIST_HITS};
+
+/// `listed`'s answers: no list or ban holds the source; an allow list
+/// does; a deny list or a ban refuses it.
+const NOT_LISTED: u32 = 0;
+const LISTED_ALLOW: u32 = 1;
+const LISTED_DENY: u32 = 2;
 
 /// The verdict of the lists and bans on a frame of `len` bytes from
-/// `source` at `now`; `None` when none of them holds it.
+/// `source` at `now`; `None` when none of them holds it (or none is
+/// loaded: one byte test each).
 #[inline(always)]
-pub(super) fn listed(config: &Config, source: &SourceKey, now: u64, len: u64) -> Option<Verdict> {
+pub(super) fn judge(config: &Config, source: &SourceKey, now: u64, len: u64) -> Option<Verdict> {
+    let v4 = source.family() == AddressFamily::V4;
+    if !config.lists(v4) && !config.bans() {
+        return None;
+    }
+    match listed(source, len, now) {
+        NOT_LISTED => None,
+        LISTED_ALLOW => Some(pass(Outcome::Allowed)),
+        _ if config.dry_run() => Some(pass(Outcome::DryRunWouldDrop)),
+        _ => Some(Verdict {
+            action: XDP_DROP,
+            outcome: Outcome::DroppedDeny,
+            level: 0,
+        }),
+    }
+}
+
+/// Looks `source` up in the live lists, then the bans, and counts what
+/// holds it (a list's hits, `banned`). A global BPF function: the
+/// verifier walks it once, apart from the judge, whose paths after it
+/// then differ only in its scalar answer.
+#[no_mangle]
+#[inline(never)]
+pub extern "C" fn listed(source: *const SourceKey, len: u64, now: u64) -> u32 {
+    // SAFETY: a global function's pointer argument may be null (checked
+    // here); otherwise it is the caller's parsed source, alive for the
+    // call.
+    let (Some(source), Some(config)) = (unsafe { source.as_ref() }, CONFIG.get(0)) else {
+        return NOT_LISTED;
+    };
     let v4 = source.family() == AddressFamily::V4;
     let addr = &source.addr;
     if config.lists(v4) && (!v4 || span_listed(addr)) {
@@ -33,10 +69,10 @@ pub(super) fn listed(config: &Config, source: &SourceKey, now: u64, len: u64) ->
                 // with migration disabled, so nothing else writes it.
                 unsafe { (*hits).add(len) };
             }
-            return Some(match entry.action() {
-                ListAction::Allow => pass(Outcome::Allowed),
-                ListAction::Deny => deny(config),
-            });
+            return match entry.action() {
+                ListAction::Allow => LISTED_ALLOW,
+                ListAction::Deny => LISTED_DENY,
+            };
         }
     }
     if config.bans() {
@@ -45,14 +81,12 @@ pub(super) fn listed(config: &Config, source: &SourceKey, now: u64, len: u64) ->
         } else {
             BANS_V6.get(Key::new(128, *addr))
         };
-        if let Some(ban) = ban {
-            if ban.active(now) {
-                maps::count(Outcome::Banned, len);
-                return Some(deny(config));
-            }
+        if ban.is_some_and(|ban| ban.active(now)) {
+            maps::count(Outcome::Banned, len);
+            return LISTED_DENY;
         }
     }
-    None
+    NOT_LISTED
 }
 
 /// Whether a list prefix touches the /24 of IPv4 address `addr`: one
@@ -62,19 +96,4 @@ pub(super) fn listed(config: &Config, source: &SourceKey, now: u64, len: u64) ->
 fn span_listed(addr: &[u8; 16]) -> bool {
     let (word, bit) = span_bit(u32::from_be_bytes([addr[0], addr[1], addr[2], addr[3]]));
     LISTED_24S.get(word).is_some_and(|w| w & bit != 0)
-}
-
-/// A frame a deny list or a ban refuses: dropped, or passed and counted
-/// in global dry-run. Counted against no rule.
-#[inline(always)]
-fn deny(config: &Config) -> Verdict {
-    if config.dry_run() {
-        pass(Outcome::DryRunWouldDrop)
-    } else {
-        Verdict {
-            action: XDP_DROP,
-            outcome: Outcome::DroppedDeny,
-            level: 0,
-        }
-    }
 }

@@ -44,7 +44,7 @@ pub fn judge(ctx: &XdpContext, packet: &Packet, len: u64) -> Verdict {
     let Some(config) = CONFIG.get(0) else {
         return pass(Outcome::Passed);
     };
-    if let Some(verdict) = lists::listed(config, &packet.source, now, len) {
+    if let Some(verdict) = lists::judge(config, &packet.source, now, len) {
         return verdict;
     }
     if config.generation == 0 {

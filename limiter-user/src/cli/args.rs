@@ -42,6 +42,11 @@ pub enum Command {
     Unban(UnbanArgs),
     /// The bans in force, the soonest to end first.
     Bans(ReadArgs),
+    /// Add prefixes to a list, or remove them: add, rm.
+    List {
+        #[command(subcommand)]
+        action: ListCommand,
+    },
     /// Make the daemon re-read its configuration file.
     Reload(SocketArg),
     /// Propose a per-source limit per rule from the distribution of
@@ -274,6 +279,30 @@ pub struct BanArgs {
     /// Why, shown by `bans` (at most 47 bytes kept).
     #[arg(long, default_value = "")]
     pub reason: String,
+    #[command(flatten)]
+    pub socket: SocketArg,
+}
+
+#[derive(Subcommand)]
+pub enum ListCommand {
+    /// Add prefixes to a `[[lists]]` list's `prefixes`, live.
+    Add(ListEditArgs),
+    /// Remove prefixes from a list's `prefixes` (not from its file), live.
+    Rm(ListEditArgs),
+}
+
+/// `list add|rm`.
+#[derive(Args)]
+pub struct ListEditArgs {
+    /// The list's name (`status` shows them).
+    pub list: String,
+    /// Prefixes (an address is a /32 or /128).
+    #[arg(required = true, value_parser = prefix)]
+    pub prefixes: Vec<IpNet>,
+    /// Also write the list's prefixes to the configuration file (edited in
+    /// place); without it a reload goes back to the file.
+    #[arg(long)]
+    pub save: bool,
     #[command(flatten)]
     pub socket: SocketArg,
 }

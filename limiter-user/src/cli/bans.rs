@@ -1,14 +1,15 @@
 //! `xdp-limiter ban CIDR --for D`, `unban CIDR`, `bans`: the daemon's
 //! bans (`daemon::bans`), which fail2ban's action and the CrowdSec
-//! bouncer set too.
+//! bouncer set too; and `list add|rm NAME CIDR...`, a list's own
+//! prefixes edited live.
 
 use std::path::Path;
 
 use super::{
-    args::{BanArgs, BanFor, UnbanArgs},
+    args::{BanArgs, BanFor, ListCommand, UnbanArgs},
     client, Output,
 };
-use crate::proto::{BanStatus, Reply, Request};
+use crate::proto::{BanStatus, ListOp, Reply, Request};
 
 pub fn ban(args: &BanArgs) -> anyhow::Result<()> {
     let duration = match args.duration {
@@ -31,6 +32,22 @@ pub fn unban(args: &UnbanArgs) -> anyhow::Result<()> {
         Request::Unban {
             cidr: args.cidr,
             missing_ok: args.missing_ok,
+        },
+    )
+}
+
+pub fn edit_list(command: ListCommand) -> anyhow::Result<()> {
+    let (op, args) = match command {
+        ListCommand::Add(args) => (ListOp::Add, args),
+        ListCommand::Rm(args) => (ListOp::Remove, args),
+    };
+    client::done(
+        &args.socket.path,
+        Request::ListEdit {
+            list: args.list,
+            op,
+            prefixes: args.prefixes,
+            save: args.save,
         },
     )
 }

@@ -49,6 +49,7 @@ pub fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::Ban(args) => bans::ban(&args),
         Command::Unban(args) => bans::unban(&args),
         Command::Bans(args) => bans::list(&args.socket.path, args.output),
+        Command::List { action } => bans::edit_list(action),
         Command::Reload(args) => reload::run(&args),
         Command::Suggest(args) => suggest::run(&args),
         Command::Rule { action } => rule::run(action),

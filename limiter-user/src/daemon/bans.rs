@@ -73,7 +73,7 @@ impl Daemon {
         let until = duration.map_or("until unbanned".to_string(), |d| {
             format!("for {}", humantime::format_duration(d))
         });
-        info!(%cidr, until, reason, origin = origin_name(origin), "banned");
+        info!(event = "ban", %cidr, until, reason, origin = origin_name(origin), "banned");
         self.metrics
             .lists
             .ban_changed(BanChange::Ban, origin_name(origin));
@@ -115,7 +115,7 @@ impl Daemon {
         if !found {
             return Err(format!("{cidr} is not banned (`bans` lists the bans)"));
         }
-        info!(%cidr, origin = origin_name(origin), "unbanned");
+        info!(event = "unban", %cidr, origin = origin_name(origin), "unbanned");
         self.metrics
             .lists
             .ban_changed(BanChange::Unban, origin_name(origin));
@@ -164,7 +164,7 @@ impl Daemon {
                 lifted += 1;
                 self.metrics.lists.ban_changed(BanChange::Unban, origin);
                 if loud {
-                    info!(cidr = %net, origin, "unbanned");
+                    info!(event = "unban", cidr = %net, origin, "unbanned");
                 }
             }
         }
@@ -181,7 +181,7 @@ impl Daemon {
                             "for {}",
                             humantime::format_duration(Duration::from_secs(left.as_secs()))
                         );
-                        info!(cidr = %net, until, reason = scenario.as_str(), origin, "banned");
+                        info!(event = "ban", cidr = %net, until, reason = scenario.as_str(), origin, "banned");
                     }
                 }
                 Err(e) => warn!(error = %e, origin, "cannot set a ban"),
@@ -230,7 +230,7 @@ impl Daemon {
         ended.dedup_by_key(|e| e.net);
         for entry in &ended {
             let origin = origin_name(entry.ban.origin());
-            info!(cidr = %entry.net, reason = entry.ban.reason(), origin, "ban ended");
+            info!(event = "ban_ended", cidr = %entry.net, reason = entry.ban.reason(), origin, "ban ended");
             self.metrics.lists.ban_changed(BanChange::Expired, origin);
         }
         if !ended.is_empty() {

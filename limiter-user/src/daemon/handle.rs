@@ -77,6 +77,12 @@ impl Daemon {
                 .unban(cidr, missing_ok, limiter_common::lists::BanOrigin::Cli)
                 .map(done),
             Request::Bans => self.bans().map(|bans| Reply::Bans { bans }),
+            Request::ListEdit {
+                list,
+                op,
+                prefixes,
+                save,
+            } => self.edit_list(&list, op, &prefixes, save).map(done),
             Request::Rules { edit, save } => self.edit_rules(edit, save).map(done),
             Request::Mode {
                 dry_run,

@@ -5,6 +5,7 @@
 
 use std::{path::PathBuf, time::Instant};
 
+use ipnet::IpNet;
 use limiter_common::{lists::ListAction, Counter};
 use tracing::{info, warn};
 
@@ -13,7 +14,7 @@ use crate::{
     config::ListSection,
     kernel::{self, Maps},
     lists::{self, List, Merged},
-    proto::ListStatus,
+    proto::{ListOp, ListStatus},
 };
 
 /// The lists the kernel holds: each one's name, action, file and
@@ -86,10 +87,11 @@ impl Daemon {
         self.metrics.lists.loaded(&loaded, seconds);
         if changed {
             info!(
+                event = "lists_loaded",
                 lists = loaded.len(),
                 ipv4_prefixes = merged.v4.len(),
                 ipv6_prefixes = merged.v6.len(),
-                seconds = format!("{seconds:.2}"),
+                seconds = (seconds * 100.0).round() / 100.0,
                 "lists loaded"
             );
         }
@@ -121,6 +123,79 @@ impl Daemon {
                     warn!(iface = %iface.instance.iface, error = %e, "cannot read the lists' counters")
                 }
             }
+        }
+    }
+
+    /// `list add|rm`: `prefixes` added to or removed from the `prefixes`
+    /// of list `name` (not its file's), the lists loaded again; with
+    /// `save`, the configuration file edited in place too. Nothing changes
+    /// when the edit is refused.
+    pub(super) fn edit_list(
+        &mut self,
+        name: &str,
+        op: ListOp,
+        prefixes: &[IpNet],
+        save: bool,
+    ) -> Result<String, String> {
+        let mut file = self.config.file.clone();
+        let Some(section) = file.lists.iter_mut().find(|l| l.name == name) else {
+            return Err(format!(
+                "no list is named {name:?} (`status` shows the lists)"
+            ));
+        };
+        for prefix in prefixes.iter().map(IpNet::trunc) {
+            let held = section.prefixes.iter().position(|p| {
+                p.parse::<IpNet>().map(|n| n.trunc()) == Ok(prefix)
+                    || p.parse::<std::net::IpAddr>().map(IpNet::from) == Ok(prefix)
+            });
+            match (op, held) {
+                (ListOp::Add, None) => section.prefixes.push(prefix.to_string()),
+                (ListOp::Add, Some(_)) => {}
+                (ListOp::Remove, Some(i)) => {
+                    section.prefixes.remove(i);
+                }
+                (ListOp::Remove, None) => {
+                    return Err(format!(
+                        "{prefix} is not among list {name}'s prefixes (a prefix of its file \
+                         goes with an edit of the file and a reload)"
+                    ))
+                }
+            }
+        }
+        if section.file.is_none() && section.prefixes.is_empty() {
+            return Err(format!(
+                "list {name} would be empty: remove it from the configuration instead"
+            ));
+        }
+        let read = self.read_lists(&file.lists).map_err(|e| e.to_string())?;
+        self.load_lists(read)
+            .map_err(|e| format!("loading the lists failed: {e:#}"))?;
+        self.config.file = file;
+        let count = self
+            .live_lists
+            .lists
+            .iter()
+            .find(|(n, _, _, _)| n == name)
+            .map_or(0, |(_, _, _, count)| *count);
+        let verb = match op {
+            ListOp::Add => "added to",
+            ListOp::Remove => "removed from",
+        };
+        let done = format!(
+            "{} {} list {name} (now {count} prefixes)",
+            prefixes.len(),
+            verb
+        );
+        info!(
+            list = name,
+            op = verb,
+            prefixes = prefixes.len(),
+            "list edited through the control socket"
+        );
+        if save {
+            super::edit::save(self.options.config.as_deref(), &mut self.config, &done)
+        } else {
+            Ok(done)
         }
     }
 

@@ -36,6 +36,8 @@ pub const REQUEST_KEYS: &[&str] = &[
     "duration",
     "reason",
     "missing_ok",
+    "list",
+    "prefixes",
 ];
 
 /// A request, as sent: `{"version":1,"command":"status"}`.
@@ -111,6 +113,15 @@ pub enum Request {
     },
     /// The bans in force, answered with [`Reply::Bans`].
     Bans,
+    /// Add prefixes to, or remove them from, list `list`'s `prefixes`
+    /// (live; with `save`, written to the file too).
+    ListEdit {
+        list: String,
+        op: ListOp,
+        prefixes: Vec<ipnet::IpNet>,
+        #[serde(default)]
+        save: bool,
+    },
     /// A limit per `limit` rule (or the one named) from the distribution
     /// of per-source rates over `since`: the `quantile`'s rate times
     /// `headroom`; with `apply`, set live as a dry-run rule. Answered with
@@ -131,6 +142,14 @@ pub enum Request {
         #[serde(default)]
         apply: bool,
     },
+}
+
+/// What a list edit does with its prefixes.
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum ListOp {
+    Add,
+    Remove,
 }
 
 /// One change to the rules.

@@ -287,6 +287,12 @@ fn request_keys_are_the_keys_requests_have() {
             missing_ok: true,
         },
         Request::Bans,
+        Request::ListEdit {
+            list: "office".into(),
+            op: crate::proto::ListOp::Add,
+            prefixes: vec!["192.0.2.0/24".parse().unwrap()],
+            save: true,
+        },
         Request::Suggest {
             rule: Some("default".into()),
             since: Some(Duration::from_secs(3600)),

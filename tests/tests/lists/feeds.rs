@@ -86,6 +86,14 @@ fn a_daemon_judges_lists_and_bans_that_end_on_their_own_and_survive_a_restart() 
         Some(1.0)
     );
     daemon.wait_log("ban ended");
+    let log = daemon.log();
+    for event in [
+        "event=\"ban\"",
+        "event=\"ban_ended\"",
+        "event=\"lists_loaded\"",
+    ] {
+        assert!(log.contains(event), "{event} missing: {log}");
+    }
     assert_eq!(through(&lab, &receiver, HEAVY, 10), 10, "the ban ended");
     assert!(bans(&files).is_empty());
     daemon.wait_metric(
@@ -95,7 +103,7 @@ fn a_daemon_judges_lists_and_bans_that_end_on_their_own_and_survive_a_restart() 
     assert!(
         daemon
             .metric(&format!(
-                "xdp_limiter_list_packets_total{{action=\"deny\",iface=\"{RX_IF}\",list=\"blocked\"}}"
+                "xdp_limiter_list_packets_total{{action=\"deny\",interface=\"{RX_IF}\",list=\"blocked\"}}"
             ))
             .unwrap_or(0.0)
             >= 10.0
@@ -142,6 +150,43 @@ fn a_daemon_judges_lists_and_bans_that_end_on_their_own_and_survive_a_restart() 
     daemon.wait_log("configuration reloaded");
     assert_eq!(through(&lab, &receiver, MEDIUM, 5), 5, "no longer listed");
     assert_eq!(status(&files)["lists"][0]["prefixes"], 1);
+
+    // A list's own prefixes edited live, and saved into the file.
+    let out = files.cli_ok(&["list", "add", "blocked", &MEDIUM.to_string(), "--save"]);
+    assert!(
+        out.contains("1 added to list blocked (now 2 prefixes); saved"),
+        "{out}"
+    );
+    assert_eq!(through(&lab, &receiver, MEDIUM, 5), 0, "added");
+    let saved = fs::read_to_string(files.config()).unwrap();
+    assert!(
+        saved.contains(&format!("prefixes = [\"{MEDIUM}/32\"]")),
+        "{saved}"
+    );
+    assert!(saved.contains("file = \"blocked.txt\""), "{saved}");
+    files.cli_ok(&["list", "rm", "blocked", &MEDIUM.to_string()]);
+    assert_eq!(
+        through(&lab, &receiver, MEDIUM, 5),
+        5,
+        "removed (live only)"
+    );
+    for (args, reason) in [
+        (
+            vec!["list", "rm", "blocked", "203.0.113.0/24"],
+            "not among list blocked's prefixes",
+        ),
+        (
+            vec!["list", "add", "nosuch", "192.0.2.9"],
+            "no list is named \"nosuch\"",
+        ),
+    ] {
+        let out = files.cli(&args);
+        assert!(!out.status.success(), "{args:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains(reason),
+            "{args:?}: {out:?}"
+        );
+    }
 }
 
 /// fail2ban's private instance: its configuration in `dir`, our action

@@ -53,13 +53,13 @@ impl ListMetrics {
                 registry,
                 "xdp_limiter_list_packets_total",
                 "Frames a list judged (allowed or denied), by interface and list.",
-                &["iface", "list", "action"],
+                &["interface", "list", "action"],
             ),
             bytes: counter(
                 registry,
                 "xdp_limiter_list_bytes_total",
                 "Bytes of the frames a list judged, by interface and list.",
-                &["iface", "list", "action"],
+                &["interface", "list", "action"],
             ),
             prefixes: gauge(
                 registry,
