@@ -25,6 +25,16 @@ use crate::{
 /// The file the bans are kept in, in `[daemon] state_dir`.
 const BANS_FILE: &str = "bans.json";
 
+/// What the daemon knows of the bans without walking them.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BanBook {
+    /// The earliest end of a ban (the kernel's clock; `u64::MAX`: none),
+    /// when the next sweep is due. 0 at start-up: sweep at once.
+    pub next_end: u64,
+    /// Bans in force after the last change or sweep.
+    pub in_force: usize,
+}
+
 /// A ban as the state file keeps it: its end by the wall clock (the
 /// kernel's clock restarts with the machine).
 #[derive(Debug, Deserialize, Serialize)]
@@ -83,6 +93,7 @@ impl Daemon {
 
     /// Writes `ban` of `cidr` on every interface, or on none.
     fn write_ban(&mut self, cidr: IpNet, ban: &Ban) -> Result<(), String> {
+        self.ban_book.next_end = self.ban_book.next_end.min(ban.expires_ns);
         for i in 0..self.ifaces.len() {
             if let Err(e) = kernel::bans::ban(&mut self.ifaces[i].instance.program.maps, cidr, ban)
             {
@@ -215,9 +226,14 @@ impl Daemon {
         Ok(bans)
     }
 
-    /// Removes the ended bans (once a tick): each logged and counted.
+    /// Removes the ended bans, logged and counted each, once the earliest
+    /// end the daemon knows of has passed (not every tick: a walk of the
+    /// ban tries costs a syscall a ban).
     pub(super) fn sweep_bans(&mut self) {
         let now = now_ns();
+        if now < self.ban_book.next_end {
+            return;
+        }
         let mut ended = Vec::new();
         for iface in &mut self.ifaces {
             match kernel::bans::sweep(&mut iface.instance.program.maps, now) {
@@ -233,20 +249,27 @@ impl Daemon {
             info!(event = "ban_ended", cidr = %entry.net, reason = entry.ban.reason(), origin, "ban ended");
             self.metrics.lists.ban_changed(BanChange::Expired, origin);
         }
-        if !ended.is_empty() {
-            self.bans_changed();
-        } else if let Some(iface) = self.ifaces.first() {
-            let count = kernel::bans::list(&iface.instance.program.maps)
-                .map(|bans| bans.len())
-                .unwrap_or(0);
-            self.metrics.lists.set_bans(count);
-        }
+        self.bans_changed();
     }
 
-    /// After a change: the gauge, and the state file.
+    /// After a change: the earliest end, the count, the gauge, and the
+    /// state file.
     fn bans_changed(&mut self) {
         let Ok(bans) = self.bans() else {
             return;
+        };
+        // Every ban the kernel holds, ended ones not yet swept included.
+        let next_end = self
+            .ifaces
+            .iter()
+            .filter_map(|i| kernel::bans::list(&i.instance.program.maps).ok())
+            .flatten()
+            .map(|e| e.ban.expires_ns)
+            .min()
+            .unwrap_or(u64::MAX);
+        self.ban_book = BanBook {
+            next_end,
+            in_force: bans.len(),
         };
         self.metrics.lists.set_bans(bans.len());
         let Some(path) = self.bans_file() else {

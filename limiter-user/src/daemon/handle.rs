@@ -161,7 +161,7 @@ impl Daemon {
             guard,
             rule_guards,
             lists: self.list_status(),
-            bans: self.bans().map_or(0, |bans| bans.len()),
+            bans: self.ban_book.in_force,
         }
     }
 

@@ -57,6 +57,8 @@ pub struct Daemon {
         std::collections::HashMap<String, crate::guard::RollbackBudget<Instant>>,
     /// The `[[lists]]` the kernel holds.
     pub(super) live_lists: super::lists::LiveLists,
+    /// When the next ban ends, and how many are in force.
+    pub(super) ban_book: super::bans::BanBook,
 }
 
 /// One protected interface and what the daemon has seen of it.
@@ -102,6 +104,7 @@ impl Daemon {
             rule_guards: Vec::new(),
             rollback_budgets: std::collections::HashMap::new(),
             live_lists: super::lists::LiveLists::default(),
+            ban_book: super::bans::BanBook::default(),
         }
     }
 
