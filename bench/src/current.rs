@@ -306,7 +306,9 @@ fn xdp(md: &mut String, saved: Option<&Saved>) {
         return;
     };
     md.push_str("| case | limiter | baseline | ratio |\n| --- | ---: | ---: | ---: |\n");
-    for l in run.figures() {
+    // Per-case lines only: a figure of another shape (the list's load)
+    // is in the targets.
+    for l in run.figures().filter(|l| l.get("ns_per_pkt").is_some()) {
         let _ = writeln!(
             md,
             "| `{}` | {:.0} | {:.0} | {:.2}x |",

@@ -107,7 +107,7 @@ pub struct DaemonSection {
     /// this is then the number of sources tracked.
     pub max_hot_sources: u32,
     /// Prefixes of one family (IPv4, IPv6) across all `[[lists]]` at
-    /// once, per interface. The list tries allocate per prefix (about 127
+    /// once, per interface. The list tries allocate per prefix (about 130
     /// bytes an IPv4 one with the trie's inner nodes, twice while a new set
     /// is loaded; docs/configuration.md), so an unused capacity costs
     /// nothing.

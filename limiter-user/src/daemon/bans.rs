@@ -143,10 +143,7 @@ impl Daemon {
         const LINES: usize = 20;
         let origin = origin_name(BanOrigin::Crowdsec);
         let held: Vec<BanEntry> = self
-            .ifaces
-            .first()
-            .and_then(|i| kernel::bans::list(&i.instance.program.maps).ok())
-            .unwrap_or_default()
+            .held_bans()
             .into_iter()
             .filter(|e| e.ban.origin() == BanOrigin::Crowdsec)
             .collect();
@@ -207,6 +204,15 @@ impl Daemon {
         if banned + lifted > 0 {
             self.bans_changed();
         }
+    }
+
+    /// Every ban the kernel holds (the first interface's: every interface
+    /// holds the same), ended ones not yet swept included.
+    fn held_bans(&self) -> Vec<BanEntry> {
+        self.ifaces
+            .first()
+            .and_then(|i| kernel::bans::list(&i.instance.program.maps).ok())
+            .unwrap_or_default()
     }
 
     /// The bans in force (the first interface's: every interface holds the
@@ -323,14 +329,7 @@ impl Daemon {
                 return;
             }
         };
-        let held: Vec<IpNet> = self
-            .ifaces
-            .first()
-            .and_then(|i| kernel::bans::list(&i.instance.program.maps).ok())
-            .unwrap_or_default()
-            .into_iter()
-            .map(|e| e.net)
-            .collect();
+        let held: Vec<IpNet> = self.held_bans().into_iter().map(|e| e.net).collect();
         let wall = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .unwrap_or_default()
