@@ -246,3 +246,87 @@ fn in_dry_run_a_denied_or_banned_frame_is_counted_and_passed() {
     let verdicts = harness.run_all(0, &[frame(v4("203.0.113.1"))]);
     assert_ne!(verdicts[0], XDP_DROP);
 }
+
+/// A frame judged while the lists switch again and again, on another CPU,
+/// meets the old set or the new one, never a mix and never none: a source
+/// in neither set always passes (its /24 bit set in one of them), a source
+/// both deny is always dropped.
+#[test]
+fn a_frame_racing_a_switch_of_lists_is_judged_by_the_old_set_or_the_new_one() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let dir = std::path::PathBuf::from(format!("/sys/fs/bpf/xlt-lists-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a pin directory on bpffs");
+    let pins = limiter_common::maps::PINNED
+        .iter()
+        .map(|spec| (spec.name, dir.join(spec.name)))
+        .collect();
+    let mut harness = Harness::load_with(&LoadOptions {
+        pins,
+        ..LoadOptions::default()
+    });
+    harness.push(&limit(1_000_000_000));
+    // A second handle on the same maps, for the switches.
+    let mut writer = limiter_user::kernel::Maps::from_pins(&dir).expect("the pinned maps");
+    let a = merge(
+        &[list(
+            "a",
+            ListAction::Deny,
+            &["198.51.100.0/25", "203.0.113.7/32", "2001:db8:a::/48"],
+        )],
+        10,
+    )
+    .unwrap();
+    let b = merge(
+        &[list(
+            "b",
+            ListAction::Deny,
+            &["198.51.100.0/24", "192.0.2.9/32", "2001:db8:a:1::/64"],
+        )],
+        10,
+    )
+    .unwrap();
+    let both = [v4("198.51.100.9"), v6("2001:db8:a:1::5")];
+    let neither = [
+        v4("203.0.113.200"),
+        v4("192.0.2.10"),
+        v6("2001:db8:b::5"),
+        v4("10.1.2.3"),
+    ];
+    let frames: Vec<Vec<u8>> = both.iter().chain(&neither).map(|s| frame(*s)).collect();
+    kernel_lists::load_all(&mut [&mut writer], &a).expect("the first lists");
+    let stop = AtomicBool::new(false);
+    let cpu = 1 % limiter_tests::testrun::online_cpus();
+    let (runs, wrong) = std::thread::scope(|scope| {
+        let runner = scope.spawn(|| {
+            let (mut runs, mut wrong) = (0u64, Vec::new());
+            while !stop.load(Ordering::Relaxed) {
+                let verdicts = harness.run_all(cpu, &frames);
+                for (i, verdict) in verdicts.iter().enumerate() {
+                    let want = if i < both.len() { XDP_DROP } else { XDP_PASS };
+                    if *verdict != want && wrong.len() < 10 {
+                        wrong.push((i, *verdict));
+                    }
+                }
+                runs += 1;
+            }
+            (runs, wrong)
+        });
+        // 20 switches: each reads and writes the 2 MiB /24 bitmap twice
+        // (about 130 ms).
+        for i in 0..20 {
+            let set = if i % 2 == 0 { &b } else { &a };
+            kernel_lists::load_all(&mut [&mut writer], set).expect("a switch of lists");
+        }
+        stop.store(true, Ordering::Relaxed);
+        runner.join().expect("the runner")
+    });
+    std::fs::remove_dir_all(&dir).expect("removing the pins");
+    assert!(
+        wrong.is_empty(),
+        "frames judged by neither set (index, verdict): {wrong:?}"
+    );
+    assert!(
+        runs >= 60,
+        "the frames ran beside the switches: {runs} rounds"
+    );
+}
