@@ -55,7 +55,18 @@ impl Daemon {
             merged,
             started,
         } = read;
-        let changed = self.live_lists.merged.as_ref() != Some(&merged);
+        // No lists, and none live on any interface (the kernel's flags):
+        // nothing to write or clear (a start without lists takes no time
+        // here, and logs nothing).
+        let none_live = self.ifaces.iter().all(|i| {
+            i.instance
+                .program
+                .maps
+                .live_config()
+                .is_ok_and(|c| !c.lists(true) && !c.lists(false))
+        });
+        let changed = self.live_lists.merged.as_ref() != Some(&merged)
+            && !(merged == Merged::default() && none_live);
         if changed {
             // What the lists judged so far is counted under their names.
             self.record_list_hits();
