@@ -295,6 +295,12 @@ impl Daemon {
             })
             .collect();
         let text = serde_json::to_string_pretty(&saved).expect("bans serialise");
+        // Written only when it says something new: a daemon that never
+        // banned leaves no file (nor a directory) behind.
+        let on_disk = std::fs::read_to_string(&path).ok();
+        if on_disk.as_deref() == Some(text.as_str()) || (saved.is_empty() && on_disk.is_none()) {
+            return;
+        }
         let tmp = path.with_extension("json.tmp");
         let written = std::fs::create_dir_all(path.parent().unwrap_or(&path))
             .and_then(|()| std::fs::write(&tmp, text))
