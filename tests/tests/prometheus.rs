@@ -165,6 +165,7 @@ fn promtool_checks_the_alert_rules_and_their_unit_tests_pass() {
         "XdpLimiterGuardRolledBack",
         "XdpLimiterClusterDegraded",
         "XdpLimiterAggregationOverrunning",
+        "XdpLimiterCrowdsecUnreachable",
     ] {
         assert!(
             names.iter().any(|n| n == wanted),
