@@ -110,6 +110,7 @@ fn the_package_installs_the_binary_unit_config_man_pages_completions_docs_and_da
         "/usr/share/doc/xdp-limiter/events.md",
         "/usr/share/xdp-limiter/grafana/xdp-limiter.json",
         "/usr/share/xdp-limiter/prometheus/alerts.yml",
+        "/usr/share/xdp-limiter/fail2ban/action.d/xdp-limiter.conf",
     ] {
         assert_eq!(mode(path), "-rw-r--r--", "{path}");
     }

@@ -119,6 +119,10 @@ fn stage_tree(root: &Path, binary: &Path, stage: &Path, version: &str) -> anyhow
             dir("dist/prometheus")?.join(file),
         )?;
     }
+    copy(
+        dist.join("fail2ban/action.d/xdp-limiter.conf"),
+        dir("dist/fail2ban/action.d")?.join("xdp-limiter.conf"),
+    )?;
 
     let debian = dir("debian")?;
     for entry in fs::read_dir(dist.join("debian"))? {

@@ -43,6 +43,10 @@ pub fn config(path: &std::path::Path, output: Output) -> anyhow::Result<()> {
     };
     let config = crate::daemon::effective_config(&options)
         .map_err(|e| e.context(format!("configuration {}", path.display())))?;
+    // The lists' files too, as the daemon reads them at start-up.
+    crate::lists::read_all(&config.file.lists, path.parent())
+        .and_then(|lists| crate::lists::merge(&lists, config.daemon.max_list_prefixes))
+        .map_err(|e| anyhow::anyhow!("configuration {}: {e}", path.display()))?;
     let report = ConfigReport {
         config: path,
         valid: true,
