@@ -143,9 +143,11 @@ fn a_daemon_judges_lists_and_bans_that_end_on_their_own_and_survive_a_restart() 
     // The list file re-read on reload; a bad one keeps the list in force.
     fs::write(files.dir.join("blocked.txt"), "not-a-prefix\n").unwrap();
     // `check --config` (the unit's ExecStartPre) reads the lists too.
-    let with_interface = fs::read_to_string(files.config())
-        .unwrap()
-        .replacen("[daemon]\n", &format!("[daemon]\ninterfaces = [\"{RX_IF}\"]\n"), 1);
+    let with_interface = fs::read_to_string(files.config()).unwrap().replacen(
+        "[daemon]\n",
+        &format!("[daemon]\ninterfaces = [\"{RX_IF}\"]\n"),
+        1,
+    );
     let checked = files.dir.join("check.toml");
     fs::write(&checked, with_interface).unwrap();
     let check = Command::new(binary())
@@ -263,7 +265,7 @@ fn fail2ban_bans_and_unbans_through_the_shipped_action() {
     fs::write(files.dir.join("blocked.txt"), "").unwrap();
     files.write_config(&config(&files));
     let receiver = lab.receiver(PORT);
-    let _daemon = start(&lab, &files);
+    let daemon = start(&lab, &files);
     let conf = fail2ban_config(&files, 3600);
     let socket = files.dir.join("f2b.sock");
     let mut server = Server(
@@ -329,7 +331,11 @@ fn fail2ban_bans_and_unbans_through_the_shipped_action() {
     assert!(server.0.wait().unwrap().success());
     let log = fs::read_to_string(files.dir.join("fail2ban.log")).unwrap_or_default();
     let errors: Vec<&str> = log.lines().filter(|l| l.contains("ERROR")).collect();
-    assert!(errors.is_empty(), "fail2ban's errors: {errors:#?}\ndaemon: {}", _daemon.log());
+    assert!(
+        errors.is_empty(),
+        "fail2ban's errors: {errors:#?}\ndaemon: {}",
+        daemon.log()
+    );
 }
 
 /// A CrowdSec local API of Debian's crowdsec, alone (`-no-cs`: no
