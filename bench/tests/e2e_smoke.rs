@@ -105,7 +105,34 @@ fn limiter_caps_heavy_sources_and_passes_light_ones_end_to_end() {
         LIMIT.pps,
         run.heavy_admitted_pps
     );
-    assert!(run.light_kept > 0.999, "light kept {}", run.light_kept);
+    // That the limiter refused no light source is asserted exactly, from
+    // its events: a refused source starts an episode, logged as "source
+    // limited" (4 heavy sources' lines are far under the log's cap). The
+    // sink's count is corrected for the ring's loss on average only: a
+    // burst of ring loss (under 2% allowed) can land on light frames (a
+    // run that lost 0.35% at the ring kept 99.896% of them), so it is held
+    // to 1% here.
+    let Installed::Daemon(daemon) = &installed else {
+        panic!("the xdp-limiter scenario runs the daemon");
+    };
+    let log = daemon.0.log();
+    let refused_light: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("source limited") && names_a_light_source(l))
+        .collect();
+    assert!(
+        refused_light.is_empty(),
+        "light sources refused: {refused_light:#?}"
+    );
+    assert!(
+        !log.contains("limited_suppressed"),
+        "lines held back:\n{log}"
+    );
+    assert!(
+        log.contains("source limited"),
+        "the heavy sources' episodes:\n{log}"
+    );
+    assert!(run.light_kept > 0.99, "light kept {}", run.light_kept);
     assert!(
         (run.passed_pps / run.expected_passed_pps - 1.0).abs() < 0.02,
         "passed {} pps, expected {}",
@@ -296,6 +323,26 @@ fn service_clients_are_answered_under_a_paced_syn_flood() {
     );
 }
 
+/// Whether a "source limited" line names a light source of the
+/// generator (`limiter_bench_common::traffic::source_v4`/`source_v6`:
+/// 10.1.0.0/16, or 2001:db8:1XX:: with the class byte 1).
+fn names_a_light_source(line: &str) -> bool {
+    let Some(source) = line
+        .split_whitespace()
+        .find_map(|word| word.strip_prefix("source="))
+    else {
+        return false;
+    };
+    let address = source.trim_matches('"').split('/').next().unwrap_or("");
+    match address.parse::<std::net::IpAddr>() {
+        Ok(std::net::IpAddr::V4(v4)) => v4.octets()[..2] == [10, 1],
+        Ok(std::net::IpAddr::V6(v6)) => {
+            v6.segments()[..2] == [0x2001, 0x0db8] && v6.segments()[2] >> 8 == 1
+        }
+        Err(_) => false,
+    }
+}
+
 /// A measurement of `mix` at `LIMIT`, and the attempts it took. It is
 /// valid only if this shared machine let the generator pace and the
 /// receiver keep up (the callers assert it); one taken while other work
@@ -335,4 +382,16 @@ fn valid_run(
             ),
         );
     }
+}
+
+#[test]
+fn a_light_source_is_told_from_the_others_in_a_log_line() {
+    let line = |source: &str| {
+        format!("INFO source limited event=\"source_limited\" iface=\"veth-rx\" source={source} rule=\"default\"")
+    };
+    assert!(names_a_light_source(&line("10.1.7.9")));
+    assert!(names_a_light_source(&line("2001:db8:100:7::/64")));
+    assert!(!names_a_light_source(&line("10.2.0.1")));
+    assert!(!names_a_light_source(&line("2001:db8:200::/64")));
+    assert!(!names_a_light_source("INFO protecting iface=veth-rx"));
 }
