@@ -41,8 +41,8 @@ pub struct Config {
     /// Bit 0: the live lists hold IPv4 prefixes; bit 1: IPv6 ones
     /// ([`Config::lists`]). Kept across rule pushes.
     pub(super) lists: u8,
-    /// The half of the list tries the kernel reads (`lists`).
-    pub list_half: u8,
+    /// The half of the list tries the kernel reads ([`Config::list_half`]).
+    pub(super) list_half: u8,
     /// Non-zero: the ban tries may hold bans ([`Config::bans`]).
     pub(super) bans: u8,
     pub(super) _pad: [u8; 2],
@@ -80,10 +80,17 @@ impl Config {
         self.lists & if v4 { 1 } else { 2 } != 0
     }
 
+    /// The half (0 or 1) of the list tries the kernel reads: the live
+    /// lists' (`lists`).
+    #[inline(always)]
+    pub const fn list_half(&self) -> u8 {
+        self.list_half % 2
+    }
+
     /// Which families the live lists hold prefixes of, in half `half`.
     pub fn set_lists(&mut self, v4: bool, v6: bool, half: u8) {
         self.lists = u8::from(v4) | (u8::from(v6) << 1);
-        self.list_half = half;
+        self.list_half = half % 2;
     }
 
     /// Whether a ban may exist: only then does a frame look its source up

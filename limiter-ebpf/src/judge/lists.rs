@@ -56,7 +56,7 @@ pub extern "C" fn listed(source: *const SourceKey, len: u64, now: u64) -> u32 {
     let addr = &source.addr;
     if config.lists(v4) && (!v4 || span_listed(addr)) {
         // The live half (`Config::list_half`) and the whole address.
-        let half = u32::from(config.list_half);
+        let half = u32::from(config.list_half());
         let entry = if v4 {
             let data = prefix_key_v4(half, [addr[0], addr[1], addr[2], addr[3]]);
             LISTS_V4.get(Key::new(PREFIX_HALF_BITS + 32, data))

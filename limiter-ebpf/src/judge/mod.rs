@@ -3,8 +3,9 @@
 //! judgement on its window alone), `hot` (a source with per-CPU state: its
 //! hold, lease and rule cache), `window` (the shared window: `limit`),
 //! `cluster` (a cluster-scoped rule's allowance and hot reports),
-//! `level` (a rule's further levels: aggregates and other windows), and
-//! `lists` (lists and bans, judged first), `verdict` (what the frame becomes and how a refusal is counted);
+//! `level` (a rule's further levels: aggregates and other windows),
+//! `lists` (lists and bans, judged first), and `verdict` (what the frame
+//! becomes and how a refusal is counted);
 //! `scratch` holds the per-CPU scratch they build large values in.
 //!
 //! The design (costs by path, first frames, tiers, cluster scope, and why

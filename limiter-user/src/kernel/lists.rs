@@ -28,18 +28,18 @@ pub fn load_all(instances: &mut [&mut Maps], merged: &Merged) -> Result<(), Maps
     }
     let spans = v4_spans(merged);
     for i in 0..instances.len() {
-        let next = 1 - live[i].list_half % 2;
+        let next = 1 - live[i].list_half();
         let written = write_half(instances[i], merged, next)
             .and_then(|()| write_spans(instances[i], &spans, true));
         if let Err(e) = written {
             for (maps, config) in instances[..=i].iter_mut().zip(&live) {
-                let _ = clear_half(maps, 1 - config.list_half % 2);
+                let _ = clear_half(maps, 1 - config.list_half());
             }
             return Err(e);
         }
     }
     for (maps, config) in instances.iter_mut().zip(&live) {
-        let old = config.list_half % 2;
+        let old = config.list_half();
         let mut flipped = *config;
         flipped.set_lists(!merged.v4.is_empty(), !merged.v6.is_empty(), 1 - old);
         set_config(maps, flipped)?;
