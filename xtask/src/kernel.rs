@@ -4,9 +4,11 @@
 //! `cargo xtask test --kernel 6.1` (or `6.12`, or `all`) builds the
 //! `xdp-limiter` binary and the test binaries that drive the real kernel,
 //! packs them with what they need (shared libraries, iproute2, nsenter,
-//! the kernel's veth module and a busybox for the shell) into an
-//! initramfs, boots Debian's kernel package with it, runs every binary in
-//! the guest and reports pass or fail per binary and per kernel. The
+//! xdp-tools' `xdp-filter` and `xdp-loader` with libxdp's BPF objects
+//! ([`BPF_OBJECTS`]: its multi-program dispatcher, xdp-filter's
+//! programs), the kernel's veth module and a busybox for the shell) into
+//! an initramfs, boots Debian's kernel package with it, runs every binary
+//! in the guest and reports pass or fail per binary and per kernel. The
 //! guest's /init is [`INIT`]; its console is streamed here, prefixed with
 //! the kernel's name, and read for the `LANE` lines the init prints; the
 //! summary gives, per kernel, the verifier's figures (`xdp-limiter check
@@ -77,8 +79,8 @@ pub const DEFAULT_LANE: &str = "6.1";
 /// arguments: every binary whose tests go through BPF_PROG_TEST_RUN, the
 /// netns counting test (native attach on a veth pair), the refusal
 /// message (on a program every kernel refuses), the lists and bans in the
-/// kernel, and the daemon's smoke
-/// test (load, native attach, enforce, `/metrics`, `status`,
+/// kernel, xdp-limiter in libxdp's dispatcher beside xdp-filter, and the
+/// daemon's smoke test (load, native attach, enforce, `/metrics`, `status`,
 /// `detach`).
 pub const GUEST_TESTS: &[(&str, &[&str])] = &[
     ("datapath", &[]),
@@ -99,6 +101,9 @@ pub const GUEST_TESTS: &[(&str, &[&str])] = &[
     // against switches of lists (20 rewrites of a 2 MiB bitmap, a minute
     // under emulation) runs on the host.
     ("lists", &["--skip", "feeds::", "--skip", "racing"]),
+    // libxdp's dispatcher beside Debian's xdp-filter: the host's kernel
+    // cannot run a dispatcher (no BPF trampolines), 6.1 can.
+    ("dispatcher", &[]),
     (
         "daemon",
         &[
@@ -448,13 +453,15 @@ fn test_executables(messages: &str) -> anyhow::Result<Vec<(String, PathBuf)>> {
     Ok(found)
 }
 
-/// The guest's init: mounts, the veth module, each test binary with a
+/// The guest's init: mounts (bpffs on /sys/fs/bpf too, where libxdp pins
+/// its dispatchers under xdp/), the veth module, each test binary with a
 /// `LANE RESULT` line, power-off. `@TESTS@` is replaced with the runs.
 const INIT: &str = r#"#!/bin/sh
 export PATH=/usr/sbin:/usr/bin:/sbin:/bin
 mount -t proc proc /proc
 mount -t sysfs sys /sys
 mount -t devtmpfs dev /dev
+mount -t bpf bpf /sys/fs/bpf
 mount -t tmpfs tmp /tmp
 mount -t tmpfs run /run
 exec >/dev/console 2>&1 </dev/null
@@ -493,14 +500,22 @@ const APPLETS: &[&str] = &[
     "sh", "mount", "mkdir", "echo", "insmod", "uname", "nproc", "sync", "poweroff", "cat",
 ];
 
-/// Host programs the tests run in the guest.
+/// Host programs the tests run in the guest (xdp-filter and xdp-loader,
+/// of xdp-tools: the dispatcher tests' other XDP programs).
 const HOST_TOOLS: &[&str] = &[
     "/usr/bin/ip",
     "/usr/bin/nsenter",
     "/usr/sbin/sysctl",
     "/usr/bin/ping",
     "/usr/sbin/ethtool",
+    "/usr/sbin/xdp-filter",
+    "/usr/sbin/xdp-loader",
 ];
+
+/// The BPF objects libxdp and xdp-filter load (libxdp1's
+/// xdp-dispatcher.o, xdp-tools' xdpfilt_*.o), copied whole to the same
+/// path in the guest: libxdp looks for them there.
+const BPF_OBJECTS: &str = "/usr/lib/x86_64-linux-gnu/bpf";
 
 /// Builds the initramfs for `kernel` under `dir`; returns its path.
 fn initramfs(
@@ -545,6 +560,18 @@ fn initramfs(
                 fs::create_dir_all(dest.parent().expect("a library has a folder"))?;
                 fs::copy(&lib, &dest).with_context(|| format!("copying {}", lib.display()))?;
             }
+        }
+    }
+    let objects = tree.join(BPF_OBJECTS.strip_prefix('/').expect("an absolute path"));
+    fs::create_dir_all(&objects)?;
+    let listing = fs::read_dir(BPF_OBJECTS)
+        .with_context(|| format!("reading {BPF_OBJECTS}: is xdp-tools installed?"))?;
+    for entry in listing {
+        let from = entry?.path();
+        if from.is_file() {
+            let name = from.file_name().expect("a file has a name");
+            fs::copy(&from, objects.join(name))
+                .with_context(|| format!("copying {}", from.display()))?;
         }
     }
     // 6.1 ships its modules plain, 6.12 compressed with xz.

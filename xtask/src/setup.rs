@@ -4,9 +4,9 @@
 //!
 //! 1. Debian packages: rustc-web/cargo-web with the prebuilt BPF `core`,
 //!    its clippy, the tools the tests drive (ip, ping, redis-server,
-//!    libfaketime), and the kernel lane's qemu, busybox and the Debian
-//!    kernel packages it boots (`kernel::KERNELS`; installing one only
-//!    puts its files in /boot and /lib/modules).
+//!    libfaketime, xdp-tools), and the kernel lane's qemu, busybox and
+//!    the Debian kernel packages it boots (`kernel::KERNELS`; installing
+//!    one only puts its files in /boot and /lib/modules).
 //!    Debian starts and enables redis-server, nginx and prometheus as
 //!    services on install; the tests and benchmarks start their own
 //!    servers (in namespaces, or on a free port), so setup stops and
@@ -68,6 +68,11 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "debhelper",
     "lintian",
     "mmdebstrap",
+    // The dispatcher tests: Debian's xdp-filter and xdp-loader beside
+    // xdp-limiter in libxdp's multi-program dispatcher (it pulls libxdp1
+    // and libbpf1; libxdp1's /usr/lib/x86_64-linux-gnu/bpf/xdp-dispatcher.o
+    // is what `[daemon] attach = "dispatcher"` loads).
+    "xdp-tools",
 ];
 /// The rustup toolchain name the eBPF build uses (defined with the rest of
 /// that build in `limiter-ebpf-build`).
