@@ -13,7 +13,9 @@ mod bans;
 use self::bans::prefix;
 pub use self::bans::{BanArgs, BanFor, ListCommand, UnbanArgs};
 use super::{top::SortBy, units, Output};
-use crate::config::{AttachMode, PortsSpec, ProtocolSpec, DEFAULT_PIN_DIR, DEFAULT_SOCKET};
+use crate::config::{
+    AttachKind, AttachMode, PortsSpec, ProtocolSpec, DEFAULT_PIN_DIR, DEFAULT_SOCKET,
+};
 use crate::rules::LevelSpec;
 
 #[derive(Parser)]
@@ -117,6 +119,11 @@ pub struct RunArgs {
     /// Attach mode (default: daemon.mode, auto).
     #[arg(long, value_enum)]
     pub mode: Option<AttachMode>,
+    /// How to take the interface: a link of its own, or a component of
+    /// libxdp's dispatcher beside other XDP programs (default:
+    /// daemon.attach, link).
+    #[arg(long, value_enum)]
+    pub attach: Option<AttachKind>,
     /// Leave the program attached when the daemon stops.
     #[arg(long)]
     pub keep_attached: bool,

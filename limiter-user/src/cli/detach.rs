@@ -1,14 +1,16 @@
 //! `xdp-limiter detach`: stop protecting. A running daemon is asked to
 //! detach (it detaches every interface and exits); without one, the pins
 //! that `run --keep-attached` left are removed, which detaches the
-//! program.
+//! program (and its component leaves libxdp's dispatcher).
+
+use limiter_common::names;
 
 use super::{
     args::DetachArgs,
     client::{self, ClientError},
 };
 use crate::{
-    kernel::pins,
+    kernel::{dispatcher, pins},
     proto::{Reply, Request},
 };
 
@@ -36,6 +38,12 @@ pub fn run(args: &DetachArgs) -> anyhow::Result<()> {
         let dir = pins::iface_dir(&args.pin_dir, &iface);
         if !pins::is_pinned(&dir) {
             anyhow::bail!("{iface}: nothing pinned under {}", dir.display());
+        }
+        // A component `--keep-attached` left in libxdp's dispatcher.
+        if let Ok(ifindex) = nix::net::if_::if_nametoindex(iface.as_str()) {
+            for id in dispatcher::components_named(ifindex, names::PROGRAM) {
+                dispatcher::leave(&iface, ifindex, id)?;
+            }
         }
         pins::remove_pins(&dir)?;
         println!("{iface}: detached");

@@ -11,6 +11,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         config: args.config,
         interfaces: args.interfaces,
         mode: args.mode,
+        attach: args.attach,
         keep_attached: args.keep_attached,
         metrics_addr: args.metrics_addr,
         pin_dir: args.pin_dir,

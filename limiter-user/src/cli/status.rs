@@ -26,12 +26,12 @@ pub fn render(status: &Status) -> String {
         status.generation
     );
     text.push_str(&format!(
-        "{:<12} {:<8} {:>8} {:>18} {:>8} {:>12} {:>12}\n",
+        "{:<12} {:<10} {:>8} {:>18} {:>8} {:>12} {:>12}\n",
         "interface", "mode", "program", "sources", "limited", "passed/s", "dropped/s"
     ));
     for i in &status.interfaces {
         text.push_str(&format!(
-            "{:<12} {:<8} {:>8} {:>18} {:>8} {:>12.0} {:>12.0}\n",
+            "{:<12} {:<10} {:>8} {:>18} {:>8} {:>12.0} {:>12.0}\n",
             i.name,
             i.mode,
             i.program_id,
@@ -40,6 +40,9 @@ pub fn render(status: &Status) -> String {
             i.passed_pps,
             i.dropped_pps
         ));
+    }
+    for i in &status.interfaces {
+        text.push_str(&render_programs(i));
     }
     for rule in &status.rule_levels {
         text.push_str(&format!(
@@ -54,6 +57,27 @@ pub fn render(status: &Status) -> String {
     }
     text.push_str(&render_lists(status));
     text
+}
+
+/// The XDP programs on an interface when others run beside ours (in
+/// libxdp's dispatcher, in the order they run).
+fn render_programs(i: &crate::proto::InterfaceStatus) -> String {
+    let Some(dispatcher) = i.dispatcher_id else {
+        return String::new();
+    };
+    let programs: Vec<String> = i
+        .programs
+        .iter()
+        .map(|p| match p.priority {
+            Some(priority) => format!("{} {} (priority {priority})", p.name, p.id),
+            None => format!("{} {}", p.name, p.id),
+        })
+        .collect();
+    format!(
+        "{} runs, in libxdp's dispatcher {dispatcher}: {}\n",
+        i.name,
+        programs.join(", ")
+    )
 }
 
 /// The lists and the bans: a line per list, then the bans' count (none

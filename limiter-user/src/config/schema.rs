@@ -22,6 +22,19 @@ pub enum AttachMode {
     Generic,
 }
 
+/// How the program takes an interface (the file's `daemon.attach`, and
+/// `run --attach`).
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum AttachKind {
+    /// A link of its own: the interface runs xdp-limiter alone.
+    #[default]
+    Link,
+    /// A component of libxdp's multi-program dispatcher, beside other XDP
+    /// programs (xdp-filter, xdp-loader and other libxdp users).
+    Dispatcher,
+}
+
 /// The whole file.
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
@@ -94,6 +107,12 @@ pub struct DaemonSection {
     /// Interfaces to protect (`--iface` adds to these).
     pub interfaces: Vec<String>,
     pub mode: AttachMode,
+    /// A link of its own, or a component of libxdp's dispatcher.
+    #[serde(skip_serializing_if = "is_link")]
+    pub attach: AttachKind,
+    /// The run priority in libxdp's dispatcher (lowest runs first).
+    #[serde(skip_serializing_if = "is_default_priority")]
+    pub priority: u32,
     /// bpffs directory for pinned maps and links.
     pub pin_dir: PathBuf,
     /// Prometheus endpoint.
@@ -142,6 +161,14 @@ pub struct DaemonSection {
     pub log_format: crate::logs::LogFormat,
 }
 
+fn is_link(attach: &AttachKind) -> bool {
+    *attach == AttachKind::Link
+}
+
+fn is_default_priority(priority: &u32) -> bool {
+    *priority == crate::kernel::dispatcher::DEFAULT_PRIORITY
+}
+
 fn is_text(format: &crate::logs::LogFormat) -> bool {
     *format == crate::logs::LogFormat::Text
 }
@@ -151,6 +178,8 @@ impl Default for DaemonSection {
         Self {
             interfaces: Vec::new(),
             mode: AttachMode::Auto,
+            attach: AttachKind::Link,
+            priority: crate::kernel::dispatcher::DEFAULT_PRIORITY,
             pin_dir: PathBuf::from(DEFAULT_PIN_DIR),
             metrics_addr: DEFAULT_METRICS_ADDR.parse().expect("valid address"),
             max_sources: limiter_common::DEFAULT_MAX_SOURCES,

@@ -133,6 +133,7 @@ impl Daemon {
                 .iter()
                 .map(|iface| {
                     let snapshot = iface.observed.snapshot();
+                    let (programs, dispatcher_id) = xdp_programs(&iface.instance.iface);
                     InterfaceStatus {
                         name: iface.instance.iface.clone(),
                         mode: iface.instance.attachment,
@@ -142,6 +143,8 @@ impl Daemon {
                         limited_sources: snapshot.map_or(0, |s| s.limited.len() as u64),
                         passed_pps: iface.observed.passed_pps,
                         dropped_pps: iface.observed.dropped_pps,
+                        programs,
+                        dispatcher_id,
                     }
                 })
                 .collect(),
@@ -373,5 +376,36 @@ impl Daemon {
     /// with (see [`edit::save`]); `done` says what was changed live.
     fn save(&mut self, done: &str) -> Result<String, String> {
         edit::save(self.options.config.as_deref(), &mut self.config, done)
+    }
+}
+
+/// Every XDP program on `iface`, in the order they run, and the libxdp
+/// dispatcher that runs them, if any.
+fn xdp_programs(iface: &str) -> (Vec<crate::proto::XdpProgram>, Option<u32>) {
+    use crate::{kernel::dispatcher::Programs, proto::XdpProgram};
+    let Ok(ifindex) = nix::net::if_::if_nametoindex(iface) else {
+        return (Vec::new(), None);
+    };
+    match crate::kernel::dispatcher::programs(ifindex) {
+        Ok(Programs::Single { id, name }) => (
+            vec![XdpProgram {
+                id,
+                name,
+                priority: None,
+            }],
+            None,
+        ),
+        Ok(Programs::Dispatcher { id, components }) => (
+            components
+                .into_iter()
+                .map(|c| XdpProgram {
+                    id: c.id,
+                    name: c.name,
+                    priority: Some(c.priority),
+                })
+                .collect(),
+            Some(id),
+        ),
+        Ok(Programs::None) | Err(_) => (Vec::new(), None),
     }
 }

@@ -10,7 +10,7 @@ use tracing::{error, info, warn};
 
 use super::state::Daemon;
 use crate::{
-    config::{self, AttachMode, Config, DaemonSection},
+    config::{self, AttachKind, AttachMode, Config, DaemonSection},
     fault,
     kernel::{Instance, LoadOptions},
 };
@@ -21,6 +21,7 @@ pub struct RunOptions {
     pub config: Option<PathBuf>,
     pub interfaces: Vec<String>,
     pub mode: Option<AttachMode>,
+    pub attach: Option<AttachKind>,
     pub keep_attached: bool,
     pub metrics_addr: Option<SocketAddr>,
     pub pin_dir: Option<PathBuf>,
@@ -52,6 +53,9 @@ pub fn apply_overrides(config: &mut Config, options: &RunOptions) {
     }
     if let Some(mode) = options.mode {
         config.daemon.mode = mode;
+    }
+    if let Some(attach) = options.attach {
+        config.daemon.attach = attach;
     }
     if options.keep_attached {
         config.daemon.keep_attached = true;
@@ -95,6 +99,7 @@ pub fn protect_all(options: RunOptions, config: Config) -> anyhow::Result<Daemon
             max_sources: settings.max_sources,
             max_hot_sources: Some(settings.max_hot_sources),
             max_list_prefixes: settings.max_list_prefixes,
+            component: (settings.attach == AttachKind::Dispatcher).then_some(settings.priority),
             ..LoadOptions::default()
         };
         match Instance::load(iface, &settings.pin_dir, options) {

@@ -18,10 +18,12 @@ use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
 use super::{
+    dispatcher::{self, DispatcherError, Joining},
     object::{self, LoadOptions, Program},
     pins::{self, PinError},
 };
 use crate::{config::AttachMode, fault};
+use limiter_common::names;
 
 /// Why an interface could not be protected.
 #[derive(Debug, thiserror::Error)]
@@ -39,6 +41,12 @@ pub enum AttachError {
          remove it first (ip link set dev {iface} xdp off)"
     )]
     Busy { iface: String },
+    #[error("joining {iface}'s XDP dispatcher: {source}")]
+    Dispatcher {
+        iface: String,
+        #[source]
+        source: DispatcherError,
+    },
     #[error("attaching to {iface} in {mode} mode: {message}")]
     Attach {
         iface: String,
@@ -60,6 +68,8 @@ pub enum Attachment {
     Generic,
     /// Swapped onto the link an earlier daemon pinned (its mode).
     Adopted,
+    /// A component of libxdp's dispatcher (`attach = "dispatcher"`).
+    Dispatcher,
 }
 
 impl Attachment {
@@ -70,6 +80,7 @@ impl Attachment {
             Attachment::Native => "native",
             Attachment::Generic => "generic",
             Attachment::Adopted => "adopted",
+            Attachment::Dispatcher => "dispatcher",
         }
     }
 }
@@ -96,6 +107,11 @@ pub struct Instance {
     pub reattachments: u64,
     /// What the last [`Instance::check_link`] found.
     pub link: LinkCheck,
+    /// The run priority when the program is a component of libxdp's
+    /// dispatcher rather than attached by a link of its own.
+    component: Option<u32>,
+    /// The interface index whose dispatcher the component joined.
+    joined: Option<u32>,
 }
 
 /// What became of an instance's link.
@@ -158,7 +174,14 @@ impl Instance {
         pins::drop_incompatible_pins(&dir, &options);
         let maps_dir = pins::maps_dir(&dir);
         pins::create_private_dir(&maps_dir)?;
-        let found_link = dir.join("link").exists();
+        let component = options.component;
+        let found_link = match component {
+            Some(_) => ifindex_of(iface).is_ok_and(|ifindex| {
+                matches!(dispatcher::programs(ifindex), Ok(dispatcher::Programs::Dispatcher { components, .. })
+                    if components.iter().any(|c| c.name == names::PROGRAM))
+            }),
+            None => dir.join("link").exists(),
+        };
         let program = object::load(&LoadOptions {
             pins: pins::map_pins(&maps_dir),
             ..options
@@ -173,7 +196,56 @@ impl Instance {
             dir,
             reattachments: 0,
             link: LinkCheck::Attached,
+            component,
+            joined: None,
         })
+    }
+
+    /// Joins the interface's dispatcher (or creates one there), replacing
+    /// an earlier xdp-limiter's component: one atomic swap, no moment
+    /// without protection.
+    fn join(&mut self, mode: AttachMode, priority: u32) -> Result<(), AttachError> {
+        let iface = self.iface.clone();
+        let ifindex = ifindex_of(&iface)?;
+        let loaded = self.joined.is_some() || self.program.verified.instructions > 0;
+        let program = self
+            .program
+            .component()
+            .ok_or_else(|| AttachError::Load("the program was not loaded as a component".into()))?;
+        let joined = dispatcher::join(
+            &iface,
+            ifindex,
+            Joining {
+                program,
+                name: names::PROGRAM,
+                priority,
+                loaded,
+            },
+            mode == AttachMode::Generic,
+        )
+        .map_err(|source| AttachError::Dispatcher {
+            iface: iface.clone(),
+            source,
+        })?;
+        if let Some(info) = self.program.component().and_then(|p| p.info().ok()) {
+            self.program.verified.instructions = info.verified_instruction_count().unwrap_or(0);
+        }
+        if self.joined.is_some_and(|old| old != ifindex) {
+            dispatcher::forget();
+        }
+        self.joined = Some(ifindex);
+        self.attachment = Attachment::Dispatcher;
+        self.link = LinkCheck::Attached;
+        info!(
+            iface,
+            dispatcher = joined.dispatcher_id,
+            program = joined.program_id,
+            priority,
+            replaced = joined.replaced,
+            generic = joined.generic,
+            "joined the interface's XDP dispatcher"
+        );
+        Ok(())
     }
 
     /// Attaches the loaded program: onto the pinned link if there is one
@@ -181,6 +253,9 @@ impl Instance {
     /// in `mode`, pinning the new link.
     pub fn attach(&mut self, mode: AttachMode) -> Result<(), AttachError> {
         fault::stop_at(fault::Step::Attach);
+        if let Some(priority) = self.component {
+            return self.join(mode, priority);
+        }
         let iface = self.iface.as_str();
         let program = self.program.xdp();
         let link_path = self.dir.join("link");
@@ -235,6 +310,20 @@ impl Instance {
             self.link = LinkCheck::InterfaceGone;
             return Ok(self.link);
         };
+        if let Some(priority) = self.component {
+            if self.joined == Some(current) {
+                self.link = if dispatcher::holds(current, self.program.id()) {
+                    LinkCheck::Attached
+                } else {
+                    LinkCheck::Unpinned
+                };
+            } else {
+                self.join(mode, priority)?;
+                self.reattachments += 1;
+                self.link = LinkCheck::Reattached;
+            }
+            return Ok(self.link);
+        }
         if !link_path.exists() {
             self.link = LinkCheck::Unpinned;
             return Ok(self.link);
@@ -260,8 +349,16 @@ impl Instance {
 
     /// Stops protecting: removes the pinned link (which detaches the
     /// program) and the pinned maps.
-    pub fn detach(self) -> Result<(), PinError> {
+    pub fn detach(mut self) -> Result<(), PinError> {
         let dir = self.dir.clone();
+        if let Some(ifindex) = self.joined {
+            let id = self.program.id();
+            if let Err(e) = dispatcher::leave(&self.iface, ifindex, id) {
+                warn!(iface = %self.iface, error = %e, "leaving the XDP dispatcher failed");
+            }
+            dispatcher::forget();
+            self.joined = None;
+        }
         drop(self.program);
         pins::remove_pins(&dir)
     }
@@ -270,6 +367,10 @@ impl Instance {
     pub fn keep(self) {
         info!(iface = %self.iface, pins = %self.dir.display(), "leaving the program attached");
     }
+}
+
+fn ifindex_of(iface: &str) -> Result<u32, AttachError> {
+    nix::net::if_::if_nametoindex(iface).map_err(|_| AttachError::NoInterface(iface.into()))
 }
 
 /// Attaches `program` to `iface` afresh and pins the new link at

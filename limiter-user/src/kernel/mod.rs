@@ -1,7 +1,8 @@
 //! Everything that talks to the kernel: the embedded XDP object loaded once
 //! (`object`), its maps opened once into typed handles (`maps`), pins and
 //! bpffs (`pins`), attaching to an interface and adopting what an earlier
-//! daemon pinned (`attach`), pushing rules (`push`), reading the
+//! daemon pinned (`attach`), joining libxdp's multi-program dispatcher
+//! instead (`dispatcher`), pushing rules (`push`), reading the
 //! counters back (`read`, `batch`), writing what the cluster sync
 //! decides (`cluster`), writing lists and bans (`lists`, `bans`), and the verifier's cost by function (`verifier`).
 //!
@@ -19,6 +20,7 @@ mod attach;
 pub mod bans;
 pub mod batch;
 pub mod cluster;
+pub mod dispatcher;
 pub mod lists;
 mod maps;
 mod object;

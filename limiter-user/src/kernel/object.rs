@@ -8,7 +8,7 @@ use std::{
 };
 
 use aya::{
-    programs::{ProgramError, Xdp},
+    programs::{Extension, ProgramError, Xdp},
     Ebpf, EbpfLoader, VerifierLogLevel,
 };
 use limiter_common::{
@@ -128,7 +128,7 @@ pub fn kernel_release() -> String {
 }
 
 /// What the verifier spent on a program that it accepted.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Verified {
     /// Instructions the verifier processed, over all the program's
     /// functions (`bpf_prog_info.verified_insns`; the kernel's limit is
@@ -153,6 +153,10 @@ pub struct LoadOptions {
     /// at its path yet is created and pinned there): how the daemon adopts
     /// the state of an earlier one.
     pub pins: Vec<(&'static str, PathBuf)>,
+    /// Load the program as a component of libxdp's dispatcher at this run
+    /// priority (an extension, verified when it joins one) rather than as
+    /// XDP.
+    pub component: Option<u32>,
 }
 
 impl Default for LoadOptions {
@@ -162,6 +166,7 @@ impl Default for LoadOptions {
             max_hot_sources: Some(DEFAULT_MAX_HOT_SOURCES),
             max_list_prefixes: DEFAULT_MAX_LIST_PREFIXES,
             pins: Vec::new(),
+            component: None,
         }
     }
 }
@@ -188,7 +193,8 @@ pub struct Program {
 }
 
 /// Creates (or adopts) the maps and loads (verifies) the XDP program;
-/// nothing is attached yet.
+/// nothing is attached yet. A component's program is verified when it
+/// joins a dispatcher (the kernel checks it against the slot it fills).
 pub fn load(options: &LoadOptions) -> Result<Program, LoadError> {
     let mut loader = EbpfLoader::new();
     for spec in &maps::ALL {
@@ -205,7 +211,14 @@ pub fn load(options: &LoadOptions) -> Result<Program, LoadError> {
     for (name, path) in &options.pins {
         loader.map_pin_path(name, path.as_path());
     }
-    let (mut ebpf, verified) = load_xdp(&mut loader, EBPF_OBJECT, names::PROGRAM)?;
+    let (mut ebpf, verified) = if options.component.is_some() {
+        loader.extension(names::PROGRAM);
+        loader.verifier_log_level(VerifierLogLevel::STATS);
+        let ebpf = loader.load(EBPF_OBJECT)?;
+        (ebpf, Verified::default())
+    } else {
+        load_xdp(&mut loader, EBPF_OBJECT, names::PROGRAM)?
+    };
     let maps = Maps::take(&mut ebpf)?;
     Ok(Program {
         ebpf,
@@ -274,6 +287,12 @@ impl Program {
     pub fn xdp(&mut self) -> &mut Xdp {
         // `load` returned this program only after loading it as XDP.
         xdp_in(&mut self.ebpf).expect("checked by load")
+    }
+
+    /// The program as a component of libxdp's dispatcher, when it was
+    /// loaded as one (`LoadOptions::component`).
+    pub fn component(&mut self) -> Option<&mut Extension> {
+        self.ebpf.program_mut(names::PROGRAM)?.try_into().ok()
     }
 
     /// The XDP program and its maps at once (tests run the one from

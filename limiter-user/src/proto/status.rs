@@ -222,6 +222,24 @@ pub struct InterfaceStatus {
     pub passed_pps: f64,
     /// Frames per second dropped (limit + deny) over the last tick.
     pub dropped_pps: f64,
+    /// Every XDP program on the interface, in the order they run: ours
+    /// alone, or the components of libxdp's dispatcher.
+    #[serde(default)]
+    pub programs: Vec<XdpProgram>,
+    /// The libxdp dispatcher running them, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dispatcher_id: Option<u32>,
+}
+
+/// An XDP program on an interface.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
+pub struct XdpProgram {
+    pub id: u32,
+    pub name: String,
+    /// Its run priority in libxdp's dispatcher (none for a program that
+    /// holds the interface alone).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<u32>,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
