@@ -60,13 +60,15 @@ struct Cohort {
 
 impl Cohort {
     /// The sources of `scope` read within `lookback` before `now_ns` and
-    /// never refused in it.
+    /// never refused in it. The clock counts from boot: within `lookback`
+    /// of boot the lookback starts at 0, and a source never refused
+    /// (`refused_ns` 0) is one of them.
     fn known_before(known: &Known, scope: &Target, now_ns: u64, lookback: Duration) -> Self {
         let since = now_ns.saturating_sub(lookback.as_nanos() as u64);
         let members: HashMap<SourceKey, u64> = known
             .iter()
             .filter(|(_, s)| in_scope(scope, &s.rule))
-            .filter(|(_, s)| s.last_ns >= since && s.refused_ns < since)
+            .filter(|(_, s)| s.last_ns >= since && (s.refused_ns == 0 || s.refused_ns < since))
             .map(|(key, s)| (*key, s.pps))
             .collect();
         let forming_until = (members.len() < MIN_KNOWN).then(|| Instant::now() + WINDOW);
@@ -483,5 +485,47 @@ fn run_status(run: &GuardRun, now: Instant) -> GuardStatus {
                 .map_or(0, |d| d.as_secs()),
             ago_s: now.saturating_duration_since(at).as_secs(),
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        config::Config,
+        daemon::{history::History, known::Reading},
+        rules::compile,
+    };
+
+    /// Sources read in the first minutes after boot, the lookback an
+    /// hour: the lookback reaches back past boot.
+    #[test]
+    fn sources_known_soon_after_boot_are_judged_unless_refused() {
+        let set = Config::parse("[default]\npps = 100\n", "t.toml")
+            .unwrap()
+            .rules;
+        let base = limiter_common::rules::rules_base(1);
+        let mut known = Known::with_capacity(100);
+        known.set_rules(&set, &compile(&set, base, 1).unwrap(), base);
+        let mut history = History::new(Duration::from_secs(3600));
+        let minute = 60_000_000_000;
+        for i in 0..12u8 {
+            let reading = Reading {
+                key: SourceKey::v4([192, 0, 2, i]),
+                pps: 10,
+                refused: i == 0,
+                // A hot read (from `SOURCES`), which says refused.
+                dropped_total: Some(0),
+            };
+            known.observe(reading, None, 5 * minute, &mut history);
+        }
+        let cohort = Cohort::known_before(
+            &known,
+            &Target::Global,
+            6 * minute,
+            Duration::from_secs(3600),
+        );
+        assert_eq!(cohort.members.len(), 11, "all but the refused one");
+        assert!(!cohort.members.contains_key(&SourceKey::v4([192, 0, 2, 0])));
     }
 }
