@@ -16,7 +16,7 @@ use hyper_util::rt::TokioIo;
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
-pub use self::stream::{go_duration, Batch, Stream};
+pub use self::stream::{Batch, Stream};
 use crate::config::CrowdsecConfig;
 
 /// Why a poll failed.
@@ -38,7 +38,7 @@ pub enum PollError {
 
 /// Polls once: the decisions since the last poll, or with `startup` all
 /// of them.
-pub async fn poll(config: &CrowdsecConfig, startup: bool) -> Result<Stream, PollError> {
+async fn poll(config: &CrowdsecConfig, startup: bool) -> Result<Stream, PollError> {
     let timeout = config.poll_interval.max(Duration::from_secs(5));
     tokio::time::timeout(timeout, poll_once(config, startup))
         .await

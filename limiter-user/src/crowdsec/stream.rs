@@ -97,7 +97,7 @@ impl Decision {
 
 /// A Go duration (`1h2m3.5s`, `250ms`, `-15.2ms`); `None` for a negative
 /// or unreadable one.
-pub fn go_duration(text: &str) -> Option<Duration> {
+fn go_duration(text: &str) -> Option<Duration> {
     if text.starts_with('-') {
         return None;
     }
