@@ -367,6 +367,57 @@ fn with_xdp_limiter_loaded_first_xdp_filter_joins_and_leaves_and_the_limit_holds
     assert_eq!(lab.attached_program(), None, "nothing left attached");
 }
 
+#[test]
+fn an_interface_deleted_and_created_again_is_joined_again_with_its_windows() {
+    let _xdp_filter = exclusive();
+    let (lab, files, limited, _filtered) = lab();
+    if !probe_dispatches(&lab) {
+        let log = start_failing(&lab, &files);
+        assert!(
+            log.contains("refuses extension (freplace) programs"),
+            "a clear refusal: {log}"
+        );
+        eprintln!("this kernel runs no libxdp dispatcher: the refusal was asserted");
+        return;
+    }
+    let daemon = start(&lab, &files, &[]);
+    assert_eq!(limited_through(&lab, &limited, 30), (20, 3));
+    let before = dispatcher_dirs();
+    lab.recreate_link();
+    daemon.wait_log("re-attached to the re-created interface");
+    daemon.wait_metric(
+        &format!("xdp_limiter_reattachments_total{{interface=\"{RX_IF}\"}}"),
+        |v| v == 1.0,
+    );
+    assert_eq!(status_programs(&files), vec!["xdp_limiter".to_string()]);
+    assert_eq!(
+        limited_through(&lab, &limited, 10),
+        (0, 3),
+        "enforcing on the new interface, the window kept"
+    );
+    // The dispatcher that went with the old interface left no pins.
+    let after = dispatcher_dirs();
+    assert!(
+        before.iter().all(|dir| !after.contains(dir)),
+        "{before:?} -> {after:?}"
+    );
+    assert!(daemon.stop().success());
+    assert_eq!(lab.attached_program(), None, "nothing left attached");
+}
+
+/// libxdp's dispatcher directories under bpffs.
+fn dispatcher_dirs() -> Vec<String> {
+    std::fs::read_dir("/sys/fs/bpf/xdp")
+        .map(|entries| {
+            entries
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|name| name.starts_with("dispatch-"))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// Whether libxdp builds a dispatcher on this kernel: xdp-filter loaded
 /// and unloaded once to see.
 fn probe_dispatches(lab: &Lab) -> bool {

@@ -38,7 +38,8 @@ pub enum AttachError {
     Load(String),
     #[error(
         "{iface} already has an XDP program that xdp-limiter did not attach; \
-         remove it first (ip link set dev {iface} xdp off)"
+         remove it first (ip link set dev {iface} xdp off), or, if it is libxdp's \
+         dispatcher (xdp-loader status {iface}), join it: attach = \"dispatcher\""
     )]
     Busy { iface: String },
     #[error("joining {iface}'s XDP dispatcher: {source}")]
@@ -207,11 +208,12 @@ impl Instance {
     fn join(&mut self, mode: AttachMode, priority: u32) -> Result<(), AttachError> {
         let iface = self.iface.clone();
         let ifindex = ifindex_of(&iface)?;
-        let loaded = self.joined.is_some() || self.program.verified.instructions > 0;
         let program = self
             .program
             .component()
             .ok_or_else(|| AttachError::Load("the program was not loaded as a component".into()))?;
+        // Verified against the first dispatcher it joined.
+        let loaded = program.fd().is_ok();
         let joined = dispatcher::join(
             &iface,
             ifindex,
@@ -221,7 +223,7 @@ impl Instance {
                 priority,
                 loaded,
             },
-            mode == AttachMode::Generic,
+            mode,
         )
         .map_err(|source| AttachError::Dispatcher {
             iface: iface.clone(),
@@ -230,8 +232,8 @@ impl Instance {
         if let Some(info) = self.program.component().and_then(|p| p.info().ok()) {
             self.program.verified.instructions = info.verified_instruction_count().unwrap_or(0);
         }
-        if self.joined.is_some_and(|old| old != ifindex) {
-            dispatcher::forget();
+        if let Some(old) = self.joined.filter(|old| *old != ifindex) {
+            dispatcher::forget(old, self.program.id());
         }
         self.joined = Some(ifindex);
         self.attachment = Attachment::Dispatcher;
@@ -356,7 +358,7 @@ impl Instance {
             if let Err(e) = dispatcher::leave(&self.iface, ifindex, id) {
                 warn!(iface = %self.iface, error = %e, "leaving the XDP dispatcher failed");
             }
-            dispatcher::forget();
+            dispatcher::forget(ifindex, id);
             self.joined = None;
         }
         drop(self.program);

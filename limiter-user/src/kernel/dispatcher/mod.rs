@@ -39,6 +39,8 @@ use aya::{
 use nix::fcntl::{Flock, FlockArg};
 use tracing::info;
 
+use crate::config::AttachMode;
+
 use swap::{swap, Member};
 
 /// libxdp's dispatcher object, searched in [`OBJECT_DIRS`] (or the
@@ -335,18 +337,22 @@ pub struct Joined {
 }
 
 /// Joins the dispatcher on `iface` (creating one where no program is
-/// attached), in generic mode when `generic` (a dispatcher already there
-/// keeps its mode).
+/// attached, in `mode`: `auto` tries native, then generic); a dispatcher
+/// already there keeps its mode.
 pub fn join(
     iface: &str,
     ifindex: u32,
     joining: Joining<'_>,
-    generic: bool,
+    mode: AttachMode,
 ) -> Result<Joined, DispatcherError> {
     let object = fs::read(object_path()?).map_err(io_error(OBJECT))?;
     let _lock = lock()?;
     let running = running(ifindex, iface)?;
-    let generic = running.as_ref().map_or(generic, |r| r.generic);
+    let modes: &[u32] = match (running.as_ref().map(|r| r.generic), mode) {
+        (Some(true), _) | (None, AttachMode::Generic) => &[netlink::SKB_MODE],
+        (Some(false), _) | (None, AttachMode::Native) => &[netlink::DRV_MODE],
+        (None, AttachMode::Auto) => &[netlink::DRV_MODE, netlink::SKB_MODE],
+    };
     let mut replaced = false;
     let mut members: Vec<Member<'_>> = Vec::new();
     let old = running.map(|r| {
@@ -365,12 +371,12 @@ pub fn join(
         });
     }
     members.push(Member::Ours(joining));
-    let swapped = swap(&object, ifindex, members, old.as_ref(), generic)?;
+    let swapped = swap(&object, ifindex, members, old.as_ref(), modes)?;
     Ok(Joined {
         dispatcher_id: swapped.dispatcher_id,
         program_id: swapped.ours.unwrap_or(0),
         replaced,
-        generic,
+        generic: swapped.generic,
     })
 }
 
@@ -407,12 +413,17 @@ pub fn leave(iface: &str, ifindex: u32, program_id: u32) -> Result<(), Dispatche
         return Ok(());
     }
     let object = fs::read(object_path()?).map_err(io_error(OBJECT))?;
+    let mode = if running.generic {
+        netlink::SKB_MODE
+    } else {
+        netlink::DRV_MODE
+    };
     swap(
         &object,
         ifindex,
         members,
         Some(&(running.prog, running.id)),
-        running.generic,
+        &[mode],
     )?;
     info!(iface, "left the dispatcher; its other programs run on");
     Ok(())
@@ -436,26 +447,32 @@ pub fn holds(ifindex: u32, program_id: u32) -> bool {
         if components.iter().any(|c| c.id == program_id))
 }
 
-/// Removes the pins of dispatchers that are gone (their interface was
-/// deleted, or re-created under another index): they would hold their
-/// components in memory. A dispatcher is known by its program id, which
-/// the kernel does not reuse while the program lives, so another network
-/// namespace's dispatcher under the same interface index is left alone.
-pub fn forget() {
+/// Removes the pins of the dispatchers that held program `program_id`
+/// on interface `ifindex` once that interface is gone (deleted, or
+/// created again under another index): the dispatcher went with it, but
+/// its pinned links hold it, and its components, in memory. Only the
+/// directories holding `program_id` are touched: an index names
+/// interfaces in other network namespaces too.
+pub fn forget(ifindex: u32, program_id: u32) {
+    if netlink::attached(ifindex).is_ok_and(|a| a.is_some()) {
+        return;
+    }
     let Ok(_lock) = lock() else {
         return;
     };
-    let live: Vec<u32> = loaded_programs().flatten().map(|info| info.id()).collect();
+    let prefix = format!("dispatch-{ifindex}-");
     let Ok(entries) = fs::read_dir(bpffs_dir()) else {
         return;
     };
     for entry in entries.flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let id = name
-            .strip_prefix("dispatch-")
-            .and_then(|rest| rest.rsplit_once('-'))
-            .and_then(|(_, id)| id.parse::<u32>().ok());
-        if id.is_some_and(|id| !live.contains(&id)) {
+        if !entry.file_name().to_string_lossy().starts_with(&prefix) {
+            continue;
+        }
+        let holds_ours = (0..SLOTS).any(|slot| {
+            ProgramInfo::from_pin(entry.path().join(format!("prog{slot}-prog")))
+                .is_ok_and(|info| info.id() == program_id)
+        });
+        if holds_ours {
             unpin(&entry.path());
         }
     }

@@ -3,7 +3,7 @@
 //! every component linked into its slot and pinned, then attached in
 //! place of the old one (or where there is none).
 
-use std::{fs, os::fd::AsFd, path::Path};
+use std::{fs, io, os::fd::AsFd, path::Path};
 
 use aya::{
     programs::{links::FdLink, Extension, ProgramError, ProgramFd, Xdp},
@@ -38,6 +38,8 @@ impl Member<'_> {
 pub(super) struct Swapped {
     pub(super) dispatcher_id: u32,
     pub(super) ours: Option<u32>,
+    /// Attached in generic (skb) mode.
+    pub(super) generic: bool,
 }
 
 /// Builds a dispatcher of `members` (in priority order, then by name, as
@@ -48,7 +50,7 @@ pub(super) fn swap(
     ifindex: u32,
     mut members: Vec<Member<'_>>,
     old: Option<&(ProgramFd, u32)>,
-    generic: bool,
+    modes: &[u32],
 ) -> Result<Swapped, DispatcherError> {
     members.sort_by(|a, b| {
         a.priority()
@@ -85,33 +87,32 @@ pub(super) fn swap(
     let id = dispatcher.info().map_err(bpf_error("the dispatcher"))?.id();
     let dir = dispatcher_dir(ifindex, id);
     let result = link_all(&mut members, fd, &dir).and_then(|ours| {
-        let mode = if generic {
-            netlink::SKB_MODE
-        } else {
-            netlink::DRV_MODE
-        };
-        let flags = if old.is_some() {
-            mode
-        } else {
-            mode | netlink::UPDATE_IF_NOEXIST
-        };
-        netlink::set(
-            ifindex,
-            Some(fd.as_fd()),
-            flags,
-            old.map(|(prog, _)| prog.as_fd()),
-        )
-        .map_err(io_error("attaching the dispatcher"))?;
-        Ok(ours)
+        let mut attached = Err(io::Error::from(io::ErrorKind::InvalidInput));
+        // In the first mode that works (native, then generic, for `auto`).
+        for mode in modes {
+            let flags = if old.is_some() {
+                *mode
+            } else {
+                mode | netlink::UPDATE_IF_NOEXIST
+            };
+            let expected = old.map(|(prog, _)| prog.as_fd());
+            attached = netlink::set(ifindex, Some(fd.as_fd()), flags, expected).map(|()| *mode);
+            if attached.is_ok() {
+                break;
+            }
+        }
+        let mode = attached.map_err(io_error("attaching the dispatcher"))?;
+        Ok((ours, mode == netlink::SKB_MODE))
     });
     match result {
-        Ok(ours) => {
+        Ok((ours, generic)) => {
             if let Some((_, old_id)) = old {
                 unpin(&dispatcher_dir(ifindex, *old_id));
             }
             Ok(Swapped {
                 dispatcher_id: id,
                 ours,
+                generic,
             })
         }
         Err(e) => {
