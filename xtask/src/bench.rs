@@ -45,6 +45,11 @@ pub enum Which {
     /// this machine's kernel and on each kernel lane's (qemu), against the
     /// target of at most 450,000 instructions. About 2 minutes.
     Verifier,
+    /// What libxdp's dispatcher adds to a frame (`attach = "dispatcher"`):
+    /// the limiter run directly and through a dispatcher, in the 6.1
+    /// lane's guest (this machine's kernel cannot run a dispatcher),
+    /// under emulation: the ratio, not the ns. About 3 minutes.
+    Dispatcher,
     /// Renders docs/benchmarks.md's "Current figures" from the runs the
     /// benches saved in docs/data (each bench does it after a complete
     /// run; this measures nothing).
@@ -55,6 +60,7 @@ pub fn run(which: Which) -> anyhow::Result<()> {
     let root = run::workspace_root();
     let (bin, args) = match which {
         Which::Verifier => return crate::kernel::bench_verifier(),
+        Which::Dispatcher => return crate::kernel::bench_dispatcher(),
         Which::Xdp => ("bench-xdp", Vec::new()),
         Which::Aggregate => ("bench-aggregate", Vec::new()),
         Which::E2e { args } => ("bench-e2e", args),

@@ -178,6 +178,8 @@ pub struct LaneReport {
     pub verifier: Option<String>,
     /// Every such line, in order (`bench verifier` loads several times).
     pub verifier_runs: Vec<String>,
+    /// The JSON lines a bench in the guest printed (`LANE BENCH`).
+    pub bench: Vec<String>,
 }
 
 impl LaneReport {
@@ -196,6 +198,10 @@ impl LaneReport {
                 let figures = line.split_once("VERIFIER").map_or("", |(_, rest)| rest);
                 self.verifier = Some(figures.trim().to_string());
                 self.verifier_runs.push(figures.trim().to_string());
+            }
+            (Some("BENCH"), _, _) => {
+                let json = line.split_once("BENCH").map_or("", |(_, rest)| rest);
+                self.bench.push(json.trim().to_string());
             }
             (Some("RESULT"), Some(name), Some(code)) => {
                 self.results.push((name.to_string(), code == "0"))
@@ -341,6 +347,46 @@ pub fn bench_verifier() -> anyhow::Result<()> {
         json.push('\n');
     }
     save_current("verifier", &host_machine(), &json)
+}
+
+/// `cargo xtask bench dispatcher`: `bench-dispatcher` in the 6.1 guest
+/// (the default lane's kernel), its JSON lines printed here.
+pub fn bench_dispatcher() -> anyhow::Result<()> {
+    let root = run::workspace_root();
+    run::status(run::cargo().args([
+        "build",
+        "--quiet",
+        "--release",
+        "-p",
+        "limiter-bench",
+        "--bin",
+        "bench-dispatcher",
+    ]))?;
+    let binaries = Binaries {
+        limiter: build_limiter(&root)?,
+        tests: vec![(
+            "bench-dispatcher",
+            root.join("target/release/bench-dispatcher"),
+        )],
+    };
+    let kernel = KERNELS
+        .iter()
+        .find(|k| k.name == DEFAULT_LANE)
+        .context("the default lane's kernel")?;
+    let init = INIT
+        .replace("@TESTS@", "/t/bench-dispatcher --lane\n")
+        .replace("@CHURN@", "0")
+        .replace("@FLOOD@", "0")
+        .replace("@SMALL@", "0")
+        .replace("@SETS@", "0");
+    let report = lane(&root, kernel, &binaries, &init)?;
+    if !report.done || report.bench.is_empty() {
+        bail!("the {} guest printed no figures", kernel.name);
+    }
+    for line in &report.bench {
+        println!("{line}");
+    }
+    Ok(())
 }
 
 /// Saves `json` (JSON lines) as the latest run of `name` in docs/data and
