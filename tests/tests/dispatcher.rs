@@ -15,7 +15,7 @@
 use std::{
     net::UdpSocket,
     process::{Command, Output},
-    sync::{Mutex, MutexGuard},
+    sync::{Mutex, MutexGuard, OnceLock},
 };
 
 use limiter_tests::{
@@ -293,14 +293,7 @@ fn beside_xdp_filter_loaded_first_both_take_effect_and_either_can_leave() {
 fn with_xdp_limiter_loaded_first_xdp_filter_joins_and_leaves_and_the_limit_holds() {
     let _xdp_filter = exclusive();
     let (lab, files, limited, filtered) = lab();
-    if !probe_dispatches(&lab) {
-        let log = start_failing(&lab, &files);
-        assert!(
-            log.contains("refuses extension (freplace) programs"),
-            "a clear refusal: {log}"
-        );
-        assert_eq!(lab.attached_program(), None, "nothing attached");
-        eprintln!("this kernel runs no libxdp dispatcher: the refusal was asserted");
+    if !dispatches_or_refuses(&lab, &files) {
         return;
     }
     let daemon = start(&lab, &files, &["--keep-attached"]);
@@ -371,13 +364,7 @@ fn with_xdp_limiter_loaded_first_xdp_filter_joins_and_leaves_and_the_limit_holds
 fn an_interface_deleted_and_created_again_is_joined_again_with_its_windows() {
     let _xdp_filter = exclusive();
     let (lab, files, limited, _filtered) = lab();
-    if !probe_dispatches(&lab) {
-        let log = start_failing(&lab, &files);
-        assert!(
-            log.contains("refuses extension (freplace) programs"),
-            "a clear refusal: {log}"
-        );
-        eprintln!("this kernel runs no libxdp dispatcher: the refusal was asserted");
+    if !dispatches_or_refuses(&lab, &files) {
         return;
     }
     let daemon = start(&lab, &files, &[]);
@@ -418,11 +405,32 @@ fn dispatcher_dirs() -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// Whether this kernel runs libxdp's dispatcher (probed with
+/// xdp-filter); where it does not, asserts xdp-limiter's refusal on a free
+/// interface (a clear reason, nothing attached) and says so.
+fn dispatches_or_refuses(lab: &Lab, files: &Files) -> bool {
+    if probe_dispatches(lab) {
+        return true;
+    }
+    let log = start_failing(lab, files);
+    assert!(
+        log.contains("refuses extension (freplace) programs"),
+        "a clear refusal: {log}"
+    );
+    assert_eq!(lab.attached_program(), None, "nothing attached");
+    eprintln!("this kernel runs no libxdp dispatcher: the refusal was asserted");
+    false
+}
+
 /// Whether libxdp builds a dispatcher on this kernel: xdp-filter loaded
-/// and unloaded once to see.
+/// and unloaded once to see (once a test binary: the kernel does not
+/// change).
 fn probe_dispatches(lab: &Lab) -> bool {
-    let filter = Filter::load(&lab.rx);
-    let dispatches = libxdp_dispatches(&lab.rx);
-    filter.unload();
-    dispatches
+    static DISPATCHES: OnceLock<bool> = OnceLock::new();
+    *DISPATCHES.get_or_init(|| {
+        let filter = Filter::load(&lab.rx);
+        let dispatches = libxdp_dispatches(&lab.rx);
+        filter.unload();
+        dispatches
+    })
 }
