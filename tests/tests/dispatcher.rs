@@ -193,6 +193,18 @@ fn exclusive() -> MutexGuard<'static, ()> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
+/// xdp-filter alone on the interface: its port dropped, no source limited
+/// (30 frames of the heavy source all through).
+#[track_caller]
+fn assert_xdp_filter_alone(lab: &Lab, filtered: &UdpSocket, limited: &UdpSocket) {
+    assert_eq!(
+        filtered_through(lab, filtered, limited),
+        0,
+        "xdp-filter filters"
+    );
+    assert_eq!(limited_through(lab, limited, 30), (30, 3), "nothing limits");
+}
+
 /// The programs `status --output json` lists for the interface.
 fn status_programs(files: &Files) -> Vec<String> {
     let status: serde_json::Value =
@@ -226,16 +238,7 @@ fn beside_xdp_filter_loaded_first_both_take_effect_and_either_can_leave() {
             log.contains("which is not a libxdp dispatcher"),
             "a clear refusal: {log}"
         );
-        assert_eq!(
-            filtered_through(&lab, &filtered, &limited),
-            0,
-            "xdp-filter still filters"
-        );
-        assert_eq!(
-            limited_through(&lab, &limited, 30),
-            (30, 3),
-            "nothing limits"
-        );
+        assert_xdp_filter_alone(&lab, &filtered, &limited);
         eprintln!("this kernel runs no libxdp dispatcher: the refusal was asserted");
         return;
     }
@@ -270,16 +273,7 @@ fn beside_xdp_filter_loaded_first_both_take_effect_and_either_can_leave() {
 
     // xdp-limiter leaves: xdp-filter goes on alone.
     assert!(daemon.stop().success());
-    assert_eq!(
-        filtered_through(&lab, &filtered, &limited),
-        0,
-        "the port still filtered"
-    );
-    assert_eq!(
-        limited_through(&lab, &limited, 30),
-        (30, 3),
-        "no limit any more"
-    );
+    assert_xdp_filter_alone(&lab, &filtered, &limited);
     let status = loader_status(&lab.rx);
     assert!(
         !status.contains("xdp_limiter"),
