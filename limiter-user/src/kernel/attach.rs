@@ -178,8 +178,7 @@ impl Instance {
         let component = options.component;
         let found_link = match component {
             Some(_) => ifindex_of(iface).is_ok_and(|ifindex| {
-                matches!(dispatcher::programs(ifindex), Ok(dispatcher::Programs::Dispatcher { components, .. })
-                    if components.iter().any(|c| c.name == names::PROGRAM))
+                !dispatcher::components_named(ifindex, names::PROGRAM).is_empty()
             }),
             None => dir.join("link").exists(),
         };

@@ -229,28 +229,14 @@ fn program_info(id: u32) -> Option<ProgramInfo> {
 
 /// What is attached to interface `ifindex`.
 pub fn programs(ifindex: u32) -> Result<Programs, DispatcherError> {
-    let Some(attached) = netlink::attached(ifindex).map_err(io_error("reading the interface"))?
-    else {
-        return Ok(Programs::None);
-    };
-    let info = program_info(attached.prog_id);
-    let name = info
-        .as_ref()
-        .and_then(|i| i.name_as_str().map(str::to_string))
-        .unwrap_or_default();
-    if name != DISPATCHER {
-        return Ok(Programs::Single {
-            id: attached.prog_id,
-            name,
-        });
-    }
-    let running = running(ifindex, "")?;
-    Ok(match running {
-        Some(running) => Programs::Dispatcher {
+    Ok(match running(ifindex, "") {
+        Ok(Some(running)) => Programs::Dispatcher {
             id: running.id,
             components: running.components.into_iter().map(|(c, _)| c).collect(),
         },
-        None => Programs::None,
+        Ok(None) => Programs::None,
+        Err(DispatcherError::NotDispatcher { id, name, .. }) => Programs::Single { id, name },
+        Err(e) => return Err(e),
     })
 }
 
