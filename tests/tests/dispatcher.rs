@@ -355,7 +355,7 @@ fn with_xdp_limiter_loaded_first_xdp_filter_joins_and_leaves_and_the_limit_holds
 }
 
 #[test]
-fn an_interface_deleted_and_created_again_is_joined_again_with_its_windows() {
+fn an_interface_deleted_and_created_again_is_joined_again_and_a_component_taken_out_stays_out() {
     let _xdp_filter = exclusive();
     let (lab, files, limited, _filtered) = lab();
     if !dispatches_or_refuses(&lab, &files) {
@@ -382,6 +382,24 @@ fn an_interface_deleted_and_created_again_is_joined_again_with_its_windows() {
         before.iter().all(|dir| !after.contains(dir)),
         "{before:?} -> {after:?}"
     );
+
+    // Someone takes the component out with libxdp: the daemon says so and
+    // does not put it back.
+    let status: serde_json::Value =
+        serde_json::from_str(&files.cli_ok(&["status", "--output", "json"])).expect("json");
+    let id = status["interfaces"][0]["programs"][0]["id"]
+        .as_u64()
+        .expect("our program's id")
+        .to_string();
+    let out = run(&lab.rx, "xdp-loader", &["unload", "-i", &id, RX_IF]);
+    assert!(out.status.success(), "xdp-loader unload: {}", text(&out));
+    daemon.wait_log("taken out of the XDP dispatcher by someone else");
+    assert_eq!(
+        limited_through(&lab, &limited, 10),
+        (10, 3),
+        "nothing limits any more"
+    );
+    assert!(status_programs(&files).is_empty(), "not joined again");
     assert!(daemon.stop().success());
     assert_eq!(lab.attached_program(), None, "nothing left attached");
 }

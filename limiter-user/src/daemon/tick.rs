@@ -24,7 +24,7 @@ use super::{
 };
 use crate::{
     config::{self, DaemonSection},
-    kernel::{self, penalty, Instance, LinkCheck},
+    kernel::{self, penalty, Attachment, Instance, LinkCheck},
 };
 
 /// Released sources logged by name per interface and tick; the rest are
@@ -239,10 +239,19 @@ fn check_link(instance: &mut Instance, mode: config::AttachMode) {
                 "the interface vanished; protection resumes when it is back"
             )
         }
-        Ok(LinkCheck::Unpinned) if before != LinkCheck::Unpinned => warn!(
-            iface,
-            "the pinned link was removed by someone else (xdp-limiter detach?); not re-attaching"
-        ),
+        Ok(LinkCheck::Unpinned) if before != LinkCheck::Unpinned => {
+            if instance.attachment == Attachment::Dispatcher {
+                warn!(
+                    iface,
+                    "the component was taken out of the XDP dispatcher by someone else (xdp-loader unload?); not joining again"
+                )
+            } else {
+                warn!(
+                    iface,
+                    "the pinned link was removed by someone else (xdp-limiter detach?); not re-attaching"
+                )
+            }
+        }
         Ok(_) => {}
         Err(e) => {
             // Retried every tick; said once until the state changes.
