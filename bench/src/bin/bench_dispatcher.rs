@@ -139,7 +139,6 @@ fn main() {
             program: component.component().expect("a component"),
             name: limiter_common::names::PROGRAM,
             priority: dispatcher::DEFAULT_PRIORITY,
-            loaded: false,
         },
         AttachMode::Native,
     )

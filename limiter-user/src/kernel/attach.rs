@@ -211,8 +211,6 @@ impl Instance {
             .program
             .component()
             .ok_or_else(|| AttachError::Load("the program was not loaded as a component".into()))?;
-        // Verified against the first dispatcher it joined.
-        let loaded = program.fd().is_ok();
         let joined = dispatcher::join(
             &iface,
             ifindex,
@@ -220,7 +218,6 @@ impl Instance {
                 program,
                 name: names::PROGRAM,
                 priority,
-                loaded,
             },
             mode,
         )

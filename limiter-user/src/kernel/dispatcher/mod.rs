@@ -307,8 +307,6 @@ pub struct Joining<'a> {
     /// component of that name is replaced, not kept beside it.
     pub name: &'static str,
     pub priority: u32,
-    /// Whether it was loaded (verified) before.
-    pub loaded: bool,
 }
 
 /// Where xdp-limiter joined.
@@ -383,12 +381,12 @@ pub fn leave(iface: &str, ifindex: u32, program_id: u32) -> Result<(), Dispatche
         .filter(|(c, _)| c.id != program_id)
         .map(|(c, p)| Member::Other(c, Box::new(p)))
         .collect();
+    let mode = if running.generic {
+        netlink::SKB_MODE
+    } else {
+        netlink::DRV_MODE
+    };
     if members.is_empty() {
-        let mode = if running.generic {
-            netlink::SKB_MODE
-        } else {
-            netlink::DRV_MODE
-        };
         netlink::set(ifindex, None, mode, Some(running.prog.as_fd()))
             .map_err(io_error(format!("detaching the dispatcher from {iface}")))?;
         unpin(&dispatcher_dir(ifindex, running.id));
@@ -399,11 +397,6 @@ pub fn leave(iface: &str, ifindex: u32, program_id: u32) -> Result<(), Dispatche
         return Ok(());
     }
     let object = fs::read(object_path()?).map_err(io_error(OBJECT))?;
-    let mode = if running.generic {
-        netlink::SKB_MODE
-    } else {
-        netlink::DRV_MODE
-    };
     swap(
         &object,
         ifindex,

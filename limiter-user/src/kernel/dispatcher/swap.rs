@@ -136,12 +136,12 @@ fn link_all(
         let program: &mut Extension = match member {
             Member::Other(_, program) => program,
             Member::Ours(joining) => {
-                if !joining.loaded {
+                // Loaded (verified) against the first dispatcher it joins.
+                if joining.program.fd().is_err() {
                     let target = fd
                         .try_clone()
                         .map_err(|e| DispatcherError::Bpf(e.to_string()))?;
                     load_ours(joining.program, target, &stub)?;
-                    joining.loaded = true;
                 }
                 ours = Some(
                     joining
