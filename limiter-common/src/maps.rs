@@ -25,6 +25,11 @@ pub const DEFAULT_MAX_SOURCES: u32 = 65_536;
 /// userspace sets the real size (`max_hot_sources`) before loading.
 pub const DEFAULT_MAX_HOT_SOURCES: u32 = 16_384;
 
+/// `WINDOWS` holds `max_sources / PROVEN_SHARE` windows more than there
+/// are tickets (`UNPROVEN`): a quarter more, kept for TCP sources that
+/// proved their address while the tickets were all taken.
+pub const PROVEN_SHARE: u32 = 4;
+
 /// Who decides a map's capacity (its number is hashed into
 /// [`MAP_LAYOUT_VERSION`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -37,6 +42,9 @@ pub enum Sizing {
     HotSources = 2,
     /// Twice `max_list_prefixes`: the list tries.
     Lists = 3,
+    /// `max_sources` and a quarter (`window_capacity`): the windows,
+    /// with room for proven sources beyond the tickets.
+    Windows = 4,
 }
 
 /// The BPF map type of a [`MapSpec`] (what the key size means depends on it).
@@ -114,6 +122,7 @@ impl MapSpec {
         match (self.kind, self.sizing) {
             (MapKind::LpmTrie, _) => None,
             (_, Sizing::Sources) => Some(max_sources),
+            (_, Sizing::Windows) => Some(window_capacity(max_sources)),
             (_, Sizing::HotSources) => Some(max_hot_sources),
             (_, Sizing::Fixed) => Some(self.max_entries),
             (_, Sizing::Lists) => None,
@@ -141,6 +150,14 @@ impl MapSpec {
             "value size differs from the table"
         );
     }
+}
+
+/// The capacity of `WINDOWS` for `max_sources` tickets: a quarter more
+/// (at least one more), the room of the sources that proved their
+/// address.
+pub const fn window_capacity(max_sources: u32) -> u32 {
+    let more = max_sources / PROVEN_SHARE;
+    max_sources.saturating_add(if more == 0 { 1 } else { more })
 }
 
 /// `a == b`, in const context.
@@ -254,12 +271,13 @@ mod tests {
 
     #[test]
     fn the_daemon_pins_the_state_and_rule_maps() {
-        let pinned: [&str; 23] = PINNED.map(|spec| spec.name);
+        let pinned: [&str; 24] = PINNED.map(|spec| spec.name);
         assert_eq!(
             pinned,
             [
                 "SOURCES",
                 "WINDOWS",
+                "UNPROVEN",
                 "STATS",
                 "CONFIG",
                 "RULES",
@@ -288,13 +306,19 @@ mod tests {
     #[test]
     fn capacities_as_loaded() {
         assert_eq!(SOURCES.expected_max_entries(1000, 10), Some(10));
-        assert_eq!(WINDOWS.expected_max_entries(1000, 10), Some(1000));
+        assert_eq!(WINDOWS.expected_max_entries(1000, 10), Some(1250));
+        assert_eq!(UNPROVEN.expected_max_entries(1000, 10), Some(1000));
+        assert_eq!(
+            WINDOWS.expected_max_entries(3, 10),
+            Some(4),
+            "a proven window at least"
+        );
         assert_eq!(HOLDS.expected_max_entries(1000, 10), Some(1000));
         assert_eq!(RULES.expected_max_entries(1000, 10), Some(RULE_SLOTS));
         assert_eq!(STATS.expected_max_entries(1000, 10), Some(Outcome::COUNT));
         assert_eq!(SKETCH.expected_max_entries(1000, 10), Some(1 << 16));
         assert_eq!(AGG_CELLS.expected_max_entries(1000, 10), Some(4096));
-        assert_eq!(PRESSURE.expected_max_entries(1000, 10), Some(1));
+        assert_eq!(PRESSURE.expected_max_entries(1000, 10), Some(2));
         assert_eq!(SHARE_MARKS.expected_max_entries(1000, 10), Some(1 << 16));
         assert_eq!(PREFIXES_V4.expected_max_entries(1000, 10), None);
         assert_eq!(LISTS_V4.expected_max_entries(1000, 10), None);
@@ -314,12 +338,13 @@ mod tests {
     #[test]
     fn sizes_of_the_layout() {
         // The sizes a pinned map of this layout version has.
-        let sizes: [(&str, u32, u32); 23] = PINNED.map(|s| (s.name, s.key_size, s.value_size));
+        let sizes: [(&str, u32, u32); 24] = PINNED.map(|s| (s.name, s.key_size, s.value_size));
         assert_eq!(
             sizes,
             [
                 ("SOURCES", 20, 184),
                 ("WINDOWS", 20, 296),
+                ("UNPROVEN", 20, 1),
                 ("STATS", 4, 16),
                 ("CONFIG", 4, 84),
                 ("RULES", 4, 328),

@@ -52,6 +52,16 @@ pub const WINDOWED: u32 = 128;
 /// read, so a flood from one source does not bounce a cache line between
 /// CPUs).
 pub const HOT_FRAMES: u32 = 200;
+/// The SYNs of a TCP source without a window that pass, uncounted, while
+/// `WINDOWS` is full (`Outcome::UnprovenSyn`): those of a source reading at
+/// most this many frames over this epoch and the last. A SYN is how a new
+/// client comes to prove its address (the handshake's last ACK carries the
+/// cookie of our SYN-ACK); eight over two epochs leave a client its
+/// retransmissions and a flood's noise in its counters (a spoofed
+/// flood's one-frame sources add to a source's reading only when they
+/// share its word and its pair: docs/architecture.md, "Full maps"),
+/// and a real source's SYNs past them are refused.
+pub const UNPROVEN_SYNS: u32 = 8;
 /// Length of an epoch: counts start afresh every second.
 pub const EPOCH_NS: u64 = 1_000_000_000;
 /// The pairs of consecutive epochs a window of `window_ns` overlaps at

@@ -97,11 +97,23 @@ pub enum Outcome {
     /// A list's frames count under their verdict (`Allowed`,
     /// `DroppedDeny`) and in their list's `LIST_HITS`.
     Banned = 17,
+    /// The frame proved its TCP source (the handshake's last ACK carries
+    /// a valid SYN cookie: the source received our SYN-ACK, so its
+    /// address is its own) while `WINDOWS` was full: the source got its
+    /// window in `PROVEN`, the part a spoofed flood cannot fill
+    /// (docs/architecture.md, "Full maps"; counted here besides its
+    /// verdict).
+    Proven = 18,
+    /// A TCP SYN of a source without a window, while `WINDOWS` was full,
+    /// passed uncounted so that the source can prove itself: at most
+    /// `sketch::UNPROVEN_SYNS` over two epochs by the sketch's reading
+    /// (counted here besides its verdict).
+    UnprovenSyn = 19,
 }
 
 impl Outcome {
     /// Number of outcomes: the `STATS` array length.
-    pub const COUNT: u32 = 18;
+    pub const COUNT: u32 = 20;
 
     /// Every outcome, in index order.
     pub const ALL: [Outcome; Self::COUNT as usize] = [
@@ -123,6 +135,8 @@ impl Outcome {
         Outcome::AggregateFull,
         Outcome::FullSeeded,
         Outcome::Banned,
+        Outcome::Proven,
+        Outcome::UnprovenSyn,
     ];
 
     /// The verdicts, `Passed` through `Malformed`: every frame counts under
@@ -150,6 +164,8 @@ impl Outcome {
             Outcome::AggregateFull => "aggregate_full",
             Outcome::FullSeeded => "full_seeded",
             Outcome::Banned => "banned",
+            Outcome::Proven => "proven",
+            Outcome::UnprovenSyn => "unproven_syn",
         }
     }
 }

@@ -76,6 +76,23 @@ pub struct Packet {
     /// start; 4 bytes for IPv4, 16 for IPv6): read only when a rule keys a
     /// level by it (`judge::key::destination`).
     pub dst_at: u16,
+    /// Where the TCP header starts in the frame (bytes from its start): 0
+    /// unless the frame is TCP with its whole fixed header in the frame.
+    /// Read only to check a SYN cookie (`judge::proof`).
+    pub tcp_at: u16,
+}
+
+impl Packet {
+    /// Where the IP header starts in the frame.
+    #[inline(always)]
+    pub fn ip_at(&self) -> usize {
+        let dst_at = usize::from(self.dst_at);
+        if self.source.family() == AddressFamily::V4 {
+            dst_at - IPV4_DST_AT
+        } else {
+            dst_at - IPV6_DST_AT
+        }
+    }
 }
 
 /// The transport fields rules match on.
@@ -85,6 +102,7 @@ struct Fields {
     dst_port: u16,
     tcp_flags: u8,
     transport: Transport,
+    tcp_at: u16,
 }
 
 impl Fields {
@@ -95,6 +113,7 @@ impl Fields {
             dst_port: 0,
             tcp_flags: 0,
             transport: Transport::Known,
+            tcp_at: 0,
         }
     }
 
@@ -111,6 +130,7 @@ impl Fields {
             dst_port: 0,
             tcp_flags: 0,
             transport,
+            tcp_at: 0,
         }
     }
 
@@ -120,6 +140,7 @@ impl Fields {
             dst_port: 0,
             tcp_flags: 0,
             transport: Transport::ProtocolUnknown,
+            tcp_at: 0,
         }
     }
 
@@ -132,6 +153,7 @@ impl Fields {
             tcp_flags: self.tcp_flags,
             transport: self.transport,
             dst_at: dst_at as u16,
+            tcp_at: self.tcp_at,
         }
     }
 }
@@ -307,6 +329,7 @@ fn transport(ctx: &XdpContext, offset: usize, protocol: u8) -> Fields {
                     dst_port: u16::from_be_bytes(tcp.dest),
                     tcp_flags,
                     transport: Transport::Known,
+                    tcp_at: offset as u16,
                 }
             }
             Err(_) => Fields::unreadable(protocol),
@@ -317,6 +340,7 @@ fn transport(ctx: &XdpContext, offset: usize, protocol: u8) -> Fields {
                 dst_port: u16::from_be_bytes(udp.dst),
                 tcp_flags: 0,
                 transport: Transport::Known,
+                tcp_at: 0,
             },
             Err(_) => Fields::unreadable(protocol),
         },

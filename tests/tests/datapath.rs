@@ -443,6 +443,7 @@ fn the_loaded_maps_are_the_table() {
     let (max_sources, max_hot_sources, max_list_prefixes) = (1_000, 100, 10);
     let capacity = |sizing| match sizing {
         Sizing::Sources => Some(max_sources),
+        Sizing::Windows => Some(limiter_common::maps::window_capacity(max_sources)),
         Sizing::HotSources => Some(max_hot_sources),
         Sizing::Lists => Some(2 * max_list_prefixes),
         Sizing::Fixed => None,

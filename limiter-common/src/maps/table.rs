@@ -53,6 +53,19 @@ macro_rules! for_each_map {
             /// refused (`Outcome::WindowFull`): it gets its cheap frames, never
             /// an uncounted admission more.
             WINDOWS(windows): Hash<$crate::SourceKey, $crate::WindowState>,
+                Windows($crate::maps::DEFAULT_MAX_SOURCES + $crate::maps::DEFAULT_MAX_SOURCES / $crate::maps::PROVEN_SHARE), pinned;
+
+            /// The tickets of the windows of sources that have not proved their
+            /// address: `SourceKey` (the window's key) -> 0. A window is made for
+            /// such a source only with a ticket, and there are `max_sources`
+            /// of them, while `WINDOWS` holds a quarter more: that quarter is
+            /// kept for TCP sources that completed a handshake with a valid SYN
+            /// cookie while the tickets were all taken (`Outcome::Proven`,
+            /// `judge/proof.rs`), which a spoofed flood, never receiving our
+            /// SYN-ACKs, cannot take. A plain hash; the daemon deletes a
+            /// window's ticket with the window. Full, a source without a window
+            /// gets none (`Outcome::WindowFull`) unless it proves itself.
+            UNPROVEN(unproven): Hash<$crate::SourceKey, u8>,
                 Sources($crate::maps::DEFAULT_MAX_SOURCES), pinned;
 
             /// Per-CPU scratch for a new `WINDOWS` value, too large for the BPF
@@ -122,13 +135,15 @@ macro_rules! for_each_map {
             AGG_CELLS(agg_cells): Hash<$crate::LevelKey, $crate::rules::LevelWindow>,
                 Fixed($crate::rules::AGG_CELLS), pinned;
 
-            /// Until when the kernel found `AGGREGATES` full (index 0; ns, 0:
-            /// never), raised when an insert finds it full: an aggregate created
-            /// before then starts with its overflow cell's counts
-            /// (`Outcome::FullSeeded`), so nothing it was admitted on the cell is
-            /// admitted again.
+            /// Until when (ns, 0: never) the kernel found `AGGREGATES` full
+            /// (index 0): an aggregate created before then starts with its
+            /// overflow cell's counts (`Outcome::FullSeeded`), so nothing it was
+            /// admitted on the cell is admitted again; and until when it found
+            /// the tickets of `UNPROVEN` all taken (index 1): while it holds, a
+            /// TCP ACK of a source without per-CPU state is checked for a SYN
+            /// cookie (`judge/proof.rs`).
             PRESSURE(pressure): Array<u32, u64>,
-                Fixed(1), pinned;
+                Fixed(2), pinned;
 
             /// Per-CPU scratch for a new `AGGREGATES` value, too large for the
             /// BPF stack: all zero between uses (`judge/scratch.rs`).

@@ -79,6 +79,8 @@ pub const WEIGHT_SHIFT: u32 = 10;
 pub const WEIGHT_ONE: u64 = 1 << WEIGHT_SHIFT;
 /// An allowance that never limits.
 pub const UNLIMITED: u64 = u64::MAX;
+/// The longest window a rule may have (60 s; userspace refuses longer).
+pub const MAX_WINDOW_NS: u64 = 60_000_000_000;
 /// Compare-and-swap attempts before a contended frame is refused.
 pub const CAS_ATTEMPTS: usize = 4;
 

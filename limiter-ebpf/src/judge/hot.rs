@@ -9,7 +9,7 @@ use super::{
     key::resolve,
     scratch,
     verdict::{give_back_to_levels, pass, refuse, refused_by_level, Verdict},
-    window::{find_window, limit, LIMIT_ADMITTED, LIMIT_DRY_RUN},
+    window::{find_window, limit, LIMIT_ADMITTED, LIMIT_DRY_RUN, LIMIT_WINDOWLESS},
     BPF_NOEXIST,
 };
 use crate::maps::{self, RULES, SOURCES};
@@ -74,7 +74,8 @@ pub(super) fn record_offered(key: &SourceKey, now: u64, len: u64) -> Option<*mut
 
 /// The verdict for a hot source's frame: from its cached rule (resolved
 /// again when the rule generation changed), its hold, its lease, or its
-/// shared window.
+/// shared window (a source without one and without room for one is
+/// judged in the exact tier from its next frame on: `proof`).
 #[inline(always)]
 pub(super) fn decide(
     config: &Config,
@@ -127,9 +128,13 @@ pub(super) fn decide(
                 traffic.lease_owed += 1;
                 return pass(Outcome::Passed);
             }
-            if limit(key, traffic, len, u32::from(dry_run) * LIMIT_DRY_RUN, now) & LIMIT_ADMITTED
-                != 0
-            {
+            let answer = limit(key, traffic, len, u32::from(dry_run) * LIMIT_DRY_RUN, now);
+            if answer & LIMIT_WINDOWLESS != 0 {
+                // No window and no room: its next frames go to the exact
+                // tier, where it may prove itself (`tier::tiered`).
+                traffic.windowless = 1;
+            }
+            if answer & LIMIT_ADMITTED != 0 {
                 pass(Outcome::Passed)
             } else {
                 give_back_to_levels(rule, index, now);

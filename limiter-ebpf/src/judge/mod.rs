@@ -2,7 +2,8 @@
 //! `key` (its key and rule), `tier` (the cheap tier, or the exact tier's
 //! judgement on its window alone), `hot` (a source with per-CPU state: its
 //! hold, lease and rule cache), `window` (the shared window: `limit`),
-//! `cluster` (a cluster-scoped rule's allowance and hot reports),
+//! `proof` (what a TCP frame proves of its source while `WINDOWS` is
+//! full), `cluster` (a cluster-scoped rule's allowance and hot reports),
 //! `level` (a rule's further levels: aggregates and other windows),
 //! `lists` (lists and bans, judged first), and `verdict` (what the frame
 //! becomes and how a refusal is counted);
@@ -17,6 +18,7 @@ mod hot;
 mod key;
 mod level;
 mod lists;
+mod proof;
 mod scratch;
 mod tier;
 mod verdict;
@@ -27,7 +29,7 @@ use limiter_common::Outcome;
 use limiter_ebpf::parse::{self, Packet};
 
 pub use self::verdict::Verdict;
-use self::{tier::Tiered, verdict::pass};
+use self::{proof::Frame, tier::Tiered, verdict::pass};
 use crate::maps::{CONFIG, FRAME_DST, FRAME_KEY};
 
 /// `bpf_map_update_elem` flag: create only.
@@ -65,8 +67,9 @@ pub fn judge(ctx: &XdpContext, packet: &Packet, len: u64) -> Verdict {
             parse::read_destination(ctx, packet, destination);
         }
     }
+    let frame = Frame { ctx, packet };
     let found = if config.tiered() {
-        tier::tiered(config, key, now, len)
+        tier::tiered(config, key, frame, now, len)
     } else {
         match hot::record_offered(key, now, len) {
             Some(traffic) => Tiered::Hot(traffic),

@@ -15,6 +15,7 @@ use limiter_common::{
 use super::{
     hot,
     key::resolve,
+    proof::{self, Frame},
     scratch,
     verdict::{give_back_to_levels, pass, refuse, refused_by_level, stateless, Verdict},
     window::{
@@ -41,7 +42,7 @@ pub(super) enum Tiered {
 
 /// A frame with the tiers on.
 #[inline(always)]
-pub(super) fn tiered(config: &Config, key: &SourceKey, now: u64, len: u64) -> Tiered {
+pub(super) fn tiered(config: &Config, key: &SourceKey, frame: Frame, now: u64, len: u64) -> Tiered {
     // Counted by source, whatever the frame's class: the classes one rule
     // judges share its window, so they share its cheap frames too.
     let place = sketch::place(
@@ -71,13 +72,19 @@ pub(super) fn tiered(config: &Config, key: &SourceKey, now: u64, len: u64) -> Ti
             }
         }
     }
+    // A hot source without a window goes on to its exact tier, where it
+    // may prove itself (`proof`), as one without per-CPU state.
+    let mut known = None;
     if let Some(traffic) = SOURCES.get_ptr_mut(key) {
         // SAFETY: this CPU's slot of a per-CPU map value.
         let state = unsafe { &mut *traffic };
         state.record_at(now, len);
-        let cheap_frames = RULES.get(state.rule).map_or(0, |rule| rule.cheap_frames);
-        leave_cheap_tier(place, tag, seen, marked, cheap_frames);
-        return Tiered::Hot(traffic);
+        if state.windowless == 0 {
+            let cheap_frames = RULES.get(state.rule).map_or(0, |rule| rule.cheap_frames);
+            leave_cheap_tier(place, tag, seen, marked, cheap_frames);
+            return Tiered::Hot(traffic);
+        }
+        known = Some(traffic);
     }
     if index == NO_RULE {
         index = resolve(key, config.generation);
@@ -93,8 +100,19 @@ pub(super) fn tiered(config: &Config, key: &SourceKey, now: u64, len: u64) -> Ti
             None => Tiered::Judged(stateless(config, key)),
         };
     }
-    leave_cheap_tier(place, tag, seen, marked, rule.cheap_frames);
-    exact(config, key, rule, index, seen, now, len)
+    let judged = exact(config, key, frame, rule, index, seen, now, len);
+    // A source refused for want of a window is not marked: it has none
+    // to skip the cheap tier for, and a mark would cost it its cheap
+    // frames and its SYNs (`proof`) while it keeps sending. One that got
+    // a window is hot again from its next frame, if it was.
+    if !judged.1 {
+        leave_cheap_tier(place, tag, seen, marked, rule.cheap_frames);
+        if let Some(traffic) = known {
+            // SAFETY: this CPU's slot of a per-CPU map value.
+            unsafe { (*traffic).windowless = 0 };
+        }
+    }
+    judged.0
 }
 
 /// Whether the cheap tier may admit a frame of a source that reads `count`
@@ -226,16 +244,20 @@ fn leave_cheap_tier(
 /// per-CPU state and no lease. Refused, near its limit (its window half
 /// used), or busy (this epoch's count over `sketch::HOT_FRAMES`), the
 /// source keeps that state: the seed becomes its `SOURCES` entry.
+/// Also returns whether the source had no window and got none (its
+/// frame refused, or passed as an unproven SYN).
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 fn exact(
     config: &Config,
     key: &SourceKey,
+    frame: Frame,
     rule: &Rule,
     index: u32,
     seen: sketch::Seen,
     now: u64,
     len: u64,
-) -> Tiered {
+) -> (Tiered, bool) {
     let count = seen.total();
     let dry_run = rule.is_dry_run(config.dry_run());
     // The rule's levels first, judging the source as heavy as its window
@@ -243,7 +265,7 @@ fn exact(
     if rule.level_count() != 0 {
         let heavy = find_window(&key.with_class(rule.budget)).is_some_and(|w| w.heavy());
         if let Some(refused) = refused_by_level(rule, index, dry_run, heavy, false, now) {
-            return Tiered::Judged(refused);
+            return (Tiered::Judged(refused), false);
         }
     }
     let flags = (u32::from(dry_run) * LIMIT_DRY_RUN) | LIMIT_EXACT_TIER;
@@ -252,6 +274,7 @@ fn exact(
         state.count_first(now, len);
         state.rule = index;
         state.generation = config.generation;
+        let flags = flags | proof::flags(frame, count, now);
         let answer = limit(key, &mut *state, len, flags, now);
         let admitted = answer & LIMIT_ADMITTED != 0;
         // Busy: this epoch's count alone (a mark is not frames).
@@ -277,11 +300,14 @@ fn exact(
                 promoted = true;
             }
         }
-        (admitted, promoted)
+        (admitted, promoted, windowless)
     });
-    let Some((admitted, promoted)) = judged else {
+    let Some((admitted, promoted, windowless)) = judged else {
         // No state to judge it with: fail closed.
-        return Tiered::Judged(refuse(NO_RULE, dry_run, Outcome::DroppedLimit));
+        return (
+            Tiered::Judged(refuse(NO_RULE, dry_run, Outcome::DroppedLimit)),
+            false,
+        );
     };
     let verdict = if admitted {
         pass(Outcome::Passed)
@@ -291,8 +317,8 @@ fn exact(
     };
     if promoted {
         if let Some(traffic) = SOURCES.get_ptr_mut(key) {
-            return Tiered::Promoted(traffic, verdict);
+            return (Tiered::Promoted(traffic, verdict), false);
         }
     }
-    Tiered::Judged(verdict)
+    (Tiered::Judged(verdict), windowless)
 }

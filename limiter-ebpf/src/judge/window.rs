@@ -1,9 +1,10 @@
-//! The shared window (`WINDOWS`): `limit` admits a frame against it with
-//! one compare-and-swap, or refuses it and notes until when this CPU may
-//! refuse without looking; it creates the window (empty, blocked if
-//! `HOLDS` keeps a penalty for it), refuses
-//! a source that cannot get one while `WINDOWS` is full, and arms
-//! penalties.
+//! The shared window (`WINDOWS`, or `PROVEN` for a TCP source that
+//! proved its address while `WINDOWS` was full): `limit` admits a frame
+//! against it with one compare-and-swap, or refuses it and notes until
+//! when this CPU may refuse without looking; it creates the window (empty,
+//! blocked if `HOLDS` keeps a penalty for it), refuses a source that
+//! cannot get one while `WINDOWS` is full (unless the caller vouches for
+//! its proof: `LIMIT_PROVEN`), and arms penalties.
 //! docs/architecture.md, "Limit, fastest path first" and "Exact across
 //! CPUs", has the design.
 
@@ -18,12 +19,14 @@ use limiter_common::{
 
 use super::{cluster, scratch, BPF_NOEXIST};
 use crate::{
-    maps::{self, CLUSTER, HOLDS, PRESSURE, RULES, WINDOWS},
+    maps::{self, CLUSTER, HOLDS, PRESSURE, RULES, UNPROVEN, WINDOWS},
     shared::SharedWindow,
 };
 
 /// `bpf_map_update_elem`'s error when a map without eviction is full.
 const E2BIG: i32 = -7;
+/// `bpf_map_update_elem`'s error when `BPF_NOEXIST` finds the key.
+const EEXIST: i32 = -17;
 
 /// `limit`'s flags: enforcing or not (a penalty is armed only when
 /// enforcing).
@@ -32,6 +35,14 @@ pub(super) const LIMIT_DRY_RUN: u32 = 1;
 /// tier): no lease (its state is a seed), and a new window counts as
 /// `new_window`.
 pub(super) const LIMIT_EXACT_TIER: u32 = 4;
+/// `limit`'s flags: the frame proved its source (`proof::proves`): a
+/// window made for it takes no ticket (`UNPROVEN`).
+pub(super) const LIMIT_PROVEN: u32 = 8;
+/// `limit`'s flags: the frame is a SYN that passes if its source has no
+/// window and there is no room for one (`proof::syn_flag`): admitted
+/// then, with [`LIMIT_WINDOWLESS`], counted `unproven_syn`.
+pub(super) const LIMIT_SYN_PASSES: u32 = 16;
+
 /// `limit`'s answer: admitted (else refused, or no window state).
 pub(super) const LIMIT_ADMITTED: u32 = 1;
 /// `limit`'s answer, with [`LIMIT_ADMITTED`]: the window is now at least
@@ -104,23 +115,30 @@ fn limit_window(
     // window counts it: each eviction made a "first" frame again).
     let window = match find_window(key) {
         Some(window) => window,
-        None => {
-            match create_window(key, len, &params, now) {
-                Made::Window(window, created) => {
-                    if exact_tier && created {
-                        maps::count(Outcome::NewWindow, len);
-                    }
-                    window
+        None => match create_window(key, len, &params, now, flags) {
+            Made::Window(window, created) => {
+                if exact_tier && created {
+                    maps::count(Outcome::NewWindow, len);
                 }
-                Made::Full => {
-                    // Refused, counted: no window, so nothing admitted could
-                    // be counted (the cheap tier's frames are its own bound).
-                    maps::count(Outcome::WindowFull, len);
-                    return Some(LIMIT_WINDOWLESS);
+                if created && flags & LIMIT_PROVEN != 0 {
+                    maps::count(Outcome::Proven, len);
                 }
-                Made::Failed => return None,
+                window
             }
-        }
+            Made::Full => {
+                note_pressure(PRESSURE_WINDOWS, now);
+                // Refused, counted: no window, so nothing admitted could
+                // be counted (the cheap tier's frames are their own
+                // bound); a SYN passes uncounted (`proof`).
+                maps::count(Outcome::WindowFull, len);
+                if flags & LIMIT_SYN_PASSES != 0 {
+                    maps::count(Outcome::UnprovenSyn, len);
+                    return Some(LIMIT_WINDOWLESS | LIMIT_ADMITTED);
+                }
+                return Some(LIMIT_WINDOWLESS);
+            }
+            Made::Failed => return None,
+        },
     };
     if window.bucket_ns() != rule.bucket_ns {
         // The slots are tagged with another bucket width: start afresh.
@@ -201,6 +219,10 @@ pub(super) fn find_window(wkey: &SourceKey) -> Option<SharedWindow> {
     WINDOWS.get_ptr_mut(wkey).map(SharedWindow)
 }
 
+/// `PRESSURE` index: until when `UNPROVEN` was found full (and so a TCP
+/// frame's proof is checked: `proof::flags`).
+pub(super) const PRESSURE_WINDOWS: u32 = 1;
+
 /// `PRESSURE` index: until when `AGGREGATES` was found full.
 pub(super) const PRESSURE_AGGREGATES: u32 = 0;
 /// How long a map found full counts as full: the longest level window
@@ -251,7 +273,22 @@ enum Made {
 /// empty, tagged with the rule's bucket width, and blocked if `HOLDS`
 /// keeps a penalty for it.
 #[inline(always)]
-fn create_window(key: &SourceKey, len: u64, params: &WindowParams, now: u64) -> Made {
+fn create_window(key: &SourceKey, len: u64, params: &WindowParams, now: u64, flags: u32) -> Made {
+    // A source that has not proved its address takes a ticket first: at
+    // most `max_sources` windows are theirs, the rest of `WINDOWS` is kept
+    // for sources that proved theirs (`proof`). A ticket already there
+    // (the source's own, from before) is its room.
+    let ticketed = flags & LIMIT_PROVEN == 0;
+    if ticketed {
+        match UNPROVEN.insert(key, 0u8, BPF_NOEXIST) {
+            Ok(()) | Err(EEXIST) => {}
+            Err(E2BIG) => return Made::Full,
+            Err(_) => {
+                maps::count(Outcome::InsertFailure, len);
+                return Made::Failed;
+            }
+        }
+    }
     // The value is built in a seed and passed by reference to the map: a
     // copy would take 296 of the 512 bytes of BPF stack.
     let inserted = scratch::seeded(scratch::NewWindow, |seed: &mut WindowState| {
@@ -276,6 +313,11 @@ fn create_window(key: &SourceKey, len: u64, params: &WindowParams, now: u64) -> 
         }
     });
     match inserted {
+        Some(FULL) if ticketed => {
+            // Proven sources took the room: the ticket holds none.
+            let _ = UNPROVEN.remove(key);
+            Made::Full
+        }
         Some(FULL) => Made::Full,
         Some(inserted) => match find_window(key) {
             Some(window) => Made::Window(window, inserted == INSERTED),

@@ -159,6 +159,18 @@ pub struct DaemonSection {
     /// only. Written only when not the default.
     #[serde(skip_serializing_if = "is_text")]
     pub log_format: crate::logs::LogFormat,
+    /// While the kernel finds the tickets of sources without a proven
+    /// address all taken (a flood fills the windows), the daemon sets
+    /// `net.ipv4.tcp_syncookies = 2` in its network namespace, so that
+    /// every SYN-ACK is a cookie a new TCP client can prove its address
+    /// with; it puts the old value back once the pressure is over and when
+    /// it stops. Written only when off.
+    #[serde(skip_serializing_if = "is_true")]
+    pub syncookie_shield: bool,
+}
+
+fn is_true(value: &bool) -> bool {
+    *value
 }
 
 fn is_link(attach: &AttachKind) -> bool {
@@ -186,6 +198,7 @@ impl Default for DaemonSection {
             max_hot_sources: limiter_common::DEFAULT_MAX_HOT_SOURCES,
             max_list_prefixes: limiter_common::lists::DEFAULT_MAX_LIST_PREFIXES,
             state_dir: PathBuf::from(super::DEFAULT_STATE_DIR),
+            syncookie_shield: true,
             tick: Duration::from_secs(1),
             top_k: 20,
             sources_per_tick: 131_072,

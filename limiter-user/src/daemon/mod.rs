@@ -23,6 +23,7 @@ mod lists;
 mod metrics;
 mod notify;
 mod rule_table;
+mod shield;
 mod startup;
 mod state;
 mod suggest;

@@ -59,6 +59,8 @@ pub struct Daemon {
     pub(super) live_lists: super::lists::LiveLists,
     /// When the next ban ends, and how many are in force.
     pub(super) ban_book: super::bans::BanBook,
+    /// `net.ipv4.tcp_syncookies` while the windows' tickets are taken.
+    pub(super) shield: super::shield::Shield,
 }
 
 /// One protected interface and what the daemon has seen of it.
@@ -90,6 +92,7 @@ impl Iface {
 impl Daemon {
     pub(super) fn new(options: RunOptions, config: Config, instances: Vec<Instance>) -> Self {
         let horizon = config.daemon.history;
+        let shield = super::shield::Shield::new(config.daemon.syncookie_shield);
         Self {
             options,
             config,
@@ -105,6 +108,7 @@ impl Daemon {
             rollback_budgets: std::collections::HashMap::new(),
             live_lists: super::lists::LiveLists::default(),
             ban_book: super::bans::BanBook::default(),
+            shield,
         }
     }
 

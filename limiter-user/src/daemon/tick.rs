@@ -64,6 +64,13 @@ impl Daemon {
         }
         self.record_list_hits();
         self.sweep_bans();
+        let now_ns = kernel::now().as_nanos() as u64;
+        let pressured = self
+            .ifaces
+            .iter()
+            .any(|iface| iface.instance.program.maps.tickets_taken_until() > now_ns);
+        self.shield.observe(pressured);
+        self.metrics.record_shield(self.shield.up());
         self.known
             .forget_older(kernel::now().as_nanos() as u64, self.history.horizon());
         self.metrics

@@ -170,6 +170,12 @@ impl Maps {
         self.windows.get(wkey, 0).ok()
     }
 
+    /// Until when (the kernel's clock, ns; 0: never) the kernel found the
+    /// windows' tickets (`UNPROVEN`) all taken.
+    pub fn tickets_taken_until(&self) -> u64 {
+        self.pressure.get(&1, 0).unwrap_or(0)
+    }
+
     /// The rule at `RULES` index `index`.
     pub fn rule(&self, index: u32) -> Result<Rule, MapsError> {
         self.rules

@@ -1,4 +1,5 @@
-//! Upkeep of the kept windows: the sources' (`WINDOWS`), the levels'
+//! Upkeep of the kept windows: the sources' (`WINDOWS`, each with its
+//! ticket in `UNPROVEN` unless its source proved its address), the levels'
 //! aggregates (`AGGREGATES`) and their overflow cells (`AGG_CELLS`). None
 //! of them evicts, so that no flood of other sources can take a count
 //! away; the daemon deletes the windows that count nothing instead
@@ -101,22 +102,30 @@ impl Reclaim {
         active: &mut Vec<(SourceKey, u64)>,
     ) -> io::Result<Slice> {
         let (slice, next) = match self.phase {
-            Phase::Windows => (
-                walk(
-                    &mut maps.windows,
-                    &mut self.resume,
-                    &mut self.windows,
-                    now_ns,
-                    budget,
-                    |key: &SourceKey, window: &WindowState| {
-                        let pps = window.recent_pps(now_ns);
-                        if pps > 0 {
-                            active.push((*key, pps));
-                        }
-                    },
-                )?,
-                Phase::Aggregates,
-            ),
+            Phase::Windows => {
+                let tickets = &mut maps.unproven;
+                (
+                    walk(
+                        &mut maps.windows,
+                        &mut self.resume,
+                        &mut self.windows,
+                        now_ns,
+                        budget,
+                        |key: &SourceKey, window: &WindowState| {
+                            let pps = window.recent_pps(now_ns);
+                            if pps > 0 {
+                                active.push((*key, pps));
+                            }
+                        },
+                        // A deleted window's ticket goes with it (a proven
+                        // source's window has none).
+                        |key: &SourceKey| {
+                            let _ = tickets.remove(key);
+                        },
+                    )?,
+                    Phase::Aggregates,
+                )
+            }
             Phase::Aggregates => (
                 walk(
                     &mut maps.aggregates,
@@ -125,6 +134,7 @@ impl Reclaim {
                     now_ns,
                     budget,
                     |_, _| {},
+                    |_| {},
                 )?,
                 Phase::Cells,
             ),
@@ -136,6 +146,7 @@ impl Reclaim {
                     now_ns,
                     budget,
                     |_, _| {},
+                    |_| {},
                 )?,
                 Phase::Windows,
             ),
@@ -152,7 +163,9 @@ impl Reclaim {
 }
 
 /// The next slice of `map` from `resume`: hands each window to `observe`,
-/// deletes those idle at `now_ns`, and accounts for it in `upkeep`.
+/// deletes those idle at `now_ns` (handing each deleted key to
+/// `deleted_key`), and accounts for it in `upkeep`.
+#[allow(clippy::too_many_arguments)]
 fn walk<K: Pod, V: Kept>(
     map: &mut HashMap<MapData, K, V>,
     resume: &mut Resume,
@@ -160,6 +173,7 @@ fn walk<K: Pod, V: Kept>(
     now_ns: u64,
     budget: usize,
     mut observe: impl FnMut(&K, &V),
+    mut deleted_key: impl FnMut(&K),
 ) -> io::Result<Slice> {
     let mut idle: Vec<K> = Vec::new();
     let (seen, next) = batch::read(
@@ -180,6 +194,7 @@ fn walk<K: Pod, V: Kept>(
     for key in &idle {
         // Gone already (another reader's delete): nothing to count.
         if map.remove(key).is_ok() {
+            deleted_key(key);
             deleted += 1;
         }
     }

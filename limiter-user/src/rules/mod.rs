@@ -56,7 +56,7 @@ pub const PROTO_ICMPV6: u8 = 58;
 
 /// Shortest and longest window a rule may have.
 pub const MIN_WINDOW: Duration = Duration::from_secs(1);
-pub const MAX_WINDOW: Duration = Duration::from_secs(60);
+pub const MAX_WINDOW: Duration = Duration::from_nanos(limiter_common::window::MAX_WINDOW_NS);
 /// Longest penalty (longer bans are `deny` rules).
 pub const MAX_BLOCK: Duration = Duration::from_secs(24 * 3600);
 /// The largest standard Ethernet frame XDP sees (1500 bytes of IP, the

@@ -56,6 +56,7 @@ pub struct Metrics {
     aggregates_kept: IntGaugeVec,
     aggregate_cells: IntGaugeVec,
     known_sources: prometheus::IntGauge,
+    syncookie_shield: prometheus::IntGauge,
     known_one_in: prometheus::IntGauge,
     aggregates_reclaimed: IntCounterVec,
     rules: IntGaugeVec,
@@ -269,6 +270,11 @@ impl Metrics {
         self.penalties
             .with_label_values(&[iface])
             .set(running as i64);
+    }
+
+    /// Whether the SYN-cookie shield is up.
+    pub fn record_shield(&self, up: bool) {
+        self.syncookie_shield.set(i64::from(up));
     }
 
     /// The sample of known sources: how many, and one in how many.

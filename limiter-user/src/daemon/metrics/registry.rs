@@ -150,6 +150,14 @@ impl Metrics {
                 )
                 .expect("valid metric"),
             ),
+            syncookie_shield: registered(
+                &registry,
+                prometheus::IntGauge::new(
+                    "xdp_limiter_syncookie_shield",
+                    "1 while the daemon holds net.ipv4.tcp_syncookies at 2 because the windows' tickets are all taken (a flood fills the windows; new TCP clients prove their address with a cookie and get a window in the room kept for them: outcome proven), else 0.",
+                )
+                .expect("valid metric"),
+            ),
             known_one_in: registered(
                 &registry,
                 prometheus::IntGauge::new(
