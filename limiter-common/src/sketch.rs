@@ -155,6 +155,23 @@ impl Seen {
     pub const fn windowed(self) -> bool {
         self.current >= WINDOWED || self.previous >= WINDOWED
     }
+
+    /// The frames counted over both epochs with the marks taken off: of
+    /// an epoch marked windowed, those counted after its mark (the mark
+    /// raised the count to [`WINDOWED`], hiding at most the frames before
+    /// it: the source's cheap frames and one). What bounds the SYNs of a
+    /// source without a window (`UNPROVEN_SYNS`), which a mark would
+    /// otherwise refuse while the source keeps sending.
+    pub const fn unmarked(self) -> u32 {
+        const fn since_mark(count: u32) -> u32 {
+            if count >= WINDOWED {
+                count - WINDOWED
+            } else {
+                count
+            }
+        }
+        since_mark(self.current) + since_mark(self.previous)
+    }
 }
 
 /// What the source at `place` reads in `pair` in the epoch tagged `tag`.

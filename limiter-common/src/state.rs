@@ -183,16 +183,42 @@ impl WindowState {
     /// the same zero counts, and comes back blocked if `HOLDS` keeps a
     /// penalty for it (a penalty that did not fit there goes with the
     /// window: `Outcome::HoldFailed`).
+    ///
+    /// Walked slot by slot (a fixed `RING` steps, each looking at the at
+    /// most two buckets of the span that land in it), so that the kernel
+    /// program can run it too (`judge/tickets.rs`).
     pub fn idle_at(&self, now_ns: u64) -> bool {
+        let ring = RING as u64;
+        let mut i = 0;
         if self.bucket_ns == 0 {
-            return self.slots.iter().all(|slot| *slot == [0, 0]);
+            while i < RING {
+                if self.slots[i] != [0, 0] {
+                    return false;
+                }
+                i += 1;
+            }
+            return true;
         }
         let now_bucket = now_ns / self.bucket_ns;
-        let first = now_bucket.saturating_sub(RING as u64);
-        (first..=now_bucket + 1).all(|bucket| {
-            let slot = &self.slots[slot_of(bucket)];
-            packets_in(slot[PACKETS], bucket) == 0 && bytes_in(slot[BYTES], bucket) == 0
-        })
+        let first = now_bucket.saturating_sub(ring);
+        let last = now_bucket + 1;
+        while i < RING {
+            let slot = &self.slots[i];
+            // The newest bucket of the span in slot `i`, and the one a ring
+            // before it.
+            let back = last.wrapping_sub(i as u64) & (ring - 1);
+            if back <= last {
+                let newest = last - back;
+                let counts = |bucket: u64| {
+                    packets_in(slot[PACKETS], bucket) != 0 || bytes_in(slot[BYTES], bucket) != 0
+                };
+                if counts(newest) || (newest >= first + ring && counts(newest - ring)) {
+                    return false;
+                }
+            }
+            i += 1;
+        }
+        true
     }
 }
 
@@ -252,6 +278,48 @@ mod tests {
         assert!(window.idle_at(at + (RING as u64 + 1) * BUCKET));
         assert!(window.idle_at(at + 1_000 * BUCKET));
         assert!(WindowState::ZERO.idle_at(at), "never used");
+    }
+
+    /// The slot-by-slot walk agrees with the plain definition (no slot
+    /// counts anything in any bucket from `RING` before now to the one
+    /// after), for windows written anywhere around now.
+    #[test]
+    fn idle_at_is_its_definition() {
+        let definition = |window: &WindowState, now: u64| {
+            let now_bucket = now / window.bucket_ns;
+            (now_bucket.saturating_sub(RING as u64)..=now_bucket + 1).all(|bucket| {
+                let slot = &window.slots[slot_of(bucket)];
+                packets_in(slot[PACKETS], bucket) == 0 && bytes_in(slot[BYTES], bucket) == 0
+            })
+        };
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for _ in 0..20_000 {
+            let bucket_ns = 1 + next() % 1_000;
+            let mut window = WindowState::ZERO;
+            window.bucket_ns = bucket_ns;
+            let now = next() % (100 * bucket_ns);
+            let now_bucket = now / bucket_ns;
+            for _ in 0..(next() % 3) {
+                let bucket = (now_bucket + 40).saturating_sub(next() % 60);
+                let slot = slot_of(bucket);
+                if next() % 2 == 0 {
+                    window.slots[slot][PACKETS] = crate::window::pack_packets(bucket, 0, 1);
+                } else {
+                    window.slots[slot][BYTES] = crate::window::pack_bytes(bucket, 60);
+                }
+            }
+            assert_eq!(
+                window.idle_at(now),
+                definition(&window, now),
+                "{window:?} at {now}"
+            );
+        }
     }
 
     #[test]

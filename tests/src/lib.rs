@@ -24,6 +24,7 @@
 //! context when it lacks them: tests never skip.
 
 pub mod cluster_lab;
+pub mod cookie;
 pub mod daemon;
 pub mod flood;
 pub mod fuzz;

@@ -92,12 +92,28 @@ fn series(name: &str, outcome: &str) -> String {
     format!("{name}{{interface=\"{RX_IF}\",outcome=\"{outcome}\"}}")
 }
 
-fn config() -> String {
+/// The daemon's configuration: the default rule (the flood's, and the
+/// clients' unless `rules` gives them one of their own).
+fn config(rules: &str) -> String {
     format!(
         "[daemon]\ntick = \"100ms\"\nmax_sources = {MAX_SOURCES}\n\n\
-         [default]\npps = {PPS}\ndry_run = false\n"
+         [default]\npps = {PPS}\ndry_run = false\n\n{rules}"
     )
 }
+
+/// What the clients do: `requests` each, one every `every`.
+#[derive(Clone, Copy)]
+struct Schedule {
+    requests: u32,
+    every: Duration,
+}
+
+/// The issue's clients: 8 requests each, one a second (5 frames a
+/// request: half the 10 pps limit).
+const STEADY: Schedule = Schedule {
+    requests: REQUESTS,
+    every: EVERY,
+};
 
 /// What the flood sent.
 #[derive(Default)]
@@ -266,13 +282,14 @@ fn request(from: Ipv4Addr, tag: &str) -> Outcome {
 /// so an unanswered one does not delay the next: request `r` of client
 /// `c` starts at `r * EVERY`, clients spread over one `EVERY`. Runs in
 /// the sender's namespace (threads inherit it).
-fn run_clients() -> Vec<(Ipv4Addr, Outcome)> {
+fn run_clients(schedule: Schedule) -> Vec<(Ipv4Addr, Outcome)> {
+    let Schedule { requests, every } = schedule;
     let outcomes = Mutex::new(Vec::new());
     let start = Instant::now();
     thread::scope(|scope| {
         for c in 0..CLIENTS {
-            for r in 0..REQUESTS {
-                let at = start + r * EVERY + EVERY * u32::from(c) / u32::from(CLIENTS);
+            for r in 0..requests {
+                let at = start + r * every + every * u32::from(c) / u32::from(CLIENTS);
                 let outcomes = &outcomes;
                 scope.spawn(move || {
                     // Pacing: the request's slot in the schedule.
@@ -291,10 +308,35 @@ fn run_clients() -> Vec<(Ipv4Addr, Outcome)> {
 
 #[test]
 fn new_tcp_clients_are_served_while_a_flood_under_the_limit_fills_the_windows() {
+    newcomers_under_the_flood("", STEADY, false);
+}
+
+/// The clients under a rule of their own on the server's port, without
+/// cheap frames (1 pps over a minute: 60 frames a minute, 2 requests
+/// each), the flood under the default rule: the flood of one rule holds
+/// every ticket, and the clients of the other prove themselves; their
+/// SYNs pass as unproven (no cheap frame to carry them).
+#[test]
+fn new_tcp_clients_of_a_per_minute_rule_are_served_while_another_rules_flood_fills_the_windows() {
+    let rule = format!(
+        "[[rules]]\nname = \"web\"\ncidr = \"0.0.0.0/0\"\nprotocol = \"tcp\"\n\
+         ports = {PORT}\npps = 1\nwindow = \"60s\"\n"
+    );
+    let schedule = Schedule {
+        requests: 2,
+        every: Duration::from_secs(2),
+    };
+    newcomers_under_the_flood(&rule, schedule, true);
+}
+
+/// The flood fills the tickets; then the clients run `schedule` under
+/// the rules of `rules` (with the default's); every request must be
+/// answered, and with `syns_unproven` some SYN passed as unproven.
+fn newcomers_under_the_flood(rules: &str, schedule: Schedule, syns_unproven: bool) {
     let clients: Vec<Ipv4Addr> = (0..CLIENTS).map(client).collect();
     let lab = Lab::new(&clients);
     let files = Files::new();
-    files.write_config(&config());
+    files.write_config(&config(rules));
     let config = files.config();
     let daemon = Daemon::start(
         &lab.rx,
@@ -339,7 +381,7 @@ fn new_tcp_clients_are_served_while_a_flood_under_the_limit_fills_the_windows() 
         let syncookies_during = syncookies();
 
         let began = Instant::now();
-        let outcomes = lab.tx.enter(run_clients);
+        let outcomes = lab.tx.enter(|| run_clients(schedule));
         let took = began.elapsed();
 
         daemon.next_pass();
@@ -368,13 +410,16 @@ fn new_tcp_clients_are_served_while_a_flood_under_the_limit_fills_the_windows() 
             }
         }
         latencies.sort();
-        let total = usize::from(CLIENTS) * REQUESTS as usize;
+        let total = usize::from(CLIENTS) * schedule.requests as usize;
         let answered = latencies.len();
         let p99 = latencies
             .get((answered * 99).div_ceil(100).saturating_sub(1))
             .copied();
         let served_clients = per_client.values().filter(|n| **n > 0).count();
-        let fully_served = per_client.values().filter(|n| **n == REQUESTS).count();
+        let fully_served = per_client
+            .values()
+            .filter(|n| **n == schedule.requests)
+            .count();
         println!(
             "newcomers: answered {answered}/{total} requests in {took:.1?}; \
              clients with any answer {served_clients}/{CLIENTS}, with all {fully_served}/{CLIENTS}; \
@@ -409,5 +454,12 @@ fn new_tcp_clients_are_served_while_a_flood_under_the_limit_fills_the_windows() 
             "every new client's request answered while the flood fills the windows \
              (per client: {per_client:?})"
         );
+        if syns_unproven {
+            let unproven = value(&series("xdp_limiter_packets_total", "unproven_syn"));
+            assert!(
+                unproven.unwrap_or(0.0) > 0.0,
+                "without cheap frames, the clients' SYNs passed as unproven"
+            );
+        }
     });
 }

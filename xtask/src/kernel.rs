@@ -78,7 +78,8 @@ pub const DEFAULT_LANE: &str = "6.1";
 /// The test binaries of `limiter-tests` the guest runs, with their
 /// arguments: every binary whose tests go through BPF_PROG_TEST_RUN, the
 /// netns counting test (native attach on a veth pair), the refusal
-/// message (on a program every kernel refuses), the lists and bans in the
+/// message (on a program every kernel refuses), proof before state with
+/// the kernel's own SYN cookies, the lists and bans in the
 /// kernel, xdp-limiter in libxdp's dispatcher beside xdp-filter, and the
 /// daemon's smoke test (load, native attach, enforce, `/metrics`, `status`,
 /// `detach`).
@@ -95,6 +96,9 @@ pub const GUEST_TESTS: &[(&str, &[&str])] = &[
     ("netns_counting", &[]),
     ("refusal", &[]),
     ("adversarial", &[]),
+    // Proof before state with real SYN cookies (a handshake over a veth
+    // pair of the guest's own).
+    ("proof", &[]),
     ("levels", &[]),
     // The lists' and bans' kernel tests; their feeds (fail2ban, CrowdSec)
     // need servers the guest does not have, and the race of frames

@@ -68,6 +68,22 @@ macro_rules! for_each_map {
             UNPROVEN(unproven): Hash<$crate::SourceKey, u8>,
                 Sources($crate::maps::DEFAULT_MAX_SOURCES), pinned;
 
+            /// The tickets in the order they were taken (the window keys), a
+            /// ring of `max_sources`: when no ticket is left, the program looks
+            /// at the oldest entries, frees the window and ticket of one found
+            /// idle (`WindowState::idle_at`) and puts a busy one back at the end
+            /// (`judge/tickets.rs`), so windows are freed with no daemon
+            /// running. Full (more entries than it holds), the oldest entry is
+            /// written over: its window is left to the daemon's reclaim.
+            TICKET_RING(ticket_ring): Array<u32, $crate::SourceKey>,
+                Sources($crate::maps::DEFAULT_MAX_SOURCES), pinned;
+
+            /// `[entries appended to TICKET_RING, entries looked at, its
+            /// capacity]`: the ring's two counters (compare-and-swap) and its
+            /// length, written by userspace at load (0: no ring).
+            TICKET_CLOCK(ticket_clock): Array<u32, u64>,
+                Fixed(3), pinned;
+
             /// Per-CPU scratch for a new `WINDOWS` value, too large for the BPF
             /// stack: all zero between uses, seeded, inserted and zeroed again
             /// (`limiter-ebpf/src/judge/scratch.rs`).
@@ -83,6 +99,14 @@ macro_rules! for_each_map {
             /// Per-CPU scratch holding the key of the frame being judged, off the
             /// stack.
             FRAME_KEY(frame_key): PerCpuArray<u32, $crate::SourceKey>,
+                Fixed(1), kernel;
+
+            /// Per-CPU scratch holding what the frame being judged may claim
+            /// should its source find no window and no ticket (`judge/proof.rs`:
+            /// `LIMIT_PROVEN`, `LIMIT_SYN_PASSES`), and its source's reading in
+            /// the sketch with the marks taken off (`u32::MAX`: none), written
+            /// for every frame before it is judged and read by `limit`.
+            FRAME_CLAIMS(frame_claims): PerCpuArray<u32, [u32; 2]>,
                 Fixed(1), kernel;
 
             /// Per-CPU scratch holding the destination address of the frame

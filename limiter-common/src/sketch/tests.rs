@@ -236,3 +236,11 @@ fn places_spread_over_the_words_and_pairs_and_depend_on_the_seed() {
     assert_ne!(place(&addr, false, 32, 0, 1), place(&addr, false, 32, 0, 2));
     assert_ne!(place(&addr, false, 32, 0, 1), place(&addr, false, 32, 1, 1));
 }
+
+#[test]
+fn unmarked_counts_take_the_marks_off() {
+    let seen = |current, previous| Seen { current, previous };
+    assert_eq!(seen(3, 2).unmarked(), 5);
+    assert_eq!(seen(WINDOWED + 4, 2).unmarked(), 6);
+    assert_eq!(seen(WINDOWED, WINDOWED + 1).unmarked(), 1);
+}

@@ -20,6 +20,7 @@ mod level;
 mod lists;
 mod proof;
 mod scratch;
+mod tickets;
 mod tier;
 mod verdict;
 mod window;
@@ -44,6 +45,10 @@ pub fn judge(ctx: &XdpContext, packet: &Packet, len: u64) -> Verdict {
     // docs/architecture.md for the accuracy this keeps).
     // SAFETY: a helper without arguments; it reads the monotonic clock.
     let now = unsafe { bpf_ktime_get_coarse_ns() };
+    // What the frame may claim should its source find no window and no
+    // ticket (`proof`), noted for `limit` first, while nothing else is
+    // live.
+    proof::note(Frame { ctx, packet }, now);
     let Some(config) = CONFIG.get(0) else {
         return pass(Outcome::Passed);
     };
@@ -67,9 +72,8 @@ pub fn judge(ctx: &XdpContext, packet: &Packet, len: u64) -> Verdict {
             parse::read_destination(ctx, packet, destination);
         }
     }
-    let frame = Frame { ctx, packet };
     let found = if config.tiered() {
-        tier::tiered(config, key, frame, now, len)
+        tier::tiered(config, key, now, len)
     } else {
         match hot::record_offered(key, now, len) {
             Some(traffic) => Tiered::Hot(traffic),

@@ -11,7 +11,7 @@
 //! "Full maps", has the design and its bounds.
 
 use aya_ebpf::{
-    bindings::{iphdr, ipv6hdr, tcphdr, xdp_md},
+    bindings::{iphdr, ipv6hdr, tcphdr},
     helpers::{bpf_tcp_raw_check_syncookie_ipv4, bpf_tcp_raw_check_syncookie_ipv6},
     programs::XdpContext,
 };
@@ -25,7 +25,10 @@ use network_types::{
     tcp::TcpHdr,
 };
 
+use core::ptr::{read_volatile, write_volatile};
+
 use super::window::{pressure, LIMIT_PROVEN, LIMIT_SYN_PASSES, PRESSURE_WINDOWS};
+use crate::maps::FRAME_CLAIMS;
 
 /// The frame being judged, as far as its proof needs it.
 #[derive(Clone, Copy)]
@@ -34,49 +37,65 @@ pub(super) struct Frame<'a> {
     pub packet: &'a Packet,
 }
 
-/// `limit`'s flags for `frame`, of a source reading `total` frames over
-/// two epochs in the sketch, at `now`: what it may claim should its source
-/// have no window and no ticket be left for one ([`proof_flags`]).
+/// Notes what `frame` may claim at `now` should its source find no
+/// window and no ticket (read by `limit`: [`claims`]), its sketch reading
+/// not known yet ([`note_reading`] adds it): a SYN may pass
+/// (`LIMIT_SYN_PASSES`, within its bound); while the tickets were found
+/// all taken within the last 61 s, an ACK that proves its source (a
+/// valid SYN cookie) gets its window without a ticket (`LIMIT_PROVEN`).
+/// Called first in the judge, and written to `FRAME_CLAIMS`, not
+/// returned: nothing the judge branches on, so the verifier walks the
+/// judge once whatever the frame claims (the claims carried in `limit`'s
+/// flags, or a global function given the context, took 6.1's verifier
+/// past its million instructions).
 #[inline(always)]
-pub(super) fn flags(frame: Frame, total: u32, now: u64) -> u32 {
+pub(super) fn note(frame: Frame, now: u64) {
     let packet = frame.packet;
-    let v6 = u64::from(packet.source.family() == AddressFamily::V6);
-    let packed = u64::from(packet.protocol)
-        | u64::from(packet.tcp_flags) << 8
-        | u64::from(packet.tcp_at) << 16
-        | (packet.ip_at() as u64 & 0xffff) << 32
-        | v6 << 48;
-    proof_flags(frame.ctx.ctx, packed, total, now)
-}
-
-/// [`flags`]' body: for the frame of `ctx` (its protocol, TCP flags, TCP
-/// and IP header offsets and family packed in `packed`): while the
-/// tickets of `UNPROVEN` were found all taken within the last
-/// `PRESSURE_NS`, an ACK that proves its source (a valid SYN cookie) gets
-/// its window without a ticket (`LIMIT_PROVEN`); a SYN of a source
-/// reading at most [`sketch::UNPROVEN_SYNS`] passes uncounted
-/// (`LIMIT_SYN_PASSES`; no window: nothing to count it in). The cookie is
-/// checked only under that pressure, and before `limit`: one call of
-/// `limit` whatever the frame claims.
-///
-/// A global BPF function: the verifier checks it once on its own, and
-/// its callers meet one unknown answer, not one state per claim.
-#[no_mangle]
-#[inline(never)]
-pub extern "C" fn proof_flags(ctx: *mut xdp_md, packed: u64, total: u32, now: u64) -> u32 {
-    let protocol = (packed & 0xff) as u8;
-    let tcp_flags = (packed >> 8 & 0xff) as u8;
-    let tcp_at = (packed >> 16 & 0xffff) as u32;
-    let ip_at = (packed >> 32 & 0xffff) as u32;
-    let v6 = (packed >> 48 & 1) as u32;
-    match claim(protocol, tcp_flags, tcp_at) {
-        Claim::Syn if syn_passes(total) => LIMIT_SYN_PASSES,
+    let tcp_at = u32::from(packet.tcp_at);
+    let claims = match claim(packet.protocol, packet.tcp_flags, tcp_at) {
+        Claim::Syn => LIMIT_SYN_PASSES,
         Claim::Ack
-            if now < pressure(PRESSURE_WINDOWS) && syncookie_valid(ctx, ip_at, tcp_at, v6) =>
+            if now < pressure(PRESSURE_WINDOWS) && syncookie_valid(frame.ctx, packet, tcp_at) =>
         {
             LIMIT_PROVEN
         }
         _ => 0,
+    };
+    if let Some(noted) = FRAME_CLAIMS.get_ptr_mut(0) {
+        // SAFETY: this CPU's slot of a per-CPU array, used by this frame
+        // alone.
+        unsafe {
+            write_volatile(&mut (*noted)[0], claims);
+            write_volatile(&mut (*noted)[1], u32::MAX);
+        }
+    }
+}
+
+/// Notes the frame's source reading `total` frames over two epochs in the
+/// sketch, marks taken off (`sketch::Seen::unmarked`): what bounds its
+/// SYNs without a window.
+#[inline(always)]
+pub(super) fn note_reading(total: u32) {
+    if let Some(noted) = FRAME_CLAIMS.get_ptr_mut(0) {
+        // SAFETY: this CPU's slot of a per-CPU array, used by this frame
+        // alone.
+        unsafe { write_volatile(&mut (*noted)[1], total) };
+    }
+}
+
+/// What the frame being judged may claim (`LIMIT_PROVEN`, or
+/// `LIMIT_SYN_PASSES` if its SYN is within `UNPROVEN_SYNS`), as noted.
+#[inline(always)]
+pub(super) fn claims() -> u32 {
+    let Some(noted) = FRAME_CLAIMS.get_ptr(0) else {
+        return 0;
+    };
+    // SAFETY: this CPU's slot of a per-CPU array, written for this frame.
+    let (claims, total) = unsafe { (read_volatile(&(*noted)[0]), read_volatile(&(*noted)[1])) };
+    if claims & LIMIT_SYN_PASSES != 0 && !syn_passes(total) {
+        claims & !LIMIT_SYN_PASSES
+    } else {
+        claims
     }
 }
 
@@ -106,35 +125,29 @@ fn claim(protocol: u8, tcp_flags: u8, tcp_at: u32) -> Claim {
 }
 
 /// Whether a SYN of a source reading `total` frames over two epochs
-/// passes while the source has no window.
+/// (marks taken off: `sketch::unmarked`) passes while the source has no
+/// window.
 #[inline(always)]
 pub(super) const fn syn_passes(total: u32) -> bool {
     total <= sketch::UNPROVEN_SYNS
 }
 
-/// Whether the frame of `ctx` holds, at `ip_at` and `tcp_at`, an IP
-/// (IPv6 if `v6` is non-zero) and a TCP header whose acknowledgement
-/// number is a valid SYN cookie for them: 1, else 0.
-///
+/// Whether `packet` (parsed from `ctx`, its TCP header at `tcp_at`) is a
+/// TCP segment whose acknowledgement number is a valid SYN cookie for its
+/// addresses and ports: its source received our SYN-ACK.
 #[inline(always)]
-fn syncookie_valid(ctx: *mut xdp_md, ip_at: u32, tcp_at: u32, v6: u32) -> bool {
-    // SAFETY: the context argument of the global function `proof_flags`:
-    // the program's own (the verifier checks the type; it may be null:
-    // checked).
-    let Some(md) = (unsafe { ctx.as_ref() }) else {
-        return false;
-    };
-    let start = md.data as usize;
-    let end = md.data_end as usize;
+fn syncookie_valid(ctx: &XdpContext, packet: &Packet, tcp_at: u32) -> bool {
+    let start = ctx.data();
+    let end = ctx.data_end();
     // Bounded for the verifier: the IP header lies in the first 64 bytes
     // (behind at most two VLAN tags), the TCP header in the first 512.
-    let ip_at = (ip_at & 0x3f) as usize;
+    let ip_at = packet.ip_at() & 0x3f;
     let tcp_at = (tcp_at & 0x1ff) as usize;
     if start + tcp_at + TcpHdr::LEN > end {
         return false;
     }
     let th = (start + tcp_at) as *mut tcphdr;
-    let checked = if v6 == 0 {
+    let checked = if packet.source.family() == AddressFamily::V4 {
         if start + ip_at + Ipv4Hdr::LEN > end {
             return false;
         }

@@ -15,8 +15,7 @@ use limiter_common::{
 use super::{
     hot,
     key::resolve,
-    proof::{self, Frame},
-    scratch,
+    proof, scratch, tickets,
     verdict::{give_back_to_levels, pass, refuse, refused_by_level, stateless, Verdict},
     window::{
         find_window, limit, LIMIT_ADMITTED, LIMIT_DRY_RUN, LIMIT_EXACT_TIER, LIMIT_HALF_USED,
@@ -42,7 +41,7 @@ pub(super) enum Tiered {
 
 /// A frame with the tiers on.
 #[inline(always)]
-pub(super) fn tiered(config: &Config, key: &SourceKey, frame: Frame, now: u64, len: u64) -> Tiered {
+pub(super) fn tiered(config: &Config, key: &SourceKey, now: u64, len: u64) -> Tiered {
     // Counted by source, whatever the frame's class: the classes one rule
     // judges share its window, so they share its cheap frames too.
     let place = sketch::place(
@@ -56,6 +55,8 @@ pub(super) fn tiered(config: &Config, key: &SourceKey, frame: Frame, now: u64, l
     // Counters that keep losing their compare-and-swap: a busy source.
     let seen = shared::sketch_count(place, tag, sketch::HOT_FRAMES).unwrap_or(sketch::Seen::BUSY);
     let count = seen.total();
+    // What bounds its SYNs should it find no window and no ticket.
+    proof::note_reading(seen.unmarked());
     let mut index = NO_RULE;
     // Within the cheap frames, but share-marked: this frame goes to its
     // window, and so will the next ones (marked windowed below).
@@ -72,19 +73,13 @@ pub(super) fn tiered(config: &Config, key: &SourceKey, frame: Frame, now: u64, l
             }
         }
     }
-    // A hot source without a window goes on to its exact tier, where it
-    // may prove itself (`proof`), as one without per-CPU state.
-    let mut known = None;
-    if let Some(traffic) = SOURCES.get_ptr_mut(key) {
+    if let Some(traffic) = hot_with_window(key) {
         // SAFETY: this CPU's slot of a per-CPU map value.
         let state = unsafe { &mut *traffic };
         state.record_at(now, len);
-        if state.windowless == 0 {
-            let cheap_frames = RULES.get(state.rule).map_or(0, |rule| rule.cheap_frames);
-            leave_cheap_tier(place, tag, seen, marked, cheap_frames);
-            return Tiered::Hot(traffic);
-        }
-        known = Some(traffic);
+        let cheap_frames = RULES.get(state.rule).map_or(0, |rule| rule.cheap_frames);
+        leave_cheap_tier(place, tag, seen, marked, cheap_frames);
+        return Tiered::Hot(traffic);
     }
     if index == NO_RULE {
         index = resolve(key, config.generation);
@@ -100,19 +95,26 @@ pub(super) fn tiered(config: &Config, key: &SourceKey, frame: Frame, now: u64, l
             None => Tiered::Judged(stateless(config, key)),
         };
     }
-    let judged = exact(config, key, frame, rule, index, seen, now, len);
-    // A source refused for want of a window is not marked: it has none
-    // to skip the cheap tier for, and a mark would cost it its cheap
-    // frames and its SYNs (`proof`) while it keeps sending. One that got
-    // a window is hot again from its next frame, if it was.
-    if !judged.1 {
-        leave_cheap_tier(place, tag, seen, marked, rule.cheap_frames);
-        if let Some(traffic) = known {
-            // SAFETY: this CPU's slot of a per-CPU map value.
-            unsafe { (*traffic).windowless = 0 };
-        }
+    leave_cheap_tier(place, tag, seen, marked, rule.cheap_frames);
+    exact(config, key, rule, index, seen, now, len)
+}
+
+/// The per-CPU state of `key`'s source, unless it has none or was found
+/// without a window and without room for one at its last frame here
+/// (`SourceTraffic::windowless`): then this frame goes to the exact tier,
+/// where it may prove itself (`proof`), and its next to its per-CPU state
+/// again. Both ways to the exact tier leave the same state behind, so the
+/// verifier walks that tier once.
+#[inline(always)]
+fn hot_with_window(key: &SourceKey) -> Option<*mut SourceTraffic> {
+    let traffic = SOURCES.get_ptr_mut(key)?;
+    // SAFETY: this CPU's slot of a per-CPU map value.
+    let state = unsafe { &mut *traffic };
+    if state.windowless == 0 {
+        return Some(traffic);
     }
-    judged.0
+    state.windowless = 0;
+    None
 }
 
 /// Whether the cheap tier may admit a frame of a source that reads `count`
@@ -244,20 +246,17 @@ fn leave_cheap_tier(
 /// per-CPU state and no lease. Refused, near its limit (its window half
 /// used), or busy (this epoch's count over `sketch::HOT_FRAMES`), the
 /// source keeps that state: the seed becomes its `SOURCES` entry.
-/// Also returns whether the source had no window and got none (its
-/// frame refused, or passed as an unproven SYN).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn exact(
     config: &Config,
     key: &SourceKey,
-    frame: Frame,
     rule: &Rule,
     index: u32,
     seen: sketch::Seen,
     now: u64,
     len: u64,
-) -> (Tiered, bool) {
+) -> Tiered {
     let count = seen.total();
     let dry_run = rule.is_dry_run(config.dry_run());
     // The rule's levels first, judging the source as heavy as its window
@@ -265,7 +264,7 @@ fn exact(
     if rule.level_count() != 0 {
         let heavy = find_window(&key.with_class(rule.budget)).is_some_and(|w| w.heavy());
         if let Some(refused) = refused_by_level(rule, index, dry_run, heavy, false, now) {
-            return (Tiered::Judged(refused), false);
+            return Tiered::Judged(refused);
         }
     }
     let flags = (u32::from(dry_run) * LIMIT_DRY_RUN) | LIMIT_EXACT_TIER;
@@ -274,7 +273,7 @@ fn exact(
         state.count_first(now, len);
         state.rule = index;
         state.generation = config.generation;
-        let flags = flags | proof::flags(frame, count, now);
+        tickets::free_under_pressure(now);
         let answer = limit(key, &mut *state, len, flags, now);
         let admitted = answer & LIMIT_ADMITTED != 0;
         // Busy: this epoch's count alone (a mark is not frames).
@@ -300,14 +299,11 @@ fn exact(
                 promoted = true;
             }
         }
-        (admitted, promoted, windowless)
+        (admitted, promoted)
     });
-    let Some((admitted, promoted, windowless)) = judged else {
+    let Some((admitted, promoted)) = judged else {
         // No state to judge it with: fail closed.
-        return (
-            Tiered::Judged(refuse(NO_RULE, dry_run, Outcome::DroppedLimit)),
-            false,
-        );
+        return Tiered::Judged(refuse(NO_RULE, dry_run, Outcome::DroppedLimit));
     };
     let verdict = if admitted {
         pass(Outcome::Passed)
@@ -317,8 +313,8 @@ fn exact(
     };
     if promoted {
         if let Some(traffic) = SOURCES.get_ptr_mut(key) {
-            return (Tiered::Promoted(traffic, verdict), false);
+            return Tiered::Promoted(traffic, verdict);
         }
     }
-    (Tiered::Judged(verdict), windowless)
+    Tiered::Judged(verdict)
 }

@@ -17,16 +17,14 @@ use limiter_common::{
     Hold, Outcome, Rule, Scope, SourceKey, SourceTraffic, WindowState,
 };
 
-use super::{cluster, scratch, BPF_NOEXIST};
+use super::{cluster, proof, scratch, tickets, BPF_NOEXIST};
 use crate::{
-    maps::{self, CLUSTER, HOLDS, PRESSURE, RULES, UNPROVEN, WINDOWS},
+    maps::{self, CLUSTER, HOLDS, PRESSURE, RULES, WINDOWS},
     shared::SharedWindow,
 };
 
 /// `bpf_map_update_elem`'s error when a map without eviction is full.
 const E2BIG: i32 = -7;
-/// `bpf_map_update_elem`'s error when `BPF_NOEXIST` finds the key.
-const EEXIST: i32 = -17;
 
 /// `limit`'s flags: enforcing or not (a penalty is armed only when
 /// enforcing).
@@ -35,12 +33,12 @@ pub(super) const LIMIT_DRY_RUN: u32 = 1;
 /// tier): no lease (its state is a seed), and a new window counts as
 /// `new_window`.
 pub(super) const LIMIT_EXACT_TIER: u32 = 4;
-/// `limit`'s flags: the frame proved its source (`proof::proves`): a
-/// window made for it takes no ticket (`UNPROVEN`).
+/// The frame proved its source (`proof::claims`): a window made for it
+/// takes no ticket (`UNPROVEN`).
 pub(super) const LIMIT_PROVEN: u32 = 8;
-/// `limit`'s flags: the frame is a SYN that passes if its source has no
-/// window and there is no room for one (`proof::syn_flag`): admitted
-/// then, with [`LIMIT_WINDOWLESS`], counted `unproven_syn`.
+/// The frame is a SYN that passes if its source has no window and there
+/// is no room for one (`proof::claims`): admitted then, with
+/// [`LIMIT_WINDOWLESS`], counted `unproven_syn`.
 pub(super) const LIMIT_SYN_PASSES: u32 = 16;
 
 /// `limit`'s answer: admitted (else refused, or no window state).
@@ -115,13 +113,10 @@ fn limit_window(
     // window counts it: each eviction made a "first" frame again).
     let window = match find_window(key) {
         Some(window) => window,
-        None => match create_window(key, len, &params, now, flags) {
+        None => match create_window(key, len, &params, now, 0) {
             Made::Window(window, created) => {
                 if exact_tier && created {
                     maps::count(Outcome::NewWindow, len);
-                }
-                if created && flags & LIMIT_PROVEN != 0 {
-                    maps::count(Outcome::Proven, len);
                 }
                 window
             }
@@ -129,13 +124,22 @@ fn limit_window(
                 note_pressure(PRESSURE_WINDOWS, now);
                 // Refused, counted: no window, so nothing admitted could
                 // be counted (the cheap tier's frames are their own
-                // bound); a SYN passes uncounted (`proof`).
+                // bound); unless the frame proves its source, or is a SYN
+                // within its bound (`proof`).
                 maps::count(Outcome::WindowFull, len);
-                if flags & LIMIT_SYN_PASSES != 0 {
+                let claims = proof::claims();
+                if claims & LIMIT_PROVEN != 0 {
+                    match create_window(key, len, &params, now, LIMIT_PROVEN) {
+                        Made::Window(window, _) => window,
+                        Made::Full => return Some(LIMIT_WINDOWLESS),
+                        Made::Failed => return None,
+                    }
+                } else if claims & LIMIT_SYN_PASSES != 0 {
                     maps::count(Outcome::UnprovenSyn, len);
                     return Some(LIMIT_WINDOWLESS | LIMIT_ADMITTED);
+                } else {
+                    return Some(LIMIT_WINDOWLESS);
                 }
-                return Some(LIMIT_WINDOWLESS);
             }
             Made::Failed => return None,
         },
@@ -278,15 +282,13 @@ fn create_window(key: &SourceKey, len: u64, params: &WindowParams, now: u64, fla
     // most `max_sources` windows are theirs, the rest of `WINDOWS` is kept
     // for sources that proved theirs (`proof`). A ticket already there
     // (the source's own, from before) is its room.
-    let ticketed = flags & LIMIT_PROVEN == 0;
-    if ticketed {
-        match UNPROVEN.insert(key, 0u8, BPF_NOEXIST) {
-            Ok(()) | Err(EEXIST) => {}
-            Err(E2BIG) => return Made::Full,
-            Err(_) => {
-                maps::count(Outcome::InsertFailure, len);
-                return Made::Failed;
-            }
+    let proven = flags & LIMIT_PROVEN;
+    match tickets::take(key, proven, len) {
+        tickets::TAKEN => {}
+        tickets::NONE_LEFT => return Made::Full,
+        _ => {
+            maps::count(Outcome::InsertFailure, len);
+            return Made::Failed;
         }
     }
     // The value is built in a seed and passed by reference to the map: a
@@ -313,12 +315,11 @@ fn create_window(key: &SourceKey, len: u64, params: &WindowParams, now: u64, fla
         }
     });
     match inserted {
-        Some(FULL) if ticketed => {
+        Some(FULL) => {
             // Proven sources took the room: the ticket holds none.
-            let _ = UNPROVEN.remove(key);
+            tickets::give_back(key, proven);
             Made::Full
         }
-        Some(FULL) => Made::Full,
         Some(inserted) => match find_window(key) {
             Some(window) => Made::Window(window, inserted == INSERTED),
             None => {

@@ -219,7 +219,11 @@ pub fn load(options: &LoadOptions) -> Result<Program, LoadError> {
     } else {
         load_xdp(&mut loader, EBPF_OBJECT, names::PROGRAM)?
     };
-    let maps = Maps::take(&mut ebpf)?;
+    let mut maps = Maps::take(&mut ebpf)?;
+    // The tickets' ring is as long as there are tickets.
+    maps.ticket_clock
+        .set(2, u64::from(options.max_sources), 0)
+        .map_err(MapsError::on(names::TICKET_CLOCK))?;
     Ok(Program {
         ebpf,
         maps,

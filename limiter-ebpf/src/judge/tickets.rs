@@ -1,0 +1,215 @@
+//! The tickets of the windows of sources that have not proved their
+//! address (`UNPROVEN`): taken when such a window is made, and, when none
+//! is left, freed in the program itself from the oldest windows found
+//! idle, so that new sources get windows while no daemon runs to reclaim
+//! them. `TICKET_RING` holds the keys in the order their tickets were
+//! taken; `TICKET_CLOCK` counts what was appended and what was looked at.
+//! docs/architecture.md, "Proof before state", has the bounds.
+
+use core::{
+    intrinsics::{atomic_cxchg, atomic_xadd, AtomicOrdering},
+    ptr::{read_volatile, write_volatile},
+};
+
+use limiter_common::{Outcome, SourceKey, WindowState};
+
+use super::window::{pressure, PRESSURE_WINDOWS};
+
+use super::BPF_NOEXIST;
+use crate::maps::{self, TICKET_CLOCK, TICKET_RING, UNPROVEN, WINDOWS};
+
+/// `bpf_map_update_elem`'s error when a map without eviction is full.
+const E2BIG: i32 = -7;
+/// `bpf_map_update_elem`'s error when `BPF_NOEXIST` finds the key.
+const EEXIST: i32 = -17;
+/// `TICKET_CLOCK` indices.
+const APPENDED: u32 = 0;
+const LOOKED: u32 = 1;
+const CAPACITY: u32 = 2;
+/// Ring entries looked at when no ticket is left, at most, per frame: a
+/// frame that finds no idle window among them is refused; a busy one
+/// looked at goes back to the end, so a flood of busy windows costs each
+/// refused frame two lookups and moves the ring on.
+const LOOKS: u32 = 2;
+
+/// [`take`]'s answer: a ticket taken now, or the source's own from
+/// before (or none needed: a proven source's).
+pub(super) const TAKEN: u32 = 1;
+/// [`take`]'s answer: none left.
+pub(super) const NONE_LEFT: u32 = 0;
+/// [`take`]'s answer: the map refused otherwise.
+pub(super) const REFUSED: u32 = 2;
+
+/// Takes a ticket for the window keyed `key`, unless `proven` (non-zero:
+/// the frame proved its source, whose window takes none, counted
+/// `proven`); [`TAKEN`], [`NONE_LEFT`] or [`REFUSED`].
+///
+/// A global BPF function: the verifier checks its ways once, and `limit`
+/// meets one unknown answer, not a state per way.
+#[inline(always)]
+pub(super) fn take(key: &SourceKey, proven: u32, len: u64) -> u32 {
+    if proven != 0 {
+        maps::count(Outcome::Proven, len);
+        return TAKEN;
+    }
+    match UNPROVEN.insert(key, 0u8, BPF_NOEXIST) {
+        Ok(()) => {
+            append(key);
+            TAKEN
+        }
+        Err(EEXIST) => TAKEN,
+        Err(E2BIG) => NONE_LEFT,
+        Err(_) => REFUSED,
+    }
+}
+
+/// Gives back the ticket of `key` (its window could not be made), unless
+/// `proven` (it took none).
+///
+/// A global BPF function, as [`take`].
+#[inline(always)]
+pub(super) fn give_back(key: &SourceKey, proven: u32) {
+    if proven == 0 {
+        let _ = UNPROVEN.remove(key);
+    }
+}
+
+/// While the tickets were found all taken within the last 61 s
+/// (`PRESSURE_WINDOWS`), looks at the ring's oldest entries for an idle
+/// window to free ([`free_idle`]), before a source without per-CPU state
+/// is judged on its window: one it frees is a ticket for whichever
+/// source asks next. Its answer is not looked at: the judge meets one
+/// path either way.
+#[inline(always)]
+pub(super) fn free_under_pressure(now: u64) {
+    if now < pressure(PRESSURE_WINDOWS) {
+        free_idle(now);
+    }
+}
+
+/// The word of `TICKET_CLOCK` at `index`.
+#[inline(always)]
+fn clock(index: u32) -> Option<*mut u64> {
+    TICKET_CLOCK.get_ptr_mut(index)
+}
+
+/// Appends `key` to the ring (over its oldest entry when full).
+#[inline(always)]
+fn append(key: &SourceKey) {
+    let (Some(appended), Some(capacity)) = (clock(APPENDED), clock(CAPACITY)) else {
+        return;
+    };
+    // SAFETY: aligned words of live array elements; BPF_ATOMIC_ADD with
+    // BPF_FETCH is atomic.
+    let (at, capacity) = unsafe {
+        (
+            atomic_xadd::<u64, u64, { AtomicOrdering::SeqCst }>(appended, 1),
+            read_volatile(capacity),
+        )
+    };
+    if capacity == 0 {
+        return;
+    }
+    let Some(entry) = TICKET_RING.get_ptr_mut((at % capacity) as u32) else {
+        return;
+    };
+    let words = key as *const SourceKey as *const u32;
+    let entry = entry as *mut u32;
+    // SAFETY: a live array element of `SourceKey` size (20 bytes, five
+    // aligned words), written word by word (a struct store would be a
+    // `memcpy` call); a racing reader may see a key half written, which
+    // it looks up in vain (no window: its entry is dropped).
+    unsafe {
+        for i in 0..5 {
+            write_volatile(entry.add(i), read_volatile(words.add(i)));
+        }
+    }
+}
+
+/// Looks at up to [`LOOKS`] of the ring's oldest entries at `now`: frees
+/// the window and ticket of the first found idle (1), or of none (0). An
+/// entry whose window is gone (the daemon reclaimed it, or it was never
+/// made) has its ticket, if any, given back and counts as freed; a busy
+/// one goes back to the end.
+///
+/// A global BPF function: the verifier checks it (and `idle_at`'s walk
+/// over the window's buckets) once on its own.
+#[no_mangle]
+#[inline(never)]
+pub extern "C" fn free_idle(now: u64) -> u32 {
+    let (Some(appended), Some(looked), Some(capacity)) =
+        (clock(APPENDED), clock(LOOKED), clock(CAPACITY))
+    else {
+        return 0;
+    };
+    let mut i = 0;
+    while i < LOOKS {
+        i += 1;
+        // SAFETY: aligned words of live array elements.
+        let (observed, capacity, next) = unsafe {
+            (
+                read_volatile(looked),
+                read_volatile(capacity),
+                read_volatile(appended),
+            )
+        };
+        if capacity == 0 || observed >= next {
+            return 0;
+        }
+        // Entries written over (the ring lapped) are skipped to the
+        // oldest one still there.
+        let seen = if next - observed > capacity {
+            next - capacity
+        } else {
+            observed
+        };
+        // SAFETY: as above; BPF_CMPXCHG is atomic.
+        let (_, claimed) = unsafe {
+            atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(
+                looked,
+                observed,
+                seen + 1,
+            )
+        };
+        if !claimed {
+            continue;
+        }
+        let Some(entry) = TICKET_RING.get_ptr((seen % capacity) as u32) else {
+            return 0;
+        };
+        // The entry itself is the key (a racing append may change it while
+        // it is looked up: a key half written is looked up in vain).
+        // SAFETY: a live array element.
+        let key = unsafe { &*entry };
+        match WINDOWS.get_ptr(key) {
+            None => {
+                if UNPROVEN.remove(key).is_ok() {
+                    return 1;
+                }
+            }
+            Some(window) => {
+                // SAFETY: a live map value; racing admissions write whole
+                // words (one counted in the instant before the delete is
+                // lost with it, as with the daemon's reclaim).
+                let idle = unsafe { idle(window, now) };
+                if idle {
+                    let _ = WINDOWS.remove(key);
+                    let _ = UNPROVEN.remove(key);
+                    return 1;
+                }
+                append(key);
+            }
+        }
+    }
+    0
+}
+
+/// Whether the window at `window` counts nothing at `now`.
+///
+/// # Safety
+/// `window` points at a live `WINDOWS` value.
+#[inline(always)]
+unsafe fn idle(window: *const WindowState, now: u64) -> bool {
+    // SAFETY: the caller's.
+    unsafe { (*window).idle_at(now) }
+}

@@ -1,0 +1,280 @@
+//! Proof before state, through BPF_PROG_TEST_RUN with real SYN cookies
+//! (issue 50): while a flood of spoofed sources under their limit holds
+//! every ticket for a window, a TCP client whose handshake's last ACK
+//! carries a valid cookie (made by this machine's kernel, captured over a
+//! veth pair: `limiter_tests::cookie`) gets a window in the room kept for
+//! proven sources, and is then held to its allowance like any other
+//! source; its SYNs pass within `UNPROVEN_SYNS` meanwhile; the same ACK
+//! from another address proves nothing, and the spoofed flood never
+//! reaches the proven room.
+
+use std::{
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    time::Duration,
+};
+
+use limiter_common::{
+    keys::prefix_mask, maps::window_capacity, sketch::UNPROVEN_SYNS, Outcome, SourceKey,
+};
+use limiter_tests::{
+    cookie::{Handshakes, PORT, SERVER4, SERVER6},
+    flood::{assert_same_epoch, at_epoch_start, spray},
+    net,
+    packets::{self, tcp_v4, tcp_v6},
+    testrun::{on_cpu, Harness},
+};
+use limiter_user::{
+    kernel::LoadOptions,
+    rules::{RuleSet, RuleSpec},
+};
+
+/// Tickets in these tests: small, so that the flood that takes them all
+/// runs in a fraction of a second.
+const CAPACITY: u32 = 4_096;
+/// The clients' rule: 2 pps over 10 s, an allowance of 20 and no cheap
+/// frames (every frame of theirs needs a window).
+const CLIENT_PPS: u64 = 2;
+const CLIENT_WINDOW: Duration = Duration::from_secs(10);
+const ALLOWANCE: u64 = 20;
+
+fn limit_over(cidr: &str, pps: u64, window: Duration) -> RuleSpec {
+    let mut rule = RuleSpec::limit(net(cidr), pps);
+    rule.limits.window = window;
+    rule
+}
+
+/// The spoofed flood's rules (4 pps over 2 s, no cheap frames: each
+/// spoofed frame takes a ticket), the clients' rules; the flood sprayed
+/// until every ticket is taken.
+fn flooded() -> Harness {
+    let two_seconds = Duration::from_secs(2);
+    let set = RuleSet {
+        rules: vec![
+            limit_over("10.0.0.0/8", 4, two_seconds),
+            limit_over("2001:db8::/32", 4, two_seconds),
+            limit_over("198.51.100.0/24", CLIENT_PPS, CLIENT_WINDOW),
+            limit_over("2001:db8:c::/64", CLIENT_PPS, CLIENT_WINDOW),
+        ],
+        tiered: true,
+        ..RuleSet::with_default(RuleSpec::limit(net("0.0.0.0/0"), 1_000))
+    };
+    let mut harness = Harness::load_with(&LoadOptions {
+        max_sources: CAPACITY,
+        ..LoadOptions::default()
+    });
+    assert_eq!(harness.push(&set), 1, "first generation");
+    for i in 1..=4 {
+        assert_eq!(harness.first_rule(i).cheap_frames, 0, "rule {i}");
+    }
+    assert_eq!(harness.first_rule(3).allowance_packets, ALLOWANCE);
+    let program = harness.program();
+    on_cpu(0, || spray(program, 0..2 * CAPACITY));
+    assert_eq!(
+        harness.maps().unproven.keys().count() as u32,
+        CAPACITY,
+        "the flood holds every ticket"
+    );
+    assert!(harness.outcome_total(Outcome::WindowFull).packets > 0);
+    harness
+}
+
+/// The window key of `source` under the rule of `budget`.
+fn client_key(budget: u8, source: IpAddr) -> SourceKey {
+    match source {
+        IpAddr::V4(v4) => SourceKey::v4(v4.octets()).with_class(budget),
+        // IPv6 sources are keyed by their /64.
+        IpAddr::V6(v6) => SourceKey::v6(v6.octets())
+            .masked(64, &prefix_mask(64))
+            .with_class(budget),
+    }
+}
+
+/// A client's frames through its whole life while the tickets are taken:
+/// refused before it proves itself (a data frame), its SYNs within the
+/// bound, then its cookie ACK gets it a window without a ticket, and its
+/// frames are admitted up to its allowance, not one more.
+fn a_client_proves_itself_and_is_held_to_its_allowance(source: IpAddr, syn: Vec<u8>) {
+    let handshakes = Handshakes::new();
+    let ack = handshakes.last_ack(source);
+    let mut harness = flooded();
+    let budget = harness.first_rule(3).budget;
+    assert_eq!(harness.first_rule(3).lease_packets, 1, "no leases: exact");
+    let key = client_key(budget, source);
+
+    // Not yet proven: a plain segment (no cookie) gets no window.
+    let mut plain = ack.clone();
+    let ack_at = packets::ip_offset(&plain) + if source.is_ipv4() { 20 } else { 40 } + 8;
+    plain[ack_at..ack_at + 4].copy_from_slice(&[0, 0, 0, 2]);
+    assert_eq!(harness.offer(0, &plain, 1), (0, 1), "no cookie: refused");
+    assert!(harness.maps().window(&key).is_none());
+
+    // Its SYNs pass within the bound, uncounted, in one pair of epochs.
+    let epoch = at_epoch_start();
+    let (passed, refused) = harness.offer(0, &syn, u64::from(UNPROVEN_SYNS) + 4);
+    assert_same_epoch(epoch);
+    assert!(
+        passed <= u64::from(UNPROVEN_SYNS) && passed >= u64::from(UNPROVEN_SYNS) - 2,
+        "SYNs passed {passed} (the plain segment counted one, noise at most one)"
+    );
+    assert_eq!(passed + refused, u64::from(UNPROVEN_SYNS) + 4);
+    assert_eq!(harness.outcome_total(Outcome::UnprovenSyn).packets, passed);
+    assert!(
+        harness.maps().window(&key).is_none(),
+        "a SYN makes no window"
+    );
+
+    // The same ACK from another address proves nothing.
+    let mut forged = ack.clone();
+    let other = match source {
+        IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::new(198, 51, 100, 250)),
+        IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 0xc, 0, 0, 0, 0, 0xfa)),
+    };
+    packets::set_source(&mut forged, other);
+    let forged_key = client_key(budget, other);
+    if forged_key != key {
+        assert_eq!(
+            harness.offer(1, &forged, 1),
+            (0, 1),
+            "forged cookie: refused"
+        );
+        assert!(harness.maps().window(&forged_key).is_none());
+    }
+    assert_eq!(harness.outcome_total(Outcome::Proven).packets, 0);
+
+    // The cookie ACK: proven, a window without a ticket.
+    assert_eq!(harness.offer(1, &ack, 1), (1, 0), "the cookie ACK passes");
+    assert_eq!(harness.outcome_total(Outcome::Proven).packets, 1);
+    assert!(harness.maps().window(&key).is_some(), "its window is made");
+    assert!(
+        harness.maps().unproven.get(&key, 0).is_err(),
+        "with no ticket: the tickets stay the flood's"
+    );
+    // Held to its allowance on its window, over both CPUs.
+    let (a, _) = harness.offer(0, &plain, ALLOWANCE);
+    let (b, _) = harness.offer(1, &plain, ALLOWANCE);
+    assert_eq!(1 + a + b, ALLOWANCE, "its allowance, not one frame more");
+    assert_eq!(harness.outcome_total(Outcome::Proven).packets, 1);
+
+    // More flood: the tickets stay full and the proven room untouched.
+    let program = harness.program();
+    on_cpu(1, || spray(program, 2 * CAPACITY..4 * CAPACITY));
+    let windows = harness.maps().windows.keys().count() as u32;
+    assert_eq!(
+        windows,
+        CAPACITY + 1,
+        "the flood's windows and the proven one"
+    );
+    assert!(windows <= window_capacity(CAPACITY));
+}
+
+#[test]
+fn an_ipv4_client_proves_itself_with_a_cookie_and_is_held_to_its_allowance() {
+    let source = Ipv4Addr::new(198, 51, 100, 7);
+    a_client_proves_itself_and_is_held_to_its_allowance(
+        IpAddr::V4(source),
+        tcp_v4(source, SERVER4, PORT, 0),
+    );
+}
+
+#[test]
+fn an_ipv6_client_proves_itself_with_a_cookie_and_is_held_to_its_allowance() {
+    let source = Ipv6Addr::new(0x2001, 0xdb8, 0xc, 0, 0, 0, 0, 7);
+    a_client_proves_itself_and_is_held_to_its_allowance(
+        IpAddr::V6(source),
+        tcp_v6(source, SERVER6, PORT, 0),
+    );
+}
+
+/// With room left in the tickets nothing changes: a cookie ACK's source
+/// takes a ticket like any other (`proven` counts only windows made for
+/// want of one).
+#[test]
+fn with_tickets_left_a_cookie_ack_takes_one_like_any_frame() {
+    let source = Ipv4Addr::new(198, 51, 100, 8);
+    let handshakes = Handshakes::new();
+    let ack = handshakes.last_ack(IpAddr::V4(source));
+    let set = RuleSet {
+        rules: vec![limit_over("198.51.100.0/24", CLIENT_PPS, CLIENT_WINDOW)],
+        tiered: true,
+        ..RuleSet::with_default(RuleSpec::limit(net("0.0.0.0/0"), 1_000))
+    };
+    let mut harness = Harness::load_with(&LoadOptions {
+        max_sources: CAPACITY,
+        ..LoadOptions::default()
+    });
+    harness.push(&set);
+    assert_eq!(harness.offer(0, &ack, 1), (1, 0));
+    let key = client_key(harness.first_rule(1).budget, IpAddr::V4(source));
+    assert!(harness.maps().unproven.get(&key, 0).is_ok(), "a ticket");
+    assert_eq!(harness.outcome_total(Outcome::Proven).packets, 0);
+    assert_eq!(harness.outcome_total(Outcome::UnprovenSyn).packets, 0);
+}
+
+/// No daemon: once no ticket is left, the program itself frees the
+/// windows of sources gone quiet (the oldest first, `TICKET_RING`), so
+/// new sources get windows while nothing reclaims them (issue 50: a
+/// newcomer got 10 of 20 frames before, on its cheap frames); a window
+/// still counting is not freed, and its source keeps its count.
+#[test]
+fn with_no_daemon_the_windows_of_quiet_sources_are_freed_for_new_ones() {
+    let second = Duration::from_secs(1);
+    let set = RuleSet {
+        rules: vec![
+            // The fillers: 4 per second, no cheap frames; idle after 1.7 s.
+            limit_over("10.0.0.0/8", 4, second),
+            limit_over("2001:db8::/32", 4, second),
+            limit_over("198.51.100.0/24", CLIENT_PPS, CLIENT_WINDOW),
+        ],
+        tiered: true,
+        ..RuleSet::with_default(RuleSpec::limit(net("0.0.0.0/0"), 1_000))
+    };
+    let mut harness = Harness::load_with(&LoadOptions {
+        max_sources: CAPACITY,
+        ..LoadOptions::default()
+    });
+    harness.push(&set);
+    assert_eq!(harness.first_rule(3).cheap_frames, 0);
+    // A source that keeps sending, holding a ticket from the start.
+    let kept = packets::udp_v4(Ipv4Addr::new(198, 51, 100, 9), SERVER4, 53, 0);
+    assert_eq!(harness.offer(0, &kept, 1), (1, 0));
+    let program = harness.program();
+    on_cpu(0, || spray(program, 0..2 * CAPACITY));
+    assert!(
+        harness.outcome_total(Outcome::WindowFull).packets > 0,
+        "no ticket left"
+    );
+    // Until the fillers' windows are idle (1.7 s past their frames), the
+    // kept source sending one frame every 300 ms (6 at most: under its
+    // allowance of 20).
+    let quiet_from = limiter_tests::testrun::coarse_now();
+    let mut kept_passed = 1;
+    let idle_after = Duration::from_millis(1_800);
+    while limiter_tests::testrun::coarse_now() < quiet_from + idle_after {
+        kept_passed += harness.offer(1, &kept, 1).0;
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let full_before = harness.outcome_total(Outcome::WindowFull).packets;
+    // 20 new sources, 5 frames each: every frame admitted.
+    for i in 0..20u8 {
+        let frame = packets::udp_v4(Ipv4Addr::new(198, 51, 100, 100 + i), SERVER4, 53, 0);
+        assert_eq!(
+            harness.offer(usize::from(i % 2), &frame, 5),
+            (5, 0),
+            "new source {i}"
+        );
+    }
+    assert_eq!(
+        harness.outcome_total(Outcome::WindowFull).packets,
+        full_before,
+        "no new source refused for want of a window"
+    );
+    // The kept source's window is still there, with its count.
+    let budget = harness.first_rule(3).budget;
+    let key = client_key(budget, IpAddr::V4(Ipv4Addr::new(198, 51, 100, 9)));
+    assert!(
+        harness.maps().window(&key).is_some(),
+        "a busy window is kept"
+    );
+    let (more, _) = harness.offer(0, &kept, ALLOWANCE);
+    assert_eq!(kept_passed + more, ALLOWANCE, "its allowance, no fresh one");
+}
