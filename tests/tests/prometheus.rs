@@ -166,6 +166,7 @@ fn promtool_checks_the_alert_rules_and_their_unit_tests_pass() {
         "XdpLimiterClusterDegraded",
         "XdpLimiterAggregationOverrunning",
         "XdpLimiterCrowdsecUnreachable",
+        "XdpLimiterSynCookieShieldUp",
     ] {
         assert!(
             names.iter().any(|n| n == wanted),
