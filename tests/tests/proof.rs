@@ -43,18 +43,11 @@ fn limit_over(cidr: &str, pps: u64, window: Duration) -> RuleSpec {
     rule
 }
 
-/// The spoofed flood's rules (4 pps over 2 s, no cheap frames: each
-/// spoofed frame takes a ticket), the clients' rules; the flood sprayed
-/// until every ticket is taken.
-fn flooded() -> Harness {
-    let two_seconds = Duration::from_secs(2);
+/// The program loaded with [`CAPACITY`] tickets and `rules` pushed (tiers
+/// on, a default of 1,000 pps).
+fn loaded(rules: Vec<RuleSpec>) -> Harness {
     let set = RuleSet {
-        rules: vec![
-            limit_over("10.0.0.0/8", 4, two_seconds),
-            limit_over("2001:db8::/32", 4, two_seconds),
-            limit_over("198.51.100.0/24", CLIENT_PPS, CLIENT_WINDOW),
-            limit_over("2001:db8:c::/64", CLIENT_PPS, CLIENT_WINDOW),
-        ],
+        rules,
         tiered: true,
         ..RuleSet::with_default(RuleSpec::limit(net("0.0.0.0/0"), 1_000))
     };
@@ -63,6 +56,20 @@ fn flooded() -> Harness {
         ..LoadOptions::default()
     });
     assert_eq!(harness.push(&set), 1, "first generation");
+    harness
+}
+
+/// The spoofed flood's rules (4 pps over 2 s, no cheap frames: each
+/// spoofed frame takes a ticket), the clients' rules; the flood sprayed
+/// until every ticket is taken.
+fn flooded() -> Harness {
+    let two_seconds = Duration::from_secs(2);
+    let mut harness = loaded(vec![
+        limit_over("10.0.0.0/8", 4, two_seconds),
+        limit_over("2001:db8::/32", 4, two_seconds),
+        limit_over("198.51.100.0/24", CLIENT_PPS, CLIENT_WINDOW),
+        limit_over("2001:db8:c::/64", CLIENT_PPS, CLIENT_WINDOW),
+    ]);
     for i in 1..=4 {
         assert_eq!(harness.first_rule(i).cheap_frames, 0, "rule {i}");
     }
@@ -193,16 +200,11 @@ fn with_tickets_left_a_cookie_ack_takes_one_like_any_frame() {
     let source = Ipv4Addr::new(198, 51, 100, 8);
     let handshakes = Handshakes::new();
     let ack = handshakes.last_ack(IpAddr::V4(source));
-    let set = RuleSet {
-        rules: vec![limit_over("198.51.100.0/24", CLIENT_PPS, CLIENT_WINDOW)],
-        tiered: true,
-        ..RuleSet::with_default(RuleSpec::limit(net("0.0.0.0/0"), 1_000))
-    };
-    let mut harness = Harness::load_with(&LoadOptions {
-        max_sources: CAPACITY,
-        ..LoadOptions::default()
-    });
-    harness.push(&set);
+    let mut harness = loaded(vec![limit_over(
+        "198.51.100.0/24",
+        CLIENT_PPS,
+        CLIENT_WINDOW,
+    )]);
     assert_eq!(harness.offer(0, &ack, 1), (1, 0));
     let key = client_key(harness.first_rule(1).budget, IpAddr::V4(source));
     assert!(harness.maps().unproven.get(&key, 0).is_ok(), "a ticket");
@@ -218,21 +220,12 @@ fn with_tickets_left_a_cookie_ack_takes_one_like_any_frame() {
 #[test]
 fn with_no_daemon_the_windows_of_quiet_sources_are_freed_for_new_ones() {
     let second = Duration::from_secs(1);
-    let set = RuleSet {
-        rules: vec![
-            // The fillers: 4 per second, no cheap frames; idle after 1.7 s.
-            limit_over("10.0.0.0/8", 4, second),
-            limit_over("2001:db8::/32", 4, second),
-            limit_over("198.51.100.0/24", CLIENT_PPS, CLIENT_WINDOW),
-        ],
-        tiered: true,
-        ..RuleSet::with_default(RuleSpec::limit(net("0.0.0.0/0"), 1_000))
-    };
-    let mut harness = Harness::load_with(&LoadOptions {
-        max_sources: CAPACITY,
-        ..LoadOptions::default()
-    });
-    harness.push(&set);
+    let mut harness = loaded(vec![
+        // The fillers: 4 per second, no cheap frames; idle after 1.7 s.
+        limit_over("10.0.0.0/8", 4, second),
+        limit_over("2001:db8::/32", 4, second),
+        limit_over("198.51.100.0/24", CLIENT_PPS, CLIENT_WINDOW),
+    ]);
     assert_eq!(harness.first_rule(3).cheap_frames, 0);
     // A source that keeps sending, holding a ticket from the start.
     let kept = packets::udp_v4(Ipv4Addr::new(198, 51, 100, 9), SERVER4, 53, 0);
