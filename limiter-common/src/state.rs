@@ -49,7 +49,7 @@ pub struct SourceTraffic {
     /// Non-zero: at its last frame on this CPU the source had no window
     /// and found no room for one (`WINDOWS` full): its frames here are
     /// judged in the exact tier, where a TCP source may prove its address
-    /// and get a window in `PROVEN`, until it has a window again.
+    /// and get a window without a ticket, until it has a window again.
     pub windowless: u32,
 }
 

@@ -99,12 +99,12 @@ pub enum Outcome {
     Banned = 17,
     /// The frame proved its TCP source (the handshake's last ACK carries
     /// a valid SYN cookie: the source received our SYN-ACK, so its
-    /// address is its own) while `WINDOWS` was full: the source got its
-    /// window in `PROVEN`, the part a spoofed flood cannot fill
-    /// (docs/architecture.md, "Full maps"; counted here besides its
-    /// verdict).
+    /// address is its own) while no ticket was left: the source got its
+    /// window without a ticket, in the room a spoofed flood cannot fill
+    /// (docs/architecture.md, "Proof before state"; counted here besides
+    /// its verdict and `WindowFull`).
     Proven = 18,
-    /// A TCP SYN of a source without a window, while `WINDOWS` was full,
+    /// A TCP SYN of a source without a window, while no ticket was left,
     /// passed uncounted so that the source can prove itself: at most
     /// `sketch::UNPROVEN_SYNS` over two epochs by the sketch's reading
     /// (counted here besides its verdict).

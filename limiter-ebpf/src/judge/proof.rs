@@ -1,10 +1,10 @@
 //! Proof before state: while `WINDOWS` is full, a TCP source without a
-//! window gets one (in `PROVEN`) only from a frame that proves its
+//! window gets one without a ticket only from a frame that proves its
 //! address: the handshake's last ACK, whose acknowledgement number is the
 //! SYN cookie the kernel sent to that address and port in its SYN-ACK,
 //! checked against the kernel's own cookie secret
 //! (`bpf_tcp_raw_check_syncookie_ipv4`/`_ipv6`, Linux 6.0). A spoofer
-//! never receives our SYN-ACKs, so it cannot fill `PROVEN`. Its SYNs,
+//! never receives our SYN-ACKs, so it cannot take that room. Its SYNs,
 //! which a new client needs to start, pass while the source reads at most
 //! `sketch::UNPROVEN_SYNS` frames over two epochs; nothing else of an
 //! unproven source passes past its cheap frames. docs/architecture.md,

@@ -1,10 +1,11 @@
-//! The shared window (`WINDOWS`, or `PROVEN` for a TCP source that
-//! proved its address while `WINDOWS` was full): `limit` admits a frame
+//! The shared window (`WINDOWS`: with a ticket, or without one for a TCP
+//! source that proved its address while none was left): `limit` admits a frame
 //! against it with one compare-and-swap, or refuses it and notes until
 //! when this CPU may refuse without looking; it creates the window (empty,
 //! blocked if `HOLDS` keeps a penalty for it), refuses a source that
-//! cannot get one while `WINDOWS` is full (unless the caller vouches for
-//! its proof: `LIMIT_PROVEN`), and arms penalties.
+//! cannot get one while no ticket is left (unless the frame proved its
+//! source, or is a SYN within its bound: `proof::claims`), and arms
+//! penalties.
 //! docs/architecture.md, "Limit, fastest path first" and "Exact across
 //! CPUs", has the design.
 
