@@ -247,7 +247,6 @@ fn leave_cheap_tier(
 /// used), or busy (this epoch's count over `sketch::HOT_FRAMES`), the
 /// source keeps that state: the seed becomes its `SOURCES` entry.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 fn exact(
     config: &Config,
     key: &SourceKey,
