@@ -26,6 +26,7 @@ pub mod rules;
 pub mod sketch;
 pub mod state;
 pub mod stats;
+pub mod tickets;
 pub mod window;
 
 pub use cluster::{ClusterShare, ClusterState};

@@ -40,6 +40,7 @@ use limiter_tests::{
     packets::{self, ETH_LEN},
     SetOnDrop,
 };
+use limiter_user::{daemon::SHARED_ROOM, rules::DEFAULT_RULE_NAME};
 use nix::{
     errno::Errno,
     sys::{
@@ -308,16 +309,18 @@ fn run_clients(schedule: Schedule) -> Vec<(Ipv4Addr, Outcome)> {
 
 #[test]
 fn new_tcp_clients_are_served_while_a_flood_under_the_limit_fills_the_windows() {
-    newcomers_under_the_flood("", STEADY, false);
+    newcomers_under_the_flood("", STEADY, Expect::Proof);
 }
 
 /// The clients under a rule of their own on the server's port, without
 /// cheap frames (1 pps over a minute: 60 frames a minute, 2 requests
-/// each), the flood under the default rule: the flood of one rule holds
-/// every ticket, and the clients of the other prove themselves; their
-/// SYNs pass as unproven (no cheap frame to carry them).
+/// each), the flood under the default rule: the flood takes the default
+/// rule's reserve of tickets and the shared room, and the clients' rule
+/// keeps its own reserve, where they get their windows (issue 50: a new
+/// source under another rule got 10 of 60).
 #[test]
-fn new_tcp_clients_of_a_per_minute_rule_are_served_while_another_rules_flood_fills_the_windows() {
+fn new_tcp_clients_of_a_per_minute_rule_keep_their_rules_room_while_another_rules_flood_fills_its_own(
+) {
     let rule = format!(
         "[[rules]]\nname = \"web\"\ncidr = \"0.0.0.0/0\"\nprotocol = \"tcp\"\n\
          ports = {PORT}\npps = 1\nwindow = \"60s\"\n"
@@ -326,13 +329,24 @@ fn new_tcp_clients_of_a_per_minute_rule_are_served_while_another_rules_flood_fil
         requests: 2,
         every: Duration::from_secs(2),
     };
-    newcomers_under_the_flood(&rule, schedule, true);
+    newcomers_under_the_flood(&rule, schedule, Expect::OwnRoom("web"));
 }
 
-/// The flood fills the tickets; then the clients run `schedule` under
-/// the rules of `rules` (with the default's); every request must be
-/// answered, and with `syns_unproven` some SYN passed as unproven.
-fn newcomers_under_the_flood(rules: &str, schedule: Schedule, syns_unproven: bool) {
+/// How the new clients get their windows while the flood holds every
+/// ticket it can.
+#[derive(Clone, Copy)]
+enum Expect {
+    /// Under the flood's rule: by proving themselves (cookies).
+    Proof,
+    /// Under a rule of their own: from its reserve of tickets.
+    OwnRoom(&'static str),
+}
+
+/// The flood fills its rooms of tickets (the default rule's reserve and
+/// the shared room); then the clients run `schedule` under the rules of
+/// `rules` (with the default's); every request must be answered, the
+/// way `expect` says.
+fn newcomers_under_the_flood(rules: &str, schedule: Schedule, expect: Expect) {
     let clients: Vec<Ipv4Addr> = (0..CLIENTS).map(client).collect();
     let lab = Lab::new(&clients);
     let files = Files::new();
@@ -354,6 +368,8 @@ fn newcomers_under_the_flood(rules: &str, schedule: Schedule, syns_unproven: boo
     let syncookies_before = syncookies();
 
     let kept = format!("xdp_limiter_windows_kept{{interface=\"{RX_IF}\"}}");
+    let room =
+        |metric: &str, room: &str| format!("{metric}{{interface=\"{RX_IF}\",room=\"{room}\"}}");
     let capacity = format!("xdp_limiter_window_capacity{{interface=\"{RX_IF}\"}}");
     let window_full = series("xdp_limiter_packets_total", "window_full");
 
@@ -369,11 +385,15 @@ fn newcomers_under_the_flood(rules: &str, schedule: Schedule, syns_unproven: boo
         scope.spawn(|| flood(&raw, &stop_flood, &stats));
         let _flood = SetOnDrop(&stop_flood);
 
-        // The flood has filled the windows: the daemon's pass over them
-        // found them at capacity, and sources are being refused a window.
+        // The flood has filled its rooms of tickets (the default rule's
+        // reserve and the shared room), and sources are being refused a
+        // window.
         let capacity_seen = daemon.wait_metric(&capacity, |v| v > 0.0);
         assert_eq!(capacity_seen, f64::from(MAX_SOURCES));
-        daemon.wait_metric(&kept, |v| v >= capacity_seen);
+        for name in [DEFAULT_RULE_NAME, SHARED_ROOM] {
+            let size = daemon.wait_metric(&room("xdp_limiter_ticket_room", name), |v| v > 0.0);
+            daemon.wait_metric(&room("xdp_limiter_tickets", name), |v| v >= size);
+        }
         let full_before = daemon.wait_metric(&window_full, |v| v > 0.0);
         // One complete aggregation pass with the windows full, as any
         // new source arriving in the middle of such a flood would meet.
@@ -454,12 +474,21 @@ fn newcomers_under_the_flood(rules: &str, schedule: Schedule, syns_unproven: boo
             "every new client's request answered while the flood fills the windows \
              (per client: {per_client:?})"
         );
-        if syns_unproven {
-            let unproven = value(&series("xdp_limiter_packets_total", "unproven_syn"));
-            assert!(
-                unproven.unwrap_or(0.0) > 0.0,
-                "without cheap frames, the clients' SYNs passed as unproven"
-            );
+        match expect {
+            Expect::Proof => {
+                let proven = value(&series("xdp_limiter_packets_total", "proven"));
+                assert!(
+                    proven.unwrap_or(0.0) > 0.0,
+                    "the clients proved themselves to get their windows"
+                );
+            }
+            Expect::OwnRoom(name) => {
+                let own = value(&room("xdp_limiter_tickets", name)).unwrap_or(0.0);
+                assert!(
+                    own >= f64::from(CLIENTS),
+                    "the clients' windows took their rule's reserve: {own} tickets"
+                );
+            }
         }
     });
 }

@@ -542,14 +542,16 @@ fn a_5m_source_churn_frees_neither_a_limited_nor_a_blocked_source() {
     // The silent source comes back on the CPU that never held it (nothing
     // per-CPU knows it is blocked there) and on the one that did: blocked,
     // until the same time.
-    // Freed while idle, and no ticket left: refused for want of a window
-    // (`window_full`) besides its penalty, kept in `HOLDS`.
-    let silent_freed = u64::from(harness.maps().window(&silent_key).is_none());
+    // Freed while idle, it gets a window again from its rule's reserve of
+    // tickets (the churn's rules cannot take it), blocked from `HOLDS`;
+    // with none left, it would be refused for want of one (`window_full`)
+    // besides its penalty.
     assert_eq!(
         harness.offer(1, &silent, 1),
         (0, 1),
         "blocked (its window or its hold)"
     );
+    let silent_windowless = u64::from(harness.maps().window(&silent_key).is_none());
     assert_eq!(
         blocked_until(&harness),
         silent_until,
@@ -577,7 +579,7 @@ fn a_5m_source_churn_frees_neither_a_limited_nor_a_blocked_source() {
     );
     assert_eq!(
         packets(Outcome::WindowFull),
-        offered - churn.packets + silent_freed,
+        offered - churn.packets + silent_windowless,
         "every other churn source refused for want of a window"
     );
     assert_eq!(

@@ -56,16 +56,19 @@ macro_rules! for_each_map {
                 Windows($crate::maps::DEFAULT_MAX_SOURCES + $crate::maps::DEFAULT_MAX_SOURCES / $crate::maps::PROVEN_SHARE), pinned;
 
             /// The tickets of the windows of sources that have not proved their
-            /// address: `SourceKey` (the window's key) -> 0. A window is made for
-            /// such a source only with a ticket, and there are `max_sources`
-            /// of them, while `WINDOWS` holds a quarter more: that quarter is
-            /// kept for TCP sources that completed a handshake with a valid SYN
-            /// cookie while the tickets were all taken (`Outcome::Proven`,
-            /// `judge/proof.rs`), which a spoofed flood, never receiving our
-            /// SYN-ACKs, cannot take. A plain hash; the daemon deletes a
-            /// window's ticket with the window. Full, a source without a window
-            /// gets none (`Outcome::WindowFull`) unless it proves itself.
-            UNPROVEN(unproven): Hash<$crate::SourceKey, u8>,
+            /// address: `SourceKey` (the window's key) -> the account it was
+            /// taken from (its rule's slot, or the shared room:
+            /// `tickets::Rooms`). A window is made for such a source only with
+            /// a ticket, and there are `max_sources` of them, while `WINDOWS`
+            /// holds a quarter more: that quarter is kept for TCP sources that
+            /// completed a handshake with a valid SYN cookie while the tickets
+            /// were all taken (`Outcome::Proven`, `judge/proof.rs`), which a
+            /// spoofed flood, never receiving our SYN-ACKs, cannot take. A
+            /// plain hash; the daemon deletes a window's ticket with the
+            /// window. Full, or the rule's reserve and the shared room taken, a
+            /// source without a window gets none (`Outcome::WindowFull`) unless
+            /// it proves itself.
+            UNPROVEN(unproven): Hash<$crate::SourceKey, u16>,
                 Sources($crate::maps::DEFAULT_MAX_SOURCES), pinned;
 
             /// The tickets in the order they were taken (the window keys), a
@@ -79,10 +82,19 @@ macro_rules! for_each_map {
                 Sources($crate::maps::DEFAULT_MAX_SOURCES), pinned;
 
             /// `[entries appended to TICKET_RING, entries looked at, its
-            /// capacity]`: the ring's two counters (compare-and-swap) and its
-            /// length, written by userspace at load (0: no ring).
+            /// capacity, each rule's reserve of tickets, the shared room]`
+            /// (`tickets::CLOCK_*`): the ring's two counters (compare-and-swap),
+            /// its length (written by userspace at load; 0: no ring) and the
+            /// rooms (`tickets::Rooms`, written at each rule push).
             TICKET_CLOCK(ticket_clock): Array<u32, u64>,
-                Fixed(3), pinned;
+                Fixed($crate::tickets::CLOCK_WORDS), pinned;
+
+            /// The tickets each account holds (`tickets`): per rule slot and
+            /// the shared room, what the program took net of what it gave back
+            /// (atomic adds), then what the daemon's reclaim gave back (its
+            /// own words). Fixed: 1,026 words.
+            TICKET_COUNTS(ticket_counts): Array<u32, u64>,
+                Fixed($crate::tickets::COUNTS), pinned;
 
             /// Per-CPU scratch for a new `WINDOWS` value, too large for the BPF
             /// stack: all zero between uses, seeded, inserted and zeroed again

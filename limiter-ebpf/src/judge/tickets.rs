@@ -2,30 +2,41 @@
 //! address (`UNPROVEN`): taken when such a window is made, and, when none
 //! is left, freed in the program itself from the oldest windows found
 //! idle, so that new sources get windows while no daemon runs to reclaim
-//! them. `TICKET_RING` holds the keys in the order their tickets were
+//! them. Each rule takes from its reserve first, then from the shared
+//! room (`limiter_common::tickets::Rooms`; `TICKET_COUNTS` holds what each
+//! account holds), so a flood under one rule never takes another's
+//! reserve. `TICKET_RING` holds the keys in the order their tickets were
 //! taken; `TICKET_CLOCK` counts what was appended and what was looked at.
-//! docs/architecture.md, "Proof before state", has the bounds.
+//! docs/architecture.md, "Proof before state" and "Room per rule", has
+//! the bounds.
 
 use core::{
     intrinsics::{atomic_cxchg, atomic_xadd, AtomicOrdering},
     ptr::{read_volatile, write_volatile},
 };
 
-use limiter_common::{Outcome, SourceKey, WindowState};
+use limiter_common::{
+    rules::RULE_SLOTS,
+    tickets::{
+        returned_index, taken_index, Rooms, CLOCK_APPENDED, CLOCK_CAPACITY, CLOCK_LOOKED,
+        CLOCK_RESERVE, CLOCK_SHARED, SHARED,
+    },
+    Outcome, SourceKey, WindowState,
+};
 
 use super::window::{pressure, PRESSURE_WINDOWS};
 
 use super::BPF_NOEXIST;
-use crate::maps::{self, TICKET_CLOCK, TICKET_RING, UNPROVEN, WINDOWS};
+use crate::maps::{self, TICKET_CLOCK, TICKET_COUNTS, TICKET_RING, UNPROVEN, WINDOWS};
 
 /// `bpf_map_update_elem`'s error when a map without eviction is full.
 const E2BIG: i32 = -7;
 /// `bpf_map_update_elem`'s error when `BPF_NOEXIST` finds the key.
 const EEXIST: i32 = -17;
 /// `TICKET_CLOCK` indices.
-const APPENDED: u32 = 0;
-const LOOKED: u32 = 1;
-const CAPACITY: u32 = 2;
+const APPENDED: u32 = CLOCK_APPENDED;
+const LOOKED: u32 = CLOCK_LOOKED;
+const CAPACITY: u32 = CLOCK_CAPACITY;
 /// Ring entries looked at when no ticket is left, at most, per frame: a
 /// frame that finds no idle window among them is refused; a busy one
 /// looked at goes back to the end, so a flood of busy windows costs each
@@ -40,37 +51,120 @@ pub(super) const NONE_LEFT: u32 = 0;
 /// [`take`]'s answer: the map refused otherwise.
 pub(super) const REFUSED: u32 = 2;
 
-/// Takes a ticket for the window keyed `key`, unless `proven` (non-zero:
+/// Takes a ticket for the window keyed `key` of the rule in `slot`, from
+/// the rule's reserve or else the shared room, unless `proven` (non-zero:
 /// the frame proved its source, whose window takes none, counted
 /// `proven`); [`TAKEN`], [`NONE_LEFT`] or [`REFUSED`].
-///
-/// A global BPF function: the verifier checks its ways once, and `limit`
-/// meets one unknown answer, not a state per way.
 #[inline(always)]
-pub(super) fn take(key: &SourceKey, proven: u32, len: u64) -> u32 {
+pub(super) fn take(key: &SourceKey, slot: u32, proven: u32, len: u64) -> u32 {
     if proven != 0 {
         maps::count(Outcome::Proven, len);
         return TAKEN;
     }
-    match UNPROVEN.insert(key, 0u8, BPF_NOEXIST) {
+    if UNPROVEN.get_ptr(key).is_some() {
+        // The source's own, from before.
+        return TAKEN;
+    }
+    let Some(account) = open_account(slot) else {
+        return NONE_LEFT;
+    };
+    match UNPROVEN.insert(key, account, BPF_NOEXIST) {
         Ok(()) => {
             append(key);
             TAKEN
         }
-        Err(EEXIST) => TAKEN,
-        Err(E2BIG) => NONE_LEFT,
-        Err(_) => REFUSED,
+        Err(e) => {
+            add(taken_index(account), u64::MAX);
+            match e {
+                EEXIST => TAKEN,
+                E2BIG => NONE_LEFT,
+                _ => REFUSED,
+            }
+        }
     }
 }
 
 /// Gives back the ticket of `key` (its window could not be made), unless
 /// `proven` (it took none).
-///
-/// A global BPF function, as [`take`].
 #[inline(always)]
 pub(super) fn give_back(key: &SourceKey, proven: u32) {
     if proven == 0 {
-        let _ = UNPROVEN.remove(key);
+        remove(key);
+    }
+}
+
+/// Removes the ticket of `key`, if it has one, and counts it given back
+/// to its account; whether one was removed (a racing CPU may have).
+#[inline(always)]
+fn remove(key: &SourceKey) -> bool {
+    let account = match UNPROVEN.get_ptr(key) {
+        // SAFETY: a live map value, written once at insert.
+        Some(account) => unsafe { read_volatile(account) },
+        None => return false,
+    };
+    if UNPROVEN.remove(key).is_err() {
+        return false;
+    }
+    add(taken_index(account), u64::MAX);
+    true
+}
+
+/// Counts a ticket on the account of the rule in `slot` if its reserve
+/// has room, else on the shared room's if it has; the account, or `None`
+/// with nothing counted. Counted before it is looked at, so two CPUs
+/// never both take the last ticket of an account.
+#[inline(always)]
+fn open_account(slot: u32) -> Option<u16> {
+    let (Some(reserve), Some(shared)) = (clock(CLOCK_RESERVE), clock(CLOCK_SHARED)) else {
+        return None;
+    };
+    // SAFETY: aligned words of live array elements.
+    let rooms = unsafe {
+        Rooms {
+            reserve: read_volatile(reserve),
+            shared: read_volatile(shared),
+        }
+    };
+    let own = slot as u16;
+    if slot < RULE_SLOTS {
+        if rooms.reserve_has_room(held_after_add(own)) {
+            return Some(own);
+        }
+        add(taken_index(own), u64::MAX);
+    }
+    if rooms.shared_has_room(held_after_add(SHARED)) {
+        return Some(SHARED);
+    }
+    add(taken_index(SHARED), u64::MAX);
+    None
+}
+
+/// Counts one more ticket on `account`; the tickets it held before.
+#[inline(always)]
+fn held_after_add(account: u16) -> u64 {
+    let (Some(taken), Some(returned)) = (
+        TICKET_COUNTS.get_ptr_mut(taken_index(account)),
+        TICKET_COUNTS.get_ptr(returned_index(account)),
+    ) else {
+        return u64::MAX;
+    };
+    // SAFETY: aligned words of live array elements; BPF_ATOMIC_ADD with
+    // BPF_FETCH is atomic, and the daemon alone writes `returned`.
+    unsafe {
+        atomic_xadd::<u64, u64, { AtomicOrdering::SeqCst }>(taken, 1)
+            .wrapping_sub(read_volatile(returned))
+    }
+}
+
+/// Adds `n` (wrapping: `u64::MAX` takes one off) to `TICKET_COUNTS` at
+/// `index`.
+#[inline(always)]
+fn add(index: u32, n: u64) {
+    if let Some(word) = TICKET_COUNTS.get_ptr_mut(index) {
+        // SAFETY: an aligned word of a live array element; atomic.
+        unsafe {
+            atomic_xadd::<u64, u64, { AtomicOrdering::SeqCst }>(word, n);
+        }
     }
 }
 
@@ -183,7 +277,7 @@ pub extern "C" fn free_idle(now: u64) -> u32 {
         let key = unsafe { &*entry };
         match WINDOWS.get_ptr(key) {
             None => {
-                if UNPROVEN.remove(key).is_ok() {
+                if remove(key) {
                     return 1;
                 }
             }
@@ -194,7 +288,7 @@ pub extern "C" fn free_idle(now: u64) -> u32 {
                 let idle = unsafe { idle(window, now) };
                 if idle {
                     let _ = WINDOWS.remove(key);
-                    let _ = UNPROVEN.remove(key);
+                    remove(key);
                     return 1;
                 }
                 append(key);

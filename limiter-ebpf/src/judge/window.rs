@@ -114,7 +114,7 @@ fn limit_window(
     // window counts it: each eviction made a "first" frame again).
     let window = match find_window(key) {
         Some(window) => window,
-        None => match create_window(key, len, &params, now, 0) {
+        None => match create_window(key, traffic.rule, len, &params, now, 0) {
             Made::Window(window, created) => {
                 if exact_tier && created {
                     maps::count(Outcome::NewWindow, len);
@@ -130,7 +130,7 @@ fn limit_window(
                 maps::count(Outcome::WindowFull, len);
                 let claims = proof::claims();
                 if claims & LIMIT_PROVEN != 0 {
-                    match create_window(key, len, &params, now, LIMIT_PROVEN) {
+                    match create_window(key, traffic.rule, len, &params, now, LIMIT_PROVEN) {
                         Made::Window(window, _) => window,
                         Made::Full => return Some(LIMIT_WINDOWLESS),
                         Made::Failed => return None,
@@ -276,15 +276,23 @@ enum Made {
 
 /// Creates the shared window of `key` (unless another CPU just did),
 /// empty, tagged with the rule's bucket width, and blocked if `HOLDS`
-/// keeps a penalty for it.
+/// keeps a penalty for it; its ticket from the room of the rule in
+/// `slot` (`tickets`).
 #[inline(always)]
-fn create_window(key: &SourceKey, len: u64, params: &WindowParams, now: u64, flags: u32) -> Made {
+fn create_window(
+    key: &SourceKey,
+    slot: u32,
+    len: u64,
+    params: &WindowParams,
+    now: u64,
+    flags: u32,
+) -> Made {
     // A source that has not proved its address takes a ticket first: at
     // most `max_sources` windows are theirs, the rest of `WINDOWS` is kept
     // for sources that proved theirs (`proof`). A ticket already there
     // (the source's own, from before) is its room.
     let proven = flags & LIMIT_PROVEN;
-    match tickets::take(key, proven, len) {
+    match tickets::take(key, slot, proven, len) {
         tickets::TAKEN => {}
         tickets::NONE_LEFT => return Made::Full,
         _ => {

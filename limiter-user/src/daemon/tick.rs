@@ -176,6 +176,16 @@ impl Daemon {
         }
         self.metrics
             .record_windows(&instance.iface, &iface.reclaim, daemon.max_sources);
+        let maps = &instance.program.maps;
+        match (maps.tickets_held(), maps.ticket_rooms()) {
+            (Ok(held), Ok(rooms)) => {
+                self.metrics
+                    .record_tickets(&instance.iface, &held, rooms, names)
+            }
+            (Err(e), _) | (_, Err(e)) => {
+                error!(iface = %instance.iface, error = %e, "reading the windows' tickets failed")
+            }
+        }
         iface.observed.update(reads.snapshot);
     }
 }

@@ -13,7 +13,11 @@ use aya::{
     },
     Ebpf,
 };
-use limiter_common::{names, Config, Rule, SourceKey, WindowState};
+use limiter_common::{
+    names,
+    tickets::{self, Rooms},
+    Config, Rule, SourceKey, WindowState,
+};
 
 use std::path::Path;
 
@@ -174,6 +178,85 @@ impl Maps {
     /// windows' tickets (`UNPROVEN`) all taken.
     pub fn tickets_taken_until(&self) -> u64 {
         self.pressure.get(&1, 0).unwrap_or(0)
+    }
+
+    /// The rooms of the windows' tickets (`TICKET_CLOCK`).
+    pub fn ticket_rooms(&self) -> Result<Rooms, MapsError> {
+        let word = |index| {
+            self.ticket_clock
+                .get(&index, 0)
+                .map_err(MapsError::on(names::TICKET_CLOCK))
+        };
+        Ok(Rooms {
+            reserve: word(tickets::CLOCK_RESERVE)?,
+            shared: word(tickets::CLOCK_SHARED)?,
+        })
+    }
+
+    /// Sets the tickets' ring length (the tickets there are) and their
+    /// rooms, for `rules` rules.
+    pub fn set_ticket_rooms(&mut self, capacity: u32, rules: u32) -> Result<(), MapsError> {
+        let rooms = Rooms::new(capacity, rules);
+        for (index, word) in [
+            (tickets::CLOCK_CAPACITY, u64::from(capacity)),
+            (tickets::CLOCK_RESERVE, rooms.reserve),
+            (tickets::CLOCK_SHARED, rooms.shared),
+        ] {
+            self.ticket_clock
+                .set(index, word, 0)
+                .map_err(MapsError::on(names::TICKET_CLOCK))?;
+        }
+        Ok(())
+    }
+
+    /// The tickets' capacity (`max_sources`, as loaded).
+    pub fn ticket_capacity(&self) -> Result<u32, MapsError> {
+        self.ticket_clock
+            .get(&tickets::CLOCK_CAPACITY, 0)
+            .map(|words| words as u32)
+            .map_err(MapsError::on(names::TICKET_CLOCK))
+    }
+
+    /// The tickets each account holds (`tickets::ACCOUNTS` of them: the
+    /// rule slots', then the shared room's).
+    pub fn tickets_held(&self) -> Result<Vec<u64>, MapsError> {
+        let words: Vec<u64> = self
+            .ticket_counts
+            .iter()
+            .collect::<Result<_, _>>()
+            .map_err(MapsError::on(names::TICKET_COUNTS))?;
+        let (taken, returned) = words.split_at(tickets::ACCOUNTS as usize);
+        Ok(taken
+            .iter()
+            .zip(returned)
+            .map(|(taken, returned)| taken.wrapping_sub(*returned))
+            .collect())
+    }
+
+    /// Deletes the tickets of the windows `wkeys` that have one, and
+    /// counts each given back to its account (the daemon's own words).
+    pub fn remove_tickets(&mut self, wkeys: &[SourceKey]) -> Result<(), MapsError> {
+        let mut returned = std::collections::BTreeMap::<u16, u64>::new();
+        for wkey in wkeys {
+            let Ok(account) = self.unproven.get(wkey, 0) else {
+                continue;
+            };
+            // An error: the program freed it first (and counted it).
+            if self.unproven.remove(wkey).is_ok() {
+                *returned.entry(account).or_default() += 1;
+            }
+        }
+        for (account, n) in returned {
+            let index = tickets::returned_index(account);
+            let before = self
+                .ticket_counts
+                .get(&index, 0)
+                .map_err(MapsError::on(names::TICKET_COUNTS))?;
+            self.ticket_counts
+                .set(index, before.wrapping_add(n), 0)
+                .map_err(MapsError::on(names::TICKET_COUNTS))?;
+        }
+        Ok(())
     }
 
     /// The rule at `RULES` index `index`.

@@ -220,10 +220,9 @@ pub fn load(options: &LoadOptions) -> Result<Program, LoadError> {
         load_xdp(&mut loader, EBPF_OBJECT, names::PROGRAM)?
     };
     let mut maps = Maps::take(&mut ebpf)?;
-    // The tickets' ring is as long as there are tickets.
-    maps.ticket_clock
-        .set(2, u64::from(options.max_sources), 0)
-        .map_err(MapsError::on(names::TICKET_CLOCK))?;
+    // The tickets' ring is as long as there are tickets, all shared until
+    // rules are pushed.
+    maps.set_ticket_rooms(options.max_sources, 0)?;
     Ok(Program {
         ebpf,
         maps,

@@ -26,7 +26,7 @@ use limiter_common::{
         half, prefix_key_v4, prefix_key_v6, rules_base, PrefixKeyV4, PrefixKeyV6, MAX_LEVELS,
         MAX_RULES, PREFIX_HALF_BITS,
     },
-    Config, RuleRefs,
+    Action, Config, RuleRefs,
 };
 
 use super::{cluster, possible_cpus, Maps, MapsError};
@@ -166,7 +166,15 @@ fn prepare(
         .collect();
     write_trie(&mut maps.prefixes_v4, names::PREFIXES_V4, generation, &v4)?;
     write_trie(&mut maps.prefixes_v6, names::PREFIXES_V6, generation, &v6)?;
-    Ok(())
+    // Each rule that keeps windows gets its reserve of tickets (a flood
+    // under one rule never takes another's); the rest is shared.
+    let limiting = compiled
+        .rules
+        .iter()
+        .filter(|rule| rule.action() == Some(Action::Limit))
+        .count() as u32;
+    let capacity = maps.ticket_capacity()?;
+    maps.set_ticket_rooms(capacity, limiting)
 }
 
 /// A block tag no earlier push used: the generation and the rule's index.

@@ -103,8 +103,8 @@ impl Reclaim {
     ) -> io::Result<Slice> {
         let (slice, next) = match self.phase {
             Phase::Windows => {
-                let tickets = &mut maps.unproven;
-                (
+                let mut gone = Vec::new();
+                let slice = (
                     walk(
                         &mut maps.windows,
                         &mut self.resume,
@@ -117,14 +117,14 @@ impl Reclaim {
                                 active.push((*key, pps));
                             }
                         },
-                        // A deleted window's ticket goes with it (a proven
-                        // source's window has none).
-                        |key: &SourceKey| {
-                            let _ = tickets.remove(key);
-                        },
+                        |key: &SourceKey| gone.push(*key),
                     )?,
                     Phase::Aggregates,
-                )
+                );
+                // A deleted window's ticket goes with it (a proven
+                // source's window has none), given back to its room.
+                maps.remove_tickets(&gone).map_err(io::Error::other)?;
+                slice
             }
             Phase::Aggregates => (
                 walk(

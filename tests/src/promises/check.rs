@@ -254,7 +254,8 @@ pub fn check(script: &Script, run: &Run, after: &After) -> Report {
 
     // 1. Polite sources are never dropped.
     let capacity = WINDOWS as usize;
-    let may_be_full = run.peak_windows >= capacity || run.peak_aggregates >= capacity;
+    let may_be_full =
+        run.peak_windows >= capacity || run.peak_aggregates >= capacity || run.shared_room_full;
     // A drop on a full map's refusing side: the frame itself counted so,
     // or a frame of the source (or of an aggregate of its) counted so
     // within the window before (a window or aggregate created seeded).
@@ -475,12 +476,26 @@ pub fn check(script: &Script, run: &Run, after: &After) -> Report {
     // loses an ended penalty between samples, when the kernel finds one:
     // a penalty of the script's may end a frame before a sample).
     let count = |name: &str| after.outcomes.get(name).copied().unwrap_or(0);
-    for (outcome, peak, fills, slack) in [
-        ("window_full", run.peak_windows, Fills::Windows, 0),
-        ("aggregate_full", run.peak_aggregates, Fills::Aggregates, 0),
-        ("hold_failed", run.peak_holds, Fills::Holds, 64),
+    // A window is refused once its rule's reserve of tickets and the
+    // shared room are full, before the map is.
+    for (outcome, peak, fills, slack, room_full) in [
+        (
+            "window_full",
+            run.peak_windows,
+            Fills::Windows,
+            0,
+            run.shared_room_full,
+        ),
+        (
+            "aggregate_full",
+            run.peak_aggregates,
+            Fills::Aggregates,
+            0,
+            false,
+        ),
+        ("hold_failed", run.peak_holds, Fills::Holds, 64, false),
     ] {
-        if count(outcome) > 0 && peak + slack < capacity {
+        if count(outcome) > 0 && peak + slack < capacity && !room_full {
             report.violation(format!(
                 "{outcome} counted {} times, but its map held {peak} of {capacity} at most",
                 count(outcome)

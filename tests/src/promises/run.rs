@@ -11,7 +11,7 @@ use std::{
 };
 
 use aya::programs::Xdp;
-use limiter_common::Outcome;
+use limiter_common::{tickets, Outcome};
 use limiter_user::kernel::{self, penalty, windows::Reclaim, Maps};
 
 use super::script::{Item, Role, Script, LATE};
@@ -62,6 +62,9 @@ pub struct Run {
     pub peak_windows: usize,
     pub peak_aggregates: usize,
     pub peak_holds: usize,
+    /// Whether a sample found the tickets' shared room full (a rule whose
+    /// reserve is full too then refuses new unproven windows).
+    pub shared_room_full: bool,
 }
 
 /// Runs `script` on `harness` (its rules pushed).
@@ -74,6 +77,7 @@ pub fn run(harness: &mut Harness, script: &Script) -> Run {
         peak_windows: 0,
         peak_aggregates: 0,
         peak_holds: 0,
+        shared_room_full: false,
     };
     let mut end = SLICE;
     loop {
@@ -101,6 +105,9 @@ pub fn run(harness: &mut Harness, script: &Script) -> Run {
         run.peak_windows = run.peak_windows.max(maps.windows.keys().count());
         run.peak_aggregates = run.peak_aggregates.max(maps.aggregates.keys().count());
         run.peak_holds = run.peak_holds.max(maps.holds.keys().count());
+        let rooms = maps.ticket_rooms().expect("the tickets' rooms");
+        let held = maps.tickets_held().expect("the tickets' accounts");
+        run.shared_room_full |= held[usize::from(tickets::SHARED)] >= rooms.shared;
         upkeep(harness.maps_mut(), &mut reclaim);
         if end >= script.duration {
             return run;

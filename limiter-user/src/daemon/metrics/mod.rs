@@ -8,6 +8,7 @@ use std::collections::HashMap;
 
 use limiter_common::{
     rules::{MAX_LEVELS, MAX_RULES},
+    tickets::{Rooms, SHARED},
     Outcome,
 };
 use prometheus::{
@@ -36,6 +37,9 @@ pub struct RuleLevels {
     pub labels: Vec<String>,
 }
 
+/// The `room` label of the tickets' shared room (a rule's is its name).
+pub const SHARED_ROOM: &str = "(shared)";
+
 /// Every metric the daemon exports.
 pub struct Metrics {
     pub registry: Registry,
@@ -52,6 +56,8 @@ pub struct Metrics {
     penalties: IntGaugeVec,
     windows_kept: IntGaugeVec,
     window_capacity: IntGaugeVec,
+    tickets: IntGaugeVec,
+    ticket_room: IntGaugeVec,
     windows_reclaimed: IntCounterVec,
     aggregates_kept: IntGaugeVec,
     aggregate_cells: IntGaugeVec,
@@ -282,6 +288,38 @@ impl Metrics {
         self.known_sources.set(sources as i64);
         self.known_one_in
             .set((1.0 / sampled_share.max(f64::MIN_POSITIVE)).round() as i64);
+    }
+
+    /// Updates the windows' tickets of `iface`: those `held` per account
+    /// (`tickets::ACCOUNTS`), under the rule each index of `rule_names`
+    /// names (an index of the generation before counts for its rule too)
+    /// and the shared room's, and the size of each room.
+    pub fn record_tickets(
+        &mut self,
+        iface: &str,
+        held: &[u64],
+        rooms: Rooms,
+        rule_names: &[(u32, String)],
+    ) {
+        let mut per_room: std::collections::BTreeMap<&str, u64> = Default::default();
+        for (index, name) in rule_names {
+            *per_room.entry(name).or_default() += held.get(*index as usize).copied().unwrap_or(0);
+        }
+        for (room, tickets) in per_room {
+            self.tickets
+                .with_label_values(&[iface, room])
+                .set(tickets as i64);
+            self.ticket_room
+                .with_label_values(&[iface, room])
+                .set(rooms.reserve as i64);
+        }
+        let shared = held.get(usize::from(SHARED)).copied().unwrap_or(0);
+        self.tickets
+            .with_label_values(&[iface, SHARED_ROOM])
+            .set(shared as i64);
+        self.ticket_room
+            .with_label_values(&[iface, SHARED_ROOM])
+            .set(rooms.shared as i64);
     }
 
     /// Updates the kept windows and aggregates of `iface` from its

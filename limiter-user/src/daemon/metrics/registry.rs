@@ -130,6 +130,18 @@ impl Metrics {
                 "Windows the kept map holds at most, and aggregates (daemon.max_sources).",
                 &["interface"],
             ),
+            tickets: gauge(
+                &registry,
+                "xdp_limiter_tickets",
+                "Windows' tickets held (UNPROVEN: the windows of sources that have not proved their address), by room: a rule's name (its reserve) or (shared). At xdp_limiter_ticket_room for a rule and for (shared), the rule's new unproven sources get no window (outcome window_full); other rules' reserves stay theirs.",
+                &["interface", "room"],
+            ),
+            ticket_room: gauge(
+                &registry,
+                "xdp_limiter_ticket_room",
+                "Tickets a room holds at most: each limiting rule's reserve (daemon.max_sources / (2 x rules)) and the shared room (the rest).",
+                &["interface", "room"],
+            ),
             windows_reclaimed: counter(
                 &registry,
                 "xdp_limiter_windows_reclaimed_total",
