@@ -46,11 +46,8 @@ pub struct SourceTraffic {
     /// its rule's `fair_packets`: its rule's levels judge it as heavy
     /// (`rules::level`).
     pub heavy: u32,
-    /// Non-zero: at its last frame on this CPU the source had no window
-    /// and found no room for one (`WINDOWS` full): its frames here are
-    /// judged in the exact tier, where a TCP source may prove its address
-    /// and get a window without a ticket, until it has a window again.
-    pub windowless: u32,
+    /// Zero: the padding to 8 bytes, explicit.
+    pub _pad: u32,
 }
 
 impl SourceTraffic {

@@ -7,7 +7,7 @@ use limiter_common::{window::WindowCache, Action, Config, Outcome, SourceKey, So
 
 use super::{
     key::resolve,
-    scratch,
+    scratch, tickets,
     verdict::{give_back_to_levels, pass, refuse, refused_by_level, Verdict},
     window::{find_window, limit, LIMIT_ADMITTED, LIMIT_DRY_RUN, LIMIT_WINDOWLESS},
     BPF_NOEXIST,
@@ -130,9 +130,10 @@ pub(super) fn decide(
             }
             let answer = limit(key, traffic, len, u32::from(dry_run) * LIMIT_DRY_RUN, now);
             if answer & LIMIT_WINDOWLESS != 0 {
-                // No window and no room: its next frames go to the exact
-                // tier, where it may prove itself (`tier::tiered`).
-                traffic.windowless = 1;
+                // No window and no room (its window was freed idle while
+                // this state lived on): an idle window freed now is a
+                // ticket for its next frame, as in the exact tier.
+                tickets::free_under_pressure(now);
             }
             if answer & LIMIT_ADMITTED != 0 {
                 pass(Outcome::Passed)

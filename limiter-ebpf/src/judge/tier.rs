@@ -73,7 +73,7 @@ pub(super) fn tiered(config: &Config, key: &SourceKey, now: u64, len: u64) -> Ti
             }
         }
     }
-    if let Some(traffic) = hot_with_window(key) {
+    if let Some(traffic) = SOURCES.get_ptr_mut(key) {
         // SAFETY: this CPU's slot of a per-CPU map value.
         let state = unsafe { &mut *traffic };
         state.record_at(now, len);
@@ -97,24 +97,6 @@ pub(super) fn tiered(config: &Config, key: &SourceKey, now: u64, len: u64) -> Ti
     }
     leave_cheap_tier(place, tag, seen, marked, rule.cheap_frames);
     exact(config, key, rule, index, seen, now, len)
-}
-
-/// The per-CPU state of `key`'s source, unless it has none or was found
-/// without a window and without room for one at its last frame here
-/// (`SourceTraffic::windowless`): then this frame goes to the exact tier,
-/// where it may prove itself (`proof`), and its next to its per-CPU state
-/// again. Both ways to the exact tier leave the same state behind, so the
-/// verifier walks that tier once.
-#[inline(always)]
-fn hot_with_window(key: &SourceKey) -> Option<*mut SourceTraffic> {
-    let traffic = SOURCES.get_ptr_mut(key)?;
-    // SAFETY: this CPU's slot of a per-CPU map value.
-    let state = unsafe { &mut *traffic };
-    if state.windowless == 0 {
-        return Some(traffic);
-    }
-    state.windowless = 0;
-    None
 }
 
 /// Whether the cheap tier may admit a frame of a source that reads `count`
