@@ -125,18 +125,35 @@ fn open_account(slot: u32) -> Option<u16> {
             shared: read_volatile(shared),
         }
     };
+    // An account found full by a plain read is not counted on: a flood
+    // past its rooms reads shared words and writes none.
     let own = slot as u16;
-    if slot < RULE_SLOTS {
+    if slot < RULE_SLOTS && rooms.reserve_has_room(held(own)) {
         if rooms.reserve_has_room(held_after_add(own)) {
             return Some(own);
         }
         add(taken_index(own), u64::MAX);
     }
-    if rooms.shared_has_room(held_after_add(SHARED)) {
-        return Some(SHARED);
+    if rooms.shared_has_room(held(SHARED)) {
+        if rooms.shared_has_room(held_after_add(SHARED)) {
+            return Some(SHARED);
+        }
+        add(taken_index(SHARED), u64::MAX);
     }
-    add(taken_index(SHARED), u64::MAX);
     None
+}
+
+/// The tickets `account` holds, as a plain read finds them.
+#[inline(always)]
+fn held(account: u16) -> u64 {
+    let (Some(taken), Some(returned)) = (
+        TICKET_COUNTS.get_ptr(taken_index(account)),
+        TICKET_COUNTS.get_ptr(returned_index(account)),
+    ) else {
+        return u64::MAX;
+    };
+    // SAFETY: aligned words of live array elements.
+    unsafe { read_volatile(taken).wrapping_sub(read_volatile(returned)) }
 }
 
 /// Counts one more ticket on `account`; the tickets it held before.

@@ -39,7 +39,11 @@ use std::{
 };
 
 use limiter_common::{
-    rules::MAX_LEVELS, sketch, window::WindowParams, LevelKind, Outcome, Rule, SourceKey,
+    maps::window_capacity,
+    rules::{rules_base, MAX_LEVELS},
+    sketch,
+    window::WindowParams,
+    LevelKind, Outcome, Rule, SourceKey,
 };
 
 use super::{
@@ -254,13 +258,21 @@ pub fn check(script: &Script, run: &Run, after: &After) -> Report {
 
     // 1. Polite sources are never dropped.
     let capacity = WINDOWS as usize;
-    let may_be_full =
-        run.peak_windows >= capacity || run.peak_aggregates >= capacity || run.shared_room_full;
+    // A source's map may be full: the maps themselves (`WINDOWS` with its
+    // proven room), or its rule's room of tickets (its reserve and the
+    // shared room; another rule's flood takes no room of its).
+    let may_be_full = |kind: zoo::Kind| {
+        run.peak_windows >= window_capacity(WINDOWS) as usize
+            || run.peak_aggregates >= capacity
+            || run
+                .rooms_full
+                .contains(&(rules_base(1) + 1 + kind.index() as u32))
+    };
     // A drop on a full map's refusing side: the frame itself counted so,
     // or a frame of the source (or of an aggregate of its) counted so
     // within the window before (a window or aggregate created seeded).
-    let excused = |frames: &[&Sent], s: &Sent, window_ns: u64| {
-        may_be_full
+    let excused = |kind: zoo::Kind, frames: &[&Sent], s: &Sent, window_ns: u64| {
+        may_be_full(kind)
             && frames
                 .iter()
                 .any(|f| f.full && f.before <= s.after && s.before <= f.after + window_ns)
@@ -302,7 +314,7 @@ pub fn check(script: &Script, run: &Run, after: &After) -> Report {
         report.polite_sources += 1;
         report.polite_frames += frames.len();
         let (related, window_ns) = related(rule, &key, frames, &aggregates);
-        let excused = |s: &Sent| excused(&related, s, window_ns);
+        let excused = |s: &Sent| excused(a.kind, &related, s, window_ns);
         if frames.iter().any(|s| !s.passed && !excused(s)) {
             let base = frames[0].before;
             let timeline: Vec<String> = frames
@@ -344,7 +356,7 @@ pub fn check(script: &Script, run: &Run, after: &After) -> Report {
                 a.what,
                 s.after,
                 if s.full {
-                    " on a full map's refusing side, but no map was full"
+                    " on a full map's refusing side, but neither a map nor its rule's room of tickets was full"
                 } else {
                     ""
                 }
@@ -364,7 +376,7 @@ pub fn check(script: &Script, run: &Run, after: &After) -> Report {
         let (related, window_ns) = related(rule, &key_of(a.source(source)), frames, &aggregates);
         let full = frames
             .iter()
-            .filter(|s| !s.passed && excused(&related, s, window_ns))
+            .filter(|s| !s.passed && excused(a.kind, &related, s, window_ns))
             .count();
         report.full_drops += full;
         let judged = frames.len() - full;
@@ -484,7 +496,7 @@ pub fn check(script: &Script, run: &Run, after: &After) -> Report {
             run.peak_windows,
             Fills::Windows,
             0,
-            run.shared_room_full,
+            !run.rooms_full.is_empty(),
         ),
         (
             "aggregate_full",

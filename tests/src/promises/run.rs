@@ -5,16 +5,21 @@
 //! its sweep of ended penalties) between two slices, as its tick does.
 
 use std::{
+    collections::BTreeSet,
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
     thread,
     time::{Duration, Instant},
 };
 
 use aya::programs::Xdp;
-use limiter_common::{tickets, Outcome};
+use limiter_common::{
+    rules::{rules_base, MAX_RULES},
+    tickets::{self, Rooms},
+    Action, Outcome,
+};
 use limiter_user::kernel::{self, penalty, windows::Reclaim, Maps};
 
-use super::script::{Item, Role, Script, LATE};
+use super::script::{Item, Role, Script, LATE, WINDOWS};
 use crate::{
     packets::{self, DST4, DST6},
     testrun::{coarse_now, pin_current_thread, verdict, Harness, XDP_DROP, XDP_PASS},
@@ -62,9 +67,10 @@ pub struct Run {
     pub peak_windows: usize,
     pub peak_aggregates: usize,
     pub peak_holds: usize,
-    /// Whether a sample found the tickets' shared room full (a rule whose
-    /// reserve is full too then refuses new unproven windows).
-    pub shared_room_full: bool,
+    /// The `RULES` slots of the rules a sample found with their reserve
+    /// of tickets full while the shared room was full too: the rules
+    /// that refused new unproven windows.
+    pub rooms_full: BTreeSet<u32>,
 }
 
 /// Runs `script` on `harness` (its rules pushed).
@@ -77,8 +83,18 @@ pub fn run(harness: &mut Harness, script: &Script) -> Run {
         peak_windows: 0,
         peak_aggregates: 0,
         peak_holds: 0,
-        shared_room_full: false,
+        rooms_full: BTreeSet::new(),
     };
+    // The rooms of tickets the documented semantics give the rules pushed
+    // (a reserve per limiting rule, the rest shared), not the kernel's
+    // own figures: a kernel that kept no rule its reserve is found out.
+    let live = rules_base(1)..rules_base(1) + MAX_RULES;
+    let limiting = live
+        .clone()
+        .map(|slot| harness.maps().rule(slot).expect("a rule slot"))
+        .filter(|rule| rule.fingerprint != 0 && rule.action() == Some(Action::Limit))
+        .count();
+    let rooms = Rooms::new(WINDOWS, limiting as u32);
     let mut end = SLICE;
     loop {
         let (program, maps) = harness.parts();
@@ -105,9 +121,13 @@ pub fn run(harness: &mut Harness, script: &Script) -> Run {
         run.peak_windows = run.peak_windows.max(maps.windows.keys().count());
         run.peak_aggregates = run.peak_aggregates.max(maps.aggregates.keys().count());
         run.peak_holds = run.peak_holds.max(maps.holds.keys().count());
-        let rooms = maps.ticket_rooms().expect("the tickets' rooms");
         let held = maps.tickets_held().expect("the tickets' accounts");
-        run.shared_room_full |= held[usize::from(tickets::SHARED)] >= rooms.shared;
+        if held[usize::from(tickets::SHARED)] >= rooms.shared {
+            run.rooms_full.extend(
+                live.clone()
+                    .filter(|slot| held[*slot as usize] >= rooms.reserve),
+            );
+        }
         upkeep(harness.maps_mut(), &mut reclaim);
         if end >= script.duration {
             return run;
