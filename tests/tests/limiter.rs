@@ -89,9 +89,13 @@ fn a_10x_flood_from_one_cpu_is_admitted_at_its_limit() {
         window * FLOOD_WINDOWS as u32,
         Pacing::CatchUp,
     );
+    // Paced at ten times the limit; one CPU under the kernel lane's
+    // emulation offers about 8,400 a second of it (33,468 in 4 s once),
+    // and what the test needs is a flood well past the limit in every
+    // window: five times it.
     assert!(
-        run.offered >= 9 * LIMIT_PPS * FLOOD_WINDOWS as u64,
-        "offered {}",
+        run.offered >= 5 * LIMIT_PPS * FLOOD_WINDOWS as u64,
+        "offered {}: not a flood of five times the limit",
         run.offered
     );
     assert_within_the_bound(&per_window(&run.passed_at, window, FLOOD_WINDOWS), &harness);
