@@ -19,7 +19,7 @@
 //! guest that has not reached its init within [`KVM_PROBE`] is started
 //! again under software emulation (TCG), which boots in about 15 s.
 //!
-//! Under TCG everything is slower (a program load takes about 4 s on 6.1,
+//! Under TCG everything is slower (a program load takes about 2 s on 6.1,
 //! and BPF_PROG_TEST_RUN about 20 times longer than on the host), so the
 //! guest runs the tiers' five-million-source churn with
 //! [`GUEST_SPOOFED_SOURCES`] sources instead (`LIMITER_SPOOFED_SOURCES`),
