@@ -99,6 +99,18 @@ pub fn push_all(instances: &mut [&mut Maps], set: &RuleSet) -> Result<Pushed, Pu
             return Err(e.into());
         }
     }
+    // Each rule that keeps windows gets its reserve of tickets (a flood
+    // under one rule never takes another's), the rest shared: set with
+    // the rules now live.
+    let limiting = compiled
+        .rules
+        .iter()
+        .filter(|rule| rule.action() == Some(Action::Limit))
+        .count() as u32;
+    for maps in instances.iter_mut() {
+        let capacity = maps.ticket_capacity()?;
+        maps.set_ticket_rooms(capacity, limiting)?;
+    }
     Ok(Pushed {
         generation,
         compiled,
@@ -166,15 +178,7 @@ fn prepare(
         .collect();
     write_trie(&mut maps.prefixes_v4, names::PREFIXES_V4, generation, &v4)?;
     write_trie(&mut maps.prefixes_v6, names::PREFIXES_V6, generation, &v6)?;
-    // Each rule that keeps windows gets its reserve of tickets (a flood
-    // under one rule never takes another's); the rest is shared.
-    let limiting = compiled
-        .rules
-        .iter()
-        .filter(|rule| rule.action() == Some(Action::Limit))
-        .count() as u32;
-    let capacity = maps.ticket_capacity()?;
-    maps.set_ticket_rooms(capacity, limiting)
+    Ok(())
 }
 
 /// A block tag no earlier push used: the generation and the rule's index.
