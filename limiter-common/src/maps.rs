@@ -312,7 +312,7 @@ mod tests {
         assert_eq!(WINDOWS.expected_max_entries(1000, 10), Some(1250));
         assert_eq!(UNPROVEN.expected_max_entries(1000, 10), Some(1000));
         assert_eq!(TICKET_RING.expected_max_entries(1000, 10), Some(1000));
-        assert_eq!(TICKET_CLOCK.expected_max_entries(1000, 10), Some(5));
+        assert_eq!(TICKET_CLOCK.expected_max_entries(1000, 10), Some(6));
         assert_eq!(
             TICKET_COUNTS.expected_max_entries(1000, 10),
             Some(2 * (RULE_SLOTS + 1))

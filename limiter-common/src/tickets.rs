@@ -29,15 +29,34 @@ pub const fn returned_index(account: u16) -> u32 {
     ACCOUNTS + account as u32
 }
 
-/// `TICKET_CLOCK` indices: the ring's two counters, its length, and the
-/// rooms ([`Rooms`]; written by userspace).
+/// `TICKET_CLOCK` indices: the ring's two counters, its length, the
+/// rooms ([`Rooms`]; written by userspace), and until when the ring
+/// rests ([`LOOK_REST_NS`]).
 pub const CLOCK_APPENDED: u32 = 0;
 pub const CLOCK_LOOKED: u32 = 1;
 pub const CLOCK_CAPACITY: u32 = 2;
 pub const CLOCK_RESERVE: u32 = 3;
 pub const CLOCK_SHARED: u32 = 4;
+pub const CLOCK_RESTING: u32 = 5;
 /// `TICKET_CLOCK` entries.
-pub const CLOCK_WORDS: u32 = 5;
+pub const CLOCK_WORDS: u32 = 6;
+
+/// How long the ring rests (is not looked at, on any CPU) after a look
+/// that freed nothing: every entry it looked at was busy, or gone with
+/// its ticket already given back. Timed by the kernel's fine clock (the
+/// coarse one moves 1 to 4 ms at a time). A look at a busy window costs
+/// a `WINDOWS` lookup (a cache miss) and an append, and under a flood
+/// that holds the tickets nearly every look is that: an aimed flood of
+/// 400,000 frames a second, each refused for want of a ticket and each
+/// looking at two entries, spent a quarter of the receiving CPU in the
+/// looks (issue 50, docs/benchmarks.md). Resting 200 us bounds the looks
+/// that find nothing to 5,000 a second on the whole machine (10,000
+/// entries: the whole ring of 65,536 in 6.6 s), while a look that frees
+/// a window lets the next frame look at once, so a run of idle windows is
+/// freed as fast as new sources ask for them. (A rest of 20 us, 50,000
+/// looks a second, still cost the flood's receiving CPU 81% against 70%
+/// for one tick of the coarse clock.)
+pub const LOOK_REST_NS: u64 = 200_000;
 
 /// How `capacity` tickets are shared by `rules` rules: half of them split
 /// evenly into reserves, the rest (with what the split leaves) shared.

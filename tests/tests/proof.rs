@@ -10,7 +10,7 @@
 
 use std::{
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use limiter_common::{
@@ -18,7 +18,7 @@ use limiter_common::{
     maps::window_capacity,
     rules::rules_base,
     sketch::UNPROVEN_SYNS,
-    tickets::{Rooms, SHARED},
+    tickets::{Rooms, CLOCK_LOOKED, LOOK_REST_NS, SHARED},
     Outcome, SourceKey,
 };
 use limiter_tests::{
@@ -273,6 +273,44 @@ fn with_no_daemon_the_windows_of_quiet_sources_are_freed_for_new_ones() {
     assert!(
         harness.maps().window(&key).is_some(),
         "a busy window is kept"
+    );
+}
+
+/// While a flood's windows, all busy, hold every ticket, a look at the
+/// ring that frees nothing rests it (`tickets::LOOK_REST_NS`, 200 us):
+/// 2,000 refused frames of new sources, back to back, look at it at most
+/// `LOOKS` = 2 entries per rest, not two a frame (issue 50: an aimed
+/// flood of 400,000 frames a second spent a quarter of the receiving CPU
+/// in the looks). The bound is two entries per 200 us elapsed (and two
+/// rests more): under the kernel lane's emulation, about 35 us a frame,
+/// 704 of the 4,000 looks it would take without the rest.
+#[test]
+fn a_ring_of_busy_windows_is_looked_at_once_a_rest_not_once_a_frame() {
+    const NEW: u32 = 2_000;
+    let mut harness = flooded();
+    let looked = |harness: &Harness| {
+        harness
+            .maps()
+            .ticket_clock
+            .get(&CLOCK_LOOKED, 0)
+            .expect("TICKET_CLOCK")
+    };
+    let refused = harness.outcome_total(Outcome::WindowFull).packets;
+    // `Instant` reads the clock the program rests by (CLOCK_MONOTONIC).
+    let (before, start) = (looked(&harness), Instant::now());
+    let program = harness.program();
+    on_cpu(0, || spray(program, 2 * CAPACITY..2 * CAPACITY + NEW));
+    let (looks, elapsed) = (looked(&harness) - before, start.elapsed());
+    assert_eq!(
+        harness.outcome_total(Outcome::WindowFull).packets - refused,
+        u64::from(NEW),
+        "every new source refused: the flood's windows stay busy"
+    );
+    let rests = elapsed.as_nanos() as u64 / LOOK_REST_NS + 2;
+    eprintln!("{looks} entries looked at over {elapsed:?} ({rests} rests at most)");
+    assert!(
+        looks <= 2 * rests,
+        "{looks} entries looked at for {NEW} refused frames over {elapsed:?}"
     );
 }
 

@@ -15,11 +15,12 @@ use core::{
     ptr::{read_volatile, write_volatile},
 };
 
+use aya_ebpf::helpers::bpf_ktime_get_ns;
 use limiter_common::{
     rules::RULE_SLOTS,
     tickets::{
         returned_index, taken_index, Rooms, CLOCK_APPENDED, CLOCK_CAPACITY, CLOCK_LOOKED,
-        CLOCK_RESERVE, CLOCK_SHARED, SHARED,
+        CLOCK_RESERVE, CLOCK_RESTING, CLOCK_SHARED, LOOK_REST_NS, SHARED,
     },
     Outcome, SourceKey, WindowState,
 };
@@ -241,18 +242,31 @@ fn append(key: &SourceKey) {
 /// the window and ticket of the first found idle (1), or of none (0). An
 /// entry whose window is gone (the daemon reclaimed it, or it was never
 /// made) has its ticket, if any, given back and counts as freed; a busy
-/// one goes back to the end.
+/// one goes back to the end. A look that freed nothing rests the ring
+/// for `LOOK_REST_NS` by the kernel's fine clock (`CLOCK_RESTING`):
+/// until then, no CPU looks.
 ///
 /// A global BPF function: the verifier checks it (and `idle_at`'s walk
 /// over the window's buckets) once on its own.
 #[no_mangle]
 #[inline(never)]
 pub extern "C" fn free_idle(now: u64) -> u32 {
-    let (Some(appended), Some(looked), Some(capacity)) =
-        (clock(APPENDED), clock(LOOKED), clock(CAPACITY))
-    else {
+    let (Some(appended), Some(looked), Some(capacity), Some(resting)) = (
+        clock(APPENDED),
+        clock(LOOKED),
+        clock(CAPACITY),
+        clock(CLOCK_RESTING),
+    ) else {
         return 0;
     };
+    // The fine clock: the coarse one moves a tick (1 to 4 ms) at a time.
+    // SAFETY: a helper without arguments.
+    let fine = unsafe { bpf_ktime_get_ns() };
+    // SAFETY: an aligned word of a live array element; a plain read (a
+    // race with a CPU setting it costs one look more or less).
+    if fine < unsafe { read_volatile(resting) } {
+        return 0;
+    }
     let mut i = 0;
     while i < LOOKS {
         i += 1;
@@ -312,6 +326,8 @@ pub extern "C" fn free_idle(now: u64) -> u32 {
             }
         }
     }
+    // SAFETY: as above; a plain store, any CPU's as good as another's.
+    unsafe { write_volatile(resting, fine + LOOK_REST_NS) };
     0
 }
 
