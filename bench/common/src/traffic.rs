@@ -14,7 +14,7 @@
 //! With [`GenConfig::tcp_syn`] set the generator sends TCP SYNs instead
 //! (IPv4 only, no stamp): the spoofed SYN flood of the end-to-end
 //! benchmark's service scenario, aimed at a real server's listening port.
-//! With [`GenConfig::random_prefix16`] set the random sources all come
+//! With [`GenConfig::random_bits`] at 16 the random sources all come
 //! from one IPv4 /16, [`RANDOM_PREFIX16`]: a spoofed flood that a per-source
 //! limit cannot hold (each address sends little) but a limit on the
 //! prefix as a whole can.
@@ -39,7 +39,7 @@ pub const MAX_LIGHT: u32 = 1 << 16;
 /// At most this many heavy sources (each has its own sink counter).
 pub const MAX_HEAVY: u32 = 1024;
 
-/// The one /16 of the random sources under [`GenConfig::random_prefix16`]
+/// The one /16 of the random sources under [`GenConfig::random_bits`] 16
 /// (the first /16 of their usual 10.128.0.0/9; light and heavy sources
 /// are outside it).
 pub const RANDOM_PREFIX16: [u8; 2] = [10, 128];
@@ -105,10 +105,12 @@ pub struct GenConfig {
     /// Nonzero: every frame is an IPv4 TCP SYN to `dst_v4:dst_port` (a
     /// SYN flood; `ipv6_share` is ignored), not a stamped UDP datagram.
     pub tcp_syn: u8,
-    /// Nonzero: random sources are IPv4 only and drawn from one /16,
-    /// [`RANDOM_PREFIX16`] (`ipv6_share` still applies to the light and
-    /// heavy sources).
-    pub random_prefix16: u8,
+    /// Nonzero: random sources are IPv4 only and drawn from the first
+    /// `2^random_bits` addresses of 10.128.0.0/9 (16: one /16,
+    /// [`RANDOM_PREFIX16`]; 18: a /14, four times the limiter's default
+    /// windows; at most 23), not spread over the /9 and IPv6
+    /// (`ipv6_share` still applies to the light and heavy sources).
+    pub random_bits: u8,
     /// Explicit padding, so no byte of the struct is uninitialised.
     pub reserved: [u8; 6],
 }
@@ -205,11 +207,13 @@ pub fn pick(config: &GenConfig, state: &mut GenState) -> Pick {
             ipv6: source_is_ipv6(CLASS_HEAVY, index, config.ipv6_share),
         }
     } else if share < config.heavy_share + config.random_share || config.light_sources == 0 {
-        if config.random_prefix16 != 0 {
-            // 16 random bits: `source_v4` puts them under 10.128.0.0/16.
+        if config.random_bits != 0 {
+            // `random_bits` random bits: `source_v4` puts them under
+            // 10.128.0.0/9's first /(32 - bits).
+            let bits = (config.random_bits as u32).min(23);
             Pick {
                 class: CLASS_RANDOM,
-                index: (r >> 16) as u32 & 0xffff,
+                index: (r >> 16) as u32 & ((1u32 << bits) - 1),
                 ipv6: false,
             }
         } else {
@@ -239,7 +243,7 @@ pub fn pick(config: &GenConfig, state: &mut GenState) -> Pick {
 
 /// The IPv4 source of a pick: light 10.1.0.0/16, heavy 10.2.0.0/16,
 /// random 10.128.0.0/9 (an index under 65,536, as
-/// [`GenConfig::random_prefix16`] draws: 10.128.0.0/16).
+/// [`GenConfig::random_bits`] 16 draws: 10.128.0.0/16).
 #[inline(always)]
 pub fn source_v4(pick: &Pick) -> [u8; 4] {
     let i = pick.index;
@@ -595,7 +599,7 @@ mod tests {
     #[test]
     fn prefix16_random_sources_are_ipv4_from_one_slash16() {
         let config = GenConfig {
-            random_prefix16: 1,
+            random_bits: 16,
             ..config()
         };
         let mut state = GenState::default();
@@ -625,5 +629,34 @@ mod tests {
         // About 1 - 1/e of the /16 for as many draws as it has addresses,
         // here a quarter as many draws.
         assert!(distinct > 12_000, "{distinct} distinct sources");
+    }
+
+    #[test]
+    fn random_bits_18_draw_ipv4_sources_from_one_slash14() {
+        let config = GenConfig {
+            random_bits: 18,
+            heavy_share: 0,
+            random_share: SHARE_ONE,
+            ..config()
+        };
+        let mut state = GenState::default();
+        let mut seen = [0u64; (1 << 18) / 64];
+        for _ in 0..100_000 {
+            let pick = pick(&config, &mut state);
+            assert_eq!(pick.class, CLASS_RANDOM);
+            assert!(!pick.ipv6, "random sources are IPv4 only");
+            let source = source_v4(&pick);
+            assert_eq!(source[0], 10);
+            assert!(
+                (0x80..0x84).contains(&source[1]),
+                "{source:?} outside 10.128.0.0/14"
+            );
+            let i = u32::from_be_bytes(source) as usize & ((1 << 18) - 1);
+            seen[i / 64] |= 1 << (i % 64);
+        }
+        // 100,000 draws of 262,144 addresses: about 262,144 x (1 - e^-0.38)
+        // = 84,600 distinct.
+        let distinct: u32 = seen.iter().map(|w| w.count_ones()).sum();
+        assert!(distinct > 80_000, "{distinct} distinct sources");
     }
 }

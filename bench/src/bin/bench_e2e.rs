@@ -15,7 +15,9 @@
 //! The `service` mode (`--modes service`, not part of the default run) is
 //! a web service under attack: nginx in the receiving namespace, 200
 //! polite clients, a spoofed SYN flood (from random addresses, or from one
-//! /16 with `--flood-source prefix16`), and each filter in turn (no
+//! /16 with `--flood-source prefix16`; or, with `--flood-source aimed`, a
+//! UDP flood from four times the default windows' addresses, each under
+//! the limit, that new clients arrive into), and each filter in turn (no
 //! filter, a native XDP_PASS program, an nftables meter, iptables
 //! hashlimit, and xdp-limiter native and generic at several limits, with
 //! and without a penalty, node and cluster scope, or with a /16
@@ -103,7 +105,8 @@ struct Args {
     /// Service mode: xdp-limiter's limits (pps).
     #[arg(long, value_delimiter = ',', default_values_t = [10, 100, 1000])]
     service_limits: Vec<u64>,
-    /// Service mode: xdp-limiter's rules (node, block, cluster, agg16).
+    /// Service mode: xdp-limiter's rules (node, block, cluster, agg16,
+    /// apart: the clients' /24 under a rule of its own).
     #[arg(long, value_delimiter = ',', default_values_t = ["node".to_string(), "block".to_string(), "cluster".to_string()])]
     service_variants: Vec<String>,
     /// Service mode: polite clients (one address each, at most 200) and
@@ -118,7 +121,10 @@ struct Args {
     #[arg(long, default_value = "generator")]
     flood_tool: String,
     /// Service mode: where the generator's spoofed sources come from:
-    /// random (10.128.0.0/9) or prefix16 (10.128.0.0/16).
+    /// random (10.128.0.0/9) or prefix16 (10.128.0.0/16) SYNs, or aimed
+    /// (UDP from 10.128.0.0/14, four times the default windows, each
+    /// address under the limit; the clients, new each run, start 2 s
+    /// after the flood: issue 50's new clients under a full table).
     #[arg(long, default_value = "random")]
     flood_source: String,
     /// Service mode: nftables' and hashlimit's per-source limit.
@@ -414,7 +420,7 @@ fn service(args: &Args, interrupted: &AtomicBool) -> anyhow::Result<()> {
                 .into_iter()
                 .find(|v| v.name() == name)
                 .ok_or_else(|| {
-                    anyhow::anyhow!("unknown variant {name:?}: node, block, cluster, agg16")
+                    anyhow::anyhow!("unknown variant {name:?}: node, block, cluster, agg16, apart")
                 })
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
@@ -442,11 +448,15 @@ fn service(args: &Args, interrupted: &AtomicBool) -> anyhow::Result<()> {
         flood_source: match args.flood_source.as_str() {
             "random" => FloodSource::Random,
             "prefix16" => FloodSource::Prefix16,
-            other => anyhow::bail!("unknown flood source {other:?}: random, prefix16"),
+            "aimed" => FloodSource::Aimed,
+            other => anyhow::bail!("unknown flood source {other:?}: random, prefix16, aimed"),
         },
     };
-    if plan.flood_source == FloodSource::Prefix16 && plan.flood_tool != FloodTool::Generator {
-        anyhow::bail!("--flood-source prefix16 needs the generator (--flood-tool generator)");
+    if plan.flood_source != FloodSource::Random && plan.flood_tool != FloodTool::Generator {
+        anyhow::bail!(
+            "--flood-source {} needs the generator (--flood-tool generator)",
+            plan.flood_source.name()
+        );
     }
     let started = Instant::now();
     eprintln!("{}", service::TABLE_HEADER);
@@ -481,21 +491,21 @@ fn service(args: &Args, interrupted: &AtomicBool) -> anyhow::Result<()> {
             defaults.flood_pps,
             defaults.reference_pps,
         );
+    // The aimed flood's section is its own, rewritten by any run of it
+    // (its set-up line says what ran).
+    let complete = complete || plan.flood_source == FloodSource::Aimed;
     if args.no_docs || !complete {
         return Ok(());
     }
     let root = current::root();
     let lines: Vec<serde_json::Value> = cells.iter().map(|c| c.json()).collect();
-    let name = match plan.flood_tool {
-        FloodTool::Generator => "service-generator",
-        FloodTool::Hping3 => "service-hping3",
-    };
-    current::save(&root, name, &machine(), &lines)?;
+    let name = format!("service-{}", service::section(&plan));
+    current::save(&root, &name, &machine(), &lines)?;
     current::rewrite(&root)?;
     let doc = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../docs/benchmarks.md");
     service::write_docs(
         &doc,
-        plan.flood_tool,
+        &plan,
         &current::today(),
         &machine(),
         &service::describe(&plan, args.service_runs),

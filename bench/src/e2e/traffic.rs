@@ -204,7 +204,7 @@ impl Programs {
             src_mac: lab.tx_mac,
             dst_mac: lab.rx_mac,
             tcp_syn: 0,
-            random_prefix16: u8::from(mix.random_prefix16),
+            random_bits: if mix.random_prefix16 { 16 } else { 0 },
             reserved: [0; 6],
         };
         self.write_config(config);
@@ -228,6 +228,29 @@ impl Programs {
         let mut config = self.config();
         config.dst_port = port;
         config.tcp_syn = 1;
+        self.write_config(config);
+    }
+
+    /// Makes the generator send an aimed flood of stamped UDP datagrams
+    /// to the sink, every frame from a random address among the first
+    /// `2^bits` of 10.128.0.0/9 (the rate stays): at a rate of `r`, each
+    /// address sends `r / 2^bits` a second on average, so the flood can
+    /// be aimed under a per-source limit while needing more windows than
+    /// a table holds.
+    pub fn set_aimed_flood(&mut self, lab: &Lab, bits: u8) {
+        self.set_mix(
+            lab,
+            &Mix {
+                light_sources: 0,
+                heavy_sources: 0,
+                heavy_share: 0.0,
+                random_share: 1.0,
+                ipv6_share: 0.0,
+                random_prefix16: false,
+            },
+        );
+        let mut config = self.config();
+        config.random_bits = bits;
         self.write_config(config);
     }
 
