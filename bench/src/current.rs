@@ -264,7 +264,7 @@ fn service(md: &mut String, saved: &BTreeMap<String, Saved>) {
         return;
     }
     md.push_str(
-        "| flood tool | filter | limit | success | p50 | p99 | flood frames/s | machine CPU |\n\
+        "| flood (tool or aimed) | filter | limit | success | p50 | p99 | flood frames/s | machine CPU |\n\
          | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n",
     );
     for (name, run) in &runs {

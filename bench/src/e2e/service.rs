@@ -1287,7 +1287,13 @@ impl ServiceCell {
             per_s(OUTCOMES[4]),
             per_s(OUTCOMES[5]),
             per_s(OUTCOMES[6]),
-            per_s(OUTCOMES[7]),
+            match self.filter {
+                Filter::Limiter {
+                    variant: Variant::Apart,
+                    ..
+                } => per_s(OUTCOMES[7]),
+                _ => "-".to_string(),
+            },
         )
     }
 }
