@@ -723,7 +723,7 @@ fn the_sketch_estimates_the_sources_of_an_epoch() {
     const SOURCES: u32 = 30_000;
     const AT_LEAST: u32 = 10_000;
     const CHUNK: u32 = 500;
-    const _: () = assert!(SOURCES % CHUNK == 0);
+    const _: () = assert!(SOURCES.is_multiple_of(CHUNK));
     let stop = Duration::from_millis(800).as_nanos() as u64;
     let (harness, epoch, sent) = limiter_tests::retry::until_valid(
         "tiers::the_sketch_estimates_the_sources_of_an_epoch",
