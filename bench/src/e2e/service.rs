@@ -1316,17 +1316,7 @@ pub fn run_cell(
         plan.clients
     };
     prepare_lab(&lab, addresses)?;
-    let mut programs = Programs::load(
-        &lab,
-        &super::traffic::Mix {
-            light_sources: 0,
-            heavy_sources: 0,
-            heavy_share: 0.0,
-            random_share: 1.0,
-            ipv6_share: 0.0,
-            random_prefix16: false,
-        },
-    );
+    let mut programs = Programs::load(&lab, &super::traffic::Mix::random_only(false));
     match plan.flood_source {
         FloodSource::Aimed => programs.set_aimed_flood(&lab, AIMED_BITS),
         source => programs.set_syn_flood(&lab, HTTP_PORT, source == FloodSource::Prefix16),

@@ -46,6 +46,21 @@ pub struct Mix {
     pub random_prefix16: bool,
 }
 
+impl Mix {
+    /// Every frame from a random source (IPv4 only; in one /16 with
+    /// `prefix16`).
+    pub const fn random_only(prefix16: bool) -> Self {
+        Self {
+            light_sources: 0,
+            heavy_sources: 0,
+            heavy_share: 0.0,
+            random_share: 1.0,
+            ipv6_share: 0.0,
+            random_prefix16: prefix16,
+        }
+    }
+}
+
 /// Offered load.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Rate {
@@ -214,17 +229,7 @@ impl Programs {
     /// an IPv4 TCP SYN from a random address in 10.128.0.0/9 (with
     /// `prefix16`, in 10.128.0.0/16) to [`RX_V4`]`:port` (the rate stays).
     pub fn set_syn_flood(&mut self, lab: &Lab, port: u16, prefix16: bool) {
-        self.set_mix(
-            lab,
-            &Mix {
-                light_sources: 0,
-                heavy_sources: 0,
-                heavy_share: 0.0,
-                random_share: 1.0,
-                ipv6_share: 0.0,
-                random_prefix16: prefix16,
-            },
-        );
+        self.set_mix(lab, &Mix::random_only(prefix16));
         let mut config = self.config();
         config.dst_port = port;
         config.tcp_syn = 1;
@@ -238,17 +243,7 @@ impl Programs {
     /// be aimed under a per-source limit while needing more windows than
     /// a table holds.
     pub fn set_aimed_flood(&mut self, lab: &Lab, bits: u8) {
-        self.set_mix(
-            lab,
-            &Mix {
-                light_sources: 0,
-                heavy_sources: 0,
-                heavy_share: 0.0,
-                random_share: 1.0,
-                ipv6_share: 0.0,
-                random_prefix16: false,
-            },
-        );
+        self.set_mix(lab, &Mix::random_only(false));
         let mut config = self.config();
         config.random_bits = bits;
         self.write_config(config);
