@@ -18,6 +18,7 @@ use limiter_bench::e2e::{
     service::{self, Attach, Filter, FloodSource, FloodTool, Plan, Variant},
     traffic::{Mix, Programs, Rate},
 };
+use limiter_bench_common::traffic::PREFIX16_BITS;
 
 const MIX: Mix = Mix {
     light_sources: 2_000,
@@ -25,7 +26,7 @@ const MIX: Mix = Mix {
     heavy_share: 0.9,
     random_share: 0.0,
     ipv6_share: 0.25,
-    random_prefix16: false,
+    random_bits: 0,
 };
 const LIMIT: Limit = Limit {
     pps: 1000,
@@ -226,7 +227,7 @@ fn a_slash16_flood_is_held_to_its_aggregate() {
         heavy_share: 0.04,
         random_share: 0.91,
         ipv6_share: 0.25,
-        random_prefix16: true,
+        random_bits: PREFIX16_BITS,
     };
     let lab = Lab::new();
     let mut programs = Programs::load(&lab, &RANDOM16);

@@ -43,6 +43,8 @@ pub const MAX_HEAVY: u32 = 1024;
 /// (the first /16 of their usual 10.128.0.0/9; light and heavy sources
 /// are outside it).
 pub const RANDOM_PREFIX16: [u8; 2] = [10, 128];
+/// [`GenConfig::random_bits`] for [`RANDOM_PREFIX16`]'s one /16.
+pub const PREFIX16_BITS: u8 = 16;
 
 /// Shares are fractions in units of 1/65536.
 pub const SHARE_ONE: u32 = 1 << 16;

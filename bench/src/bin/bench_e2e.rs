@@ -45,6 +45,7 @@ use limiter_bench::e2e::{
     service::{self, Filter, FloodSource, FloodTool, Plan, Variant},
     traffic::{Mix, Programs, Rate},
 };
+use limiter_bench_common::traffic::PREFIX16_BITS;
 
 #[derive(Parser)]
 #[command(about = "End-to-end benchmark: xdp-limiter against nftables, iptables and an XDP floor")]
@@ -150,7 +151,7 @@ const MIXED: Mix = Mix {
     heavy_share: 0.99,
     random_share: 0.0,
     ipv6_share: 0.25,
-    random_prefix16: false,
+    random_bits: 0,
 };
 const RANDOM: Mix = Mix {
     light_sources: 20_000,
@@ -158,13 +159,13 @@ const RANDOM: Mix = Mix {
     heavy_share: 0.04,
     random_share: 0.91,
     ipv6_share: 0.25,
-    random_prefix16: false,
+    random_bits: 0,
 };
 /// The random flood from one /16: as [`RANDOM`], the random addresses all
 /// IPv4 and in 10.128.0.0/16 (the light sources are in 10.1.0.0/16 and,
 /// IPv6, one /48; the heavy source in 10.2.0.0/16).
 const RANDOM16: Mix = Mix {
-    random_prefix16: true,
+    random_bits: PREFIX16_BITS,
     ..RANDOM
 };
 const LIMIT: Limit = Limit {

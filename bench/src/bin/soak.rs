@@ -79,7 +79,7 @@ const MIX: Mix = Mix {
     heavy_share: 0.4,
     random_share: 0.2,
     ipv6_share: 0.25,
-    random_prefix16: false,
+    random_bits: 0,
 };
 /// UDP ports the flood goes to in turn, one a second.
 const UDP_PORTS: [u16; 3] = [SINK_PORT, 9001, 53];

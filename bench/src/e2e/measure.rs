@@ -11,7 +11,7 @@ use std::{
 
 use serde::Serialize;
 
-use limiter_bench_common::traffic::{source_is_ipv6, CLASS_LIGHT};
+use limiter_bench_common::traffic::{source_is_ipv6, CLASS_LIGHT, PREFIX16_BITS};
 
 use super::{
     lab::Lab,
@@ -205,7 +205,7 @@ fn derive(
             let random = sent_random * arrived;
             (light * (1.0 - v6)).min(allowance)
                 + (light * v6).min(allowance)
-                + if mix.random_prefix16 {
+                + if mix.random_bits == PREFIX16_BITS {
                     random.min(allowance)
                 } else {
                     random

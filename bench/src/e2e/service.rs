@@ -53,9 +53,9 @@ use super::{
     measure::{pause, wait_idle},
     report::{rate, Stat},
     scenario::{self, Limit},
-    traffic::{Priority, Programs, Rate},
+    traffic::{Mix, Priority, Programs, Rate},
 };
-use limiter_bench_common::traffic::names;
+use limiter_bench_common::traffic::{names, PREFIX16_BITS};
 
 /// The server's port.
 pub const HTTP_PORT: u16 = 80;
@@ -293,9 +293,19 @@ impl FloodSource {
         }
     }
 
-    /// Whether each run's clients are new sources (their own addresses).
-    fn fresh_clients(self) -> bool {
-        self == FloodSource::Aimed
+    /// The generator's `random_bits` for these sources.
+    fn random_bits(self) -> u8 {
+        match self {
+            FloodSource::Random => 0,
+            FloodSource::Prefix16 => PREFIX16_BITS,
+            FloodSource::Aimed => AIMED_BITS,
+        }
+    }
+
+    /// Whether each run's clients are new sources (their own addresses),
+    /// arriving this long after the flood started.
+    fn newcomers_after(self) -> Option<Duration> {
+        (self == FloodSource::Aimed).then_some(AIMED_LEAD)
     }
 }
 
@@ -888,7 +898,7 @@ pub fn run_once(
     run: usize,
     interrupted: &AtomicBool,
 ) -> Option<ServiceRun> {
-    let first = if plan.flood_source.fresh_clients() {
+    let first = if plan.flood_source.newcomers_after().is_some() {
         run * plan.clients
     } else {
         0
@@ -917,9 +927,14 @@ pub fn run_once(
             }
             FloodTool::Hping3 => Some(Hping3::start(lab)?),
         };
-        if plan.flood_source == FloodSource::Aimed && plan.flood_pps > 0 {
-            // The flood alone first: its sources take the windows.
-            thread::sleep(AIMED_LEAD);
+        if let Some(lead) = plan
+            .flood_source
+            .newcomers_after()
+            .filter(|_| plan.flood_pps > 0)
+        {
+            // The flood alone first (a schedule): its sources take the
+            // windows.
+            thread::sleep(lead);
         }
         let outcome = run_clients(lab, plan, first, Instant::now());
         stop.store(true, Ordering::Relaxed);
@@ -1310,16 +1325,17 @@ pub fn run_cell(
     interrupted: &AtomicBool,
 ) -> Result<Option<ServiceCell>> {
     let lab = Lab::new();
-    let addresses = if plan.flood_source.fresh_clients() {
+    let addresses = if plan.flood_source.newcomers_after().is_some() {
         plan.clients * runs
     } else {
         plan.clients
     };
     prepare_lab(&lab, addresses)?;
-    let mut programs = Programs::load(&lab, &super::traffic::Mix::random_only(false));
-    match plan.flood_source {
-        FloodSource::Aimed => programs.set_aimed_flood(&lab, AIMED_BITS),
-        source => programs.set_syn_flood(&lab, HTTP_PORT, source == FloodSource::Prefix16),
+    let mut programs = Programs::load(&lab, &Mix::random_only(plan.flood_source.random_bits()));
+    // The aimed flood is the mix itself (stamped UDP to the sink); the
+    // others are SYNs at the server's port.
+    if plan.flood_source != FloodSource::Aimed {
+        programs.set_syn_flood(&lab, HTTP_PORT, plan.flood_source.random_bits());
     }
     programs.set_rate(Rate::Fixed(plan.flood_pps.max(1)));
     let nginx = Nginx::start(&lab)?;

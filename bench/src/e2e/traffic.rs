@@ -40,23 +40,23 @@ pub struct Mix {
     pub random_share: f64,
     /// Share of sources (0..1) that are IPv6.
     pub ipv6_share: f64,
-    /// The random sources are IPv4 only and all in one /16
-    /// (`limiter_bench_common::traffic::RANDOM_PREFIX16`), not spread
-    /// over 10.128.0.0/9 and IPv6.
-    pub random_prefix16: bool,
+    /// Nonzero: the random sources are IPv4 only and drawn from the
+    /// first `2^random_bits` addresses of 10.128.0.0/9 (`PREFIX16_BITS`:
+    /// one /16, `limiter_bench_common::traffic::RANDOM_PREFIX16`), not
+    /// spread over the /9 and IPv6 (`GenConfig::random_bits`).
+    pub random_bits: u8,
 }
 
 impl Mix {
-    /// Every frame from a random source (IPv4 only; in one /16 with
-    /// `prefix16`).
-    pub const fn random_only(prefix16: bool) -> Self {
+    /// Every frame from a random source, drawn as `random_bits` says.
+    pub const fn random_only(random_bits: u8) -> Self {
         Self {
             light_sources: 0,
             heavy_sources: 0,
             heavy_share: 0.0,
             random_share: 1.0,
             ipv6_share: 0.0,
-            random_prefix16: prefix16,
+            random_bits,
         }
     }
 }
@@ -219,33 +219,21 @@ impl Programs {
             src_mac: lab.tx_mac,
             dst_mac: lab.rx_mac,
             tcp_syn: 0,
-            random_bits: if mix.random_prefix16 { 16 } else { 0 },
+            random_bits: mix.random_bits,
             reserved: [0; 6],
         };
         self.write_config(config);
     }
 
     /// Makes the generator send a spoofed SYN flood instead: every frame
-    /// an IPv4 TCP SYN from a random address in 10.128.0.0/9 (with
-    /// `prefix16`, in 10.128.0.0/16) to [`RX_V4`]`:port` (the rate stays).
-    pub fn set_syn_flood(&mut self, lab: &Lab, port: u16, prefix16: bool) {
-        self.set_mix(lab, &Mix::random_only(prefix16));
+    /// an IPv4 TCP SYN from a random address in 10.128.0.0/9 (drawn as
+    /// `random_bits` says: [`Mix::random_bits`]) to [`RX_V4`]`:port` (the
+    /// rate stays).
+    pub fn set_syn_flood(&mut self, lab: &Lab, port: u16, random_bits: u8) {
+        self.set_mix(lab, &Mix::random_only(random_bits));
         let mut config = self.config();
         config.dst_port = port;
         config.tcp_syn = 1;
-        self.write_config(config);
-    }
-
-    /// Makes the generator send an aimed flood of stamped UDP datagrams
-    /// to the sink, every frame from a random address among the first
-    /// `2^bits` of 10.128.0.0/9 (the rate stays): at a rate of `r`, each
-    /// address sends `r / 2^bits` a second on average, so the flood can
-    /// be aimed under a per-source limit while needing more windows than
-    /// a table holds.
-    pub fn set_aimed_flood(&mut self, lab: &Lab, bits: u8) {
-        self.set_mix(lab, &Mix::random_only(false));
-        let mut config = self.config();
-        config.random_bits = bits;
         self.write_config(config);
     }
 
