@@ -271,7 +271,7 @@ mod tests {
 
     #[test]
     fn the_daemon_pins_the_state_and_rule_maps() {
-        let pinned: [&str; 27] = PINNED.map(|spec| spec.name);
+        let pinned: [&str; 28] = PINNED.map(|spec| spec.name);
         assert_eq!(
             pinned,
             [
@@ -281,6 +281,7 @@ mod tests {
                 "TICKET_RING",
                 "TICKET_CLOCK",
                 "TICKET_COUNTS",
+                "PREFIX_TICKETS",
                 "STATS",
                 "CONFIG",
                 "RULES",
@@ -312,7 +313,8 @@ mod tests {
         assert_eq!(WINDOWS.expected_max_entries(1000, 10), Some(1250));
         assert_eq!(UNPROVEN.expected_max_entries(1000, 10), Some(1000));
         assert_eq!(TICKET_RING.expected_max_entries(1000, 10), Some(1000));
-        assert_eq!(TICKET_CLOCK.expected_max_entries(1000, 10), Some(6));
+        assert_eq!(TICKET_CLOCK.expected_max_entries(1000, 10), Some(7));
+        assert_eq!(PREFIX_TICKETS.expected_max_entries(1000, 10), Some(16_384));
         assert_eq!(
             TICKET_COUNTS.expected_max_entries(1000, 10),
             Some(2 * (RULE_SLOTS + 1))
@@ -347,16 +349,17 @@ mod tests {
     #[test]
     fn sizes_of_the_layout() {
         // The sizes a pinned map of this layout version has.
-        let sizes: [(&str, u32, u32); 27] = PINNED.map(|s| (s.name, s.key_size, s.value_size));
+        let sizes: [(&str, u32, u32); 28] = PINNED.map(|s| (s.name, s.key_size, s.value_size));
         assert_eq!(
             sizes,
             [
                 ("SOURCES", 20, 184),
                 ("WINDOWS", 20, 296),
-                ("UNPROVEN", 20, 2),
+                ("UNPROVEN", 20, 8),
                 ("TICKET_RING", 4, 20),
                 ("TICKET_CLOCK", 4, 8),
                 ("TICKET_COUNTS", 4, 8),
+                ("PREFIX_TICKETS", 4, 8),
                 ("STATS", 4, 16),
                 ("CONFIG", 4, 84),
                 ("RULES", 4, 328),

@@ -109,11 +109,17 @@ pub enum Outcome {
     /// `sketch::UNPROVEN_SYNS` over two epochs by the sketch's reading
     /// (counted here besides its verdict).
     UnprovenSyn = 19,
+    /// The frame's source had no window and its /48 could not get one
+    /// more ticket (`tickets::Rooms::prefix`, read on both its cells in
+    /// `PREFIX_TICKETS`): refused as `WindowFull` is (and counted as it
+    /// too), so that one holder of a /48 takes its prefix's room of its
+    /// rule's tickets, not all of them (counted here besides its verdict).
+    PrefixFull = 20,
 }
 
 impl Outcome {
     /// Number of outcomes: the `STATS` array length.
-    pub const COUNT: u32 = 20;
+    pub const COUNT: u32 = 21;
 
     /// Every outcome, in index order.
     pub const ALL: [Outcome; Self::COUNT as usize] = [
@@ -137,6 +143,7 @@ impl Outcome {
         Outcome::Banned,
         Outcome::Proven,
         Outcome::UnprovenSyn,
+        Outcome::PrefixFull,
     ];
 
     /// The verdicts, `Passed` through `Malformed`: every frame counts under
@@ -166,6 +173,7 @@ impl Outcome {
             Outcome::Banned => "banned",
             Outcome::Proven => "proven",
             Outcome::UnprovenSyn => "unproven_syn",
+            Outcome::PrefixFull => "prefix_full",
         }
     }
 }

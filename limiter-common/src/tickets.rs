@@ -6,9 +6,13 @@
 //! per account what the kernel took net of what it gave back, and,
 //! apart, what the daemon's reclaim gave back (the kernel adds
 //! atomically, the daemon writes whole words: one writer per word).
-//! docs/architecture.md, "Room per rule", has the bounds.
+//! A ticket of an IPv6 source also counts on its /48 ([`Ticket`],
+//! `PREFIX_TICKETS`): a prefix holds at most [`Rooms::prefix`] tickets,
+//! so one holder's /64s take that and no more of their rule's rooms.
+//! docs/architecture.md, "Room per rule" and "Room per prefix", has the
+//! bounds.
 
-use crate::rules::RULE_SLOTS;
+use crate::{keys::AddressFamily, rules::RULE_SLOTS, SourceKey};
 
 /// The account of the shared room (the rules' are their slots).
 pub const SHARED: u16 = RULE_SLOTS as u16;
@@ -38,8 +42,115 @@ pub const CLOCK_CAPACITY: u32 = 2;
 pub const CLOCK_RESERVE: u32 = 3;
 pub const CLOCK_SHARED: u32 = 4;
 pub const CLOCK_RESTING: u32 = 5;
+pub const CLOCK_PREFIX: u32 = 6;
 /// `TICKET_CLOCK` entries.
-pub const CLOCK_WORDS: u32 = 6;
+pub const CLOCK_WORDS: u32 = 7;
+
+/// A /48 may hold a 64th of the tickets ([`Rooms::prefix`]), and at
+/// least [`PREFIX_MIN`]: at the default 65,536, 1,024 windows of its /64s,
+/// so that one holder of a /48 (65,536 /64s, real addresses, no spoofing
+/// needed) takes 1.6% of its rule's rooms, not all of them.
+pub const PREFIX_SHARE: u32 = 64;
+/// The least room of a prefix, whatever the capacity.
+pub const PREFIX_MIN: u64 = 64;
+/// The prefix of an IPv6 source that shares one room: a /48, an end
+/// site's usual allocation (IPv4 sources have none: a holder of a /24 has
+/// 256 addresses, fewer than any prefix's room).
+pub const PREFIX_BITS: u32 = 48;
+/// `PREFIX_TICKETS` cells per row, and rows: a prefix counts on one cell
+/// of each row (chosen by a keyed hash nobody outside can aim at) and
+/// holds the least of the two, so that it reads another's tickets only if
+/// both its cells are shared with prefixes that hold many (a count-min
+/// sketch: it reads more than it holds, never less). 64 prefixes at
+/// their room (every ticket of a rule of 65,536) fill at most 128 cells of
+/// each row: a new prefix finds both its cells among them with a chance
+/// of (128 / 4,096)^2, 1 in 1,024.
+pub const PREFIX_CELLS: u32 = 4_096;
+pub const PREFIX_ROWS: u32 = 2;
+/// `PREFIX_TICKETS` entries: the kernel's counts of every cell, then the
+/// daemon's.
+pub const PREFIX_WORDS: u32 = 2 * PREFIX_ROWS * PREFIX_CELLS;
+
+/// `PREFIX_TICKETS` index of the kernel's count of `cell` (an index over
+/// both rows): tickets taken, less those the program gave back.
+pub const fn prefix_taken_index(cell: u16) -> u32 {
+    cell as u32
+}
+
+/// `PREFIX_TICKETS` index of the tickets of `cell` the daemon gave back
+/// (written by the daemon alone).
+pub const fn prefix_returned_index(cell: u16) -> u32 {
+    PREFIX_ROWS * PREFIX_CELLS + cell as u32
+}
+
+/// A ticket, as `UNPROVEN` keeps it: the account it was taken from and,
+/// for an IPv6 source, the cells of its prefix it counts on, so that
+/// whoever gives it back (the program or the daemon) takes it off the
+/// same cells without hashing again.
+#[repr(C, align(8))]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Ticket {
+    account: u16,
+    /// One cell of each row, or both [`NO_CELL`]: no prefix room.
+    cells: [u16; 2],
+    _pad: u16,
+}
+
+/// [`Ticket`]'s cells of a source without a prefix room.
+const NO_CELL: u16 = u16::MAX;
+
+impl Ticket {
+    /// A ticket of `account` counting on `cells` (`None`: no prefix).
+    pub const fn new(account: u16, cells: Option<[u16; 2]>) -> Self {
+        Self {
+            account,
+            cells: match cells {
+                Some(cells) => cells,
+                None => [NO_CELL; 2],
+            },
+            _pad: 0,
+        }
+    }
+
+    /// The account it was taken from.
+    pub const fn account(&self) -> u16 {
+        self.account
+    }
+
+    /// The prefix cells it counts on, if any.
+    pub const fn cells(&self) -> Option<[u16; 2]> {
+        if self.cells[0] == NO_CELL {
+            None
+        } else {
+            Some(self.cells)
+        }
+    }
+}
+
+/// The `PREFIX_TICKETS` cells (one per row, as indices over both rows) of
+/// the prefix of `key` under the hash key `seed`: IPv6 keys only (their
+/// first [`PREFIX_BITS`] bits, whatever the rule's own prefix length), and
+/// only keys at least that long (a shorter one is a prefix of its own).
+#[inline(always)]
+pub fn prefix_cells(key: &SourceKey, seed: u32) -> Option<[u16; 2]> {
+    if key.family() != AddressFamily::V6 || u32::from(key.prefix_len) < PREFIX_BITS {
+        return None;
+    }
+    let a = &key.addr;
+    let mix = |hash: u32, word: u32| {
+        let h = (hash ^ word).wrapping_mul(0x9e37_79b1);
+        h ^ (h >> 15)
+    };
+    let first = u32::from_le_bytes([a[0], a[1], a[2], a[3]]);
+    let second = u32::from_le_bytes([a[4], a[5], 0, 0]);
+    let hash = mix(mix(seed, first), second);
+    let other = mix(hash, 0x85eb_ca6b);
+    let bits = 32 - PREFIX_CELLS.trailing_zeros();
+    Some([
+        (hash >> bits) as u16,
+        (PREFIX_CELLS + (other >> bits)) as u16,
+    ])
+}
 
 /// How long the ring rests (is not looked at, on any CPU) after a look
 /// that freed nothing: every entry it looked at was busy, or gone with
@@ -67,24 +178,41 @@ pub struct Rooms {
     pub reserve: u64,
     /// Tickets any rule may hold once its reserve is taken.
     pub shared: u64,
+    /// Tickets the sources of one prefix may hold, in all rules
+    /// ([`PREFIX_SHARE`]).
+    pub prefix: u64,
 }
 
 impl Rooms {
     /// The rooms of `capacity` tickets (`max_sources`) for `rules` rules
     /// (0: every ticket shared).
     pub const fn new(capacity: u32, rules: u32) -> Self {
+        let prefix = capacity / PREFIX_SHARE;
+        let prefix = if (prefix as u64) < PREFIX_MIN {
+            PREFIX_MIN
+        } else {
+            prefix as u64
+        };
         let capacity = capacity as u64;
         if rules == 0 {
             return Self {
                 reserve: 0,
                 shared: capacity,
+                prefix,
             };
         }
         let reserve = capacity / (2 * rules as u64);
         Self {
             reserve,
             shared: capacity - reserve * rules as u64,
+            prefix,
         }
+    }
+
+    /// Whether a prefix reading `held` tickets (the least of its cells)
+    /// has room for one more.
+    pub const fn prefix_has_room(&self, held: u64) -> bool {
+        held < self.prefix
     }
 
     /// Whether a rule's reserve holding `own` tickets has room for one
@@ -115,6 +243,13 @@ impl Rooms {
     }
 }
 
+#[cfg(feature = "user")]
+mod user {
+    // SAFETY: #[repr(C)], three u16 and explicit padding (the size test
+    // below): every bit pattern is valid, no uninitialised bytes.
+    unsafe impl aya::Pod for super::Ticket {}
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -136,9 +271,63 @@ mod tests {
             Rooms::new(65_536, 3),
             Rooms {
                 reserve: 10_922,
-                shared: 32_770
+                shared: 32_770,
+                prefix: 1_024,
             }
         );
+        assert_eq!(Rooms::new(1_000, 3).prefix, PREFIX_MIN);
+    }
+
+    fn v6(text: &str) -> SourceKey {
+        let addr: core::net::Ipv6Addr = text.parse().expect("an address");
+        SourceKey::v6(addr.octets()).masked(64, &crate::keys::prefix_mask(64))
+    }
+
+    /// Every /64 of a /48 counts on the same two cells, one per row,
+    /// whatever its class; IPv4 keys and keys shorter than a /48 on none.
+    #[test]
+    fn a_48s_sources_share_its_cells() {
+        let seed = 0x1234_5678;
+        let cells = prefix_cells(&v6("2001:db8:1:0::1"), seed).expect("cells");
+        assert!(u32::from(cells[0]) < PREFIX_CELLS);
+        assert!((PREFIX_CELLS..2 * PREFIX_CELLS).contains(&u32::from(cells[1])));
+        for subnet in [1u16, 0xff, 0xffff] {
+            let key = v6(&std::format!("2001:db8:1:{subnet:x}::9")).with_class(3);
+            assert_eq!(prefix_cells(&key, seed), Some(cells));
+        }
+        assert_ne!(prefix_cells(&v6("2001:db8:1::1"), seed + 1), Some(cells));
+        assert_eq!(prefix_cells(&SourceKey::v4([198, 51, 100, 7]), seed), None);
+        let short = v6("2001:db8::").masked(32, &crate::keys::prefix_mask(32));
+        assert_eq!(prefix_cells(&short, seed), None);
+    }
+
+    /// The /48s of 2001:db8::/32 spread over the cells of each row:
+    /// 65,536 prefixes, no cell of either row with more than three times
+    /// its share (16).
+    #[test]
+    fn the_48s_spread_over_the_cells() {
+        let mut counts = [0u32; 2 * PREFIX_CELLS as usize];
+        for site in 0..=u16::MAX {
+            let key = v6(&std::format!("2001:db8:{site:x}::1"));
+            for cell in prefix_cells(&key, 0xdead_beef).expect("cells") {
+                counts[usize::from(cell)] += 1;
+            }
+        }
+        let share = 65_536 / PREFIX_CELLS;
+        assert!(
+            counts.iter().all(|n| *n <= 3 * share),
+            "{:?}",
+            counts.iter().max()
+        );
+    }
+
+    #[test]
+    fn a_ticket_keeps_its_account_and_cells() {
+        let ticket = Ticket::new(7, Some([3, 4_100]));
+        assert_eq!((ticket.account(), ticket.cells()), (7, Some([3, 4_100])));
+        assert_eq!(Ticket::new(SHARED, None).cells(), None);
+        assert_eq!(core::mem::size_of::<Ticket>(), 8);
+        assert_eq!(prefix_returned_index(0), PREFIX_WORDS / 2);
     }
 
     /// A flood under one rule takes every ticket it can; each other rule

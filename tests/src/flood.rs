@@ -36,19 +36,21 @@ pub fn udp(src: IpAddr) -> Vec<u8> {
 }
 
 /// Spoofed source `i`: even `i` from 10.0.0.0/8, odd `i` from
-/// 2001:db8::/32 (a /64 of its own: IPv6 sources are keyed by /64).
-/// Distinct for `i` below 2^25.
+/// 2001:db8::/32 (a /64 of its own: IPv6 sources are keyed by /64; and a
+/// /48 of its own for the first 131,072 `i`, as random addresses would
+/// be: a /48 shares one room of tickets), its /64 numbered 0x8000 and up
+/// within the /48 (the tests' clients use the first). Distinct for `i`
+/// below 2^25.
 pub fn spoofed(i: u32) -> IpAddr {
     let j = i / 2;
     if i.is_multiple_of(2) {
         IpAddr::V4(Ipv4Addr::from(0x0a00_0000 | j))
     } else {
-        let [_, a, b, c] = j.to_be_bytes();
         IpAddr::V6(Ipv6Addr::new(
             0x2001,
             0xdb8,
-            u16::from(a),
-            u16::from_be_bytes([b, c]),
+            j as u16,
+            0x8000 | (j >> 16) as u16,
             0,
             0,
             0,

@@ -166,6 +166,8 @@ fn promtool_checks_the_alert_rules_and_their_unit_tests_pass() {
         "XdpLimiterClusterDegraded",
         "XdpLimiterAggregationOverrunning",
         "XdpLimiterCrowdsecUnreachable",
+        "XdpLimiterRuleRoomFull",
+        "XdpLimiterPrefixRoomFull",
         "XdpLimiterSynCookieShieldUp",
     ] {
         assert!(

@@ -276,6 +276,110 @@ fn with_no_daemon_the_windows_of_quiet_sources_are_freed_for_new_ones() {
     );
 }
 
+/// One holder of an IPv6 /48 (real addresses: nothing spoofed) sends
+/// from twice as many of its /64s as there are tickets, each past the
+/// rule's cheap frames: it gets its prefix's room (a 64th of the tickets,
+/// at least 64) and no more, counted `prefix_full`, so the same rule's new
+/// sources from anywhere else, IPv6 from other /48s and IPv4, each get a
+/// window and their whole allowance (before, the /48 took the rule's
+/// reserve and the shared room, and they got nothing: no cheap frames).
+/// A new /64 of the /48 is refused until the /48's windows go idle; then,
+/// with no daemon, the program frees them for its new /64s, and the
+/// daemon's reclaim gives the rest back: every cell of the prefixes'
+/// sketch reads 0 again.
+#[test]
+fn a_48_takes_its_prefix_room_and_leaves_its_rule_the_rest() {
+    let allowance = 4;
+    let mut harness = loaded_with(
+        limit_over("0.0.0.0/0", allowance, Duration::from_secs(1)),
+        vec![],
+    );
+    assert_eq!(harness.first_rule(0).cheap_frames, 0);
+    let rooms = harness.maps().ticket_rooms().expect("rooms");
+    assert_eq!(rooms, Rooms::new(CAPACITY, 1));
+    assert_eq!(rooms.prefix, 64);
+    let holder = |i: u32| IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 0xffff, i as u16, 0, 0, 0, 1));
+    let program = harness.program();
+    on_cpu(0, || spray_from(program, 0..2 * CAPACITY, holder));
+    let held = harness.maps().unproven.keys().count() as u64;
+    assert_eq!(held, rooms.prefix, "the /48 holds its prefix's room");
+    let refused = harness.outcome_total(Outcome::PrefixFull).packets;
+    assert_eq!(refused, u64::from(2 * CAPACITY) - rooms.prefix);
+    assert_eq!(harness.outcome_total(Outcome::WindowFull).packets, refused);
+    let cells = harness
+        .maps()
+        .prefix_tickets_held()
+        .expect("PREFIX_TICKETS");
+    assert_eq!(cells.iter().filter(|n| **n == rooms.prefix).count(), 2);
+    assert_eq!(cells.iter().sum::<u64>(), 2 * rooms.prefix);
+
+    // The rule's new sources from elsewhere: each its window and its
+    // whole allowance, on two CPUs.
+    let newcomers: Vec<IpAddr> = (0..20u16)
+        .map(|i| IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 0x100 + i, 0, 0, 0, 0, 1)))
+        .chain((0..20u8).map(|i| IpAddr::V4(Ipv4Addr::new(198, 51, 100, 100 + i))))
+        .collect();
+    for (i, source) in newcomers.iter().enumerate() {
+        let frame = limiter_tests::flood::udp(*source);
+        let (a, _) = harness.offer(i % 2, &frame, allowance / 2);
+        let (b, _) = harness.offer(1 - i % 2, &frame, allowance);
+        assert_eq!(a + b, allowance, "new source {source}: its whole allowance");
+    }
+    assert_eq!(
+        harness.outcome_total(Outcome::PrefixFull).packets,
+        refused,
+        "no new source from elsewhere refused"
+    );
+    // A new /64 of the /48 itself: its prefix's room is taken.
+    let late = limiter_tests::flood::udp(holder(2 * CAPACITY));
+    assert_eq!(harness.offer(0, &late, 1), (0, 1), "the /48's room is full");
+
+    // Once the windows are idle (1.7 s after their frames), with no
+    // daemon, the program frees one for each new source that asks (the
+    // ring's oldest first, whoever's): 200 new /64s of the /48 get its
+    // room again, 64 windows, as the ring reaches its 64 idle ones among
+    // the 104, and no more.
+    let idle_at = limiter_tests::testrun::coarse_now() + Duration::from_millis(1_800);
+    while limiter_tests::testrun::coarse_now() < idle_at {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let admitted = (0..200)
+        .filter(|i| {
+            let frame = limiter_tests::flood::udp(holder(3 * CAPACITY + i));
+            harness.offer(0, &frame, 1) == (1, 0)
+        })
+        .count() as u64;
+    assert_eq!(admitted, rooms.prefix, "the /48's new /64s: its room again");
+    // The daemon's reclaim gives back the rest, once those are idle too.
+    let idle_at = limiter_tests::testrun::coarse_now() + Duration::from_millis(1_800);
+    while limiter_tests::testrun::coarse_now() < idle_at {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let mut reclaim = Reclaim::default();
+    let now = limiter_tests::testrun::coarse_now().as_nanos() as u64;
+    while !reclaim
+        .step(harness.maps_mut(), now, 4_096, &mut Vec::new())
+        .expect("reclaim")
+        .pass_done
+    {}
+    assert_eq!(
+        harness.maps().unproven.keys().count(),
+        0,
+        "every ticket back"
+    );
+    let cells = harness
+        .maps()
+        .prefix_tickets_held()
+        .expect("PREFIX_TICKETS");
+    assert!(cells.iter().all(|n| *n == 0), "every cell back to 0");
+    assert!(harness
+        .maps()
+        .tickets_held()
+        .expect("accounts")
+        .iter()
+        .all(|n| *n == 0));
+}
+
 /// While a flood's windows, all busy, hold every ticket, a look at the
 /// ring that frees nothing rests it (`tickets::LOOK_REST_NS`, 200 us):
 /// 2,000 refused frames of new sources, back to back, look at it at most

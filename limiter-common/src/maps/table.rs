@@ -56,9 +56,9 @@ macro_rules! for_each_map {
                 Windows($crate::maps::DEFAULT_MAX_SOURCES + $crate::maps::DEFAULT_MAX_SOURCES / $crate::maps::PROVEN_SHARE), pinned;
 
             /// The tickets of the windows of sources that have not proved their
-            /// address: `SourceKey` (the window's key) -> the account it was
-            /// taken from (its rule's slot, or the shared room:
-            /// `tickets::Rooms`). A window is made for such a source only with
+            /// address: `SourceKey` (the window's key) -> `tickets::Ticket`:
+            /// the account it was taken from (its rule's slot, or the shared
+            /// room: `tickets::Rooms`) and its /48's cells in `PREFIX_TICKETS`. A window is made for such a source only with
             /// a ticket, and there are `max_sources` of them, while `WINDOWS`
             /// holds a quarter more: that quarter is kept for TCP sources that
             /// completed a handshake with a valid SYN cookie while the tickets
@@ -68,7 +68,7 @@ macro_rules! for_each_map {
             /// window. Full, or the rule's reserve and the shared room taken, a
             /// source without a window gets none (`Outcome::WindowFull`) unless
             /// it proves itself.
-            UNPROVEN(unproven): Hash<$crate::SourceKey, u16>,
+            UNPROVEN(unproven): Hash<$crate::SourceKey, $crate::tickets::Ticket>,
                 Sources($crate::maps::DEFAULT_MAX_SOURCES), pinned;
 
             /// The tickets in the order they were taken (the window keys), a
@@ -82,7 +82,8 @@ macro_rules! for_each_map {
                 Sources($crate::maps::DEFAULT_MAX_SOURCES), pinned;
 
             /// `[entries appended to TICKET_RING, entries looked at, its
-            /// capacity, each rule's reserve of tickets, the shared room]`
+            /// capacity, each rule's reserve of tickets, the shared room, until
+            /// when the ring rests, a prefix's room]`
             /// (`tickets::CLOCK_*`): the ring's two counters (compare-and-swap),
             /// its length (written by userspace at load; 0: no ring) and the
             /// rooms (`tickets::Rooms`, written at each rule push).
@@ -95,6 +96,15 @@ macro_rules! for_each_map {
             /// own words). Fixed: 1,026 words.
             TICKET_COUNTS(ticket_counts): Array<u32, u64>,
                 Fixed($crate::tickets::COUNTS), pinned;
+
+            /// The tickets each IPv6 /48 holds (`tickets::prefix_cells`: a
+            /// count-min sketch of two rows of 4,096 cells): per cell, what the
+            /// program took net of what it gave back (atomic adds), then what
+            /// the daemon's reclaim gave back (its own words). A prefix whose
+            /// cells both read `tickets::Rooms::prefix` gets no ticket more
+            /// (`Outcome::PrefixFull`). Fixed: 16,384 words.
+            PREFIX_TICKETS(prefix_tickets): Array<u32, u64>,
+                Fixed($crate::tickets::PREFIX_WORDS), pinned;
 
             /// Per-CPU scratch for a new `WINDOWS` value, too large for the BPF
             /// stack: all zero between uses, seeded, inserted and zeroed again

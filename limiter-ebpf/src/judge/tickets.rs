@@ -7,8 +7,10 @@
 //! account holds), so a flood under one rule never takes another's
 //! reserve. `TICKET_RING` holds the keys in the order their tickets were
 //! taken; `TICKET_CLOCK` counts what was appended and what was looked at.
-//! docs/architecture.md, "Proof before state" and "Room per rule", has
-//! the bounds.
+//! A ticket of an IPv6 source counts on its /48's cells too
+//! (`PREFIX_TICKETS`), so one holder of a /48 takes its prefix's room and
+//! no more. docs/architecture.md, "Proof before state", "Room per rule"
+//! and "Room per prefix", has the bounds.
 
 use core::{
     intrinsics::{atomic_cxchg, atomic_xadd, AtomicOrdering},
@@ -19,8 +21,9 @@ use aya_ebpf::helpers::bpf_ktime_get_ns;
 use limiter_common::{
     rules::RULE_SLOTS,
     tickets::{
-        returned_index, taken_index, Rooms, CLOCK_APPENDED, CLOCK_CAPACITY, CLOCK_LOOKED,
-        CLOCK_RESERVE, CLOCK_RESTING, CLOCK_SHARED, LOOK_REST_NS, SHARED,
+        prefix_cells, prefix_returned_index, prefix_taken_index, returned_index, taken_index,
+        Rooms, Ticket, CLOCK_APPENDED, CLOCK_CAPACITY, CLOCK_LOOKED, CLOCK_PREFIX, CLOCK_RESERVE,
+        CLOCK_RESTING, CLOCK_SHARED, LOOK_REST_NS, SHARED,
     },
     Outcome, SourceKey, WindowState,
 };
@@ -28,7 +31,9 @@ use limiter_common::{
 use super::window::{pressure, PRESSURE_WINDOWS};
 
 use super::BPF_NOEXIST;
-use crate::maps::{self, TICKET_CLOCK, TICKET_COUNTS, TICKET_RING, UNPROVEN, WINDOWS};
+use crate::maps::{
+    self, CONFIG, PREFIX_TICKETS, TICKET_CLOCK, TICKET_COUNTS, TICKET_RING, UNPROVEN, WINDOWS,
+};
 
 /// `bpf_map_update_elem`'s error when a map without eviction is full.
 const E2BIG: i32 = -7;
@@ -53,9 +58,11 @@ pub(super) const NONE_LEFT: u32 = 0;
 pub(super) const REFUSED: u32 = 2;
 
 /// Takes a ticket for the window keyed `key` of the rule in `slot`, from
-/// the rule's reserve or else the shared room, unless `proven` (non-zero:
-/// the frame proved its source, whose window takes none, counted
-/// `proven`); [`TAKEN`], [`NONE_LEFT`] or [`REFUSED`].
+/// the rule's reserve or else the shared room, and on its /48's cells
+/// (an IPv6 source), unless `proven` (non-zero: the frame proved its
+/// source, whose window takes none, counted `proven`); [`TAKEN`],
+/// [`NONE_LEFT`] (counted `prefix_full` when its prefix had no room) or
+/// [`REFUSED`].
 #[inline(always)]
 pub(super) fn take(key: &SourceKey, slot: u32, proven: u32, len: u64) -> u32 {
     if proven != 0 {
@@ -66,16 +73,26 @@ pub(super) fn take(key: &SourceKey, slot: u32, proven: u32, len: u64) -> u32 {
         // The source's own, from before.
         return TAKEN;
     }
+    let seed = CONFIG.get(0).map_or(0, |config| config.sketch_seed);
+    let cells = prefix_cells(key, seed);
+    if let Some(cells) = cells {
+        if !open_prefix(cells) {
+            maps::count(Outcome::PrefixFull, len);
+            return NONE_LEFT;
+        }
+    }
     let Some(account) = open_account(slot) else {
+        close_prefix(cells);
         return NONE_LEFT;
     };
-    match UNPROVEN.insert(key, account, BPF_NOEXIST) {
+    match UNPROVEN.insert(key, Ticket::new(account, cells), BPF_NOEXIST) {
         Ok(()) => {
             append(key);
             TAKEN
         }
         Err(e) => {
             add(taken_index(account), u64::MAX);
+            close_prefix(cells);
             match e {
                 EEXIST => TAKEN,
                 E2BIG => NONE_LEFT,
@@ -95,19 +112,102 @@ pub(super) fn give_back(key: &SourceKey, proven: u32) {
 }
 
 /// Removes the ticket of `key`, if it has one, and counts it given back
-/// to its account; whether one was removed (a racing CPU may have).
+/// to its account and its prefix's cells; whether one was removed (a
+/// racing CPU may have).
 #[inline(always)]
 fn remove(key: &SourceKey) -> bool {
-    let account = match UNPROVEN.get_ptr(key) {
+    let ticket = match UNPROVEN.get_ptr(key) {
         // SAFETY: a live map value, written once at insert.
-        Some(account) => unsafe { read_volatile(account) },
+        Some(ticket) => unsafe { read_volatile(ticket) },
         None => return false,
     };
     if UNPROVEN.remove(key).is_err() {
         return false;
     }
-    add(taken_index(account), u64::MAX);
+    add(taken_index(ticket.account()), u64::MAX);
+    close_prefix(ticket.cells());
     true
+}
+
+/// Counts a ticket on the prefix cells `cells` if the prefix has room
+/// (the lesser of its two cells below `Rooms::prefix`); whether it had,
+/// with nothing counted if not. Counted before it is looked at, as an
+/// account is, so CPUs racing for a prefix's last ticket take at most one
+/// each past it.
+#[inline(always)]
+fn open_prefix(cells: [u16; 2]) -> bool {
+    let Some(room) = clock(CLOCK_PREFIX) else {
+        return false;
+    };
+    // SAFETY: an aligned word of a live array element.
+    let room = unsafe { read_volatile(room) };
+    let rooms = Rooms {
+        reserve: 0,
+        shared: 0,
+        prefix: room,
+    };
+    // A prefix found full by a plain read is not counted on.
+    if !rooms.prefix_has_room(prefix_held(cells[0]).min(prefix_held(cells[1]))) {
+        return false;
+    }
+    let before = prefix_held_after_add(cells[0]).min(prefix_held_after_add(cells[1]));
+    if rooms.prefix_has_room(before) {
+        return true;
+    }
+    close_prefix(Some(cells));
+    false
+}
+
+/// Takes a ticket off the prefix cells `cells` (none: no prefix).
+#[inline(always)]
+fn close_prefix(cells: Option<[u16; 2]>) {
+    if let Some(cells) = cells {
+        prefix_add(prefix_taken_index(cells[0]), u64::MAX);
+        prefix_add(prefix_taken_index(cells[1]), u64::MAX);
+    }
+}
+
+/// The tickets on prefix cell `cell`, as a plain read finds them.
+#[inline(always)]
+fn prefix_held(cell: u16) -> u64 {
+    let (Some(taken), Some(returned)) = (
+        PREFIX_TICKETS.get_ptr(prefix_taken_index(cell)),
+        PREFIX_TICKETS.get_ptr(prefix_returned_index(cell)),
+    ) else {
+        return u64::MAX;
+    };
+    // SAFETY: aligned words of live array elements.
+    unsafe { read_volatile(taken).wrapping_sub(read_volatile(returned)) }
+}
+
+/// Counts one more ticket on prefix cell `cell`; the tickets it held
+/// before.
+#[inline(always)]
+fn prefix_held_after_add(cell: u16) -> u64 {
+    let (Some(taken), Some(returned)) = (
+        PREFIX_TICKETS.get_ptr_mut(prefix_taken_index(cell)),
+        PREFIX_TICKETS.get_ptr(prefix_returned_index(cell)),
+    ) else {
+        return u64::MAX;
+    };
+    // SAFETY: aligned words of live array elements; BPF_ATOMIC_ADD with
+    // BPF_FETCH is atomic, and the daemon alone writes `returned`.
+    unsafe {
+        atomic_xadd::<u64, u64, { AtomicOrdering::SeqCst }>(taken, 1)
+            .wrapping_sub(read_volatile(returned))
+    }
+}
+
+/// Adds `n` (wrapping: `u64::MAX` takes one off) to `PREFIX_TICKETS` at
+/// `index`.
+#[inline(always)]
+fn prefix_add(index: u32, n: u64) {
+    if let Some(word) = PREFIX_TICKETS.get_ptr_mut(index) {
+        // SAFETY: an aligned word of a live array element; atomic.
+        unsafe {
+            atomic_xadd::<u64, u64, { AtomicOrdering::SeqCst }>(word, n);
+        }
+    }
 }
 
 /// Counts a ticket on the account of the rule in `slot` if its reserve
@@ -124,6 +224,7 @@ fn open_account(slot: u32) -> Option<u16> {
         Rooms {
             reserve: read_volatile(reserve),
             shared: read_volatile(shared),
+            prefix: 0,
         }
     };
     // An account found full by a plain read is not counted on: a flood

@@ -190,6 +190,7 @@ impl Maps {
         Ok(Rooms {
             reserve: word(tickets::CLOCK_RESERVE)?,
             shared: word(tickets::CLOCK_SHARED)?,
+            prefix: word(tickets::CLOCK_PREFIX)?,
         })
     }
 
@@ -201,6 +202,7 @@ impl Maps {
             (tickets::CLOCK_CAPACITY, u64::from(capacity)),
             (tickets::CLOCK_RESERVE, rooms.reserve),
             (tickets::CLOCK_SHARED, rooms.shared),
+            (tickets::CLOCK_PREFIX, rooms.prefix),
         ] {
             self.ticket_clock
                 .set(index, word, 0)
@@ -233,30 +235,48 @@ impl Maps {
             .collect())
     }
 
+    /// The tickets on each cell of `PREFIX_TICKETS` (both rows, in index
+    /// order); a prefix holds the lesser of its two cells'.
+    pub fn prefix_tickets_held(&self) -> Result<Vec<u64>, MapsError> {
+        let words: Vec<u64> = self
+            .prefix_tickets
+            .iter()
+            .collect::<Result<_, _>>()
+            .map_err(MapsError::on(names::PREFIX_TICKETS))?;
+        let (taken, returned) = words.split_at(words.len() / 2);
+        Ok(taken
+            .iter()
+            .zip(returned)
+            .map(|(taken, returned)| taken.wrapping_sub(*returned))
+            .collect())
+    }
+
     /// Deletes the tickets of the windows `wkeys` that have one, and
-    /// counts each given back to its account (the daemon's own words).
+    /// counts each given back to its account and its prefix's cells (the
+    /// daemon's own words).
     pub fn remove_tickets(&mut self, wkeys: &[SourceKey]) -> Result<(), MapsError> {
         let mut returned = std::collections::BTreeMap::<u16, u64>::new();
+        let mut cells = std::collections::BTreeMap::<u16, u64>::new();
         for wkey in wkeys {
-            let Ok(account) = self.unproven.get(wkey, 0) else {
+            let Ok(ticket) = self.unproven.get(wkey, 0) else {
                 continue;
             };
             // An error: the program freed it first (and counted it).
             if self.unproven.remove(wkey).is_ok() {
-                *returned.entry(account).or_default() += 1;
+                *returned.entry(ticket.account()).or_default() += 1;
+                for cell in ticket.cells().into_iter().flatten() {
+                    *cells.entry(cell).or_default() += 1;
+                }
             }
         }
-        for (account, n) in returned {
-            let index = tickets::returned_index(account);
-            let before = self
-                .ticket_counts
-                .get(&index, 0)
-                .map_err(MapsError::on(names::TICKET_COUNTS))?;
-            self.ticket_counts
-                .set(index, before.wrapping_add(n), 0)
-                .map_err(MapsError::on(names::TICKET_COUNTS))?;
-        }
-        Ok(())
+        let returned = returned
+            .into_iter()
+            .map(|(account, n)| (tickets::returned_index(account), n));
+        add_to_words(&mut self.ticket_counts, names::TICKET_COUNTS, returned)?;
+        let cells = cells
+            .into_iter()
+            .map(|(cell, n)| (tickets::prefix_returned_index(cell), n));
+        add_to_words(&mut self.prefix_tickets, names::PREFIX_TICKETS, cells)
     }
 
     /// The rule at `RULES` index `index`.
@@ -285,4 +305,20 @@ impl Maps {
     pub fn cluster_shares_data(&self) -> &MapData {
         self.cluster_shares.map()
     }
+}
+
+/// Adds each `(index, n)` of `adds` to the word of `array` (the map
+/// `name`) at `index`: the daemon's own words, which no one else writes.
+fn add_to_words(
+    array: &mut Array<MapData, u64>,
+    name: &'static str,
+    adds: impl IntoIterator<Item = (u32, u64)>,
+) -> Result<(), MapsError> {
+    for (index, n) in adds {
+        let before = array.get(&index, 0).map_err(MapsError::on(name))?;
+        array
+            .set(index, before.wrapping_add(n), 0)
+            .map_err(MapsError::on(name))?;
+    }
+    Ok(())
 }
