@@ -48,7 +48,7 @@ use limiter_common::{
 
 use super::{
     run::{Run, Sent},
-    script::{Fills, Role, Script, WINDOWS},
+    script::{Actor, Fills, Role, Script, WINDOWS},
     within_limit, zoo,
 };
 use crate::testrun::Harness;
@@ -259,20 +259,22 @@ pub fn check(script: &Script, run: &Run, after: &After) -> Report {
     // 1. Polite sources are never dropped.
     let capacity = WINDOWS as usize;
     // A source's map may be full: the maps themselves (`WINDOWS` with its
-    // proven room), or its rule's room of tickets (its reserve and the
-    // shared room; another rule's flood takes no room of its).
-    let may_be_full = |kind: zoo::Kind| {
+    // proven room), its rule's room of tickets (its reserve and the
+    // shared room; another rule's flood takes no room of its), or its
+    // /48's room (another /48's flood takes none of it).
+    let may_be_full = |kind: zoo::Kind, address: IpAddr| {
         run.peak_windows >= window_capacity(WINDOWS) as usize
             || run.peak_aggregates >= capacity
             || run
                 .rooms_full
                 .contains(&(rules_base(1) + 1 + kind.index() as u32))
+            || run.prefix_full(address)
     };
     // A drop on a full map's refusing side: the frame itself counted so,
     // or a frame of the source (or of an aggregate of its) counted so
     // within the window before (a window or aggregate created seeded).
-    let excused = |kind: zoo::Kind, frames: &[&Sent], s: &Sent, window_ns: u64| {
-        may_be_full(kind)
+    let excused = |a: &Actor, frames: &[&Sent], s: &Sent, window_ns: u64| {
+        may_be_full(a.kind, a.source(s.source))
             && frames
                 .iter()
                 .any(|f| f.full && f.before <= s.after && s.before <= f.after + window_ns)
@@ -314,7 +316,7 @@ pub fn check(script: &Script, run: &Run, after: &After) -> Report {
         report.polite_sources += 1;
         report.polite_frames += frames.len();
         let (related, window_ns) = related(rule, &key, frames, &aggregates);
-        let excused = |s: &Sent| excused(a.kind, &related, s, window_ns);
+        let excused = |s: &Sent| excused(a, &related, s, window_ns);
         if frames.iter().any(|s| !s.passed && !excused(s)) {
             let base = frames[0].before;
             let timeline: Vec<String> = frames
@@ -376,7 +378,7 @@ pub fn check(script: &Script, run: &Run, after: &After) -> Report {
         let (related, window_ns) = related(rule, &key_of(a.source(source)), frames, &aggregates);
         let full = frames
             .iter()
-            .filter(|s| !s.passed && excused(a.kind, &related, s, window_ns))
+            .filter(|s| !s.passed && excused(a, &related, s, window_ns))
             .count();
         report.full_drops += full;
         let judged = frames.len() - full;
@@ -490,13 +492,17 @@ pub fn check(script: &Script, run: &Run, after: &After) -> Report {
     let count = |name: &str| after.outcomes.get(name).copied().unwrap_or(0);
     // A window is refused once its rule's reserve of tickets and the
     // shared room are full, before the map is.
+    let prefixes_full = run
+        .peak_prefixes
+        .values()
+        .any(|held| *held >= run.prefix_room);
     for (outcome, peak, fills, slack, room_full) in [
         (
             "window_full",
             run.peak_windows,
             Fills::Windows,
             0,
-            !run.rooms_full.is_empty(),
+            !run.rooms_full.is_empty() || prefixes_full,
         ),
         (
             "aggregate_full",
@@ -527,6 +533,38 @@ pub fn check(script: &Script, run: &Run, after: &After) -> Report {
                 ));
             }
         }
+    }
+
+    // 5. No /48 holds more than its room of tickets (and one per other
+    // CPU, racing for its last), and a /48 is refused for its room only
+    // once it holds it.
+    for (prefix, held) in &run.peak_prefixes {
+        if *held > run.prefix_room + 1 {
+            let mut octets = [0u8; 16];
+            octets[..6].copy_from_slice(prefix);
+            report.violation(format!(
+                "the /48 {}/48 held {held} tickets, past its room of {}",
+                std::net::Ipv6Addr::from(octets),
+                run.prefix_room
+            ));
+        }
+    }
+    if count("prefix_full") > 0 && !prefixes_full {
+        report.violation(format!(
+            "prefix_full counted {} times, but no /48 held its room of {}",
+            count("prefix_full"),
+            run.prefix_room
+        ));
+    }
+    let holder = script
+        .actors
+        .iter()
+        .find(|a| a.fills == Some(Fills::Prefix) && u64::from(a.count()) > 2 * run.prefix_room);
+    if let (Some(holder), 0) = (holder, count("prefix_full")) {
+        report.violation(format!(
+            "prefix_full never counted, though {} asked for more than its /48's room",
+            holder.what
+        ));
     }
     report
 }

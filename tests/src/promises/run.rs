@@ -5,7 +5,7 @@
 //! its sweep of ended penalties) between two slices, as its tick does.
 
 use std::{
-    collections::BTreeSet,
+    collections::{BTreeMap, BTreeSet},
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
     thread,
     time::{Duration, Instant},
@@ -15,7 +15,7 @@ use aya::programs::Xdp;
 use limiter_common::{
     rules::{rules_base, MAX_RULES},
     tickets::{self, Rooms},
-    Action, Outcome,
+    Action, AddressFamily, Outcome,
 };
 use limiter_user::kernel::{self, penalty, windows::Reclaim, Maps};
 
@@ -71,6 +71,26 @@ pub struct Run {
     /// of tickets full while the shared room was full too: the rules
     /// that refused new unproven windows.
     pub rooms_full: BTreeSet<u32>,
+    /// The most tickets each IPv6 /48 (its first six bytes) held at a
+    /// sample, counted from the tickets' keys; and the room the documented
+    /// semantics give a /48 (`Rooms::prefix`).
+    pub peak_prefixes: BTreeMap<[u8; 6], u64>,
+    pub prefix_room: u64,
+}
+
+impl Run {
+    /// Whether a sample found the /48 of `address` at its room (an IPv4
+    /// address has none).
+    pub fn prefix_full(&self, address: IpAddr) -> bool {
+        let IpAddr::V6(v6) = address else {
+            return false;
+        };
+        let octets = v6.octets();
+        let prefix: [u8; 6] = octets[..6].try_into().expect("six bytes");
+        self.peak_prefixes
+            .get(&prefix)
+            .is_some_and(|held| *held >= self.prefix_room)
+    }
 }
 
 /// Runs `script` on `harness` (its rules pushed).
@@ -84,6 +104,8 @@ pub fn run(harness: &mut Harness, script: &Script) -> Run {
         peak_aggregates: 0,
         peak_holds: 0,
         rooms_full: BTreeSet::new(),
+        peak_prefixes: BTreeMap::new(),
+        prefix_room: 0,
     };
     // The rooms of tickets the documented semantics give the rules pushed
     // (a reserve per limiting rule, the rest shared), not the kernel's
@@ -95,6 +117,7 @@ pub fn run(harness: &mut Harness, script: &Script) -> Run {
         .filter(|rule| rule.fingerprint != 0 && rule.action() == Some(Action::Limit))
         .count();
     let rooms = Rooms::new(WINDOWS, limiting as u32);
+    run.prefix_room = rooms.prefix;
     let mut end = SLICE;
     loop {
         let (program, maps) = harness.parts();
@@ -127,6 +150,18 @@ pub fn run(harness: &mut Harness, script: &Script) -> Run {
                 live.clone()
                     .filter(|slot| held[*slot as usize] >= rooms.reserve),
             );
+        }
+        let mut prefixes = BTreeMap::<[u8; 6], u64>::new();
+        for key in maps.unproven.keys() {
+            let key = key.expect("a ticket's key");
+            if key.family() == AddressFamily::V6 {
+                let prefix: [u8; 6] = key.addr[..6].try_into().expect("six bytes");
+                *prefixes.entry(prefix).or_default() += 1;
+            }
+        }
+        for (prefix, held) in prefixes {
+            let peak = run.peak_prefixes.entry(prefix).or_default();
+            *peak = (*peak).max(held);
         }
         upkeep(harness.maps_mut(), &mut reclaim);
         if end >= script.duration {

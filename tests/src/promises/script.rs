@@ -4,7 +4,8 @@
 //! silent for longer than the sketch remembers and back), heavy ones (1.1
 //! to 100 times their limit, some silent and back), and floods of spoofed
 //! sources sized at one to four times the capacity of a map (the kept
-//! windows, the aggregates, the penalties, the cheap tier's sketch). The
+//! windows, the aggregates, the penalties, the cheap tier's sketch), or of
+//! a prefix holder's /64s (one IPv6 /48's room of tickets). The
 //! same seed and family always give the same script, so a failing one
 //! replays.
 
@@ -16,7 +17,8 @@ use super::zoo::{self, Kind};
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Family {
     /// 10 pps, 10 per 10 s, 60 per minute, IPv6 /64s; a churn through the
-    /// kept windows and a flood through the sketch.
+    /// kept windows, a flood through the sketch, and a prefix holder's
+    /// /64s beside the IPv6 sources' /48, under their rule.
     Small,
     /// 100 pps with a burst, 1000 pps, 100 pps over 10 s; a flood through
     /// the sketch.
@@ -108,6 +110,8 @@ pub enum Sources {
         per_block: u32,
         count: u32,
     },
+    /// `count` /64s of the /48 beside the kind's own (`Kind::neighbour`).
+    Neighbour { count: u32 },
 }
 
 impl Actor {
@@ -119,13 +123,14 @@ impl Actor {
                 per_block,
                 ..
             } => self.kind.source(first_block + i / per_block, i % per_block),
+            Sources::Neighbour { .. } => self.kind.neighbour(i),
         }
     }
 
     pub fn count(&self) -> u32 {
         match self.sources {
             Sources::One { .. } => 1,
-            Sources::Many { count, .. } => count,
+            Sources::Many { count, .. } | Sources::Neighbour { count } => count,
         }
     }
 }
@@ -137,6 +142,8 @@ pub enum Fills {
     Aggregates,
     Holds,
     Sketch,
+    /// One IPv6 /48's room of tickets (`tickets::Rooms::prefix`).
+    Prefix,
 }
 
 /// One entry of a CPU's schedule.
@@ -227,6 +234,7 @@ pub fn generate(family: Family, seed: u64) -> Script {
             }
             g.flood_windows(zoo::TEN_SECONDS);
             g.flood_sketch(zoo::SMALL, 1);
+            g.flood_prefix(zoo::SMALL6);
         }
         Family::Large => {
             for kind in [zoo::BURST, zoo::LARGE, zoo::LONG] {
@@ -549,17 +557,37 @@ impl Gen {
     ) {
         let first_block = self.next_flood_block;
         self.next_flood_block += count.div_ceil(per_block) + 1;
-        self.actors.push(Actor {
+        let sources = Sources::Many {
+            first_block,
+            per_block,
+            count,
+        };
+        self.flood_of(kind, fills, sources, repeat, start, span, what);
+    }
+
+    /// A flood actor of `sources` under `kind`, each sending `repeat`
+    /// frames back to back, spread over `span` from `start` in bursts
+    /// alternating between the CPUs.
+    #[allow(clippy::too_many_arguments)]
+    fn flood_of(
+        &mut self,
+        kind: Kind,
+        fills: Fills,
+        sources: Sources,
+        repeat: u32,
+        start: Duration,
+        span: Duration,
+        what: String,
+    ) {
+        let actor = Actor {
             role: Role::Flood,
             kind,
             what,
-            sources: Sources::Many {
-                first_block,
-                per_block,
-                count,
-            },
+            sources,
             fills: Some(fills),
-        });
+        };
+        let count = actor.count();
+        self.actors.push(actor);
         let actor = (self.actors.len() - 1) as u16;
         let chunks = count.div_ceil(CHUNK);
         for c in 0..chunks {
@@ -618,6 +646,25 @@ impl Gen {
         // Past the allowance and the cheap frames (a tenth of it).
         let repeat = allowance as u32 + allowance as u32 / 10 + 2;
         self.flood(kind, Fills::Holds, count, 250, repeat, start, span, what);
+    }
+
+    /// A holder of the IPv6 /48 beside `kind`'s own (under its rule: a
+    /// 10 pps one, one cheap frame) sends from one to four times the kept
+    /// windows' room in its /64s, two frames each: past the cheap frame,
+    /// each asks for a window, and the /48 gets its prefix's room of
+    /// tickets, no more; the sources of `kind`'s own /48 keep their rule's
+    /// rooms.
+    fn flood_prefix(&mut self, kind: Kind) {
+        let times = self.uniform(1.0, 4.0);
+        let count = (f64::from(WINDOWS) * times) as u32;
+        let start = Duration::from_millis(self.rng.u64(300..2_000));
+        let span = Duration::from_millis(self.rng.u64(200..1_000));
+        let what = format!(
+            "{count} /64s of one /48 ({times:.1}x the kept windows) under {}",
+            kind.name
+        );
+        let sources = Sources::Neighbour { count };
+        self.flood_of(kind, Fills::Prefix, sources, 2, start, span, what);
     }
 
     /// One to `most` times the sketch's entries in one-frame sources under

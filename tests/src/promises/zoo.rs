@@ -117,9 +117,28 @@ impl Kind {
         }
     }
 
+    /// Source `i` of the IPv6 /48 beside this kind's own, under the same
+    /// rule: /64 number `i` of a prefix holder (real addresses, each a
+    /// source of its own).
+    pub fn neighbour(self, i: u32) -> IpAddr {
+        assert!(self.ipv6, "{}: a prefix holder's /48 is IPv6", self.name);
+        IpAddr::V6(Ipv6Addr::new(
+            0x2001,
+            0xdb8,
+            self.net ^ 1,
+            i as u16,
+            0,
+            0,
+            0,
+            1,
+        ))
+    }
+
     fn spec(self) -> RuleSpec {
         let cidr = if self.ipv6 {
-            format!("2001:db8:{:x}::/48", self.net)
+            // The kind's own /48 and the one beside it (a prefix holder's:
+            // [`Kind::neighbour`]).
+            format!("2001:db8:{:x}::/47", self.net & !1)
         } else {
             format!("{}.0.0.0/8", self.net)
         };
