@@ -3,7 +3,8 @@
 //! generated from a seed (`promises::script`: polite sources steady and
 //! bursty, on one CPU or moving, silent and back; heavy ones at 1.1 to 100
 //! times their limits; floods of spoofed sources at one to four times the
-//! kept windows, the aggregates, the penalties or the sketch), under every
+//! kept windows, the aggregates, the penalties or the sketch, and of /64s
+//! of one /48 at one to four times the kept windows), under every
 //! kind of rule (`promises::zoo`), with the daemon's upkeep between ticks;
 //! and every source, level and penalty is checked against the documented
 //! semantics (`promises::check`): a source within its limit is never

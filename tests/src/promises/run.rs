@@ -37,7 +37,7 @@ pub struct Sent {
     pub after: u64,
     /// A polite or heavy frame the program counted under an outcome of a
     /// full map (`window_full`, `aggregate_full`, `insert_failure`,
-    /// `full_seeded`): judged on the refusing side the documentation
+    /// `full_seeded`, `prefix_full`): judged on the refusing side the documentation
     /// states for a full map (and, after `full_seeded`, the window or
     /// aggregate it created, for a window's length). Not read for a
     /// flood's frames.
@@ -48,11 +48,12 @@ pub struct Sent {
 }
 
 /// The outcomes of a full map, read around each polite frame.
-const FULL: [Outcome; 4] = [
+const FULL: [Outcome; 5] = [
     Outcome::WindowFull,
     Outcome::AggregateFull,
     Outcome::InsertFailure,
     Outcome::FullSeeded,
+    Outcome::PrefixFull,
 ];
 
 /// A tick of the daemon's upkeep between two slices of the script.
