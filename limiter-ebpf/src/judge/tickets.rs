@@ -17,7 +17,7 @@ use core::{
     ptr::{read_volatile, write_volatile},
 };
 
-use aya_ebpf::helpers::bpf_ktime_get_ns;
+use aya_ebpf::{helpers::bpf_ktime_get_ns, maps::Array};
 use limiter_common::{
     rules::RULE_SLOTS,
     tickets::{
@@ -170,44 +170,29 @@ fn close_prefix(cells: Option<[u16; 2]>) {
 /// The tickets on prefix cell `cell`, as a plain read finds them.
 #[inline(always)]
 fn prefix_held(cell: u16) -> u64 {
-    let (Some(taken), Some(returned)) = (
-        PREFIX_TICKETS.get_ptr(prefix_taken_index(cell)),
-        PREFIX_TICKETS.get_ptr(prefix_returned_index(cell)),
-    ) else {
-        return u64::MAX;
-    };
-    // SAFETY: aligned words of live array elements.
-    unsafe { read_volatile(taken).wrapping_sub(read_volatile(returned)) }
+    words_held(
+        &PREFIX_TICKETS,
+        prefix_taken_index(cell),
+        prefix_returned_index(cell),
+    )
 }
 
 /// Counts one more ticket on prefix cell `cell`; the tickets it held
 /// before.
 #[inline(always)]
 fn prefix_held_after_add(cell: u16) -> u64 {
-    let (Some(taken), Some(returned)) = (
-        PREFIX_TICKETS.get_ptr_mut(prefix_taken_index(cell)),
-        PREFIX_TICKETS.get_ptr(prefix_returned_index(cell)),
-    ) else {
-        return u64::MAX;
-    };
-    // SAFETY: aligned words of live array elements; BPF_ATOMIC_ADD with
-    // BPF_FETCH is atomic, and the daemon alone writes `returned`.
-    unsafe {
-        atomic_xadd::<u64, u64, { AtomicOrdering::SeqCst }>(taken, 1)
-            .wrapping_sub(read_volatile(returned))
-    }
+    words_held_after_add(
+        &PREFIX_TICKETS,
+        prefix_taken_index(cell),
+        prefix_returned_index(cell),
+    )
 }
 
 /// Adds `n` (wrapping: `u64::MAX` takes one off) to `PREFIX_TICKETS` at
 /// `index`.
 #[inline(always)]
 fn prefix_add(index: u32, n: u64) {
-    if let Some(word) = PREFIX_TICKETS.get_ptr_mut(index) {
-        // SAFETY: an aligned word of a live array element; atomic.
-        unsafe {
-            atomic_xadd::<u64, u64, { AtomicOrdering::SeqCst }>(word, n);
-        }
-    }
+    words_add(&PREFIX_TICKETS, index, n);
 }
 
 /// Counts a ticket on the account of the rule in `slot` if its reserve
@@ -248,23 +233,47 @@ fn open_account(slot: u32) -> Option<u16> {
 /// The tickets `account` holds, as a plain read finds them.
 #[inline(always)]
 fn held(account: u16) -> u64 {
-    let (Some(taken), Some(returned)) = (
-        TICKET_COUNTS.get_ptr(taken_index(account)),
-        TICKET_COUNTS.get_ptr(returned_index(account)),
-    ) else {
+    words_held(
+        &TICKET_COUNTS,
+        taken_index(account),
+        returned_index(account),
+    )
+}
+
+/// Counts one more ticket on `account`; the tickets it held before.
+#[inline(always)]
+fn held_after_add(account: u16) -> u64 {
+    words_held_after_add(
+        &TICKET_COUNTS,
+        taken_index(account),
+        returned_index(account),
+    )
+}
+
+/// Adds `n` (wrapping: `u64::MAX` takes one off) to `TICKET_COUNTS` at
+/// `index`.
+#[inline(always)]
+fn add(index: u32, n: u64) {
+    words_add(&TICKET_COUNTS, index, n);
+}
+
+/// What a counter of `counts` holds, its words at `taken` (the program's)
+/// and `returned` (the daemon's), as a plain read finds them (`u64::MAX`
+/// for an index out of the map: no room).
+#[inline(always)]
+fn words_held(counts: &Array<u64>, taken: u32, returned: u32) -> u64 {
+    let (Some(taken), Some(returned)) = (counts.get_ptr(taken), counts.get_ptr(returned)) else {
         return u64::MAX;
     };
     // SAFETY: aligned words of live array elements.
     unsafe { read_volatile(taken).wrapping_sub(read_volatile(returned)) }
 }
 
-/// Counts one more ticket on `account`; the tickets it held before.
+/// Counts one more on a counter of `counts`; what it held before.
 #[inline(always)]
-fn held_after_add(account: u16) -> u64 {
-    let (Some(taken), Some(returned)) = (
-        TICKET_COUNTS.get_ptr_mut(taken_index(account)),
-        TICKET_COUNTS.get_ptr(returned_index(account)),
-    ) else {
+fn words_held_after_add(counts: &Array<u64>, taken: u32, returned: u32) -> u64 {
+    let (Some(taken), Some(returned)) = (counts.get_ptr_mut(taken), counts.get_ptr(returned))
+    else {
         return u64::MAX;
     };
     // SAFETY: aligned words of live array elements; BPF_ATOMIC_ADD with
@@ -275,11 +284,10 @@ fn held_after_add(account: u16) -> u64 {
     }
 }
 
-/// Adds `n` (wrapping: `u64::MAX` takes one off) to `TICKET_COUNTS` at
-/// `index`.
+/// Adds `n` (wrapping: `u64::MAX` takes one off) to `counts` at `index`.
 #[inline(always)]
-fn add(index: u32, n: u64) {
-    if let Some(word) = TICKET_COUNTS.get_ptr_mut(index) {
+fn words_add(counts: &Array<u64>, index: u32, n: u64) {
+    if let Some(word) = counts.get_ptr_mut(index) {
         // SAFETY: an aligned word of a live array element; atomic.
         unsafe {
             atomic_xadd::<u64, u64, { AtomicOrdering::SeqCst }>(word, n);

@@ -222,33 +222,13 @@ impl Maps {
     /// The tickets each account holds (`tickets::ACCOUNTS` of them: the
     /// rule slots', then the shared room's).
     pub fn tickets_held(&self) -> Result<Vec<u64>, MapsError> {
-        let words: Vec<u64> = self
-            .ticket_counts
-            .iter()
-            .collect::<Result<_, _>>()
-            .map_err(MapsError::on(names::TICKET_COUNTS))?;
-        let (taken, returned) = words.split_at(tickets::ACCOUNTS as usize);
-        Ok(taken
-            .iter()
-            .zip(returned)
-            .map(|(taken, returned)| taken.wrapping_sub(*returned))
-            .collect())
+        words_held(&self.ticket_counts, names::TICKET_COUNTS)
     }
 
     /// The tickets on each cell of `PREFIX_TICKETS` (both rows, in index
     /// order); a prefix holds the lesser of its two cells'.
     pub fn prefix_tickets_held(&self) -> Result<Vec<u64>, MapsError> {
-        let words: Vec<u64> = self
-            .prefix_tickets
-            .iter()
-            .collect::<Result<_, _>>()
-            .map_err(MapsError::on(names::PREFIX_TICKETS))?;
-        let (taken, returned) = words.split_at(words.len() / 2);
-        Ok(taken
-            .iter()
-            .zip(returned)
-            .map(|(taken, returned)| taken.wrapping_sub(*returned))
-            .collect())
+        words_held(&self.prefix_tickets, names::PREFIX_TICKETS)
     }
 
     /// Deletes the tickets of the windows `wkeys` that have one, and
@@ -305,6 +285,22 @@ impl Maps {
     pub fn cluster_shares_data(&self) -> &MapData {
         self.cluster_shares.map()
     }
+}
+
+/// What each counter of `array` (the map `name`) holds: its first half
+/// of words are the kernel's counts taken, its second the daemon's
+/// returned, counter by counter.
+fn words_held(array: &Array<MapData, u64>, name: &'static str) -> Result<Vec<u64>, MapsError> {
+    let words: Vec<u64> = array
+        .iter()
+        .collect::<Result<_, _>>()
+        .map_err(MapsError::on(name))?;
+    let (taken, returned) = words.split_at(words.len() / 2);
+    Ok(taken
+        .iter()
+        .zip(returned)
+        .map(|(taken, returned)| taken.wrapping_sub(*returned))
+        .collect())
 }
 
 /// Adds each `(index, n)` of `adds` to the word of `array` (the map
