@@ -400,12 +400,14 @@ fn paced_until(
     })
 }
 
-/// One frame of a schedule: when it is due (from the schedule's start)
-/// and which of the schedule's frames it is.
+/// One frame of a schedule: when it is due (from the schedule's start),
+/// which of the schedule's frames it is, and the least gap its sender
+/// keeps between the starts of its frames' runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Due {
     pub at: Duration,
     pub frame: usize,
+    pub gap: Duration,
 }
 
 /// What became of one scheduled frame: its verdict, and the kernel's
@@ -420,8 +422,11 @@ pub struct Ran {
 }
 
 /// Runs `schedule` (sorted by `at`) in real time from `start` on a thread
-/// pinned to `cpu`: each frame once, as soon as it is due (late ones at
-/// once, in order). Returns what became of each, in schedule order.
+/// pinned to `cpu`: each frame once, in order, when it is due and its
+/// sender's gap has passed since that sender's last run began. A runner
+/// that falls behind (a slow or emulated machine) so delays its senders
+/// and never bunches one's frames: each keeps its pace. Returns what
+/// became of each, in schedule order.
 pub fn run_schedule(
     program: &Xdp,
     cpu: usize,
@@ -430,13 +435,18 @@ pub fn run_schedule(
     schedule: &[Due],
 ) -> Vec<Ran> {
     on_cpu(cpu, || {
+        let mut last_began: Vec<Option<Instant>> = vec![None; frames.len()];
         schedule
             .iter()
             .map(|due| {
-                let at = start + due.at;
+                let mut at = start + due.at;
+                if let Some(began) = last_began[due.frame] {
+                    at = at.max(began + due.gap);
+                }
                 while Instant::now() < at {
                     std::hint::spin_loop();
                 }
+                last_began[due.frame] = Some(Instant::now());
                 let before = coarse_now();
                 let verdict = verdict(program, &frames[due.frame]);
                 Ran {
