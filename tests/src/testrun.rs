@@ -400,14 +400,12 @@ fn paced_until(
     })
 }
 
-/// One frame of a schedule: when it is due (from the schedule's start),
-/// which of the schedule's frames it is, and the least gap its sender
-/// keeps between the starts of its frames' runs.
+/// One frame of a schedule: when it is due (from the schedule's start)
+/// and which of the schedule's frames it is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Due {
     pub at: Duration,
     pub frame: usize,
-    pub gap: Duration,
 }
 
 /// What became of one scheduled frame: its verdict, and the kernel's
@@ -422,11 +420,11 @@ pub struct Ran {
 }
 
 /// Runs `schedule` (sorted by `at`) in real time from `start` on a thread
-/// pinned to `cpu`: each frame once, in order, when it is due and its
-/// sender's gap has passed since that sender's last run began. A runner
-/// that falls behind (a slow or emulated machine) so delays its senders
-/// and never bunches one's frames: each keeps its pace. Returns what
-/// became of each, in schedule order.
+/// pinned to `cpu`: each frame once, in order, when it is due and no
+/// sooner after its sender's last run began than the schedule spaces the
+/// two. A runner that falls behind (a slow or emulated machine) so delays
+/// its senders and never bunches one's late frames: each keeps its pace.
+/// Returns what became of each, in schedule order.
 pub fn run_schedule(
     program: &Xdp,
     cpu: usize,
@@ -435,18 +433,19 @@ pub fn run_schedule(
     schedule: &[Due],
 ) -> Vec<Ran> {
     on_cpu(cpu, || {
-        let mut last_began: Vec<Option<Instant>> = vec![None; frames.len()];
+        // Each sender's last frame: when it was due and when its run began.
+        let mut last: Vec<Option<(Duration, Instant)>> = vec![None; frames.len()];
         schedule
             .iter()
             .map(|due| {
                 let mut at = start + due.at;
-                if let Some(began) = last_began[due.frame] {
-                    at = at.max(began + due.gap);
+                if let Some((was_due, began)) = last[due.frame] {
+                    at = at.max(began + due.at.saturating_sub(was_due));
                 }
                 while Instant::now() < at {
                     std::hint::spin_loop();
                 }
-                last_began[due.frame] = Some(Instant::now());
+                last[due.frame] = Some((due.at, Instant::now()));
                 let before = coarse_now();
                 let verdict = verdict(program, &frames[due.frame]);
                 Ran {

@@ -776,28 +776,34 @@ fn the_sketch_estimates_the_sources_of_an_epoch() {
     assert_eq!(other.estimate, 0);
 }
 
-/// A schedule run late keeps each sender's gap: five frames of one
-/// source all due at once, a gap of 20 ms, run 20 ms apart at least (the
-/// steady sources below stay at their pace on a runner that falls behind,
-/// rather than sending their late frames in one burst).
+/// A schedule run late keeps each sender's pace: five frames of one
+/// source 20 ms apart, all of them already due when the runner starts,
+/// take at least 80 ms (the steady sources below stay at their pace on a
+/// runner that falls behind, rather than sending their late frames in
+/// one burst).
 #[test]
-fn a_late_schedule_keeps_each_senders_gap() {
+fn a_late_schedule_keeps_each_senders_pace() {
     let mut harness = harness_with(
         &tiered(limit("0.0.0.0/0", 1_000), vec![]),
         &LoadOptions::default(),
     );
     let gap = Duration::from_millis(20);
     let frames = [udp4(Ipv4Addr::new(192, 0, 2, 60))];
-    let schedule = [testrun::Due {
-        at: Duration::ZERO,
-        frame: 0,
-        gap,
-    }; 5];
-    let start = Instant::now();
-    let ran = testrun::run_schedule(harness.program(), 0, start, &frames, &schedule);
-    let took = start.elapsed();
+    let schedule: Vec<testrun::Due> = (0..5)
+        .map(|k| testrun::Due {
+            at: gap * k,
+            frame: 0,
+        })
+        .collect();
+    let late = Instant::now() - Duration::from_secs(1);
+    let began = Instant::now();
+    let ran = testrun::run_schedule(harness.program(), 0, late, &frames, &schedule);
+    let took = began.elapsed();
     assert_eq!(ran.len(), 5);
-    assert!(took >= gap * 4, "five frames a gap apart ran in {took:?}");
+    assert!(
+        took >= gap * 4,
+        "five frames 20 ms apart, run late, took {took:?}"
+    );
 }
 
 /// Steady sources at 40 to 95% of a 10, a 100 and a 1,000 pps limit, over
@@ -843,11 +849,7 @@ fn steady_sources_under_their_limit_are_never_dropped_with_the_tiers_on() {
             let period = Duration::from_nanos(1_000_000_000 * 100 / (pps * percent));
             let mut at = Duration::from_millis(37 * source as u64 % 97);
             while at < run_for {
-                schedules[source % 2].push(testrun::Due {
-                    at,
-                    frame: source,
-                    gap: period,
-                });
+                schedules[source % 2].push(testrun::Due { at, frame: source });
                 at += period;
             }
         }
