@@ -107,7 +107,8 @@ struct Args {
     #[arg(long, value_delimiter = ',', default_values_t = [10, 100, 1000])]
     service_limits: Vec<u64>,
     /// Service mode: xdp-limiter's rules (node, block, cluster, agg16,
-    /// apart: the clients' /24 under a rule of its own).
+    /// apart: the clients' /24 under a rule of its own; minute: apart,
+    /// and the aimed flood's port under a per-minute rule).
     #[arg(long, value_delimiter = ',', default_values_t = ["node".to_string(), "block".to_string(), "cluster".to_string()])]
     service_variants: Vec<String>,
     /// Service mode: polite clients (one address each, at most 200) and
@@ -421,7 +422,9 @@ fn service(args: &Args, interrupted: &AtomicBool) -> anyhow::Result<()> {
                 .into_iter()
                 .find(|v| v.name() == name)
                 .ok_or_else(|| {
-                    anyhow::anyhow!("unknown variant {name:?}: node, block, cluster, agg16, apart")
+                    anyhow::anyhow!(
+                        "unknown variant {name:?}: node, block, cluster, agg16, apart, minute"
+                    )
                 })
         })
         .collect::<anyhow::Result<Vec<_>>>()?;

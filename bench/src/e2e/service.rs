@@ -105,10 +105,13 @@ impl Attach {
 }
 
 /// xdp-limiter's rule: node scope, node scope with a penalty, cluster
-/// scope (which allows no penalty), node scope with a /16 aggregate, or
+/// scope (which allows no penalty), node scope with a /16 aggregate,
 /// node scope with the clients' /24 under a rule of its own at the same
 /// limit (`apart`: the flood under the default rule; what the limiter
-/// drops of the clients is that rule's drop count).
+/// drops of the clients is that rule's drop count), or `apart` with the
+/// aimed flood's UDP port under a per-minute rule of its own (`minute`:
+/// [`MINUTE_PPS`] over a minute, no cheap frames, the rule whose new
+/// sources take tickets fastest).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Variant {
@@ -117,15 +120,17 @@ pub enum Variant {
     Cluster,
     Agg16,
     Apart,
+    Minute,
 }
 
 impl Variant {
-    pub const ALL: [Variant; 5] = [
+    pub const ALL: [Variant; 6] = [
         Variant::Node,
         Variant::Block,
         Variant::Cluster,
         Variant::Agg16,
         Variant::Apart,
+        Variant::Minute,
     ];
 
     pub fn name(self) -> &'static str {
@@ -135,6 +140,7 @@ impl Variant {
             Variant::Cluster => "cluster",
             Variant::Agg16 => "agg16",
             Variant::Apart => "apart",
+            Variant::Minute => "minute",
         }
     }
 }
@@ -147,6 +153,14 @@ pub const BLOCK: &str = "10s";
 /// ACKs, FIN at 5 requests a second): 200 of them about 5,400, so the
 /// aggregate holds the flood's /16 and leaves theirs alone.
 pub const AGG16_PPS: u64 = 10_000;
+/// The `minute` variant's rule of the aimed flood's UDP port: this many
+/// frames a second over a 60 s window (120 a minute; its cheap frames,
+/// a tenth of two seconds' worth, round to none). The aimed flood's
+/// addresses send 1.5 frames a second each on average: 90 a minute,
+/// under it.
+pub const MINUTE_PPS: u64 = 2;
+/// The `minute` variant's rule's name.
+pub const MINUTE_RULE: &str = "flood-port";
 
 /// What stands in front of the server.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -1104,9 +1118,15 @@ pub fn limiter_config(attach: Attach, pps: u64, variant: Variant, redis: Option<
         Variant::Block => config.push_str(&format!("block = \"{BLOCK}\"\n")),
         Variant::Cluster => config.push_str("scope = \"cluster\"\n"),
         Variant::Agg16 => config.push_str(&format!("levels = [\"prefix/16:{AGG16_PPS}\"]\n")),
-        Variant::Apart => config.push_str(&format!(
-            "\n[[rules]]\nname = \"{CLIENTS_RULE}\"\ncidr = \"{CLIENTS_NET}\"\npps = {pps}\nwindow = \"1s\"\n"
-        )),
+        Variant::Apart => config.push_str(&clients_rule(pps)),
+        Variant::Minute => {
+            config.push_str(&clients_rule(pps));
+            config.push_str(&format!(
+                "\n[[rules]]\nname = \"{MINUTE_RULE}\"\ncidr = \"0.0.0.0/0\"\nprotocol = \"udp\"\n\
+                 ports = {}\npps = {MINUTE_PPS}\nwindow = \"60s\"\n",
+                lab::SINK_PORT
+            ));
+        }
     }
     if let Some(url) = redis {
         config.push_str(&format!(
@@ -1114,6 +1134,14 @@ pub fn limiter_config(attach: Attach, pps: u64, variant: Variant, redis: Option<
         ));
     }
     config
+}
+
+/// The rule of the clients' /24 at `pps` (the `apart` and `minute`
+/// variants).
+fn clients_rule(pps: u64) -> String {
+    format!(
+        "\n[[rules]]\nname = \"{CLIENTS_RULE}\"\ncidr = \"{CLIENTS_NET}\"\npps = {pps}\nwindow = \"1s\"\n"
+    )
 }
 
 /// Installs `filter` in front of the server.
@@ -1258,6 +1286,8 @@ impl ServiceCell {
             "plan": self.plan,
             "flood_tool": self.plan.flood_tool,
             "success": med(&|r| r.success),
+            "answered": self.answered().0,
+            "requests": self.answered().1,
             "p50_ms": med(&|r| r.p50_ms),
             "p99_ms": med(&|r| r.p99_ms),
             "flood_pps": med(&|r| r.flood_pps),
@@ -1274,17 +1304,27 @@ impl ServiceCell {
         })
     }
 
-    /// One table row (medians over the runs).
+    /// The clients' requests answered over all runs, and those made: a
+    /// cell's success is judged by the whole, not by its median run.
+    pub fn answered(&self) -> (u64, u64) {
+        self.runs
+            .iter()
+            .fold((0, 0), |(ok, all), r| (ok + r.ok, all + r.scheduled))
+    }
+
+    /// One table row (the requests answered over all runs; medians over
+    /// the runs for the rest).
     pub fn row(&self) -> String {
+        let (ok, all) = self.answered();
         let d = self.plan.duration.as_secs_f64();
         let per_s = |name: &str| match self.outcome(name) {
             Some(v) => rate(v),
             None => "-".to_string(),
         };
         format!(
-            "| {} | {:.1}% | {:.1} | {:.0} | {} | {:.0}% | {:.0}% | {:.0}% | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {:.1} | {:.0} | {} | {:.0}% | {:.0}% | {:.0}% | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             self.filter.label(self.plan.reference_pps),
-            self.stat(|r| r.success).median * 100.0,
+            answered_share(ok, all),
             self.stat(|r| r.p50_ms).median,
             self.stat(|r| r.p99_ms).median,
             rate(self.stat(|r| r.flood_pps).median),
@@ -1304,7 +1344,7 @@ impl ServiceCell {
             per_s(OUTCOMES[6]),
             match self.filter {
                 Filter::Limiter {
-                    variant: Variant::Apart,
+                    variant: Variant::Apart | Variant::Minute,
                     ..
                 } => per_s(OUTCOMES[7]),
                 _ => "-".to_string(),
@@ -1313,8 +1353,16 @@ impl ServiceCell {
     }
 }
 
+/// `ok` of `all` requests as a share and the counts: `99.7% (598 of 600)`.
+pub fn answered_share(ok: u64, all: u64) -> String {
+    let share = ok as f64 * 100.0 / all.max(1) as f64;
+    // Rounded down, so a cell that lost a request never reads 100.0%.
+    let share = (share * 10.0).floor() / 10.0;
+    format!("{share:.1}% ({ok} of {all})")
+}
+
 /// The table's header (matching [`ServiceCell::row`]).
-pub const TABLE_HEADER: &str = "| filter | clients' success | p50 ms | p99 ms | flood sent | NAPI thread CPU | softirq CPU (all CPUs) | nginx CPU | frames dropped at the veth /s | clients' SYN retransmits /s | SYN cookies sent /s | listen drops /s | passed /s | dropped_limit /s | cheap /s | new_window /s | new_source /s | window_full /s | proven /s | clients' frames dropped /s (`apart`) |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|";
+pub const TABLE_HEADER: &str = "| filter | clients' requests answered (all runs) | p50 ms | p99 ms | flood sent | NAPI thread CPU | softirq CPU (all CPUs) | nginx CPU | frames dropped at the veth /s | clients' SYN retransmits /s | SYN cookies sent /s | listen drops /s | passed /s | dropped_limit /s | cheap /s | new_window /s | new_source /s | window_full /s | proven /s | clients' frames dropped /s (`apart`, `minute`) |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|";
 
 /// Runs `filter`'s cell: a lab of its own with nginx, the filter, and
 /// `runs` runs at `plan`. `None` when interrupted.
@@ -1420,7 +1468,9 @@ pub fn describe(plan: &Plan, runs: usize) -> String {
          {runs} runs per cell after 1.2 s of quiet and an idle machine, medians shown; nftables and hashlimit at {} pps \
          per source (burst the same), xdp-limiter with the product's defaults (65,536 windows, 16,384 hot sources) and \
          its default rule at the limit shown, enforced (`block` = {BLOCK}; cluster: one Redis in the lab; `agg16`: \
-         `levels = [\"prefix/16:{AGG16_PPS}\"]`); the \
+         `levels = [\"prefix/16:{AGG16_PPS}\"]`; \
+         `apart`: the clients' /24 under a rule of its own at the same limit; `minute`: `apart`, and the flood's UDP \
+         port under a rule of {MINUTE_PPS} pps over 60 s, no cheap frames); the \
          daemon's outcomes are per second of flood",
         PAGE.len(),
         plan.clients,
@@ -1535,5 +1585,17 @@ mod tests {
         assert!(b.contains("mode = \"generic\"") && b.contains("block = \"10s\""));
         let a = limiter_config(Attach::Native, 100, Variant::Agg16, None);
         assert!(a.contains("levels = [\"prefix/16:10000\"]") && !a.contains("block"));
+        let m = limiter_config(Attach::Native, 10, Variant::Minute, None);
+        assert!(m.contains("name = \"flood-port\""));
+        assert!(m.contains("name = \"clients\"") && m.contains("ports = 9000"));
+        assert!(m.contains("pps = 2\nwindow = \"60s\""));
+    }
+
+    #[test]
+    fn a_cell_that_lost_a_request_never_reads_100_percent() {
+        assert_eq!(answered_share(600, 600), "100.0% (600 of 600)");
+        assert_eq!(answered_share(599, 600), "99.8% (599 of 600)");
+        assert_eq!(answered_share(5999, 6000), "99.9% (5999 of 6000)");
+        assert_eq!(answered_share(0, 0), "0.0% (0 of 0)");
     }
 }
