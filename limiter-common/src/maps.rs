@@ -311,13 +311,13 @@ mod tests {
     fn capacities_as_loaded() {
         assert_eq!(SOURCES.expected_max_entries(1000, 10), Some(10));
         assert_eq!(WINDOWS.expected_max_entries(1000, 10), Some(1250));
-        assert_eq!(UNPROVEN.expected_max_entries(1000, 10), Some(1000));
-        assert_eq!(TICKET_RING.expected_max_entries(1000, 10), Some(1000));
-        assert_eq!(TICKET_CLOCK.expected_max_entries(1000, 10), Some(7));
+        assert_eq!(UNPROVEN.expected_max_entries(1000, 10), Some(1250));
+        assert_eq!(TICKET_RING.expected_max_entries(1000, 10), Some(1250));
+        assert_eq!(TICKET_CLOCK.expected_max_entries(1000, 10), Some(8));
         assert_eq!(PREFIX_TICKETS.expected_max_entries(1000, 10), Some(16_384));
         assert_eq!(
             TICKET_COUNTS.expected_max_entries(1000, 10),
-            Some(2 * (RULE_SLOTS + 1))
+            Some(2 * (RULE_SLOTS + 2))
         );
         assert_eq!(
             WINDOWS.expected_max_entries(3, 10),

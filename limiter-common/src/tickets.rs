@@ -2,22 +2,29 @@
 //! reserve of its own, the rest is shared, so a flood of unproven
 //! sources under one rule takes its reserve and the shared room, never
 //! another rule's reserve. A ticket's value is the account it was taken
-//! from (a rule's slot in `RULES`, or [`SHARED`]); `TICKET_COUNTS` keeps
+//! from (a rule's slot in `RULES`, [`SHARED`], or [`PROVEN`]: a window
+//! made for a source that proved its address while the tickets were
+//! taken, in the room `WINDOWS` keeps beyond them); `TICKET_COUNTS` keeps
 //! per account what the kernel took net of what it gave back, and,
 //! apart, what the daemon's reclaim gave back (the kernel adds
 //! atomically, the daemon writes whole words: one writer per word).
-//! A ticket of an IPv6 source also counts on its /48 ([`Ticket`],
-//! `PREFIX_TICKETS`): a prefix holds at most [`Rooms::prefix`] tickets,
-//! so one holder's /64s take that and no more of their rule's rooms.
-//! docs/architecture.md, "Room per rule" and "Room per prefix", has the
-//! bounds.
+//! A ticket of an IPv6 source, proven or not, also counts on its /48
+//! ([`Ticket`], `PREFIX_TICKETS`): a prefix holds at most
+//! [`Rooms::prefix`] tickets, so one holder's /64s take that and no more
+//! of their rule's rooms or of the proven room. docs/architecture.md,
+//! "Room per rule" and "Room per prefix", has the bounds.
 
-use crate::{keys::AddressFamily, rules::RULE_SLOTS, SourceKey};
+use crate::{keys::AddressFamily, maps::PROVEN_SHARE, rules::RULE_SLOTS, SourceKey};
 
 /// The account of the shared room (the rules' are their slots).
 pub const SHARED: u16 = RULE_SLOTS as u16;
-/// Accounts: one per rule slot and the shared room.
-pub const ACCOUNTS: u32 = RULE_SLOTS + 1;
+/// The account of the proven room: the windows of sources that proved
+/// their address while the tickets were taken (bounded by `WINDOWS`'
+/// room beyond the tickets, [`Rooms::proven`], and per prefix by
+/// [`Rooms::prefix`]).
+pub const PROVEN: u16 = RULE_SLOTS as u16 + 1;
+/// Accounts: one per rule slot, the shared room and the proven room.
+pub const ACCOUNTS: u32 = RULE_SLOTS + 2;
 /// `TICKET_COUNTS` entries: the kernel's counts, then the daemon's.
 pub const COUNTS: u32 = 2 * ACCOUNTS;
 
@@ -33,9 +40,11 @@ pub const fn returned_index(account: u16) -> u32 {
     ACCOUNTS + account as u32
 }
 
-/// `TICKET_CLOCK` indices: the ring's two counters, its length, the
-/// rooms ([`Rooms`]; written by userspace), and until when the ring
-/// rests ([`LOOK_REST_NS`]).
+/// `TICKET_CLOCK` indices: the ring's two counters, the tickets there
+/// are (`max_sources`), the rooms ([`Rooms`]; written by userspace),
+/// until when the ring rests ([`LOOK_REST_NS`]), and the ring's length
+/// (`WINDOWS`' capacity: every window made under a ticket, proven ones
+/// too, is appended).
 pub const CLOCK_APPENDED: u32 = 0;
 pub const CLOCK_LOOKED: u32 = 1;
 pub const CLOCK_CAPACITY: u32 = 2;
@@ -43,8 +52,9 @@ pub const CLOCK_RESERVE: u32 = 3;
 pub const CLOCK_SHARED: u32 = 4;
 pub const CLOCK_RESTING: u32 = 5;
 pub const CLOCK_PREFIX: u32 = 6;
+pub const CLOCK_RING: u32 = 7;
 /// `TICKET_CLOCK` entries.
-pub const CLOCK_WORDS: u32 = 7;
+pub const CLOCK_WORDS: u32 = 8;
 
 /// A /48 may hold a 64th of the tickets ([`Rooms::prefix`]), and at
 /// least [`PREFIX_MIN`]: at the default 65,536, 1,024 windows of its /64s,
@@ -178,9 +188,14 @@ pub struct Rooms {
     pub reserve: u64,
     /// Tickets any rule may hold once its reserve is taken.
     pub shared: u64,
-    /// Tickets the sources of one prefix may hold, in all rules
-    /// ([`PREFIX_SHARE`]).
+    /// Tickets the sources of one prefix may hold, in all rules and the
+    /// proven room ([`PREFIX_SHARE`]).
     pub prefix: u64,
+    /// Windows `WINDOWS` keeps beyond the tickets for proven sources
+    /// (`maps::PROVEN_SHARE`): what the [`PROVEN`] account can hold,
+    /// bounded by the map itself, not counted against (read by
+    /// userspace; the kernel's copy is 0).
+    pub proven: u64,
 }
 
 impl Rooms {
@@ -193,12 +208,14 @@ impl Rooms {
         } else {
             prefix as u64
         };
+        let proven = (capacity / PROVEN_SHARE) as u64;
         let capacity = capacity as u64;
         if rules == 0 {
             return Self {
                 reserve: 0,
                 shared: capacity,
                 prefix,
+                proven,
             };
         }
         let reserve = capacity / (2 * rules as u64);
@@ -206,6 +223,7 @@ impl Rooms {
             reserve,
             shared: capacity - reserve * rules as u64,
             prefix,
+            proven,
         }
     }
 
@@ -273,6 +291,7 @@ mod tests {
                 reserve: 10_922,
                 shared: 32_770,
                 prefix: 1_024,
+                proven: 16_384,
             }
         );
         assert_eq!(Rooms::new(1_000, 3).prefix, PREFIX_MIN);
@@ -326,6 +345,7 @@ mod tests {
         let ticket = Ticket::new(7, Some([3, 4_100]));
         assert_eq!((ticket.account(), ticket.cells()), (7, Some([3, 4_100])));
         assert_eq!(Ticket::new(SHARED, None).cells(), None);
+        assert_eq!(Ticket::new(PROVEN, Some([1, 2])).account(), PROVEN);
         assert_eq!(core::mem::size_of::<Ticket>(), 8);
         assert_eq!(prefix_returned_index(0), PREFIX_WORDS / 2);
     }
@@ -363,7 +383,8 @@ mod tests {
 
     #[test]
     fn the_accounts_have_their_own_words() {
-        assert_eq!(taken_index(SHARED) + 1, returned_index(0));
-        assert_eq!(returned_index(SHARED) + 1, COUNTS);
+        assert_eq!(taken_index(PROVEN) + 1, returned_index(0));
+        assert_eq!(returned_index(PROVEN) + 1, COUNTS);
+        assert_eq!(SHARED + 1, PROVEN);
     }
 }

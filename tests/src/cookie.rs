@@ -55,6 +55,17 @@ impl Handshakes {
             "veth-s",
             "nodad",
         ]);
+        // Clients of any IPv6 /48 of the documentation prefix: the
+        // server's /64 on-link from the client, theirs from the server.
+        client.ip(&[
+            "-6",
+            "route",
+            "add",
+            &format!("{SERVER6}/128"),
+            "dev",
+            "veth-c",
+        ]);
+        server.ip(&["-6", "route", "add", "2001:db8::/32", "dev", "veth-s"]);
         server
             .enter(|| fs::write("/proc/sys/net/ipv4/tcp_syncookies", "2"))
             .expect("cookies for every SYN in the server's namespace");

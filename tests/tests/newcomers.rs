@@ -40,7 +40,10 @@ use limiter_tests::{
     packets::{self, ETH_LEN},
     SetOnDrop,
 };
-use limiter_user::{daemon::SHARED_ROOM, rules::DEFAULT_RULE_NAME};
+use limiter_user::{
+    daemon::{PROVEN_ROOM, SHARED_ROOM},
+    rules::DEFAULT_RULE_NAME,
+};
 use nix::{
     errno::Errno,
     sys::{
@@ -480,6 +483,15 @@ fn newcomers_under_the_flood(rules: &str, schedule: Schedule, expect: Expect) {
                 assert!(
                     proven.unwrap_or(0.0) > 0.0,
                     "the clients proved themselves to get their windows"
+                );
+                // Their windows hold tickets of the proven room, a quarter
+                // of the tickets, at most one a client.
+                let held = value(&room("xdp_limiter_tickets", PROVEN_ROOM));
+                let size = value(&room("xdp_limiter_ticket_room", PROVEN_ROOM));
+                assert_eq!(size, Some(f64::from(MAX_SOURCES / 4)));
+                assert!(
+                    held.is_some_and(|n| n <= f64::from(CLIENTS)),
+                    "proven tickets {held:?}"
                 );
             }
             Expect::OwnRoom(name) => {

@@ -168,6 +168,7 @@ fn promtool_checks_the_alert_rules_and_their_unit_tests_pass() {
         "XdpLimiterCrowdsecUnreachable",
         "XdpLimiterRuleRoomFull",
         "XdpLimiterPrefixRoomFull",
+        "XdpLimiterProvenRoomFull",
         "XdpLimiterSynCookieShieldUp",
     ] {
         assert!(

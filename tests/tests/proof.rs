@@ -18,7 +18,7 @@ use limiter_common::{
     maps::window_capacity,
     rules::rules_base,
     sketch::UNPROVEN_SYNS,
-    tickets::{Rooms, CLOCK_LOOKED, LOOK_REST_NS, SHARED},
+    tickets::{Rooms, CLOCK_LOOKED, LOOK_REST_NS, PROVEN, SHARED},
     Outcome, SourceKey,
 };
 use limiter_tests::{
@@ -155,9 +155,11 @@ fn a_client_proves_itself_and_is_held_to_its_allowance(source: IpAddr, syn: Vec<
     assert_eq!(harness.offer(1, &ack, 1), (1, 0), "the cookie ACK passes");
     assert_eq!(harness.outcome_total(Outcome::Proven).packets, 1);
     assert!(harness.maps().window(&key).is_some(), "its window is made");
-    assert!(
-        harness.maps().unproven.get(&key, 0).is_err(),
-        "with no ticket: the tickets stay the flood's"
+    let ticket = harness.maps().unproven.get(&key, 0).expect("its ticket");
+    assert_eq!(
+        ticket.account(),
+        PROVEN,
+        "of the proven room: the rules' tickets stay the flood's"
     );
     // Held to its allowance on its window, over both CPUs.
     let (a, _) = harness.offer(0, &plain, ALLOWANCE);
@@ -395,6 +397,140 @@ fn a_48_takes_its_prefix_room_and_leaves_its_rule_the_rest() {
         .expect("accounts")
         .iter()
         .all(|n| *n == 0));
+}
+
+/// A holder of an IPv6 /48 completing handshakes from its /64s while the
+/// tickets are taken: each proves itself, but a proven window takes a
+/// ticket of the proven room on its /48's cells, so the /48 gets its
+/// prefix's room (a 64th of the tickets, at least 64) and no more
+/// (`prefix_full`), while clients of other /48s and IPv4 still prove
+/// themselves (before, every /64 that proved itself got a window: 16,384
+/// handshakes from one /48 filled the proven room at the default sizes).
+/// With no daemon, once the /48's windows are idle, the program frees
+/// them as it frees any ticket's (the ring's oldest first) and the /48
+/// proves itself again; busy proven windows are kept; the daemon's
+/// reclaim gives back the rest, proven tickets too.
+#[test]
+fn a_48_proving_its_64s_gets_its_prefix_room_of_the_proven_room() {
+    let allowance = 4;
+    let rooms = Rooms::new(CAPACITY, 1);
+    assert_eq!(rooms.prefix, 64);
+    let extra = 16u16;
+    let holder = |i: u16| IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 0xf00d, i, 0, 0, 0, 1));
+    let others: Vec<IpAddr> = (0..4u16)
+        .map(|i| IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 0xe000 + i, 0, 0, 0, 0, 1)))
+        .chain((0..4u8).map(|i| IpAddr::V4(Ipv4Addr::new(198, 51, 100, 20 + i))))
+        .collect();
+    let handshakes = Handshakes::new();
+    let holder_acks: Vec<Vec<u8>> = (0..rooms.prefix as u16 + extra)
+        .map(|i| handshakes.last_ack(holder(i)))
+        .collect();
+    let other_acks: Vec<Vec<u8>> = others.iter().map(|s| handshakes.last_ack(*s)).collect();
+
+    let mut harness = loaded_with(
+        limit_over("0.0.0.0/0", allowance, Duration::from_secs(1)),
+        vec![],
+    );
+    assert_eq!(harness.first_rule(0).cheap_frames, 0);
+    assert_eq!(harness.maps().ticket_rooms().expect("rooms"), rooms);
+    let v4_flood = |base: u32| move |i: u32| IpAddr::V4(Ipv4Addr::from(base | i));
+    let program = harness.program();
+    on_cpu(0, || {
+        spray_from(program, 0..2 * CAPACITY, v4_flood(0x0a00_0000))
+    });
+    assert_eq!(
+        harness.maps().unproven.keys().count() as u32,
+        CAPACITY,
+        "the flood holds every ticket"
+    );
+
+    // The /48's handshakes: its prefix's room of the proven room.
+    let admitted = holder_acks
+        .iter()
+        .enumerate()
+        .filter(|(i, ack)| harness.offer(i % 2, ack, 1) == (1, 0))
+        .count() as u64;
+    assert_eq!(admitted, rooms.prefix, "the /48 holds its prefix's room");
+    assert_eq!(
+        harness.outcome_total(Outcome::PrefixFull).packets,
+        u64::from(extra)
+    );
+    // Clients from elsewhere still prove themselves.
+    for (i, ack) in other_acks.iter().enumerate() {
+        assert_eq!(harness.offer(i % 2, ack, 1), (1, 0), "{}", others[i]);
+    }
+    assert_eq!(
+        harness.outcome_total(Outcome::Proven).packets,
+        rooms.prefix + others.len() as u64
+    );
+    let held = harness.maps().tickets_held().expect("accounts");
+    assert_eq!(
+        held[usize::from(PROVEN)],
+        rooms.prefix + others.len() as u64
+    );
+    let cells = harness.maps().prefix_tickets_held().expect("cells");
+    assert_eq!(cells.iter().sum::<u64>(), 2 * (rooms.prefix + 4));
+
+    // No daemon: the clients from elsewhere stay busy (a frame every
+    // 400 ms: at most 4 in any second with the first, their allowance) while the /48's windows and the
+    // flood's go idle; new spoofed sources then make the program free
+    // the idle ones, oldest first: the flood's, then the /48's.
+    let quiet_from = limiter_tests::testrun::coarse_now();
+    while limiter_tests::testrun::coarse_now() < quiet_from + Duration::from_millis(1_800) {
+        for (i, ack) in other_acks.iter().enumerate() {
+            assert_eq!(harness.offer(i % 2, ack, 1), (1, 0), "busy {}", others[i]);
+        }
+        std::thread::sleep(Duration::from_millis(400));
+    }
+    let program = harness.program();
+    on_cpu(0, || {
+        spray_from(program, 0..CAPACITY + 200, v4_flood(0x0b00_0000))
+    });
+    let held = harness.maps().tickets_held().expect("accounts");
+    assert_eq!(
+        held[usize::from(PROVEN)],
+        others.len() as u64,
+        "the /48's idle proven windows freed, the busy ones kept"
+    );
+    let cells = harness.maps().prefix_tickets_held().expect("cells");
+    assert_eq!(
+        cells.iter().sum::<u64>(),
+        2 * 4,
+        "the /48's cells back to 0"
+    );
+    let budget = harness.first_rule(0).budget;
+    for i in 0..rooms.prefix as u16 {
+        assert!(harness
+            .maps()
+            .window(&client_key(budget, holder(i)))
+            .is_none());
+    }
+    // Its room again: a /64 refused before proves itself now.
+    let again = &holder_acks[rooms.prefix as usize];
+    assert_eq!(harness.offer(0, again, 1), (1, 0), "the /48's room again");
+
+    // The daemon's reclaim, once everything is idle, gives back every
+    // ticket, proven ones too.
+    let idle_at = limiter_tests::testrun::coarse_now() + Duration::from_millis(1_800);
+    while limiter_tests::testrun::coarse_now() < idle_at {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let mut reclaim = Reclaim::default();
+    let now = limiter_tests::testrun::coarse_now().as_nanos() as u64;
+    while !reclaim
+        .step(harness.maps_mut(), now, 8_192, &mut Vec::new())
+        .expect("reclaim")
+        .pass_done
+    {}
+    assert_eq!(
+        harness.maps().unproven.keys().count(),
+        0,
+        "every ticket back"
+    );
+    let held = harness.maps().tickets_held().expect("accounts");
+    assert!(held.iter().all(|n| *n == 0), "{held:?}");
+    let cells = harness.maps().prefix_tickets_held().expect("cells");
+    assert!(cells.iter().all(|n| *n == 0), "every cell back to 0");
 }
 
 /// While a flood's windows, all busy, hold every ticket, a look at the

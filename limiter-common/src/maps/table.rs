@@ -55,45 +55,51 @@ macro_rules! for_each_map {
             WINDOWS(windows): Hash<$crate::SourceKey, $crate::WindowState>,
                 Windows($crate::maps::DEFAULT_MAX_SOURCES + $crate::maps::DEFAULT_MAX_SOURCES / $crate::maps::PROVEN_SHARE), pinned;
 
-            /// The tickets of the windows of sources that have not proved their
-            /// address: `SourceKey` (the window's key) -> `tickets::Ticket`:
-            /// the account it was taken from (its rule's slot, or the shared
-            /// room: `tickets::Rooms`) and its /48's cells in `PREFIX_TICKETS`. A window is made for such a source only with
-            /// a ticket, and there are `max_sources` of them, while `WINDOWS`
-            /// holds a quarter more: that quarter is kept for TCP sources that
-            /// completed a handshake with a valid SYN cookie while the tickets
-            /// were all taken (`Outcome::Proven`, `judge/proof.rs`), which a
-            /// spoofed flood, never receiving our SYN-ACKs, cannot take. A
-            /// plain hash; the daemon deletes a window's ticket with the
-            /// window. Full, or the rule's reserve and the shared room taken, a
-            /// source without a window gets none (`Outcome::WindowFull`) unless
-            /// it proves itself.
+            /// The tickets of the windows made under pressure: `SourceKey` (the
+            /// window's key) -> `tickets::Ticket`: the account it was taken
+            /// from (its rule's slot or the shared room: `tickets::Rooms`; or
+            /// the proven room, `tickets::PROVEN`) and its /48's cells in
+            /// `PREFIX_TICKETS`. A window is made for a source that has not
+            /// proved its address only with a ticket of a rule's rooms, and
+            /// there are `max_sources` of them, while `WINDOWS` holds a quarter
+            /// more: that quarter is kept for TCP sources that completed a
+            /// handshake with a valid SYN cookie while the tickets were all
+            /// taken (`Outcome::Proven`, `judge/proof.rs`), which a spoofed
+            /// flood, never receiving our SYN-ACKs, cannot take; such a window
+            /// gets a ticket of the proven room, so its /48 is counted and the
+            /// program frees it idle as any other. A plain hash of `WINDOWS`'
+            /// size; the daemon deletes a window's ticket with the window.
+            /// Full, or the rule's reserve and the shared room taken, a source
+            /// without a window gets none (`Outcome::WindowFull`) unless it
+            /// proves itself.
             UNPROVEN(unproven): Hash<$crate::SourceKey, $crate::tickets::Ticket>,
-                Sources($crate::maps::DEFAULT_MAX_SOURCES), pinned;
+                Windows($crate::maps::DEFAULT_MAX_SOURCES + $crate::maps::DEFAULT_MAX_SOURCES / $crate::maps::PROVEN_SHARE), pinned;
 
             /// The tickets in the order they were taken (the window keys), a
-            /// ring of `max_sources`: when no ticket is left, the program looks
-            /// at the oldest entries, frees the window and ticket of one found
-            /// idle (`WindowState::idle_at`) and puts a busy one back at the end
-            /// (`judge/tickets.rs`), so windows are freed with no daemon
-            /// running. Full (more entries than it holds), the oldest entry is
-            /// written over: its window is left to the daemon's reclaim.
+            /// ring of `WINDOWS`' size: when no ticket is left, the program
+            /// looks at the oldest entries, frees the window and ticket of one
+            /// found idle (`WindowState::idle_at`) and puts a busy one back at
+            /// the end (`judge/tickets.rs`), so windows are freed with no
+            /// daemon running. Full (more entries than it holds), the oldest
+            /// entry is written over: its window is left to the daemon's
+            /// reclaim.
             TICKET_RING(ticket_ring): Array<u32, $crate::SourceKey>,
-                Sources($crate::maps::DEFAULT_MAX_SOURCES), pinned;
+                Windows($crate::maps::DEFAULT_MAX_SOURCES + $crate::maps::DEFAULT_MAX_SOURCES / $crate::maps::PROVEN_SHARE), pinned;
 
-            /// `[entries appended to TICKET_RING, entries looked at, its
-            /// capacity, each rule's reserve of tickets, the shared room, until
-            /// when the ring rests, a prefix's room]`
-            /// (`tickets::CLOCK_*`): the ring's two counters (compare-and-swap),
-            /// its length (written by userspace at load; 0: no ring) and the
-            /// rooms (`tickets::Rooms`, written at each rule push).
+            /// `[entries appended to TICKET_RING, entries looked at, the
+            /// tickets there are, each rule's reserve of tickets, the shared
+            /// room, until when the ring rests, a prefix's room, the ring's
+            /// length]` (`tickets::CLOCK_*`): the ring's two counters
+            /// (compare-and-swap), the tickets and the ring's length (written by
+            /// userspace at load; a length of 0: no ring) and the rooms
+            /// (`tickets::Rooms`, written at each rule push).
             TICKET_CLOCK(ticket_clock): Array<u32, u64>,
                 Fixed($crate::tickets::CLOCK_WORDS), pinned;
 
-            /// The tickets each account holds (`tickets`): per rule slot and
-            /// the shared room, what the program took net of what it gave back
-            /// (atomic adds), then what the daemon's reclaim gave back (its
-            /// own words). Fixed: 1,026 words.
+            /// The tickets each account holds (`tickets`): per rule slot, the
+            /// shared room and the proven room, what the program took net of
+            /// what it gave back (atomic adds), then what the daemon's reclaim
+            /// gave back (its own words). Fixed: 1,028 words.
             TICKET_COUNTS(ticket_counts): Array<u32, u64>,
                 Fixed($crate::tickets::COUNTS), pinned;
 

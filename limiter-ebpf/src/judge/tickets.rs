@@ -7,10 +7,13 @@
 //! account holds), so a flood under one rule never takes another's
 //! reserve. `TICKET_RING` holds the keys in the order their tickets were
 //! taken; `TICKET_CLOCK` counts what was appended and what was looked at.
-//! A ticket of an IPv6 source counts on its /48's cells too
-//! (`PREFIX_TICKETS`), so one holder of a /48 takes its prefix's room and
-//! no more. docs/architecture.md, "Proof before state", "Room per rule"
-//! and "Room per prefix", has the bounds.
+//! A source that proved its address while the tickets were taken gets a
+//! ticket of the proven room (`tickets::PROVEN`, bounded by `WINDOWS`'
+//! room beyond the tickets), so its window is freed idle as the others
+//! are. A ticket of an IPv6 source, proven or not, counts on its /48's
+//! cells too (`PREFIX_TICKETS`), so one holder of a /48 takes its
+//! prefix's room and no more. docs/architecture.md, "Proof before
+//! state", "Room per rule" and "Room per prefix", has the bounds.
 
 use core::{
     intrinsics::{atomic_cxchg, atomic_xadd, AtomicOrdering},
@@ -22,8 +25,8 @@ use limiter_common::{
     rules::RULE_SLOTS,
     tickets::{
         prefix_cells, prefix_returned_index, prefix_taken_index, returned_index, taken_index,
-        Rooms, Ticket, CLOCK_APPENDED, CLOCK_CAPACITY, CLOCK_LOOKED, CLOCK_PREFIX, CLOCK_RESERVE,
-        CLOCK_RESTING, CLOCK_SHARED, LOOK_REST_NS, SHARED,
+        Rooms, Ticket, CLOCK_APPENDED, CLOCK_LOOKED, CLOCK_PREFIX, CLOCK_RESERVE, CLOCK_RESTING,
+        CLOCK_RING, CLOCK_SHARED, LOOK_REST_NS, PROVEN, SHARED,
     },
     Outcome, SourceKey, WindowState,
 };
@@ -42,7 +45,7 @@ const EEXIST: i32 = -17;
 /// `TICKET_CLOCK` indices.
 const APPENDED: u32 = CLOCK_APPENDED;
 const LOOKED: u32 = CLOCK_LOOKED;
-const CAPACITY: u32 = CLOCK_CAPACITY;
+const CAPACITY: u32 = CLOCK_RING;
 /// Ring entries looked at when no ticket is left, at most, per frame: a
 /// frame that finds no idle window among them is refused; a busy one
 /// looked at goes back to the end, so a flood of busy windows costs each
@@ -50,25 +53,21 @@ const CAPACITY: u32 = CLOCK_CAPACITY;
 const LOOKS: u32 = 2;
 
 /// [`take`]'s answer: a ticket taken now, or the source's own from
-/// before (or none needed: a proven source's).
+/// before.
 pub(super) const TAKEN: u32 = 1;
 /// [`take`]'s answer: none left.
 pub(super) const NONE_LEFT: u32 = 0;
 /// [`take`]'s answer: the map refused otherwise.
 pub(super) const REFUSED: u32 = 2;
 
-/// Takes a ticket for the window keyed `key` of the rule in `slot`, from
-/// the rule's reserve or else the shared room, and on its /48's cells
-/// (an IPv6 source), unless `proven` (non-zero: the frame proved its
-/// source, whose window takes none, counted `proven`); [`TAKEN`],
-/// [`NONE_LEFT`] (counted `prefix_full` when its prefix had no room) or
-/// [`REFUSED`].
+/// Takes a ticket for the window keyed `key` of the rule in `slot`: of
+/// the proven room if `proven` (non-zero: the frame proved its source,
+/// counted `proven`), else of the rule's reserve or the shared room; and
+/// on its /48's cells (an IPv6 source) either way. [`TAKEN`],
+/// [`NONE_LEFT`] (counted `prefix_full` when its prefix had no room, once
+/// a frame) or [`REFUSED`].
 #[inline(always)]
 pub(super) fn take(key: &SourceKey, slot: u32, proven: u32, len: u64) -> u32 {
-    if proven != 0 {
-        maps::count(Outcome::Proven, len);
-        return TAKEN;
-    }
     if UNPROVEN.get_ptr(key).is_some() {
         // The source's own, from before.
         return TAKEN;
@@ -77,17 +76,32 @@ pub(super) fn take(key: &SourceKey, slot: u32, proven: u32, len: u64) -> u32 {
     let cells = prefix_cells(key, seed);
     if let Some(cells) = cells {
         if !open_prefix(cells) {
-            maps::count(Outcome::PrefixFull, len);
+            // Counted by a frame's first ask, which is never a proven one
+            // (a proven frame asks for a rule's ticket first).
+            if proven == 0 {
+                maps::count(Outcome::PrefixFull, len);
+            }
             return NONE_LEFT;
         }
     }
-    let Some(account) = open_account(slot) else {
+    let account = if proven != 0 {
+        // The proven room's bound is `WINDOWS` itself: counted, never
+        // refused here.
+        add(taken_index(PROVEN), 1);
+        Some(PROVEN)
+    } else {
+        open_account(slot)
+    };
+    let Some(account) = account else {
         close_prefix(cells);
         return NONE_LEFT;
     };
     match UNPROVEN.insert(key, Ticket::new(account, cells), BPF_NOEXIST) {
         Ok(()) => {
             append(key);
+            if proven != 0 {
+                maps::count(Outcome::Proven, len);
+            }
             TAKEN
         }
         Err(e) => {
@@ -102,13 +116,10 @@ pub(super) fn take(key: &SourceKey, slot: u32, proven: u32, len: u64) -> u32 {
     }
 }
 
-/// Gives back the ticket of `key` (its window could not be made), unless
-/// `proven` (it took none).
+/// Gives back the ticket of `key` (its window could not be made).
 #[inline(always)]
-pub(super) fn give_back(key: &SourceKey, proven: u32) {
-    if proven == 0 {
-        remove(key);
-    }
+pub(super) fn give_back(key: &SourceKey) {
+    remove(key);
 }
 
 /// Removes the ticket of `key`, if it has one, and counts it given back
@@ -145,6 +156,7 @@ fn open_prefix(cells: [u16; 2]) -> bool {
         reserve: 0,
         shared: 0,
         prefix: room,
+        proven: 0,
     };
     // A prefix found full by a plain read is not counted on.
     if !rooms.prefix_has_room(prefix_held(cells[0]).min(prefix_held(cells[1]))) {
@@ -210,6 +222,7 @@ fn open_account(slot: u32) -> Option<u16> {
             reserve: read_volatile(reserve),
             shared: read_volatile(shared),
             prefix: 0,
+            proven: 0,
         }
     };
     // An account found full by a plain read is not counted on: a flood

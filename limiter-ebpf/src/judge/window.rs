@@ -287,9 +287,10 @@ fn create_window(
     now: u64,
     flags: u32,
 ) -> Made {
-    // A source that has not proved its address takes a ticket first: at
-    // most `max_sources` windows are theirs, the rest of `WINDOWS` is kept
-    // for sources that proved theirs (`proof`). A ticket already there
+    // A source takes a ticket first: one that has not proved its address
+    // of its rule's rooms (at most `max_sources` windows are theirs), one
+    // that has of the proven room, the rest of `WINDOWS` (`proof`); an
+    // IPv6 one within its /48's room either way. A ticket already there
     // (the source's own, from before) is its room.
     let proven = flags & LIMIT_PROVEN;
     match tickets::take(key, slot, proven, len) {
@@ -326,7 +327,7 @@ fn create_window(
     match inserted {
         Some(FULL) => {
             // Proven sources took the room: the ticket holds none.
-            tickets::give_back(key, proven);
+            tickets::give_back(key);
             Made::Full
         }
         Some(inserted) => match find_window(key) {

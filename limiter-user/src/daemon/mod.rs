@@ -37,7 +37,7 @@ use tracing::{info, warn};
 use self::handle::Handled;
 pub use self::{
     edit::apply_rule_edit,
-    metrics::SHARED_ROOM,
+    metrics::{PROVEN_ROOM, SHARED_ROOM},
     startup::{effective_config, RunOptions},
     state::Daemon,
     top_levels::NO_LEVELS,

@@ -191,15 +191,21 @@ impl Maps {
             reserve: word(tickets::CLOCK_RESERVE)?,
             shared: word(tickets::CLOCK_SHARED)?,
             prefix: word(tickets::CLOCK_PREFIX)?,
+            proven: word(tickets::CLOCK_CAPACITY)? / u64::from(limiter_common::maps::PROVEN_SHARE),
         })
     }
 
-    /// Sets the tickets' ring length (the tickets there are) and their
-    /// rooms, for `rules` rules.
+    /// Sets the tickets there are (`capacity`), their ring's length (the
+    /// windows there are: proven ones take tickets too) and their rooms,
+    /// for `rules` rules.
     pub fn set_ticket_rooms(&mut self, capacity: u32, rules: u32) -> Result<(), MapsError> {
         let rooms = Rooms::new(capacity, rules);
         for (index, word) in [
             (tickets::CLOCK_CAPACITY, u64::from(capacity)),
+            (
+                tickets::CLOCK_RING,
+                u64::from(limiter_common::maps::window_capacity(capacity)),
+            ),
             (tickets::CLOCK_RESERVE, rooms.reserve),
             (tickets::CLOCK_SHARED, rooms.shared),
             (tickets::CLOCK_PREFIX, rooms.prefix),
@@ -220,7 +226,7 @@ impl Maps {
     }
 
     /// The tickets each account holds (`tickets::ACCOUNTS` of them: the
-    /// rule slots', then the shared room's).
+    /// rule slots', then the shared room's and the proven room's).
     pub fn tickets_held(&self) -> Result<Vec<u64>, MapsError> {
         words_held(&self.ticket_counts, names::TICKET_COUNTS)
     }

@@ -26,8 +26,8 @@
 //!   frames: the reserve (docs/architecture.md, "Fairness inside an
 //!   exhausted aggregate").
 //! - A map's full outcome is counted only when the map is full, and is
-//!   counted when a flood overfilled it; no IPv6 /48 holds more unproven
-//!   tickets than its room (a racing CPU's one more), and `prefix_full`
+//!   counted when a flood overfilled it; no IPv6 /48 holds more tickets
+//!   (proven or not) than its room (a racing CPU's one more), and `prefix_full`
 //!   falls only on a /48 at its room.
 //!
 //! Times the kernel might have read on either side of a bucket's edge

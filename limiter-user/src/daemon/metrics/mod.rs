@@ -8,7 +8,7 @@ use std::collections::HashMap;
 
 use limiter_common::{
     rules::{MAX_LEVELS, MAX_RULES},
-    tickets::{Rooms, SHARED},
+    tickets::{Rooms, PROVEN, SHARED},
     Outcome,
 };
 use prometheus::{
@@ -39,6 +39,8 @@ pub struct RuleLevels {
 
 /// The `room` label of the tickets' shared room (a rule's is its name).
 pub const SHARED_ROOM: &str = "(shared)";
+/// The `room` label of the proven room's tickets.
+pub const PROVEN_ROOM: &str = "(proven)";
 
 /// Every metric the daemon exports.
 pub struct Metrics {
@@ -292,8 +294,8 @@ impl Metrics {
 
     /// Updates the windows' tickets of `iface`: those `held` per account
     /// (`tickets::ACCOUNTS`), under the rule each index of `rule_names`
-    /// names (an index of the generation before counts for its rule too)
-    /// and the shared room's, and the size of each room.
+    /// names (an index of the generation before counts for its rule too),
+    /// the shared room's and the proven room's, and the size of each room.
     pub fn record_tickets(
         &mut self,
         iface: &str,
@@ -320,6 +322,13 @@ impl Metrics {
         self.ticket_room
             .with_label_values(&[iface, SHARED_ROOM])
             .set(rooms.shared as i64);
+        let proven = held.get(usize::from(PROVEN)).copied().unwrap_or(0);
+        self.tickets
+            .with_label_values(&[iface, PROVEN_ROOM])
+            .set(proven as i64);
+        self.ticket_room
+            .with_label_values(&[iface, PROVEN_ROOM])
+            .set(rooms.proven as i64);
     }
 
     /// Updates the kept windows and aggregates of `iface` from its
