@@ -100,9 +100,9 @@ pub enum Outcome {
     /// The frame proved its TCP source (the handshake's last ACK carries
     /// a valid SYN cookie: the source received our SYN-ACK, so its
     /// address is its own) while no ticket was left: the source got its
-    /// window without a ticket, in the room a spoofed flood cannot fill
-    /// (docs/architecture.md, "Proof before state"; counted here besides
-    /// its verdict and `WindowFull`).
+    /// window with a ticket of the proven room, which a spoofed flood
+    /// cannot fill (docs/architecture.md, "Proof before state"; counted
+    /// here besides its verdict and `WindowFull`).
     Proven = 18,
     /// A TCP SYN of a source without a window, while no ticket was left,
     /// passed uncounted so that the source can prove itself: at most

@@ -127,19 +127,19 @@ impl Metrics {
             window_capacity: gauge(
                 &registry,
                 "xdp_limiter_window_capacity",
-                "Windows the kept map holds at most, and aggregates (daemon.max_sources).",
+                "daemon.max_sources: the windows' tickets (sources that have not proved their address), and the aggregates the levels' map holds; the kept map holds a quarter more for proven sources.",
                 &["interface"],
             ),
             tickets: gauge(
                 &registry,
                 "xdp_limiter_tickets",
-                "Windows' tickets held (UNPROVEN: the windows of sources that have not proved their address), by room: a rule's name (its reserve) or (shared). At xdp_limiter_ticket_room for a rule and for (shared), the rule's new unproven sources get no window (outcome window_full); other rules' reserves stay theirs.",
+                "Windows' tickets held (UNPROVEN), by room: a rule's name (its reserve) or (shared) for sources that have not proved their address, (proven) for TCP sources that proved theirs with a SYN cookie while the tickets were taken. At xdp_limiter_ticket_room for a rule and for (shared), the rule's new unproven sources get no window (outcome window_full); other rules' reserves stay theirs.",
                 &["interface", "room"],
             ),
             ticket_room: gauge(
                 &registry,
                 "xdp_limiter_ticket_room",
-                "Tickets a room holds at most: each limiting rule's reserve (daemon.max_sources / (2 x rules)) and the shared room (the rest).",
+                "Tickets a room holds at most: each limiting rule's reserve (daemon.max_sources / (2 x rules)), the shared room (the rest) and the proven room (daemon.max_sources / 4, the windows kept beyond the tickets).",
                 &["interface", "room"],
             ),
             windows_reclaimed: counter(
